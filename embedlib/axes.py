@@ -1,0 +1,29 @@
+"""Mesh axis names and logical names used across embedlib, in one place.
+
+Call sites import these constants instead of spelling axis names as string
+literals, so that renaming an axis is a one-line change.
+"""
+
+#: Conventional names of data-parallel mesh axes. A mesh axis with one of
+#: these names is taken as a data axis (the ids' batch dimension is split over
+#: it) when ``data_axes`` is not given.
+DATA_AXIS_NAMES = ("data", "batch", "replica", "dp", "fsdp", "pod")
+
+#: Axis names used by the examples, demos and tests.
+DATA = "data"
+MODEL = "model"
+BATCH = "batch"
+REPLICA = "replica"
+
+#: Strategies a table can be laid out with.
+REPLICATED = "replicated"
+VOCAB = "vocab"
+HIDDEN = "hidden"
+STRATEGIES = (REPLICATED, VOCAB, HIDDEN)
+AUTO = "auto"
+
+#: Pooling combiners for multi-hot features.
+COMBINERS = ("sum", "mean", "sqrtn")
+
+#: Local lookup kernels.
+KERNELS = ("auto", "xla", "pallas")
