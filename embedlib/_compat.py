@@ -35,3 +35,25 @@ def is_explicit(mesh, axes) -> bool:
   """Whether any of ``axes`` is an Explicit axis of ``mesh``."""
   types = dict(zip(mesh.axis_names, mesh.axis_types))
   return any(types[a] == AxisType.Explicit for a in axes)
+
+
+def place(x, mesh, spec):
+  """Lays ``x`` out as ``spec`` on ``mesh`` where shard_map needs it.
+
+  On Explicit axes shard_map rejects arguments whose sharding differs from
+  its ``in_specs``, so they are resharded first; on Auto axes shard_map
+  reshards by itself and ``x`` is returned unchanged.
+  """
+  if not is_explicit(mesh, mesh.axis_names):
+    return x
+  return reshard(x, _sharding.NamedSharding(mesh, spec))
+
+
+def place_always(x, sharding):
+  """Moves ``x`` to ``sharding`` on any mesh (eager or traced)."""
+  mesh = sharding.mesh
+  if is_explicit(mesh, mesh.axis_names):
+    return reshard(x, sharding)
+  if isinstance(x, jax.core.Tracer) or not hasattr(mesh, "devices"):
+    return jax.lax.with_sharding_constraint(x, sharding)
+  return jax.device_put(x, sharding)

@@ -1,0 +1,12 @@
+"""embedlib: sharded embedding tables and recommender models for Flax NNX.
+
+Layers, each importing only those above it in this list:
+``plan`` (pure Python) -> ``kernels`` -> ``strategies`` -> ``embed`` ->
+collections, optimizers, models -> ``train``.
+"""
+
+from embedlib.embed import ShardedEmbed
+from embedlib.plan import EmbeddingPlan, plan_embedding
+
+__all__ = ["EmbeddingPlan", "ShardedEmbed", "plan_embedding"]
+__version__ = "0.1.0"

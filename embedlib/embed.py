@@ -1,0 +1,243 @@
+"""``ShardedEmbed``: a drop-in ``nnx.Embed`` whose table is split over a mesh."""
+
+from __future__ import annotations
+
+import functools
+import typing as tp
+from types import MappingProxyType
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx.nn import dtypes
+from flax.nnx.nn.linear import default_embed_init
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from embedlib import _compat
+from embedlib import axes as axes_lib
+from embedlib import invalid_ids as invalid_lib
+from embedlib import kernels
+from embedlib import strategies
+from embedlib.plan import plan_embedding
+
+
+class ShardedEmbed(nnx.Module):
+  """An embedding table laid out over a device mesh; a drop-in ``nnx.Embed``.
+
+  >>> import jax, jax.numpy as jnp
+  >>> from flax import nnx
+  >>> import embedlib
+  >>> mesh = jax.make_mesh((2, 4), ("data", "model"))
+  >>> emb = embedlib.ShardedEmbed(99, 100, mesh=mesh, rngs=nnx.Rngs(0))
+  >>> emb.plan.strategy, emb.embedding.shape
+  ('hidden', (99, 100))
+  >>> ids = jnp.array([[0, 5, 98], [7, -1, 3]])
+  >>> emb(ids).shape
+  (2, 3, 100)
+  >>> bool(jnp.array_equal(emb(ids)[0], jnp.take(emb.logical_table(), ids[0], axis=0)))
+  True
+  >>> emb.attend(jnp.ones((2, 100))).shape
+  (2, 99)
+
+  The table is split by vocabulary rows, by hidden columns, or not at all
+  (``sharding``), over ``table_axes``; ids arrive with their leading (batch)
+  dimension split over ``data_axes``. Sizes that don't divide the group are
+  padded: padded rows and columns are zero, get no gradient and never reach
+  an output; ``logical_table()`` is the unpadded table. Every layout gives
+  the single-device ``jnp.take`` answer.
+
+  Differences from ``nnx.Embed``: an invalid id (negative or
+  ``>= num_embeddings``) looks up zeros with zero gradient, where
+  ``nnx.Embed`` returns NaN or wraps (see ``embedlib.invalid_ids``), and
+  ``embedding`` is the physical (padded) parameter.
+
+  Args:
+    num_embeddings: vocabulary size.
+    features: embedding width.
+    mesh: a ``Mesh`` or ``AbstractMesh``; None takes the one set with
+      ``jax.set_mesh``, or one device when there is none.
+    sharding: ``"auto" | "replicated" | "vocab" | "hidden"``.
+    table_axes: mesh axes the table is split over (see ``plan_embedding``).
+    data_axes: mesh axes the ids' leading dimension is split over.
+    tied: the table is also the output layer (``attend``); auto picks vocab.
+    kernel: local lookup, ``"auto" | "xla" | "pallas"``.
+    invalid_ids: ``"zero"`` (default) or ``"error"``.
+    name: the table's name in plans and error messages.
+    replicate_below_bytes: ``auto`` replicates tables up to this size.
+    dtype: dtype of the outputs (default: ``param_dtype``).
+    param_dtype: dtype of the stored table.
+    embedding_init: initializer, called with the logical shape.
+    promote_dtype: as in ``nnx.Embed``.
+    embedding_metadata: extra ``nnx.Param`` metadata.
+    rngs: random number generators; ``rngs.params()`` draws the table.
+  """
+
+  def __init__(
+      self,
+      num_embeddings: int,
+      features: int,
+      *,
+      mesh=None,
+      sharding: str = axes_lib.AUTO,
+      table_axes=None,
+      data_axes=None,
+      tied: bool = False,
+      kernel: str = "auto",
+      invalid_ids: str = invalid_lib.ZERO,
+      name: str = "embedding",
+      replicate_below_bytes: int | None = None,
+      dtype: tp.Any = None,
+      param_dtype: tp.Any = jnp.float32,
+      embedding_init: tp.Callable = default_embed_init,
+      promote_dtype: tp.Callable = dtypes.promote_dtype,
+      embedding_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
+      rngs: nnx.Rngs,
+  ):
+    if invalid_ids not in invalid_lib.MODES:
+      raise ValueError(
+          f"{name}: invalid_ids={invalid_ids!r}; use one of {invalid_lib.MODES}."
+      )
+    kernels.resolve_kernel(kernel)  # fail early on an unknown kernel name
+    if "out_sharding" in embedding_metadata:
+      raise ValueError(
+          f"{name}: embedding_metadata sets 'out_sharding', but ShardedEmbed "
+          "lays out its own table; choose it with sharding= and table_axes=."
+      )
+    mesh = _compat.current_mesh() if mesh is None else mesh
+    extra = {}
+    if replicate_below_bytes is not None:
+      extra["replicate_below_bytes"] = replicate_below_bytes
+    self.plan = plan_embedding(
+        num_embeddings,
+        features,
+        mesh=mesh,
+        sharding=sharding,
+        table_axes=table_axes,
+        data_axes=data_axes,
+        tied=tied,
+        param_dtype=param_dtype,
+        name=name,
+        **extra,
+    )
+    self.mesh = mesh
+    self.num_embeddings = self.plan.num_embeddings
+    self.features = self.plan.features
+    self.kernel = kernel
+    self.invalid_ids = invalid_ids
+    self.param_dtype = param_dtype
+    self.promote_dtype = promote_dtype
+    table = embedding_init(rngs.params(), self.plan.logical_shape, param_dtype)
+    metadata = dict(embedding_metadata)
+    if mesh is not None:
+      metadata.update(out_sharding=self.plan.table_spec, mesh=mesh)
+    self.embedding = nnx.Param(self._physical(table), **metadata)
+    self.dtype = dtype or self.embedding.dtype
+
+  # -- the table ---------------------------------------------------------
+
+  def _sharding(self):
+    return NamedSharding(self.mesh, P(*self.plan.table_spec))
+
+  def _physical(self, table):
+    """Pads a logical table and lays it out as the plan says."""
+    rows, cols = self.plan.padded_shape
+    pad = ((0, rows - table.shape[0]), (0, cols - table.shape[1]))
+    if self.mesh is None:
+      return jnp.pad(table, pad) if any(p for _, p in pad) else table
+    if isinstance(table, jax.core.Tracer) or not hasattr(self.mesh, "devices"):
+      return _compat.place_always(jnp.pad(table, pad), self._sharding())
+    return jax.jit(lambda t: jnp.pad(t, pad), out_shardings=self._sharding())(table)
+
+  def logical_table(self) -> jax.Array:
+    """The unpadded ``(num_embeddings, features)`` table.
+
+    Without padding this is the parameter itself (still sharded); with
+    padding, the rows or columns are gathered to strip it.
+    """
+    table = self.embedding[...]
+    if self.plan.padded_shape == self.plan.logical_shape:
+      return table
+    if self.mesh is not None:
+      table = _compat.place_always(table, NamedSharding(self.mesh, P()))
+    return table[: self.num_embeddings, : self.features]
+
+  def load_table(self, table) -> None:
+    """Sets the parameter from a logical ``(num_embeddings, features)`` table.
+
+    >>> from flax import nnx
+    >>> emb = ShardedEmbed(3, 2, rngs=nnx.Rngs(0))
+    >>> emb.load_table(jnp.arange(6.0).reshape(3, 2))
+    >>> emb(jnp.array([2]))
+    Array([[4., 5.]], dtype=float32)
+    """
+    table = jnp.asarray(table)
+    if table.shape != self.plan.logical_shape:
+      raise ValueError(
+          f"{self.plan.name}: load_table got shape {table.shape}, expected the "
+          f"logical shape {self.plan.logical_shape} (num_embeddings, "
+          f"features), without padding."
+      )
+    self.embedding.value = self._physical(table.astype(self.param_dtype))
+
+  # -- lookups -----------------------------------------------------------
+
+  def __call__(self, inputs, out_sharding=None) -> jax.Array:
+    """Embeds integer ids: ``inputs.shape + (features,)``.
+
+    Args:
+      inputs: int ids of any shape; the leading dimension is the batch.
+      out_sharding: optional ``PartitionSpec`` or ``Sharding`` of the output.
+
+    Returns:
+      The embeddings, in ``dtype``.
+    """
+    ids = jnp.asarray(inputs)
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+      raise ValueError("Input type must be an integer or unsigned integer.")
+    if self.invalid_ids == invalid_lib.ERROR:
+      invalid_lib.check(ids, self.num_embeddings, self.plan.name)
+    flat = invalid_lib.sanitize(ids.reshape(ids.shape or (1,)), self.num_embeddings)
+    gather = functools.partial(kernels.gather, kernel=self.kernel)
+    out = strategies.lookup(
+        self.embedding[...], flat, plan=self.plan, mesh=self.mesh, gather=gather
+    )
+    out = out.reshape(ids.shape + (self.features,))
+    (out,) = self.promote_dtype((out,), dtype=self.dtype, inexact=False)
+    return self._reshard(out, out_sharding)
+
+  def attend(self, query, out_sharding=None) -> jax.Array:
+    """``query @ logical_table.T``: exactly ``num_embeddings`` logits.
+
+    Args:
+      query: ``[..., features]``; the leading dimension is the batch.
+      out_sharding: optional ``PartitionSpec`` or ``Sharding`` of the output.
+
+    Returns:
+      ``[..., num_embeddings]`` logits.
+    """
+    query = jnp.asarray(query)
+    if query.shape[-1:] != (self.features,):
+      raise ValueError(
+          f"{self.plan.name}: attend needs a query whose last dimension is "
+          f"features={self.features}, got shape {query.shape}."
+      )
+    query, table = self.promote_dtype(
+        (query, self.embedding[...]), dtype=self.dtype
+    )
+    flat = query.reshape(query.shape if query.ndim > 1 else (1,) + query.shape)
+    out = strategies.attend(table, flat, plan=self.plan, mesh=self.mesh)
+    out = out.reshape(query.shape[:-1] + (self.num_embeddings,))
+    return self._reshard(out, out_sharding)
+
+  def _reshard(self, out, out_sharding):
+    if out_sharding is None:
+      return out
+    if isinstance(out_sharding, P):
+      if self.mesh is None:
+        raise ValueError(
+            f"{self.plan.name}: out_sharding={out_sharding} needs a mesh; pass "
+            "mesh= or a NamedSharding."
+        )
+      out_sharding = NamedSharding(self.mesh, out_sharding)
+    return _compat.place_always(out, out_sharding)

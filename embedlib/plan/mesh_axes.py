@@ -1,0 +1,111 @@
+"""Reading a mesh: axis sizes, default table and data axes, and their validation.
+
+Pure Python: a mesh is read through its ``shape`` mapping only, so a concrete
+``Mesh``, an ``AbstractMesh`` or a plain ``{axis: size}`` dict all work, and
+nothing here allocates an array.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from embedlib import axes as axes_lib
+
+
+def mesh_shape(mesh) -> dict[str, int]:
+  """Axis sizes of ``mesh`` in mesh order; ``{}`` for no mesh (one device).
+
+  >>> mesh_shape({"data": 2, "model": 4})
+  {'data': 2, 'model': 4}
+  >>> mesh_shape(None)
+  {}
+  """
+  if mesh is None:
+    return {}
+  shape = mesh if isinstance(mesh, Mapping) else getattr(mesh, "shape", None)
+  if not isinstance(shape, Mapping):
+    raise TypeError(
+        f"mesh must be a jax.sharding.Mesh, an AbstractMesh or a dict of axis "
+        f"sizes, got {type(mesh).__name__}; build one with jax.make_mesh."
+    )
+  return {str(name): int(size) for name, size in shape.items()}
+
+
+def axes_size(shape: Mapping[str, int], axes: Sequence[str]) -> int:
+  """Number of devices spanned by ``axes`` (1 for no axes).
+
+  >>> axes_size({"data": 2, "model": 4}, ("model",))
+  4
+  """
+  return math.prod(shape[a] for a in axes)
+
+
+def _as_axes(value, role: str, name: str) -> tuple[str, ...] | None:
+  if value is None:
+    return None
+  if isinstance(value, str):
+    return (value,)
+  try:
+    out = tuple(value)
+  except TypeError:
+    raise TypeError(
+        f"{name}: {role} must be a mesh axis name or a tuple of them, got "
+        f"{value!r}; e.g. {role}=('model',)."
+    ) from None
+  for a in out:
+    if not isinstance(a, str):
+      raise TypeError(
+          f"{name}: {role} must hold mesh axis names (str), got {a!r} in "
+          f"{value!r}."
+      )
+  return out
+
+
+def _check_axes(axes, role: str, shape: Mapping[str, int], name: str) -> None:
+  for a in axes:
+    if a not in shape:
+      raise ValueError(
+          f"{name}: {role} names axis {a!r}, which is not an axis of the mesh "
+          f"(its axes are {tuple(shape)}); pass {role} as a subset of those."
+      )
+  dupes = sorted({a for a in axes if axes.count(a) > 1})
+  if dupes:
+    raise ValueError(
+        f"{name}: {role}={tuple(axes)} lists axis {dupes[0]!r} more than once; "
+        f"name each mesh axis at most once."
+    )
+
+
+def resolve_axes(
+    shape: Mapping[str, int],
+    table_axes=None,
+    data_axes=None,
+    *,
+    name: str = "ShardedEmbed",
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """Fills in and validates ``(table_axes, data_axes)`` for a mesh.
+
+  Defaults: data axes are the mesh axes with a conventional data-parallel
+  name (``axes.DATA_AXIS_NAMES``: data, batch, replica, ...). The table is
+  split over the other axes; when every axis is a data axis (recommender
+  training) the table spans all devices and each device holds other tokens.
+
+  >>> resolve_axes({"data": 2, "model": 4})
+  (('model',), ('data',))
+  >>> resolve_axes({"batch": 8})
+  (('batch',), ('batch',))
+  >>> resolve_axes({"data": 2, "model": 4}, table_axes="model", data_axes=())
+  (('model',), ())
+  """
+  table = _as_axes(table_axes, "table_axes", name)
+  data = _as_axes(data_axes, "data_axes", name)
+  if data is None:
+    data = tuple(a for a in shape if a in axes_lib.DATA_AXIS_NAMES)
+  if table is None:
+    table = tuple(a for a in shape if a not in data) or tuple(
+        a for a in shape if a in data
+    )
+  _check_axes(table, "table_axes", shape, name)
+  _check_axes(data, "data_axes", shape, name)
+  return table, data

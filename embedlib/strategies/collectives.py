@@ -1,0 +1,85 @@
+"""The three distribution steps every sharded strategy is built from.
+
+Inside ``shard_map`` a table group splits into *token axes* (ranks holding
+different ids: the data axes overlap the table axes, the recommender seed's
+layout) and *rest axes* (ranks holding the same ids: tensor-parallel). With no
+token axes these reduce to the plain tensor-parallel collectives: ``psum``
+and a tiled ``all_gather``.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax import lax
+
+
+def gather_tokens(x: jax.Array, token_axes: tuple[str, ...]) -> jax.Array:
+  """Input distribution: every rank of the group sees the group's tokens.
+
+  Args:
+    x: ``[tokens, ...]`` local to this rank.
+    token_axes: mesh axes whose ranks hold different tokens.
+
+  Returns:
+    ``[tokens * |token_axes|, ...]``, ordered by rank along ``token_axes``.
+  """
+  if not token_axes:
+    return x
+  return lax.all_gather(x, token_axes, axis=0, tiled=True)
+
+
+def sum_partials(x, token_axes, rest_axes):
+  """Output distribution for partial results (each rank holds a summand).
+
+  Sums over the group, then hands each token rank its own tokens back.
+
+  Args:
+    x: ``[group_tokens, ...]`` partial values.
+    token_axes: as in ``gather_tokens``.
+    rest_axes: table axes whose ranks hold the same tokens.
+
+  Returns:
+    ``[group_tokens / |token_axes|, ...]``: full sums of this rank's tokens.
+  """
+  if rest_axes:
+    x = lax.psum(x, rest_axes)
+  if token_axes:
+    x = lax.psum_scatter(x, token_axes, scatter_dimension=0, tiled=True)
+  return x
+
+
+def concat_slices(x, token_axes, rest_axes):
+  """Output distribution for column slices (each rank holds some columns).
+
+  The table's column blocks are laid out token axes first (see
+  ``plan_embedding``), so gathering over the rest axes and then trading
+  token blocks for column blocks with ``all_to_all`` rebuilds the columns in
+  order.
+
+  Args:
+    x: ``[group_tokens, cols_per_rank]``.
+    token_axes: as in ``gather_tokens``.
+    rest_axes: as in ``sum_partials``.
+
+  Returns:
+    ``[group_tokens / |token_axes|, cols_per_rank * group]``.
+  """
+  last = x.ndim - 1
+  if rest_axes:
+    # "invarying": the gathered columns are the same on every rest rank, and
+    # shard_map's type check must know it to accept a replicated out_spec.
+    x = lax.all_gather(x, rest_axes, axis=last, tiled=True, to="invarying")
+  if token_axes:
+    x = lax.all_to_all(x, token_axes, 0, last, tiled=True)
+  return x
+
+
+def group_rank(table_axes: tuple[str, ...]):
+  """This rank's position in the table group (row-major over ``table_axes``).
+
+  0 without table axes, so a strategy also runs outside ``shard_map`` (one
+  device, no mesh).
+  """
+  if not table_axes:
+    return 0
+  return lax.axis_index(table_axes)
