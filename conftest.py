@@ -1,4 +1,4 @@
-"""Test setup: 8 simulated CPU devices, set before jax is imported."""
+"""Test and doctest setup: 8 simulated CPU devices, set before jax is imported."""
 
 import os
 

@@ -57,3 +57,18 @@ def place_always(x, sharding):
   if isinstance(x, jax.core.Tracer) or not hasattr(mesh, "devices"):
     return jax.lax.with_sharding_constraint(x, sharding)
   return jax.device_put(x, sharding)
+
+
+def leading_spec(x, mesh):
+  """The mesh axes ``x``'s leading dimension is split over, on Explicit axes.
+
+  Returns None when ``mesh`` has no Explicit axes (the compiler picks
+  layouts there), else the spec entry, with ``()`` for an unsplit dimension.
+  """
+  if not is_explicit(mesh, mesh.axis_names):
+    return None
+  spec = jax.typeof(x).sharding.spec
+  entry = spec[0] if len(spec) else None
+  if entry is None:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)

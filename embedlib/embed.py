@@ -21,6 +21,13 @@ from embedlib import kernels
 from embedlib import strategies
 from embedlib.plan import plan_embedding
 
+#: Row taps, innermost last: the hook ``embedlib.optim`` uses to take
+#: gradients with respect to looked-up rows instead of the whole table. While
+#: one is active, each lookup passes ``(module, ids, rows)`` to its
+#: ``lookup`` and returns what that gives back, and ``attend`` reports the
+#: table to its ``attend`` (a dense use). Empty otherwise.
+ROW_TAPS: list = []
+
 
 class ShardedEmbed(nnx.Module):
   """An embedding table laid out over a device mesh; a drop-in ``nnx.Embed``.
@@ -29,16 +36,16 @@ class ShardedEmbed(nnx.Module):
   >>> from flax import nnx
   >>> import embedlib
   >>> mesh = jax.make_mesh((2, 4), ("data", "model"))
-  >>> emb = embedlib.ShardedEmbed(99, 100, mesh=mesh, rngs=nnx.Rngs(0))
-  >>> emb.plan.strategy, emb.embedding.shape
-  ('hidden', (99, 100))
-  >>> ids = jnp.array([[0, 5, 98], [7, -1, 3]])
+  >>> emb = embedlib.ShardedEmbed(50257, 100, mesh=mesh, tied=True, rngs=nnx.Rngs(0))
+  >>> emb.plan.strategy, emb.embedding.shape  # vocab rows padded to 4 ranks
+  ('vocab', (50260, 100))
+  >>> ids = jnp.array([[0, 5, 50256], [7, -1, 3]])
   >>> emb(ids).shape
   (2, 3, 100)
   >>> bool(jnp.array_equal(emb(ids)[0], jnp.take(emb.logical_table(), ids[0], axis=0)))
   True
   >>> emb.attend(jnp.ones((2, 100))).shape
-  (2, 99)
+  (2, 50257)
 
   The table is split by vocabulary rows, by hidden columns, or not at all
   (``sharding``), over ``table_axes``; ids arrive with their leading (batch)
@@ -178,7 +185,7 @@ class ShardedEmbed(nnx.Module):
           f"logical shape {self.plan.logical_shape} (num_embeddings, "
           f"features), without padding."
       )
-    self.embedding.value = self._physical(table.astype(self.param_dtype))
+    self.embedding.set_value(self._physical(table.astype(self.param_dtype)))
 
   # -- lookups -----------------------------------------------------------
 
@@ -202,6 +209,8 @@ class ShardedEmbed(nnx.Module):
     out = strategies.lookup(
         self.embedding[...], flat, plan=self.plan, mesh=self.mesh, gather=gather
     )
+    if ROW_TAPS:
+      out = ROW_TAPS[-1].lookup(self, flat, out)
     out = out.reshape(ids.shape + (self.features,))
     (out,) = self.promote_dtype((out,), dtype=self.dtype, inexact=False)
     return self._reshard(out, out_sharding)
@@ -217,6 +226,8 @@ class ShardedEmbed(nnx.Module):
       ``[..., num_embeddings]`` logits.
     """
     query = jnp.asarray(query)
+    if ROW_TAPS:
+      ROW_TAPS[-1].attend(self)
     if query.shape[-1:] != (self.features,):
       raise ValueError(
           f"{self.plan.name}: attend needs a query whose last dimension is "

@@ -221,7 +221,7 @@ def plan_embedding(
         f"{name}: sharding={sharding!r} is not a layout; use one of "
         f"{(axes_lib.AUTO,) + axes_lib.STRATEGIES}."
     )
-  shape = mesh_axes.mesh_shape(mesh)
+  shape = mesh_axes.mesh_shape(mesh, name=name)
   table, data = mesh_axes.resolve_axes(shape, table_axes, data_axes, name=name)
   # Token axes first: the hidden all-to-all then reassembles columns in the
   # order the PartitionSpec lays them out (see strategies/collectives.py).

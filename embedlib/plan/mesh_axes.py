@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from embedlib import axes as axes_lib
 
 
-def mesh_shape(mesh) -> dict[str, int]:
+def mesh_shape(mesh, *, name: str = "ShardedEmbed") -> dict[str, int]:
   """Axis sizes of ``mesh`` in mesh order; ``{}`` for no mesh (one device).
 
   >>> mesh_shape({"data": 2, "model": 4})
@@ -26,7 +26,7 @@ def mesh_shape(mesh) -> dict[str, int]:
   shape = mesh if isinstance(mesh, Mapping) else getattr(mesh, "shape", None)
   if not isinstance(shape, Mapping):
     raise TypeError(
-        f"mesh must be a jax.sharding.Mesh, an AbstractMesh or a dict of axis "
+        f"{name}: mesh must be a jax.sharding.Mesh, an AbstractMesh or a dict of axis "
         f"sizes, got {type(mesh).__name__}; build one with jax.make_mesh."
     )
   return {str(name): int(size) for name, size in shape.items()}

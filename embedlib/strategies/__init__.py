@@ -4,6 +4,6 @@ Each strategy reads as input distribution -> local lookup -> output
 distribution (``collectives.py``); ``sharded.py`` runs them over a mesh.
 """
 
-from embedlib.strategies.sharded import attend, lookup
+from embedlib.strategies.sharded import attend, lookup, lookup_bag
 
-__all__ = ["attend", "lookup"]
+__all__ = ["attend", "lookup", "lookup_bag"]

@@ -31,6 +31,30 @@ def lookup(table, ids, *, plan, gather):
   return collectives.concat_slices(cols, plan.token_axes, plan.rest_axes)
 
 
+def bag_lookup(table, ids, weights, *, plan, bag, combiner):
+  """Hidden-sharded pooled bag lookup: pool this rank's columns, then concat.
+
+  Every rank holds every row, so each pools whole bags (combiner included)
+  on its column slice; only pooled ``[tokens, width]`` blocks travel.
+
+  Args:
+    table: ``[num_embeddings, padded_features / group]``.
+    ids: ``[tokens, bag]`` int32, ``-1`` for padding and invalid ids.
+    weights: ``[tokens, bag]`` float, or None for all ones.
+    plan: the table's ``EmbeddingPlan``.
+    bag: local pooled kernel ``bag(table, ids, weights, combiner=...)``.
+    combiner: ``"sum" | "mean" | "sqrtn"``.
+
+  Returns:
+    ``[tokens, padded_features]``; the caller drops padded columns.
+  """
+  ids = collectives.gather_tokens(ids, plan.token_axes)
+  if weights is not None:
+    weights = collectives.gather_tokens(weights, plan.token_axes)
+  pooled = bag(table, ids, weights, combiner=combiner)
+  return collectives.concat_slices(pooled, plan.token_axes, plan.rest_axes)
+
+
 def attend(table, query, *, plan):
   """Hidden-sharded ``query @ table.T``.
 

@@ -19,6 +19,24 @@ def lookup(table, ids, *, plan, gather):
   return gather(table, ids)
 
 
+def bag_lookup(table, ids, weights, *, plan, bag, combiner):
+  """Pooled bag lookup on the local copy; no communication.
+
+  Args:
+    table: ``[num_embeddings, features]``, the whole table.
+    ids: ``[tokens, bag]`` int32, ``-1`` for padding and invalid ids.
+    weights: ``[tokens, bag]`` float, or None for all ones.
+    plan: unused.
+    bag: local pooled kernel ``bag(table, ids, weights, combiner=...)``.
+    combiner: ``"sum" | "mean" | "sqrtn"``.
+
+  Returns:
+    ``[tokens, features]``.
+  """
+  del plan
+  return bag(table, ids, weights, combiner=combiner)
+
+
 def attend(table, query, *, plan):
   """``query @ table.T`` on the local copy.
 

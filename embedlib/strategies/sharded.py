@@ -32,29 +32,46 @@ def _pad_tokens(x, multiple, fill):
   return jnp.pad(x, widths, constant_values=fill)
 
 
-def _unpad_tokens(x, tokens, mesh):
-  if x.shape[0] == tokens:
-    return x
-  # The ids were unsharded (an uneven batch can't be a sharded jax.Array):
-  # hand the result back unsharded too. Explicit axes forbid slicing a
-  # sharded dimension, so gather first.
-  x = _compat.place(x, mesh, P())
-  return x[:tokens]
+def _restore_tokens(x, tokens, mesh, spec):
+  """Strips token padding and gives the result the ids' own batch split.
+
+  On Explicit axes the batch split is part of the array's type, so a lookup
+  returns its rows split the way its ids were (a drop-in for ``jnp.take``):
+  ids already split over the data axes cost nothing here.
+  """
+  if x.shape[0] != tokens:
+    # An uneven batch can't have been split: gather, as slicing a split
+    # dimension is not allowed on Explicit axes.
+    x = _compat.place(x, mesh, P())[:tokens]
+  if spec is not None and spec != _compat.leading_spec(x, mesh):
+    x = _compat.place(x, mesh, P(spec or None))
+  return x
 
 
 def _run(body, table, x, *, plan, mesh, fill):
-  """Runs ``body(table_shard, x_shard)`` over the mesh on token-split ``x``."""
+  """Runs ``body(table_shard, x_shard)`` over the mesh on token-split ``x``.
+
+  ``x`` may be a tuple of arrays sharing their leading (token) dimension,
+  with ``fill`` a tuple of the same structure (one padding value each); the
+  result takes the batch split of the first.
+  """
   if mesh is None:
     return body(table, x)
-  tokens = x.shape[0]
+  first = jax.tree.leaves(x)[0]
+  tokens = first.shape[0]
+  spec = _compat.leading_spec(first, mesh)
   token_spec = P(plan.data_axes or None)
   table_spec = P(*plan.table_spec)
-  x = _compat.place(_pad_tokens(x, plan.data_shards, fill), mesh, token_spec)
+  x = jax.tree.map(
+      lambda a, f: _compat.place(_pad_tokens(a, plan.data_shards, f), mesh, token_spec),
+      x,
+      fill,
+  )
   table = _compat.place(table, mesh, table_spec)
   out = _compat.shard_map(
       body, mesh=mesh, in_specs=(table_spec, token_spec), out_specs=token_spec
   )(table, x)
-  return _unpad_tokens(out, tokens, mesh)
+  return _restore_tokens(out, tokens, mesh, spec)
 
 
 def lookup(table, ids, *, plan, mesh, gather):
@@ -74,6 +91,39 @@ def lookup(table, ids, *, plan, mesh, gather):
   strategy = _STRATEGIES[plan.strategy]
   body = lambda t, i: strategy.lookup(t, i, plan=plan, gather=gather)
   out = _run(body, table, ids, plan=plan, mesh=mesh, fill=-1)
+  return out[..., : plan.features]
+
+
+def lookup_bag(table, ids, weights=None, *, plan, mesh, bag, combiner="sum"):
+  """Pooled lookup of padded bags in a physical (padded, sharded) table.
+
+  No ``[tokens, bag, features]`` intermediate: each rank pools locally with
+  the ``bag`` kernel and only pooled rows are communicated.
+
+  Args:
+    table: the physical table, ``plan.padded_shape``.
+    ids: ``[tokens, bag]`` int32, ``-1`` for padding and every invalid id;
+      the leading dimension is the one split over ``plan.data_axes``.
+    weights: ``[tokens, bag]`` float, or None for all ones.
+    plan: the table's ``EmbeddingPlan``.
+    mesh: the mesh the plan was made for, or None for one device.
+    bag: local kernel ``bag(table_shard, ids, weights, combiner=...)``.
+    combiner: ``"sum" | "mean" | "sqrtn"`` (TensorFlow semantics over the
+      valid ids of each bag).
+
+  Returns:
+    ``[tokens, plan.features]``.
+  """
+  strategy = _STRATEGIES[plan.strategy]
+  run = lambda t, i, w: strategy.bag_lookup(
+      t, i, w, plan=plan, bag=bag, combiner=combiner
+  )
+  if weights is None:
+    out = _run(lambda t, i: run(t, i, None), table, ids, plan=plan, mesh=mesh, fill=-1)
+  else:
+    out = _run(
+        lambda t, x: run(t, *x), table, (ids, weights), plan=plan, mesh=mesh, fill=(-1, 0)
+    )
   return out[..., : plan.features]
 
 

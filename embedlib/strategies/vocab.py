@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from embedlib.kernels import reference
 from embedlib.strategies import collectives
 
 
@@ -27,12 +28,44 @@ def lookup(table, ids, *, plan, gather):
     ``[tokens, ..., features]``.
   """
   ids = collectives.gather_tokens(ids, plan.token_axes)
-  rows_per_rank = table.shape[0]
+  rows = gather(table, _owned(ids, table.shape[0], plan))
+  return collectives.sum_partials(rows, plan.token_axes, plan.rest_axes)
+
+
+def _owned(ids, rows_per_rank, plan):
+  """Shard-local row of each id this rank owns, ``-1`` for the others."""
   local = ids - collectives.group_rank(plan.table_axes) * rows_per_rank
   # Invalid ids are -1 and stay negative after the shift: no rank owns them.
-  local = jnp.where((ids >= 0) & (local >= 0) & (local < rows_per_rank), local, -1)
-  rows = gather(table, local)
-  return collectives.sum_partials(rows, plan.token_axes, plan.rest_axes)
+  return jnp.where((ids >= 0) & (local >= 0) & (local < rows_per_rank), local, -1)
+
+
+def bag_lookup(table, ids, weights, *, plan, bag, combiner):
+  """Vocab-sharded pooled bag lookup.
+
+  Pooling is linear in the rows, so each rank pools only the ids it owns and
+  the partial sums add up to the full bag. The combiner's factors (``mean``
+  divides by the bag's total weight, ``sqrtn`` by its root sum of squares)
+  must come from the whole bag, not from the ids one rank owns: they are
+  computed here from the global ids and handed to the local kernel as
+  weights of a plain sum.
+
+  Args:
+    table: ``[padded_vocab / group, features]``, this rank's rows.
+    ids: ``[tokens, bag]`` int32, ``-1`` for padding and invalid ids.
+    weights: ``[tokens, bag]`` float, or None for all ones.
+    plan: the table's ``EmbeddingPlan``.
+    bag: local pooled kernel ``bag(table, ids, weights, combiner=...)``.
+    combiner: ``"sum" | "mean" | "sqrtn"``.
+
+  Returns:
+    ``[tokens, features]``.
+  """
+  ids = collectives.gather_tokens(ids, plan.token_axes)
+  if weights is not None:
+    weights = collectives.gather_tokens(weights, plan.token_axes)
+  coef = reference.bag_coefficients(ids, weights, plan.num_embeddings, combiner)
+  pooled = bag(table, _owned(ids, table.shape[0], plan), coef, combiner="sum")
+  return collectives.sum_partials(pooled, plan.token_axes, plan.rest_axes)
 
 
 def attend(table, query, *, plan):

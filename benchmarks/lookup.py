@@ -1,0 +1,79 @@
+"""ShardedEmbed lookup throughput against plain jnp.take, in one run.
+
+    python benchmarks/lookup.py            # 1M x 64 f32 table, 65,536 ids
+    python benchmarks/lookup.py --quick    # small sizes, a smoke run
+
+Part 1, one device: ShardedEmbed (replicated, no mesh) vs raw ``jnp.take``
+on the same table and ids (target: median ratio <= 1.10).
+Part 2, 8 simulated CPU devices: each strategy vs a replicated table with
+batch-split ids (what plain data parallelism does). Simulated devices share
+this machine's cores, so part 2 measures overhead, not scaling.
+"""
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+import embedlib  # noqa: E402
+from embedlib import axes  # noqa: E402
+from timing import interleaved, print_table  # noqa: E402
+
+
+def zipf_ids(n, vocab, seed=0):
+  rng = np.random.default_rng(seed)
+  return jnp.asarray((rng.zipf(1.05, n) - 1) % vocab, jnp.int32)
+
+
+def one_device(vocab, width, n, repeats):
+  emb = embedlib.ShardedEmbed(vocab, width, rngs=nnx.Rngs(0))
+  table = emb.embedding[...]
+  ids = zipf_ids(n, vocab)
+  take = jax.jit(lambda t, i: jnp.take(t, i, axis=0))
+  graphdef, state = nnx.split(emb)
+  sharded = jax.jit(lambda s, i: nnx.merge(graphdef, s)(i))
+  times = interleaved({
+      "jnp.take": (take, (table, ids)),
+      "ShardedEmbed (one device)": (sharded, (state, ids)),
+  }, repeats)
+  print_table(times, "jnp.take", f"one device: {vocab} x {width} f32, {n} Zipf ids, ms")
+
+
+def eight_devices(vocab, width, n, repeats):
+  mesh = jax.make_mesh((8,), (axes.BATCH,))
+  ids = jax.device_put(zipf_ids(n, vocab), NamedSharding(mesh, P(axes.BATCH)))
+  cases = {}
+  for strategy in axes.STRATEGIES:
+    emb = embedlib.ShardedEmbed(vocab, width, mesh=mesh, sharding=strategy, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(emb)
+    fn = jax.jit(lambda s, i, g=graphdef: nnx.merge(g, s)(i))
+    cases[f"{strategy} ({emb.plan.bytes_per_device / 2**20:.0f} MiB/device)"] = (fn, (state, ids))
+  times = interleaved(cases, repeats)
+  base = next(iter(cases))
+  print_table(times, base, f"8 simulated devices: {vocab} x {width} f32, {n} Zipf ids split "
+              "over 'batch', ms")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+  parser.add_argument("--repeats", type=int, default=None)
+  args = parser.parse_args()
+  vocab, width, n = (10_000, 64, 4096) if args.quick else (1_000_000, 64, 65_536)
+  repeats = args.repeats or (3 if args.quick else 30)
+  print(f"jax {jax.__version__}, {jax.default_backend()}, {len(jax.devices())} devices")
+  one_device(vocab, width, n, repeats)
+  eight_devices(vocab, width, n, repeats)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,45 @@
+"""Local (single-shard) embedding lookups: row gather and pooled bags, forward and backward.
+
+Each lookup has a pure-jnp reference (the specification, and the ``xla``
+kernel), a Triton Pallas kernel that runs in interpret mode on CPU, a
+deterministic Pallas backward behind ``jax.custom_vjp``, and a dispatcher
+(``kernel="auto" | "xla" | "pallas"``). Strategies call these on local shards
+inside ``jax.shard_map``. Invalid ids (negative or ``>= num_embeddings``) read
+zero rows, count as bag padding and receive no gradient.
+
+>>> import jax.numpy as jnp
+>>> from embedlib import kernels
+>>> table = jnp.arange(6.0).reshape(3, 2)
+>>> kernels.gather(table, jnp.array([2, -1])).tolist()
+[[4.0, 5.0], [0.0, 0.0]]
+"""
+
+from embedlib.kernels.dispatch import (
+    bag,
+    gather,
+    resolve_interpret,
+    resolve_kernel,
+    shard_map_check_vma,
+    target_platform,
+)
+from embedlib.kernels.reference import (
+    bag_coefficients,
+    bag_reference,
+    gather_reference,
+    ragged_to_padded,
+    valid_ids,
+)
+
+__all__ = [
+    "bag",
+    "bag_coefficients",
+    "bag_reference",
+    "gather",
+    "gather_reference",
+    "ragged_to_padded",
+    "resolve_interpret",
+    "resolve_kernel",
+    "shard_map_check_vma",
+    "target_platform",
+    "valid_ids",
+]

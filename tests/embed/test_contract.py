@@ -1,0 +1,76 @@
+"""Every strategy x mesh x awkward size equals the single-device reference."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+
+from tests.embed.contract import build, check_contract, make_mesh, random_case
+
+# (mesh shape, axis names, table_axes, data_axes): ids replicated over the
+# table group (tensor-parallel), token-sharded (data axes = table axes, the
+# recommender layout), mixed, and the seed's replica-outside-the-group mesh.
+MESHES = {
+    "1": ((1,), ("batch",), None, None),
+    "2-tp": ((2,), ("model",), None, None),
+    "3-tokens": ((3,), ("batch",), None, None),
+    "4-tp": ((4,), ("model",), None, None),
+    "5-tokens": ((5,), ("batch",), None, None),
+    "8-tokens": ((8,), ("batch",), None, None),
+    "2x4-tp": ((2, 4), ("data", "model"), None, None),
+    "4x2-mixed": ((4, 2), ("data", "model"), ("model", "data"), ("data",)),
+    "2x4-replica": ((2, 4), ("replica", "batch"), ("batch",), None),
+}
+SIZES = [(1, 3), (7, 1), (99, 100), (51865, 3), (50257, 128), (7, 128)]
+STRATEGIES = ["replicated", "vocab", "hidden"]
+
+
+def _cases():
+  for i, name in enumerate(MESHES):
+    for strategy in STRATEGIES:
+      for size in (SIZES[i % len(SIZES)], SIZES[(i + 3) % len(SIZES)]):
+        yield pytest.param(name, strategy, size, id=f"{name}-{strategy}-{size[0]}x{size[1]}")
+
+
+@pytest.mark.parametrize("mesh_name, strategy, size", list(_cases()))
+def test_layout_matches_reference(mesh_name, strategy, size):
+  shape, names, table_axes, data_axes = MESHES[mesh_name]
+  mesh = make_mesh(shape, names)
+  emb = build(*size, mesh, sharding=strategy, table_axes=table_axes, data_axes=data_axes)
+  assert emb.plan.strategy == strategy
+  ids, query = random_case(*size, batch=11)  # 11 tokens divide no mesh here
+  check_contract(emb, ids, query)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("mesh_name", ["2x4-tp", "8-tokens"])
+def test_bf16(mesh_name, strategy):
+  shape, names, table_axes, data_axes = MESHES[mesh_name]
+  emb = build(99, 100, make_mesh(shape, names), sharding=strategy,
+              param_dtype=jnp.bfloat16, table_axes=table_axes, data_axes=data_axes)
+  ids, query = random_case(99, 100, batch=16, dtype=jnp.bfloat16)
+  check_contract(emb, ids, query, rtol=2e-2, grad_atol=32 * 2.0**-8)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_auto_axis_types(strategy):
+  mesh = make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+  emb = build(99, 100, mesh, sharding=strategy, table_axes=("model", "data"), data_axes=("data",))
+  ids, query = random_case(99, 100, batch=6)
+  check_contract(emb, ids, query)
+
+
+@pytest.mark.parametrize("strategy", ["vocab", "hidden"])
+def test_sharded_ids_stay_sharded(strategy):
+  """Ids already split over the data axes go in and come out split."""
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  mesh = make_mesh((8,), ("batch",))
+  emb = build(1000, 24, mesh, sharding=strategy)
+  ids = jax.device_put(jnp.arange(64, dtype=jnp.int32).reshape(16, 4) * 7,
+                       NamedSharding(mesh, P("batch")))
+  out = emb(ids)
+  assert out.sharding.spec[0] == "batch"
+  np.testing.assert_array_equal(
+      np.asarray(out), np.asarray(emb.logical_table())[np.asarray(ids)])

@@ -1,0 +1,106 @@
+"""The planner: defaults, the auto rule, padding, costs and its errors."""
+
+import pytest
+
+from embedlib import plan_embedding
+from embedlib.plan import cost, resolve_axes
+
+TP = {"data": 2, "model": 4}
+RECSYS = {"batch": 8}
+
+
+@pytest.mark.parametrize(
+    "mesh, table_axes, data_axes",
+    [
+        (TP, ("model",), ("data",)),
+        (RECSYS, ("batch",), ("batch",)),
+        ({"replica": 2, "batch": 8}, ("replica", "batch"), ("replica", "batch")),
+        ({"x": 4}, ("x",), ()),
+        ({}, (), ()),
+    ],
+)
+def test_default_axes(mesh, table_axes, data_axes):
+  assert resolve_axes(mesh) == (table_axes, data_axes)
+
+
+@pytest.mark.parametrize(
+    "vocab, width, mesh, kwargs, strategy, phrase",
+    [
+        (50257, 768, TP, {}, "hidden", "fewest bytes"),
+        (50257, 768, TP, {"tied": True}, "vocab", "tied"),
+        (1_000_000, 100, RECSYS, {}, "hidden", "fewest bytes"),  # seed 000's width
+        (1_000_000, 3, RECSYS, {}, "vocab", "too narrow"),
+        (1_000_000, 1, RECSYS, {}, "vocab", "too narrow"),  # Wide & Deep's width 1
+        (4, 1 << 20, RECSYS, {}, "hidden", "smaller than the table group"),
+        (99, 16, TP, {}, "replicated", "small table"),
+        (1_000_000, 64, {"batch": 1}, {}, "replicated", "one device"),
+        (1_000_000, 64, None, {}, "replicated", "one device"),
+        (1000, 64, TP, {"sharding": "vocab"}, "vocab", "requested"),
+    ],
+)
+def test_auto_rule(vocab, width, mesh, kwargs, strategy, phrase):
+  plan = plan_embedding(vocab, width, mesh=mesh, **kwargs)
+  assert plan.strategy == strategy
+  assert phrase in plan.reason
+
+
+def test_padding_and_shapes():
+  plan = plan_embedding(50257, 768, mesh={"model": 8}, sharding="vocab")
+  assert plan.padded_shape == (50264, 768)
+  assert plan.shard_shape == (6283, 768)
+  assert plan.padding_overhead == pytest.approx(7 / 50257)
+  assert plan.bytes_per_device == 6283 * 768 * 4
+  assert plan.table_spec == (("model",), None)
+  hidden = plan_embedding(10, 100, mesh={"batch": 8}, sharding="hidden")
+  assert hidden.padded_shape == (10, 104) and hidden.table_spec == (None, ("batch",))
+
+
+def test_token_axes_come_first():
+  """Column blocks must be ordered token axes first for the all_to_all."""
+  plan = plan_embedding(1000, 64, mesh=TP, sharding="hidden",
+                        table_axes=("model", "data"), data_axes=("data",))
+  assert plan.table_axes == ("data", "model")
+  assert plan.token_axes == ("data",) and plan.rest_axes == ("model",)
+
+
+def test_hidden_moves_fewer_bytes_than_vocab():
+  kw = dict(mesh=TP, tokens=4096)
+  vocab = plan_embedding(50257, 768, sharding="vocab", **kw)
+  hidden = plan_embedding(50257, 768, sharding="hidden", **kw)
+  replicated = plan_embedding(50257, 768, sharding="replicated", **kw)
+  assert replicated.bytes_moved_per_lookup == 0
+  assert 0 < hidden.bytes_moved_per_lookup < vocab.bytes_moved_per_lookup
+  # all-gather of [2048 tokens, 192 cols] from 3 other ranks
+  assert hidden.bytes_moved_per_lookup == 3 * 2048 * 192 * 4
+  assert cost.ID_BYTES == 4
+
+
+def test_summary_prints_every_field():
+  text = str(plan_embedding(50257, 768, mesh=TP, tied=True, name="tokens"))
+  for field in ("tokens: 50257 x 768", "vocab", "model=4", "50260 x 768",
+                "bytes/device", "moved/lookup", "reason"):
+    assert field in text
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, words",
+    [
+        ((0, 8), {}, ValueError, ["num_embeddings", ">= 1"]),
+        ((8, -1), {}, ValueError, ["features", ">= 1"]),
+        ((8.0, 8), {}, TypeError, ["num_embeddings", "int"]),
+        ((8, 8), {"sharding": "rows"}, ValueError, ["'rows'", "vocab"]),
+        ((8, 8), {"mesh": TP, "table_axes": ("tensor",)}, ValueError,
+         ["'tensor'", "('data', 'model')"]),
+        ((8, 8), {"mesh": TP, "data_axes": ("data", "data")}, ValueError,
+         ["more than once"]),
+        ((8, 8), {"mesh": TP, "table_axes": 3}, TypeError, ["table_axes"]),
+        ((8, 8), {"mesh": [2, 4]}, TypeError, ["jax.make_mesh"]),
+    ],
+)
+def test_errors_name_the_thing_and_the_fix(args, kwargs, error, words):
+  with pytest.raises(error) as info:
+    plan_embedding(*args, name="user_id", **kwargs)
+  message = str(info.value)
+  assert "user_id" in message
+  for word in words:
+    assert word in message

@@ -1,0 +1,1 @@
+"""Training entrypoint package: ``python -m train --config configs/quickstart.py``."""
