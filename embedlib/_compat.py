@@ -56,7 +56,9 @@ def place_always(x, sharding):
     return reshard(x, sharding)
   if isinstance(x, jax.core.Tracer) or not hasattr(mesh, "devices"):
     return jax.lax.with_sharding_constraint(x, sharding)
-  return jax.device_put(x, sharding)
+  # A jitted identity, not device_put: it also moves arrays that span
+  # several processes.
+  return jax.jit(lambda y: y, out_shardings=sharding)(x)
 
 
 def leading_spec(x, mesh):
@@ -72,3 +74,15 @@ def leading_spec(x, mesh):
   if entry is None:
     return ()
   return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def varying_axes(x) -> frozenset:
+  """Mesh axes a value inside ``shard_map`` is typed as varying over.
+
+  Empty outside ``shard_map`` and when its type check is off.
+  """
+  aval = jax.typeof(x)
+  manual = getattr(aval, "manual_axis_type", None)
+  if manual is not None:
+    return frozenset(manual.varying)
+  return frozenset(getattr(aval, "vma", ()))

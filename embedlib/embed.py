@@ -207,7 +207,8 @@ class ShardedEmbed(nnx.Module):
     flat = invalid_lib.sanitize(ids.reshape(ids.shape or (1,)), self.num_embeddings)
     gather = functools.partial(kernels.gather, kernel=self.kernel)
     out = strategies.lookup(
-        self.embedding[...], flat, plan=self.plan, mesh=self.mesh, gather=gather
+        self.embedding[...], flat, plan=self.plan, mesh=self.mesh, gather=gather,
+        check_vma=kernels.shard_map_check_vma(self.kernel),
     )
     if ROW_TAPS:
       out = ROW_TAPS[-1].lookup(self, flat, out)

@@ -10,7 +10,10 @@ and a tiled ``all_gather``.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from jax import lax
+
+from embedlib import _compat
 
 
 def gather_tokens(x: jax.Array, token_axes: tuple[str, ...]) -> jax.Array:
@@ -66,12 +69,28 @@ def concat_slices(x, token_axes, rest_axes):
   """
   last = x.ndim - 1
   if rest_axes:
-    # "invarying": the gathered columns are the same on every rest rank, and
-    # shard_map's type check must know it to accept a replicated out_spec.
-    x = lax.all_gather(x, rest_axes, axis=last, tiled=True, to="invarying")
+    x = _gather_rest(x, rest_axes, last)
   if token_axes:
     x = lax.all_to_all(x, token_axes, 0, last, tiled=True)
   return x
+
+
+def _gather_rest(x, rest_axes, axis):
+  """Tiled all-gather over ranks holding the same tokens, with a right VJP.
+
+  With shard_map's type check on, ``to="invarying"`` tells it the result is
+  the same on every rest rank, and the transpose is a slice. With the check
+  off (the Pallas interpreter needs that) all_gather's transpose would sum
+  the rank copies of the cotangent; a psum of zero-padded slices gives the
+  same result and transposes correctly without the types.
+  """
+  if set(rest_axes) <= _compat.varying_axes(x):
+    return lax.all_gather(x, rest_axes, axis=axis, tiled=True, to="invarying")
+  ranks = lax.psum(1, rest_axes)
+  width = x.shape[axis]
+  full = jnp.zeros(x.shape[:axis] + (width * ranks,) + x.shape[axis + 1:], x.dtype)
+  start = lax.axis_index(rest_axes) * width
+  return lax.psum(lax.dynamic_update_slice_in_dim(full, x, start, axis), rest_axes)
 
 
 def group_rank(table_axes: tuple[str, ...]):

@@ -48,7 +48,7 @@ def _restore_tokens(x, tokens, mesh, spec):
   return x
 
 
-def _run(body, table, x, *, plan, mesh, fill):
+def _run(body, table, x, *, plan, mesh, fill, check_vma=True):
   """Runs ``body(table_shard, x_shard)`` over the mesh on token-split ``x``.
 
   ``x`` may be a tuple of arrays sharing their leading (token) dimension,
@@ -69,12 +69,13 @@ def _run(body, table, x, *, plan, mesh, fill):
   )
   table = _compat.place(table, mesh, table_spec)
   out = _compat.shard_map(
-      body, mesh=mesh, in_specs=(table_spec, token_spec), out_specs=token_spec
+      body, mesh=mesh, in_specs=(table_spec, token_spec), out_specs=token_spec,
+      check_vma=check_vma,
   )(table, x)
   return _restore_tokens(out, tokens, mesh, spec)
 
 
-def lookup(table, ids, *, plan, mesh, gather):
+def lookup(table, ids, *, plan, mesh, gather, check_vma=True):
   """Looks up ``ids`` in a physical (padded, sharded) table.
 
   Args:
@@ -84,17 +85,20 @@ def lookup(table, ids, *, plan, mesh, gather):
     plan: the table's ``EmbeddingPlan``.
     mesh: the mesh the plan was made for, or None for one device.
     gather: local kernel ``gather(table_shard, ids) -> rows``.
+    check_vma: shard_map's type check; off only for the Pallas interpreter
+      (``kernels.shard_map_check_vma``).
 
   Returns:
     ``ids.shape + (plan.features,)``.
   """
   strategy = _STRATEGIES[plan.strategy]
   body = lambda t, i: strategy.lookup(t, i, plan=plan, gather=gather)
-  out = _run(body, table, ids, plan=plan, mesh=mesh, fill=-1)
+  out = _run(body, table, ids, plan=plan, mesh=mesh, fill=-1, check_vma=check_vma)
   return out[..., : plan.features]
 
 
-def lookup_bag(table, ids, weights=None, *, plan, mesh, bag, combiner="sum"):
+def lookup_bag(table, ids, weights=None, *, plan, mesh, bag, combiner="sum",
+               check_vma=True):
   """Pooled lookup of padded bags in a physical (padded, sharded) table.
 
   No ``[tokens, bag, features]`` intermediate: each rank pools locally with
@@ -119,10 +123,12 @@ def lookup_bag(table, ids, weights=None, *, plan, mesh, bag, combiner="sum"):
       t, i, w, plan=plan, bag=bag, combiner=combiner
   )
   if weights is None:
-    out = _run(lambda t, i: run(t, i, None), table, ids, plan=plan, mesh=mesh, fill=-1)
+    out = _run(lambda t, i: run(t, i, None), table, ids, plan=plan, mesh=mesh, fill=-1,
+               check_vma=check_vma)
   else:
     out = _run(
-        lambda t, x: run(t, *x), table, (ids, weights), plan=plan, mesh=mesh, fill=(-1, 0)
+        lambda t, x: run(t, *x), table, (ids, weights), plan=plan, mesh=mesh, fill=(-1, 0),
+        check_vma=check_vma,
     )
   return out[..., : plan.features]
 

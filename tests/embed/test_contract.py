@@ -74,3 +74,13 @@ def test_sharded_ids_stay_sharded(strategy):
   assert out.sharding.spec[0] == "batch"
   np.testing.assert_array_equal(
       np.asarray(out), np.asarray(emb.logical_table())[np.asarray(ids)])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("mesh_name", ["2x4-tp", "8-tokens", "4x2-mixed"])
+def test_pallas_kernel_in_interpret_mode(mesh_name, strategy):
+  """The Pallas gather (interpreted on CPU) as every strategy's local lookup."""
+  shape, names, table_axes, data_axes = MESHES[mesh_name]
+  emb = build(99, 100, make_mesh(shape, names), sharding=strategy, kernel="pallas",
+              table_axes=table_axes, data_axes=data_axes)
+  check_contract(emb, *random_case(99, 100, batch=11))

@@ -1,0 +1,33 @@
+"""Data sources for embedlib: the batch format, planted synthetic data, Criteo TSV.
+
+Every source yields the batch dict documented in ``embedlib.data.spec`` (this
+process's rows only), keeps a resumable position (``get_state`` /
+``set_state``), and takes ``process_index`` / ``process_count`` to read its
+slice of each global batch. ``Prefetcher`` runs any of them in a background
+thread, and ``to_global_batch`` puts a batch onto the mesh.
+
+>>> from embedlib import data
+>>> spec = data.DataSpec.from_sizes(4, [100, 100])
+>>> batch = next(data.SyntheticSource(spec, batch_size=16))
+>>> sorted(batch), batch["dense"].shape
+(['dense', 'label', 'sparse'], (16, 4))
+"""
+
+from embedlib.data.criteo import CRITEO_NUM_DENSE, CRITEO_NUM_SPARSE, BadLines, CriteoReader, criteo_spec
+from embedlib.data.prefetch import Prefetcher, to_global_batch
+from embedlib.data.spec import PAD_ID, DataSpec, SparseFeature
+from embedlib.data.synthetic import SyntheticSource
+
+__all__ = [
+    "PAD_ID",
+    "DataSpec",
+    "SparseFeature",
+    "SyntheticSource",
+    "CriteoReader",
+    "BadLines",
+    "criteo_spec",
+    "CRITEO_NUM_DENSE",
+    "CRITEO_NUM_SPARSE",
+    "Prefetcher",
+    "to_global_batch",
+]

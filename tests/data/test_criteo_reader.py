@@ -1,0 +1,168 @@
+"""CriteoReader on small TSV files: values, hashing, bad lines, slices, resume."""
+
+import gzip
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from embedlib.data import CriteoReader, criteo_spec
+from embedlib.data.criteo import CriteoFormatError
+
+SPEC = criteo_spec([100] * 13 + [2] + [1000] * 12)
+
+
+def make_line(label="1", ints=None, cats=None):
+  ints = [""] * 13 if ints is None else [str(v) for v in ints]
+  cats = [f"{i:08x}" for i in range(26)] if cats is None else cats
+  return "\t".join([label, *ints, *cats]) + "\n"
+
+
+def numbered_lines(n):
+  """Line i has I1 = i and label i % 2, so rows can be traced back to lines."""
+  return [make_line(str(i % 2), [i] + [""] * 12, [f"{i * 7919:x}"] + [""] * 25) for i in range(n)]
+
+
+def write(tmp_path, lines, name="data.tsv"):
+  path = tmp_path / name
+  data = "".join(lines).encode()
+  if name.endswith(".gz"):
+    data = gzip.compress(data)
+  path.write_bytes(data)
+  return str(path)
+
+
+def line_ids(batch):
+  return np.rint(np.expm1(batch["dense"][:, 0])).astype(int)
+
+
+def test_values_missing_fields_and_transforms(tmp_path):
+  lines = [
+      make_line("1", [5, -3, ""] + [0] * 10, ["68fd1e64", ""] + ["0"] * 24),
+      make_line("0", [0] * 13, ["68FD1E64", "a"] + ["0"] * 24).replace("\n", "\r\n"),
+  ]
+  batch = next(CriteoReader(write(tmp_path, lines), SPEC, batch_size=2))
+  SPEC.check_batch(batch, batch_size=2)
+  np.testing.assert_array_equal(batch["label"], [1.0, 0.0])
+  np.testing.assert_allclose(batch["dense"][0, :3], [np.log1p(5), 0.0, 0.0], rtol=1e-6)
+  c1, c2 = batch["sparse"]["C1"], batch["sparse"]["C2"]
+  assert c1[0] == c1[1] != 0  # hex is case-insensitive
+  assert c2[0] == 0 and c2[1] != 0  # row 0 is "missing"
+  assert (batch["sparse"]["C14"] == 1).all()  # a 2-row table: the only non-missing row
+
+
+def test_hashing_spreads_values_and_is_stable_across_processes(tmp_path):
+  lines = [make_line(cats=[f"{i:x}"] * 26) for i in range(512)]
+  path = write(tmp_path, lines)
+  ids = next(CriteoReader(path, SPEC, batch_size=512))["sparse"]
+  assert (ids["C20"] >= 1).all() and (ids["C20"] < 1000).all()
+  assert len(np.unique(ids["C20"])) > 350  # 512 values into 999 rows
+  assert not np.array_equal(ids["C20"], ids["C21"])  # per-feature salt
+  code = (
+      "import sys; from embedlib.data import CriteoReader, criteo_spec; "
+      f"b = next(CriteoReader({path!r}, criteo_spec(1000), batch_size=512)); "
+      "print(b['sparse']['C20'].tolist())"
+  )
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ, PYTHONHASHSEED="12345", JAX_PLATFORMS="cpu")
+  out = subprocess.run(
+      [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True
+  )
+  assert out.stdout.strip() == str(ids["C20"].tolist())
+
+
+BAD_LINES = {
+    "fields": ("1\t2\t3\n", "expected 40 tab-separated fields, got 3"),
+    "label": (make_line(label="2"), "label must be 0 or 1, got '2'"),
+    "label_text": (make_line(label="yes"), "label must be 0 or 1"),
+    "integer": (make_line(ints=["1.5"] + [""] * 12), "integer feature I1 is not an integer: '1.5'"),
+    "hex": (make_line(cats=["zz"] + [""] * 25), "categorical feature C1 is not hex: 'zz'"),
+    "hex_sign": (make_line(cats=[""] * 25 + ["-1f"]), "categorical feature C26 is not a hex string"),
+    "not_ascii": ("1" + "\t" * 39 + "\xe9\n", "not ASCII"),
+}
+
+
+@pytest.mark.parametrize("kind", BAD_LINES)
+def test_malformed_line_stops_with_file_line_and_reason(tmp_path, kind):
+  bad, reason = BAD_LINES[kind]
+  path = write(tmp_path, [make_line(), make_line(), bad, make_line()])
+  with pytest.raises(CriteoFormatError, match="data.tsv:3: " + reason.replace("(", "\\(")) as info:
+    list(CriteoReader(path, SPEC, batch_size=1))
+  assert "max_bad_lines" in str(info.value)
+
+
+def test_skipped_lines_are_counted_with_their_numbers(tmp_path):
+  good = numbered_lines(6)
+  lines = good[:2] + [BAD_LINES["label"][0]] + good[2:4] + [BAD_LINES["fields"][0]] + good[4:]
+  path = write(tmp_path, lines)
+  reader = CriteoReader(path, SPEC, batch_size=3, max_bad_lines=None)
+  batches = list(reader)
+  assert [line_ids(b).tolist() for b in batches] == [[0, 1, 2], [3, 4, 5]]
+  assert reader.bad_lines.count == 2
+  assert [n for _, n, _ in reader.bad_lines.first] == [3, 6]
+  assert "2 malformed line(s)" in str(reader.bad_lines)
+  with pytest.raises(CriteoFormatError, match="data.tsv:6: .*malformed so far: 2"):
+    list(CriteoReader(path, SPEC, batch_size=3, max_bad_lines=1))
+
+
+def test_missing_path_fails_at_construction_naming_it(tmp_path):
+  missing = str(tmp_path / "nope.tsv.gz")
+  with pytest.raises(FileNotFoundError, match="nope.tsv.gz"):
+    CriteoReader([write(tmp_path, numbered_lines(2)), missing], SPEC, batch_size=1)
+
+
+def test_gzip_equals_plain_and_files_concatenate(tmp_path):
+  lines = numbered_lines(10)
+  plain = [b["dense"] for b in CriteoReader(write(tmp_path, lines), SPEC, batch_size=5)]
+  parts = [write(tmp_path, lines[:4], "a.tsv.gz"), write(tmp_path, lines[4:], "b.tsv")]
+  split = [b["dense"] for b in CriteoReader(parts, SPEC, batch_size=5)]
+  np.testing.assert_array_equal(np.stack(plain), np.stack(split))
+
+
+@pytest.mark.parametrize("process_count", [2, 3])
+def test_process_shares_together_hold_the_one_process_batches(tmp_path, process_count):
+  path = write(tmp_path, numbered_lines(24))
+  batch_size = 6
+  whole = [line_ids(b) for b in CriteoReader(path, SPEC, batch_size=batch_size)]
+  shares = [
+      [
+          line_ids(b)
+          for b in CriteoReader(
+              path, SPEC, batch_size=batch_size, process_index=p, process_count=process_count
+          )
+      ]
+      for p in range(process_count)
+  ]
+  assert all(len(s) == len(whole) == 4 for s in shares)
+  for k, expected in enumerate(whole):
+    together = np.concatenate([s[k] for s in shares])
+    assert sorted(together.tolist()) == expected.tolist()
+    assert all(len(s[k]) == batch_size // process_count for s in shares)
+
+
+@pytest.mark.parametrize("state_kind", ["full", "position_only"])
+def test_resume_continues_at_the_next_batch_across_epochs(tmp_path, state_kind):
+  path = write(tmp_path, numbered_lines(11))  # 11 = 3 batches of 3 + 2 dropped
+  reader = CriteoReader(path, SPEC, batch_size=3, num_epochs=2)
+  first = [line_ids(next(reader)) for _ in range(4)]
+  state = reader.get_state()
+  rest = [line_ids(b) for b in reader]
+  assert [b.tolist() for b in first + rest] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]] * 2
+  assert reader.dropped_examples == 4
+  resumed = CriteoReader(path, SPEC, batch_size=3, num_epochs=2)
+  resumed.set_state(state if state_kind == "full" else {"position": state["position"]})
+  assert [line_ids(b).tolist() for b in resumed] == [b.tolist() for b in rest]
+  assert resumed.position == 6
+
+
+def test_endless_reader_needs_one_full_batch(tmp_path):
+  reader = CriteoReader(write(tmp_path, numbered_lines(2)), SPEC, batch_size=4, num_epochs=None)
+  with pytest.raises(ValueError, match="fewer than batch_size"):
+    next(reader)
+
+
+def test_spec_must_have_the_criteo_layout(tmp_path):
+  with pytest.raises(ValueError, match="criteo_spec"):
+    CriteoReader(write(tmp_path, numbered_lines(2)), criteo_spec([1] * 26), batch_size=1)
