@@ -5,8 +5,17 @@ Layers, each importing only those above it in this list:
 collections, optimizers, models -> ``train``.
 """
 
+from embedlib.collection import EmbeddingCollection, FeatureSpec, TableSpec
 from embedlib.embed import ShardedEmbed
+from embedlib.optim import LazyAdam, RowWiseAdagrad, SparseAwareOptimizer, SparseSGD
 from embedlib.plan import EmbeddingPlan, plan_embedding
 
-__all__ = ["EmbeddingPlan", "ShardedEmbed", "plan_embedding"]
+__all__ = [
+    "EmbeddingCollection",
+    "EmbeddingPlan",
+    "FeatureSpec",
+    "ShardedEmbed",
+    "TableSpec",
+    "plan_embedding",
+]
 __version__ = "0.1.0"

@@ -22,7 +22,10 @@ use_abstract_mesh = _sharding.use_abstract_mesh
 
 def current_mesh():
   """The mesh set with ``jax.set_mesh`` (concrete if any, else abstract), or None."""
-  mesh = _sharding.get_mesh() if hasattr(_sharding, "get_mesh") else None
+  try:
+    mesh = _sharding.get_mesh()
+  except ValueError:  # inside a trace only the abstract mesh can be read
+    mesh = None
   if mesh is not None and not mesh.empty:
     return mesh
   abstract = _sharding.get_abstract_mesh()

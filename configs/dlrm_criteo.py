@@ -1,0 +1,60 @@
+"""DLRM on Criteo display-advertising logs (13 dense, 26 categorical features).
+
+The MLPerf-style DLRM layout: bottom MLP 13-512-256-64, 26 tables of width 64
+(categoricals hashed into ``table_size`` rows each), dot interaction, top MLP
+512-256-1; Adam on the MLPs, row-wise AdaGrad on the tables.
+
+    python -m train --config configs/dlrm_criteo.py:/data/day_0.tsv,/data/day_1.tsv \
+        --workdir runs/criteo
+
+The argument is ``TRAIN_PATH[,EVAL_PATH]`` (plain or .gz TSV in the Criteo
+layout; with one path, eval reads the same file), or ``smoke`` for a tiny
+model whose paths are given with ``--config.data.train_path=...``.
+Expected: on the full Criteo 1TB day files a GPU run reaches AUC ~0.80 after
+one epoch; on this 2-core CPU, about 10k examples/s (see benchmarks/).
+"""
+
+import ml_collections
+
+from configs import quickstart
+
+
+def get_config(arg=None):
+  config = quickstart.get_config()
+  config.data.source = "criteo"
+  config.data.num_dense = 13
+  config.data.table_sizes = (1_000_000,) * 26
+  config.data.bag_sizes = ()
+  config.data.max_bad_lines = 0
+
+  config.model.embed_dim = 64
+  config.model.bottom_sizes = (512, 256)
+  config.model.top_sizes = (512, 256, 1)
+
+  config.optim.dense = ml_collections.ConfigDict(dict(
+      name="adam", learning_rate=1e-3, schedule="warmup_cosine", warmup_steps=1000))
+  config.optim.sparse = ml_collections.ConfigDict(dict(
+      name="rowwise_adagrad", learning_rate=0.05, schedule="constant", warmup_steps=0))
+
+  config.batch_size = 2048
+  config.num_train_steps = 100_000
+  config.log_every = 100
+  config.eval_every = 5_000
+  config.eval_batches = 100
+  config.checkpoint_every = 5_000
+
+  if arg == "smoke":
+    config.data.table_sizes = (1_000,) * 26
+    config.model.embed_dim = 8
+    config.model.bottom_sizes = (16,)
+    config.model.top_sizes = (16, 1)
+    config.batch_size = 32
+    config.num_train_steps = 4
+    config.log_every = 2
+    config.eval_every = 2
+    config.checkpoint_every = 2
+  elif arg:
+    paths = arg.split(",")
+    config.data.train_path = paths[0]
+    config.data.eval_path = paths[1] if len(paths) > 1 else paths[0]
+  return config

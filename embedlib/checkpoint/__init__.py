@@ -1,0 +1,6 @@
+"""Checkpoints that store logical, unpadded tables and slots: restore on any mesh."""
+
+from embedlib.checkpoint.logical import abstract_like, load_logical_state, logical_state
+from embedlib.checkpoint.manager import Checkpointer
+
+__all__ = ["Checkpointer", "abstract_like", "load_logical_state", "logical_state"]

@@ -1,0 +1,120 @@
+"""Training state in logical (unpadded) form, and back onto any mesh.
+
+A checkpoint must not depend on the layout it was saved from: a run saved on
+8 devices restores onto 4, 3 or 1, where padding and sharding differ. So the
+saved tree holds every table and every sparse optimizer slot at its logical
+shape (``num_embeddings`` rows, ``features`` columns), replicated, and the
+dense parameters and optax state as they are (their shapes never depend on
+the mesh). Loading pads and lays each array out for the new model.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from embedlib import _compat
+from embedlib.optim import apply as apply_lib
+from embedlib.optim import row_grads
+
+
+def _unpad(x, logical_shape, mesh):
+  if x.shape == logical_shape:
+    return x
+  if mesh is not None:
+    x = _compat.place_always(x, NamedSharding(mesh, P()))
+  return x[tuple(slice(0, n) for n in logical_shape)]
+
+
+def _slot_logical_shape(value, plan):
+  rows, cols = plan.logical_shape
+  return (rows,) if value.ndim == 1 else (rows, cols)
+
+
+def _pad_and_place(x, shape, spec, mesh):
+  x = jnp.pad(x, [(0, p - n) for n, p in zip(x.shape, shape)])
+  if mesh is None:
+    return x
+  return _compat.place_always(x, NamedSharding(mesh, P(*spec)))
+
+
+def logical_state(model: nnx.Module, optimizer) -> dict:
+  """The layout-free training state of ``model`` and its optimizer.
+
+  Args:
+    model: an ``nnx.Module`` holding ``ShardedEmbed`` tables (directly or in
+      an ``EmbeddingCollection``).
+    optimizer: the ``SparseAwareOptimizer`` built for it.
+
+  Returns:
+    ``{"dense", "tables", "slots", "dense_opt", "step"}``, a pytree of arrays.
+  """
+  found = dict(row_grads.sparse_tables(model, optimizer.tables))
+  keys = optimizer.keys
+  dense = nnx.state(model, row_grads.NotTables(frozenset(keys)))
+  tree = {
+      "dense": nnx.to_pure_dict(dense),
+      "tables": {k: found[k].logical_table() for k in keys},
+      "slots": {
+          k: {
+              name: _unpad(v[...], _slot_logical_shape(v[...], found[k].plan), found[k].mesh)
+              for name, v in slots.items()
+          }
+          for k, slots in zip(keys, optimizer.slots)
+      },
+      "step": optimizer.step[...],
+  }
+  if optimizer.dense is not None:
+    tree["dense_opt"] = nnx.to_pure_dict(nnx.state(optimizer.dense))
+  return tree
+
+
+def load_logical_state(model: nnx.Module, optimizer, tree: dict) -> None:
+  """Loads ``logical_state`` output into a model built for any mesh.
+
+  Args:
+    model: a freshly built model (same config, any mesh).
+    optimizer: its ``SparseAwareOptimizer``.
+    tree: what ``logical_state`` returned (possibly on another mesh).
+  """
+  found = dict(row_grads.sparse_tables(model, optimizer.tables))
+  keys = optimizer.keys
+  missing = sorted(set(keys) - set(tree["tables"]))
+  if missing:
+    raise ValueError(
+        f"checkpoint has no tables {missing}; it was saved from a different "
+        "model config (compare config.model and config.data with the run's)."
+    )
+  dense = nnx.state(model, row_grads.NotTables(frozenset(keys)))
+  nnx.replace_by_pure_dict(dense, tree["dense"])
+  nnx.update(model, dense)
+  for key, slots in zip(keys, optimizer.slots):
+    emb = found[key]
+    emb.load_table(tree["tables"][key])
+    for name, slot in optimizer.rule.slots().items():
+      value = jnp.asarray(tree["slots"][key][name], slot.dtype)
+      slots[name][...] = _pad_and_place(
+          value, apply_lib.slot_shape(slot, emb.plan), apply_lib.slot_spec(slot, emb.plan),
+          emb.mesh)
+  optimizer.step[...] = jnp.asarray(tree["step"], optimizer.step[...].dtype)
+  if optimizer.dense is not None:
+    state = nnx.state(optimizer.dense)
+    nnx.replace_by_pure_dict(state, tree["dense_opt"])
+    nnx.update(optimizer.dense, state)
+
+
+def abstract_like(tree, mesh=None):
+  """``ShapeDtypeStruct`` targets for restoring ``tree`` onto ``mesh``.
+
+  Every leaf is restored replicated on the new mesh (or on one device);
+  ``load_logical_state`` then lays tables and slots out as the new plans say.
+  """
+  if mesh is None:
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  else:
+    sharding = NamedSharding(mesh, P())
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)

@@ -1,0 +1,26 @@
+"""Layer 5: many features over many sharded tables (``EmbeddingCollection``).
+
+``specs`` describes tables and features, ``planner`` lays every table out
+(one printed plan), ``inputs`` normalises the three id forms, ``dedup`` looks
+each distinct id up once, and ``collection`` is the ``nnx.Module``.
+"""
+
+from embedlib.collection.collection import EmbeddingCollection
+from embedlib.collection.planner import (
+    CollectionPlan,
+    TablePlan,
+    estimate_bytes_moved,
+    plan_collection,
+)
+from embedlib.collection.specs import FeatureSpec, Ragged, TableSpec
+
+__all__ = [
+    "CollectionPlan",
+    "EmbeddingCollection",
+    "FeatureSpec",
+    "Ragged",
+    "TablePlan",
+    "TableSpec",
+    "estimate_bytes_moved",
+    "plan_collection",
+]

@@ -1,0 +1,133 @@
+"""Feature inputs in their three forms, brought to one: padded ``[batch, bag]`` bags.
+
+A feature's ids arrive as ``[batch]`` (single-hot), ``[batch, bag]`` padded
+with ``-1``, or ragged ``(values, lengths)`` with a static capacity; weights,
+when given, have the shape of the ids (``[capacity]`` for ragged ids). Every
+form becomes ``ids [batch, bag]`` int32 with ``-1`` at padding and at every
+invalid id, plus aligned weights or None. Shape errors name the feature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from embedlib import invalid_ids as invalid_lib
+from embedlib import kernels
+from embedlib.collection.specs import FeatureSpec, Ragged
+
+
+@dataclasses.dataclass(frozen=True)
+class Bags:
+  """One feature's ids as padded bags.
+
+  Attributes:
+    ids: int32 ``[batch, bag]``, ``-1`` for padding and invalid ids.
+    weights: float ``[batch, bag]`` or None.
+    single_hot: the input was ``[batch]``: the output drops the bag axis.
+  """
+
+  ids: object
+  weights: object
+  single_hot: bool
+
+  @property
+  def batch(self) -> int:
+    return self.ids.shape[0]
+
+
+def _ragged_parts(x):
+  if isinstance(x, Ragged):
+    return x.values, x.lengths
+  if isinstance(x, tuple) and len(x) == 2:
+    return x
+  return None
+
+
+def to_bags(spec: FeatureSpec, x, weights, num_embeddings: int) -> Bags:
+  """Normalises one feature's input (see the module docstring).
+
+  Args:
+    spec: the feature.
+    x: ``[batch]`` or ``[batch, bag]`` int ids, or a ``Ragged`` /
+      ``(values, lengths)`` pair.
+    weights: None, or float weights shaped like the ids (``[capacity]`` for
+      ragged ids).
+    num_embeddings: rows of the feature's table, for the invalid-id rule.
+
+  Returns:
+    ``Bags``.
+
+  >>> import jax.numpy as jnp
+  >>> b = to_bags(FeatureSpec("f", "t", max_ids_per_sample=2),
+  ...             (jnp.array([3, 4, 9]), jnp.array([1, 2])), None, 5)
+  >>> b.ids.tolist(), b.single_hot
+  ([[3, -1], [4, -1]], False)
+  """
+  owner = f"feature {spec.name!r}"
+  if spec.is_sequence and weights is not None:
+    raise ValueError(
+        f"{owner}: weights were given for a sequence feature (combiner=None), "
+        f"whose rows are returned unpooled; drop the weights or set a combiner."
+    )
+  ragged = _ragged_parts(x)
+  single = False
+  if ragged is not None:
+    values, lengths = (jnp.asarray(a) for a in ragged)
+    if spec.max_ids_per_sample is None:
+      raise ValueError(
+          f"{owner}: ragged ids need a static bag width; set "
+          f"FeatureSpec({spec.name!r}, ..., max_ids_per_sample=N)."
+      )
+    if values.ndim != 1 or lengths.ndim != 1:
+      raise ValueError(
+          f"{owner}: ragged ids need values [capacity] and lengths [batch], got "
+          f"shapes {values.shape} and {lengths.shape}."
+      )
+    if weights is not None and jnp.shape(weights) != values.shape:
+      raise ValueError(
+          f"{owner}: ragged weights must be shaped like values {values.shape}, "
+          f"got {jnp.shape(weights)}."
+      )
+    try:
+      padded = kernels.ragged_to_padded(
+          values, lengths, spec.max_ids_per_sample, weights
+      )
+    except ValueError as e:
+      raise ValueError(f"{owner}: {e}") from None
+    ids, weights = padded if weights is not None else (padded, None)
+  else:
+    ids = jnp.asarray(x)
+    if ids.ndim == 1:
+      single = True
+      ids = ids[:, None]
+      if weights is not None:
+        weights = jnp.asarray(weights)
+        weights = weights[:, None] if weights.ndim == 1 else weights
+    elif ids.ndim != 2:
+      raise ValueError(
+          f"{owner}: ids must be [batch], [batch, bag] or (values, lengths), "
+          f"got shape {ids.shape}."
+      )
+    limit = spec.max_ids_per_sample
+    if not single and limit is not None and ids.shape[1] > limit:
+      kind = "single-hot" if limit == 1 else "limited"
+      raise ValueError(
+          f"{owner} is {kind} (max_ids_per_sample={limit}) but got a bag input "
+          f"of shape {ids.shape}; pass [batch] ids"
+          + ("" if limit == 1 else f" or [batch, <={limit}] bags")
+          + f", or raise FeatureSpec({spec.name!r}, ..., max_ids_per_sample=)."
+      )
+  if not jnp.issubdtype(ids.dtype, jnp.integer):
+    raise ValueError(f"{owner}: ids must be integers, got {ids.dtype}.")
+  if weights is not None:
+    weights = jnp.asarray(weights)
+    if weights.shape != ids.shape:
+      raise ValueError(
+          f"{owner}: weights shape {weights.shape} must equal the ids shape "
+          f"{ids.shape[:1] if single else ids.shape}."
+      )
+    if not jnp.issubdtype(weights.dtype, jnp.floating):
+      weights = weights.astype(jnp.float32)
+  return Bags(invalid_lib.sanitize(ids, num_embeddings), weights, single)

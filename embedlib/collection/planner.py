@@ -1,0 +1,272 @@
+"""The collection's plan: one ``EmbeddingPlan`` per table, chosen together.
+
+Each table is planned by ``plan_embedding`` (the same cost model as
+``ShardedEmbed``). One decision is made for the collection as a whole: with
+a ``replicate_budget_bytes``, the tables whose replication saves the most
+traffic per byte stored are replicated until the budget is spent, instead of
+each table being judged alone against ``replicate_below_bytes``. The traffic
+of a step is counted per feature (a pooled feature moves its ids and one
+pooled row per sample, a sequence feature a row per id) and, for tables with
+a dedup capacity, per unique id. Pure Python: no arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from embedlib import axes as axes_lib
+from embedlib.collection.specs import FeatureSpec, TableSpec
+from embedlib.plan import EmbeddingPlan, cost, mesh_axes, plan_embedding
+from embedlib.plan.embedding_plan import _human
+
+
+def _ranks(plan: EmbeddingPlan) -> tuple[int, int]:
+  token = mesh_axes.axes_size(dict(plan.mesh_shape), plan.token_axes)
+  return token, plan.group_size // token
+
+
+def _ids_bytes(plan: EmbeddingPlan, n: int) -> int:
+  token_ranks, _ = _ranks(plan)
+  return (token_ranks - 1) * math.ceil(n / plan.data_shards) * cost.ID_BYTES
+
+
+def _gather_bytes(plan: EmbeddingPlan, n: int) -> int:
+  """Ids in and one row per id out, for ``n`` ids over the mesh."""
+  if plan.strategy == axes_lib.REPLICATED:
+    return 0
+  token_ranks, rest_ranks = _ranks(plan)
+  return cost.bytes_moved_per_lookup(
+      plan.padded_shape,
+      plan.strategy,
+      tokens=n,
+      data_shards=plan.data_shards,
+      token_ranks=token_ranks,
+      rest_ranks=rest_ranks,
+      itemsize=plan.itemsize,
+  )
+
+
+def estimate_bytes_moved(plan, bags, *, batch_size, num_unique=None) -> int:
+  """Bytes one device receives per step for the features reading a table.
+
+  Args:
+    plan: the table's ``EmbeddingPlan``.
+    bags: ``(bag, pooled)`` per feature: ids per sample and whether the
+      feature is pooled (else a sequence feature).
+    batch_size: samples per step over the whole mesh.
+    num_unique: dedup capacity per data shard, or None without dedup.
+
+  Returns:
+    The estimate, in bytes (0 for a replicated table).
+
+  >>> p = plan_embedding(1 << 20, 64, mesh={"batch": 8}, sharding="vocab")
+  >>> estimate_bytes_moved(p, [(8, True)], batch_size=1024)  # ids + pooled rows
+  258048
+  >>> estimate_bytes_moved(p, [(8, False)], batch_size=1024)  # ids + a row per id
+  1863680
+  >>> estimate_bytes_moved(p, [(8, False)], batch_size=1024, num_unique=512)
+  931840
+
+  Dedup pays when a shard's unique ids are fewer than the rows it would
+  otherwise receive: for pooled features, fewer than its samples.
+  """
+  if plan.strategy == axes_lib.REPLICATED:
+    return 0
+  if num_unique is not None:
+    # One lookup of each shard's unique ids; pooling happens after, locally.
+    return _gather_bytes(plan, num_unique * plan.data_shards)
+  moved = 0
+  for bag, pooled in bags:
+    ids = batch_size * bag
+    if pooled:
+      # Ids travel, then one pooled row per sample (no row per id).
+      moved += _ids_bytes(plan, ids) + _gather_bytes(plan, batch_size) - _ids_bytes(plan, batch_size)
+    else:
+      moved += _gather_bytes(plan, ids)
+  return moved
+
+
+@dataclasses.dataclass(frozen=True)
+class TablePlan:
+  """One table's layout and traffic inside a collection.
+
+  Attributes:
+    plan: its ``EmbeddingPlan`` (``plan.reason`` says why the layout).
+    features: names of the features that read it.
+    num_unique: dedup capacity per data shard, or None.
+    bytes_moved: estimated bytes per device per step without dedup.
+    bytes_moved_dedup: the same with dedup at ``num_unique``, or None.
+  """
+
+  plan: EmbeddingPlan
+  features: tuple[str, ...]
+  num_unique: int | None
+  bytes_moved: int
+  bytes_moved_dedup: int | None
+
+  @property
+  def name(self) -> str:
+    return self.plan.name
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectionPlan:
+  """Every table's plan; prints as one table with the per-device totals.
+
+  >>> tables = [TableSpec("small", 100, 8), TableSpec("big", 1 << 20, 64)]
+  >>> feats = [FeatureSpec("a", "small"), FeatureSpec("b", "big", max_ids_per_sample=4)]
+  >>> p = plan_collection(tables, feats, mesh={"batch": 8}, batch_size=1024)
+  >>> p["small"].plan.strategy, p["big"].plan.strategy
+  ('replicated', 'hidden')
+  >>> print(p)  # doctest: +ELLIPSIS
+  EmbeddingCollection plan: 2 tables, mesh batch=8, 1024 samples per step
+  table  strategy    padded shape  bytes/device  moved/step  moved/step dedup  reason
+  small  replicated  100 x 8       3.12 KiB      0 B         -                 small table ...
+  big    hidden      1048576 x 64  32.00 MiB     42.00 KiB   -                 lookup-only ...
+  total                            32.00 MiB     42.00 KiB
+  """
+
+  tables: tuple[TablePlan, ...]
+  batch_size: int
+  mesh_shape: tuple[tuple[str, int], ...]
+
+  def __getitem__(self, name: str) -> TablePlan:
+    for t in self.tables:
+      if t.name == name:
+        return t
+    raise KeyError(f"no table {name!r} in the plan; tables: {[t.name for t in self.tables]}.")
+
+  @property
+  def bytes_per_device(self) -> int:
+    return sum(t.plan.bytes_per_device for t in self.tables)
+
+  @property
+  def bytes_moved(self) -> int:
+    """Per device per step, with dedup where a table has a capacity."""
+    return sum(
+        t.bytes_moved if t.bytes_moved_dedup is None else t.bytes_moved_dedup
+        for t in self.tables
+    )
+
+  def __str__(self) -> str:
+    mesh = ", ".join(f"{a}={n}" for a, n in self.mesh_shape) or "one device"
+    head = ("table", "strategy", "padded shape", "bytes/device", "moved/step",
+            "moved/step dedup", "reason")
+    rows = [head]
+    for t in self.tables:
+      dedup = "-" if t.bytes_moved_dedup is None else _human(t.bytes_moved_dedup)
+      rows.append((
+          t.name, t.plan.strategy,
+          f"{t.plan.padded_shape[0]} x {t.plan.padded_shape[1]}",
+          _human(t.plan.bytes_per_device), _human(t.bytes_moved), dedup, t.plan.reason,
+      ))
+    total = ("total", "", "", _human(self.bytes_per_device), _human(self.bytes_moved), "", "")
+    rows.append(total)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
+    lines = [
+        f"EmbeddingCollection plan: {len(self.tables)} tables, mesh {mesh}, "
+        f"{self.batch_size} samples per step"
+    ]
+    for r in rows:
+      cells = [c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]
+      lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _bags(features: Sequence[FeatureSpec], table: str):
+  return [
+      (f.max_ids_per_sample or 1, not f.is_sequence) for f in features if f.table == table
+  ]
+
+
+def plan_collection(
+    tables: Sequence[TableSpec],
+    features: Sequence[FeatureSpec],
+    *,
+    mesh=None,
+    table_axes=None,
+    data_axes=None,
+    param_dtype=np.float32,
+    batch_size: int = 4096,
+    num_unique: Mapping[str, int] | None = None,
+    replicate_below_bytes: int | None = None,
+    replicate_budget_bytes: int | None = None,
+) -> CollectionPlan:
+  """Plans every table of a collection (see the module docstring).
+
+  Args:
+    tables: the ``TableSpec`` s.
+    features: the ``FeatureSpec`` s (their bags set the traffic estimates:
+      ``max_ids_per_sample``, or 1 when unset).
+    mesh: a ``Mesh``, ``AbstractMesh``, ``{axis: size}`` dict or None.
+    table_axes: mesh axes tables are split over (see ``plan_embedding``).
+    data_axes: mesh axes the batch is split over.
+    param_dtype: dtype of the stored tables.
+    batch_size: samples per step over the whole mesh, for the estimates.
+    num_unique: dedup capacity per data shard, by table name.
+    replicate_below_bytes: the per-table auto rule's threshold.
+    replicate_budget_bytes: replicate auto tables, most traffic saved per
+      byte first, until their copies fill this many bytes per device; the
+      rest are sharded. None keeps the per-table rule.
+
+  Returns:
+    A ``CollectionPlan``.
+  """
+  num_unique = dict(num_unique or {})
+  common = dict(
+      mesh=mesh, table_axes=table_axes, data_axes=data_axes,
+      param_dtype=param_dtype,
+  )
+  if replicate_below_bytes is not None:
+    common["replicate_below_bytes"] = replicate_below_bytes
+
+  def plan(t, **kw):
+    tokens = batch_size * sum(b for b, _ in _bags(features, t.name))
+    return plan_embedding(
+        t.num_embeddings, t.features, name=t.name, tokens=tokens, **{**common, **kw}
+    )
+
+  plans = {}
+  if replicate_budget_bytes is not None:
+    auto = [t for t in tables if t.sharding == axes_lib.AUTO]
+    sharded = {t.name: plan(t, replicate_below_bytes=0) for t in auto}
+    saved = lambda t: estimate_bytes_moved(
+        sharded[t.name], _bags(features, t.name), batch_size=batch_size
+    ) / (t.num_embeddings * t.features)
+    spent = 0
+    for t in sorted(auto, key=saved, reverse=True):
+      size = t.num_embeddings * t.features * np.dtype(param_dtype).itemsize
+      p = sharded[t.name]
+      if p.strategy != axes_lib.REPLICATED and spent + size <= replicate_budget_bytes:
+        spent += size
+        p = dataclasses.replace(
+            plan(t, sharding=axes_lib.REPLICATED),
+            reason=(
+                f"collection budget: replicated, the most traffic saved per "
+                f"byte ({_human(spent)} of {_human(replicate_budget_bytes)} used)"
+            ),
+        )
+      plans[t.name] = p
+  out = []
+  for t in tables:
+    p = plans.get(t.name) or plan(t, sharding=t.sharding)
+    bags = _bags(features, t.name)
+    cap = num_unique.get(t.name)
+    out.append(TablePlan(
+        plan=p,
+        features=tuple(f.name for f in features if f.table == t.name),
+        num_unique=cap,
+        bytes_moved=estimate_bytes_moved(p, bags, batch_size=batch_size),
+        bytes_moved_dedup=None if cap is None else estimate_bytes_moved(
+            p, bags, batch_size=batch_size, num_unique=cap
+        ),
+    ))
+  return CollectionPlan(
+      tables=tuple(out),
+      batch_size=batch_size,
+      mesh_shape=tuple(mesh_axes.mesh_shape(mesh).items()),
+  )

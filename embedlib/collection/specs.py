@@ -1,0 +1,192 @@
+"""``TableSpec`` and ``FeatureSpec``: what a collection holds, validated up front.
+
+Frozen dataclasses in the manner of keras-rs ``TableConfig`` /
+``FeatureConfig``: a table is a vocabulary and a width; a feature is a named
+input that reads one table and says how its ids are combined. Several
+features may read one table. Every check runs on construction, and every
+message names the table or feature and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from flax.nnx.nn.linear import default_embed_init
+
+from embedlib import axes as axes_lib
+
+#: ``FeatureSpec.combiner`` for a sequence feature: rows are returned, not pooled.
+SEQUENCE = None
+
+
+def _positive_int(value, what: str, owner: str) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise TypeError(f"{owner}: {what} must be an int, got {value!r}.")
+  if value < 1:
+    raise ValueError(f"{owner}: {what} must be >= 1, got {value}.")
+  return int(value)
+
+
+def _name(value, kind: str) -> str:
+  if not isinstance(value, str) or not value:
+    raise ValueError(f"{kind} name must be a non-empty str, got {value!r}.")
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSpec:
+  """One embedding table of a collection.
+
+  >>> TableSpec("user", 1000, 16).sharding
+  'auto'
+  >>> TableSpec("user", 0, 16)
+  Traceback (most recent call last):
+  ...
+  ValueError: table 'user': num_embeddings must be >= 1, got 0.
+
+  Attributes:
+    name: unique table name (the key of the table in the collection).
+    num_embeddings: vocabulary size; ids lie in ``[0, num_embeddings)``.
+    features: embedding width.
+    initializer: ``init(key, shape, dtype)`` for the logical table.
+    sharding: ``"auto" | "replicated" | "vocab" | "hidden"``; ``auto`` lets
+      the collection's planner choose.
+  """
+
+  name: str
+  num_embeddings: int
+  features: int
+  initializer: tp.Callable = default_embed_init
+  sharding: str = axes_lib.AUTO
+
+  def __post_init__(self):
+    _name(self.name, "TableSpec")
+    owner = f"table {self.name!r}"
+    object.__setattr__(
+        self, "num_embeddings", _positive_int(self.num_embeddings, "num_embeddings", owner)
+    )
+    object.__setattr__(self, "features", _positive_int(self.features, "features", owner))
+    if not callable(self.initializer):
+      raise TypeError(
+          f"{owner}: initializer must be callable as init(key, shape, dtype), "
+          f"got {self.initializer!r}; e.g. jax.nn.initializers.normal(0.01)."
+      )
+    choices = (axes_lib.AUTO,) + axes_lib.STRATEGIES
+    if self.sharding not in choices:
+      raise ValueError(f"{owner}: sharding={self.sharding!r}; use one of {choices}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+  """One input feature: a name, the table it reads and how its ids combine.
+
+  >>> FeatureSpec("clicked_items", "item", combiner="mean").is_sequence
+  False
+  >>> FeatureSpec("history", "item", combiner=None).is_sequence
+  True
+
+  Attributes:
+    name: unique feature name (the key of its ids and of its output).
+    table: name of the ``TableSpec`` it reads.
+    combiner: ``"sum" | "mean" | "sqrtn"`` pools a bag into
+      ``[batch, features]`` (TensorFlow semantics: mean divides by the bag's
+      total weight, sqrtn by the root of its sum of squared weights; an
+      empty bag pools to zeros); ``None`` makes a sequence feature that
+      returns ``[batch, bag, features]``.
+    max_ids_per_sample: the most ids one sample holds: ``1`` for a
+      single-hot feature (``[batch]`` ids; a wider bag is an error), the bag
+      capacity of a ragged input; ``None`` accepts padded bags of any width.
+  """
+
+  name: str
+  table: str
+  combiner: str | None = "sum"
+  max_ids_per_sample: int | None = None
+
+  def __post_init__(self):
+    _name(self.name, "FeatureSpec")
+    owner = f"feature {self.name!r}"
+    if not isinstance(self.table, str) or not self.table:
+      raise ValueError(
+          f"{owner}: table must be the name of a TableSpec, got {self.table!r}."
+      )
+    if self.combiner is not SEQUENCE and self.combiner not in axes_lib.COMBINERS:
+      raise ValueError(
+          f"{owner}: combiner={self.combiner!r}; use one of {axes_lib.COMBINERS}, "
+          f"or None for a sequence feature."
+      )
+    if self.max_ids_per_sample is not None:
+      object.__setattr__(
+          self,
+          "max_ids_per_sample",
+          _positive_int(self.max_ids_per_sample, "max_ids_per_sample", owner),
+      )
+
+  @property
+  def is_sequence(self) -> bool:
+    return self.combiner is SEQUENCE
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Ragged:
+  """A ragged batch of bags: ids back to back plus the length of each bag.
+
+  The capacity is static (``values.shape[0]``); the bag width of the padded
+  form is the feature's ``max_ids_per_sample``. A ``(values, lengths)``
+  tuple is accepted wherever a ``Ragged`` is.
+
+  >>> import jax.numpy as jnp
+  >>> Ragged(jnp.array([4, 5, 6]), jnp.array([2, 1])).lengths.tolist()
+  [2, 1]
+
+  Attributes:
+    values: int ``[capacity]``, the ids of all bags in order.
+    lengths: int ``[batch]``, ids per bag; they sum to at most the capacity.
+  """
+
+  values: jax.Array
+  lengths: jax.Array
+
+
+def validate(tables: Sequence[TableSpec], features: Sequence[FeatureSpec]):
+  """Checks a collection's specs together; returns them as tuples.
+
+  >>> validate([TableSpec("t", 10, 4)], [FeatureSpec("f", "u")])
+  Traceback (most recent call last):
+  ...
+  ValueError: feature 'f' reads table 'u', which is not in the collection (tables: ('t',)); add TableSpec('u', ...) or point the feature at one of those.
+  """
+  tables, features = tuple(tables), tuple(features)
+  for kind, items, cls in (("table", tables, TableSpec), ("feature", features, FeatureSpec)):
+    if not items:
+      raise ValueError(f"an EmbeddingCollection needs at least one {kind}.")
+    for item in items:
+      if not isinstance(item, cls):
+        raise TypeError(f"{kind}s must be {cls.__name__} objects, got {item!r}.")
+    names = [i.name for i in items]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+      raise ValueError(
+          f"{kind} name {dupes[0]!r} is used {names.count(dupes[0])} times; "
+          f"give each {kind} a unique name."
+      )
+  known = tuple(t.name for t in tables)
+  for f in features:
+    if f.table not in known:
+      raise ValueError(
+          f"feature {f.name!r} reads table {f.table!r}, which is not in the "
+          f"collection (tables: {known}); add TableSpec({f.table!r}, ...) or "
+          f"point the feature at one of those."
+      )
+  unread = [t.name for t in tables if not any(f.table == t.name for f in features)]
+  if unread:
+    raise ValueError(
+        f"table {unread[0]!r} is read by no feature; remove it or add a "
+        f"FeatureSpec(..., table={unread[0]!r})."
+    )
+  return tables, features

@@ -1,0 +1,86 @@
+"""Arch blocks shared by the recommender models: MLPs and feature interactions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class MLP(nnx.Module):
+  """Dense layers with ReLU between them (none after the last).
+
+  >>> from flax import nnx
+  >>> mlp = MLP(13, (512, 256, 64), rngs=nnx.Rngs(0))
+  >>> mlp(jnp.ones((2, 13))).shape
+  (2, 64)
+
+  Args:
+    in_features: width of the input.
+    sizes: width of each layer, the last one being the output width.
+    final_activation: apply ReLU after the last layer too (a bottom MLP
+      feeding an interaction does, as in DLRM).
+    rngs: random number generators.
+  """
+
+  def __init__(self, in_features: int, sizes: Sequence[int], *,
+               final_activation: bool = False, rngs: nnx.Rngs):
+    if not sizes:
+      raise ValueError("MLP needs at least one layer size, e.g. sizes=(256, 64).")
+    widths = (in_features,) + tuple(sizes)
+    self.layers = nnx.List([
+        nnx.Linear(a, b, rngs=rngs) for a, b in zip(widths[:-1], widths[1:])
+    ])
+    self.final_activation = final_activation
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    last = len(self.layers) - 1
+    for i, layer in enumerate(self.layers):
+      x = layer(x)
+      if i < last or self.final_activation:
+        x = jax.nn.relu(x)
+    return x
+
+
+def dot_interaction(features: jax.Array) -> jax.Array:
+  """DLRM's pairwise dot products, upper triangle without the diagonal.
+
+  >>> dot_interaction(jnp.ones((2, 4, 3))).shape  # 4 vectors: 6 pairs
+  (2, 6)
+
+  Args:
+    features: ``[batch, num_vectors, dim]``.
+
+  Returns:
+    ``[batch, num_vectors * (num_vectors - 1) / 2]``.
+  """
+  n = features.shape[1]
+  gram = jnp.einsum("bnd,bmd->bnm", features, features)
+  rows, cols = jnp.triu_indices(n, k=1)
+  return gram[:, rows, cols]
+
+
+class CrossNetwork(nnx.Module):
+  """DCN-v2's cross layers: ``x_{l+1} = x0 * (W x_l + b) + x_l``.
+
+  >>> from flax import nnx
+  >>> CrossNetwork(8, 2, rngs=nnx.Rngs(0))(jnp.ones((3, 8))).shape
+  (3, 8)
+
+  Args:
+    features: width of the input (and output).
+    num_layers: number of cross layers.
+    rngs: random number generators.
+  """
+
+  def __init__(self, features: int, num_layers: int, *, rngs: nnx.Rngs):
+    self.layers = nnx.List([nnx.Linear(features, features, rngs=rngs)
+                            for _ in range(num_layers)])
+
+  def __call__(self, x0: jax.Array) -> jax.Array:
+    x = x0
+    for layer in self.layers:
+      x = x0 * layer(x) + x
+    return x

@@ -1,0 +1,279 @@
+"""Applying row gradients to a sharded table: dedup, then update the owned rows.
+
+The functional core of the sparse optimizers. Given ``(ids, row_grads)``
+pairs for one table (one pair per lookup of it in the step), each rank:
+
+1. input distribution: all-gathers the pairs over the data axes, so every
+   rank sees the whole batch's ids (the transpose of the lookup's own
+   all-gather/psum-scatter, plus the gradient sum over data-parallel
+   replicas, which then apply identical updates);
+2. dedup (``dedup``): a sort with a static size (the number of ids) and a
+   segment-sum give one summed gradient per distinct id;
+3. local update: for the rows the rank owns (vocab: its block of rows;
+   hidden: its column slice of every touched row; replicated: all), it
+   gathers their slots, runs the rule and scatter-adds the rule's increment
+   into its shard (the rules read slots, not weights, so the table itself is
+   never gathered). Distinct ids never collide, and with the table donated
+   XLA updates it in place.
+
+Nothing the size of the table is built besides the table and its slots:
+every temporary is ``[ids, features]`` or smaller (see
+``tests/optim/test_memory.py``). Invalid ids (``-1`` after
+``invalid_ids.sanitize``) and padded rows are owned by no rank, so they are
+never written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from embedlib import _compat
+from embedlib import axes as axes_lib
+from embedlib import invalid_ids as invalid_lib
+from embedlib.optim import rules as rules_lib
+from embedlib.strategies import collectives
+
+
+def slot_spec(slot: rules_lib.Slot, plan) -> tuple:
+  """Per-dimension mesh axes of a slot: like the table, or like its rows.
+
+  Row slots are split with the rows for vocab sharding, and whole on every
+  rank for hidden sharding: each hidden rank holds every row (a slice of its
+  columns), so it can update the row's slot without communication.
+
+  >>> from embedlib.plan import plan_embedding
+  >>> p = plan_embedding(100, 64, mesh={"model": 4}, sharding="vocab")
+  >>> slot_spec(rules_lib.Slot("row"), p), slot_spec(rules_lib.Slot("table"), p)
+  ((('model',),), (('model',), None))
+  """
+  if slot.kind == rules_lib.TABLE:
+    return plan.table_spec
+  if plan.strategy == axes_lib.VOCAB:
+    return (plan.table_axes,)
+  return (None,)
+
+
+def slot_shape(slot: rules_lib.Slot, plan) -> tuple[int, ...]:
+  """``plan.padded_shape`` for table slots, ``(padded_rows,)`` for row slots."""
+  if slot.kind == rules_lib.TABLE:
+    return plan.padded_shape
+  return plan.padded_shape[:1]
+
+
+def init_slots(rule: rules_lib.RowRule, plan, mesh) -> dict[str, jax.Array]:
+  """The rule's slots for one table, padded and laid out like the table.
+
+  Args:
+    rule: a ``RowRule`` (``SparseSGD``, ``RowWiseAdagrad``, ``LazyAdam``).
+    plan: the table's ``EmbeddingPlan``.
+    mesh: the table's mesh (``Mesh``, ``AbstractMesh``) or None.
+
+  Returns:
+    Slot name -> array of ``slot_shape`` with sharding ``slot_spec``.
+
+  >>> from embedlib.plan import plan_embedding
+  >>> slots = init_slots(rules_lib.RowWiseAdagrad(), plan_embedding(5, 3), None)
+  >>> slots["acc"].shape
+  (5,)
+  """
+  out = {}
+  for name, slot in rule.slots().items():
+    make = lambda s=slot: jnp.full(slot_shape(s, plan), s.init, s.dtype)
+    if mesh is None:
+      out[name] = make()
+      continue
+    sharding = NamedSharding(mesh, P(*slot_spec(slot, plan)))
+    if hasattr(mesh, "devices"):
+      # Built in place on each device: no full-size slot on one device first.
+      out[name] = jnp.full(
+          slot_shape(slot, plan), slot.init, slot.dtype, device=sharding
+      )
+    else:
+      out[name] = _compat.place_always(make(), sharding)
+  return out
+
+
+def _pad_tokens(x, multiple, fill):
+  pad = -x.shape[0] % multiple
+  if not pad:
+    return x
+  return jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
+
+
+def _flatten(pairs, plan):
+  """Flat, sanitised ``(ids [n], grads [n, features])`` per pair."""
+  out = []
+  for ids, grads in pairs:
+    ids = jnp.asarray(ids)
+    grads = jnp.asarray(grads)
+    if grads.shape != ids.shape + (plan.features,):
+      raise ValueError(
+          f"{plan.name}: row gradients of shape {grads.shape} do not match ids "
+          f"of shape {ids.shape}; pass one [features={plan.features}] "
+          f"gradient row per id, i.e. shape {ids.shape + (plan.features,)}."
+      )
+    flat = invalid_lib.sanitize(ids.reshape(-1), plan.num_embeddings)
+    out.append((flat, grads.reshape(-1, plan.features)))
+  return out
+
+
+def dedup(ids, grads):
+  """Sums the gradients of equal ids: one row per distinct id.
+
+  A single-operand sort of the ids and a binary search for each id's first
+  position in it: on CPU several times faster than ``jnp.unique`` with
+  ``return_inverse`` (a two-operand sort), and the same static size.
+
+  Args:
+    ids: ``[n]`` int32, ``-1`` for invalid ids.
+    grads: ``[n, f]``.
+
+  Returns:
+    ``(uids, sums)``: ``[n]`` and ``[n, f]`` float32. Each distinct id
+    appears once in ``uids`` with its summed gradient beside it; the other
+    entries of ``uids`` are ``-1`` (and so is the entry of invalid ids).
+
+  >>> uids, sums = dedup(jnp.array([3, -1, 3, 0]), jnp.array([[1.0], [5.0], [2.0], [4.0]]))
+  >>> uids.tolist(), sums[:, 0].tolist()
+  ([-1, 0, 3, -1], [5.0, 4.0, 3.0, 0.0])
+  """
+  n = ids.shape[0]
+  ordered = lax.sort(ids)
+  first = jnp.searchsorted(ordered, ids, method="scan_unrolled").astype(jnp.int32)
+  is_first = jnp.concatenate([jnp.ones((1,), bool), ordered[1:] != ordered[:-1]])
+  uids = jnp.where(is_first & (ordered >= 0), ordered, -1)
+  sums = jax.ops.segment_sum(grads.astype(jnp.float32), first, num_segments=n)
+  return uids, sums
+
+
+def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
+  """Dedup and update on one rank: every array here is this rank's shard.
+
+  Args:
+    table: ``plan.shard_shape``.
+    slots: slot name -> this rank's slot shard.
+    ids: ``[n]`` int32, the whole batch's ids, ``-1`` invalid.
+    grads: ``[n, features]``, their row gradients.
+  """
+  uids, g = dedup(ids, grads)
+  # Over the logical columns, before any column slicing: row-wise rules
+  # normalise by the whole row on every rank.
+  row_sq_mean = jnp.sum(g * g, axis=1) / plan.features
+  rows_here, cols_here = table.shape
+  rank = collectives.group_rank(plan.table_axes)
+  local = uids
+  if plan.strategy == axes_lib.VOCAB:
+    local = uids - rank * rows_here
+  if plan.strategy == axes_lib.HIDDEN:
+    g = jnp.pad(g, ((0, 0), (0, plan.padded_shape[1] - plan.features)))
+    g = lax.dynamic_slice_in_dim(g, rank * cols_here, cols_here, axis=1)
+  owned = (uids >= 0) & (local >= 0) & (local < rows_here)
+  # Rows this rank does not own point past the end: gathered as zeros and
+  # dropped by the scatters. Owned indices are distinct, so adding the
+  # increment is the same as setting the new row, without reading the table.
+  idx = jnp.where(owned, local, rows_here)
+  delta, new_slots = rule.update(
+      {k: v.at[idx].get(mode="fill", fill_value=0) for k, v in slots.items()},
+      g,
+      row_sq_mean=row_sq_mean,
+      lr=lr,
+      step=step,
+  )
+  table = table.at[idx].add(delta.astype(table.dtype), mode="drop")
+  put = lambda x, v: x.at[idx].set(v.astype(x.dtype), mode="drop")
+  return table, {k: put(slots[k], v) for k, v in new_slots.items()}
+
+
+def apply_row_grads(
+    rule: rules_lib.RowRule,
+    table: jax.Array,
+    slots: dict[str, jax.Array],
+    pairs: Sequence[tuple[jax.Array, jax.Array]],
+    *,
+    plan,
+    mesh,
+    step,
+):
+  """One sparse update of a physical table from ``(ids, row_grads)`` pairs.
+
+  Args:
+    rule: a ``RowRule``.
+    table: the physical (padded, sharded) table, ``plan.padded_shape``.
+    slots: the rule's slots, from ``init_slots``.
+    pairs: ``(ids, row_grads)`` per lookup of the table: ids of any shape
+      (invalid ids are skipped), ``row_grads`` of shape
+      ``ids.shape + (features,)``. Ids repeated within or across pairs get
+      one update with their gradients summed. For a pooled bag, pass each
+      id with ``coefficient * bag_gradient``.
+    plan: the table's ``EmbeddingPlan``.
+    mesh: the table's mesh, or None.
+    step: int scalar, updates applied before this one (for schedules).
+
+  Returns:
+    ``(table, slots)``, laid out as given. Jit with both donated to update
+    them in place.
+
+  >>> import jax.numpy as jnp
+  >>> from embedlib.plan import plan_embedding
+  >>> plan, rule = plan_embedding(4, 2), rules_lib.SparseSGD(1.0)
+  >>> table, _ = apply_row_grads(rule, jnp.zeros((4, 2)), {},
+  ...     [(jnp.array([1, 1, -1]), jnp.ones((3, 2)))], plan=plan, mesh=None, step=0)
+  >>> table.tolist()
+  [[0.0, 0.0], [-2.0, -2.0], [0.0, 0.0], [0.0, 0.0]]
+  """
+  pairs = _flatten(pairs, plan)
+  if not pairs:
+    return table, slots
+  step = jnp.asarray(step, jnp.int32)
+  lr = rule.lr(step)
+  specs = {k: P(*slot_spec(s, plan)) for k, s in rule.slots().items()}
+  if set(specs) != set(slots):
+    raise ValueError(
+        f"{plan.name}: slots {sorted(slots)} do not match the rule's "
+        f"{sorted(specs)}; build them with init_slots(rule, plan, mesh)."
+    )
+  if mesh is None:
+    ids = jnp.concatenate([i for i, _ in pairs])
+    grads = jnp.concatenate([g for _, g in pairs])
+    return _local_update(rule, table, slots, ids, grads, lr, step, plan=plan)
+
+  data = plan.data_axes or None
+  ids_spec, grads_spec = P(data), P(data, None)
+  table_spec = P(*plan.table_spec)
+  ids_in = [
+      _compat.place(_pad_tokens(i, plan.data_shards, -1), mesh, ids_spec)
+      for i, _ in pairs
+  ]
+  grads_in = [
+      _compat.place(_pad_tokens(g, plan.data_shards, 0), mesh, grads_spec)
+      for _, g in pairs
+  ]
+  table = _compat.place(table, mesh, table_spec)
+  slots = {k: _compat.place(v, mesh, specs[k]) for k, v in slots.items()}
+  lr = _compat.place(lr, mesh, P())
+  step = _compat.place(step, mesh, P())
+
+  def body(table, slots, ids, grads, lr, step):
+    if plan.data_axes:
+      # "invarying": every rank then holds the same ids and gradients, so
+      # data-parallel replicas of a shard compute the same new rows.
+      gather = lambda x: lax.all_gather(
+          x, plan.data_axes, axis=0, tiled=True, to="invarying"
+      )
+      ids, grads = map(gather, ids), map(gather, grads)
+    ids, grads = jnp.concatenate(list(ids)), jnp.concatenate(list(grads))
+    return _local_update(rule, table, slots, ids, grads, lr, step, plan=plan)
+
+  return _compat.shard_map(
+      body,
+      mesh=mesh,
+      in_specs=(table_spec, specs, [ids_spec] * len(pairs),
+                [grads_spec] * len(pairs), P(), P()),
+      out_specs=(table_spec, specs),
+  )(table, slots, ids_in, grads_in, lr, step)

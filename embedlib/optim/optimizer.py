@@ -1,0 +1,145 @@
+"""``SparseAwareOptimizer``: optax for dense parameters, row-wise rules for tables.
+
+One object updates a whole model from the ``Grads`` of
+``embedlib.optim.value_and_grad``: the dense gradients go through an ordinary
+``nnx.Optimizer`` (any optax transformation), the row gradients of each
+sparse ``ShardedEmbed`` through a row-wise rule (``SparseSGD``,
+``RowWiseAdagrad``, ``LazyAdam``) that touches only the rows the batch
+looked up. The rule's slots live here, one set per table, padded and
+sharded exactly like that table (see ``apply.slot_spec``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from embedlib.optim import apply as apply_lib
+from embedlib.optim import row_grads as row_grads_lib
+from embedlib.optim import rules as rules_lib
+
+
+class SparseSlot(nnx.OptState):
+  """A sparse optimizer slot: laid out like its table (``out_sharding``)."""
+
+
+class SparseAwareOptimizer(nnx.Pytree):
+  """Updates dense parameters with optax and sparse tables row by row.
+
+  >>> import jax, jax.numpy as jnp, optax
+  >>> from flax import nnx
+  >>> import embedlib
+  >>> from embedlib import optim
+  >>> class Model(nnx.Module):
+  ...   def __init__(self, rngs):
+  ...     self.emb = embedlib.ShardedEmbed(1000, 8, rngs=rngs)
+  ...     self.out = nnx.Linear(8, 1, rngs=rngs)
+  ...   def __call__(self, ids):
+  ...     return self.out(self.emb(ids).sum(1))[:, 0]
+  >>> model = Model(nnx.Rngs(0))
+  >>> opt = optim.SparseAwareOptimizer(
+  ...     model, optax.adam(1e-3), optim.RowWiseAdagrad(learning_rate=0.1))
+  >>> @nnx.jit(donate_argnums=(0, 1))
+  ... def train_step(model, opt, ids, y):
+  ...   loss_fn = lambda m: jnp.mean((m(ids) - y) ** 2)
+  ...   loss, grads = optim.value_and_grad(loss_fn)(model)
+  ...   opt.update(model, grads)
+  ...   return loss
+  >>> ids, y = jnp.array([[1, 2], [2, -1]]), jnp.array([1.0, -1.0])
+  >>> before = jnp.copy(model.emb.embedding[...])   # the step donates the table
+  >>> losses = [float(train_step(model, opt, ids, y)) for _ in range(3)]
+  >>> losses[2] < losses[0]
+  True
+  >>> changed = jnp.any(model.emb.embedding[...] != before, axis=1)
+  >>> jnp.flatnonzero(changed).tolist()        # only the rows looked up
+  [1, 2]
+  >>> int(opt.step[...]), opt.slots[0]["acc"].shape
+  (3, (1000,))
+
+  Args:
+    model: the ``nnx.Module`` to train.
+    tx: optax transformation for the dense parameters, or None when the
+      model has none.
+    sparse: the row-wise rule for every sparse table.
+    wrt: nnx filter of the trainable variables (tables included or not:
+      sparse tables are always taken out of the dense set).
+    tables: which ``ShardedEmbed`` modules are sparse: None for all, or a
+      predicate ``tables(key, module) -> bool`` (see ``value_and_grad``;
+      pass the same one to both).
+  """
+
+  def __init__(
+      self,
+      model: nnx.Module,
+      tx,
+      sparse: rules_lib.RowRule,
+      *,
+      wrt=nnx.Param,
+      tables=None,
+  ):
+    if not isinstance(sparse, rules_lib.RowRule):
+      raise TypeError(
+          f"SparseAwareOptimizer: sparse={sparse!r} is not a row-wise rule; "
+          "pass SparseSGD(...), RowWiseAdagrad(...) or LazyAdam(...) (optax "
+          "transformations go in tx, for the dense parameters)."
+      )
+    found = row_grads_lib.sparse_tables(model, tables)
+    self.keys = tuple(k for k, _ in found)
+    self.tables = tables
+    self.rule = sparse
+    dense = nnx.All(wrt, row_grads_lib.NotTables(frozenset(self.keys)))
+    self.dense = None if tx is None else nnx.Optimizer(model, tx, wrt=dense)
+    self.step = nnx.OptState(jnp.array(0, jnp.int32))
+    slots = []
+    for _, emb in found:
+      arrays = apply_lib.init_slots(sparse, emb.plan, emb.mesh)
+      specs = {k: apply_lib.slot_spec(s, emb.plan) for k, s in sparse.slots().items()}
+      slots.append(nnx.Dict({k: _slot(v, specs[k], emb.mesh) for k, v in arrays.items()}))
+    self.slots = nnx.List(slots)
+
+  def update(self, model: nnx.Module, grads: row_grads_lib.Grads) -> None:
+    """Applies one step: optax to ``grads.dense``, the rule to ``grads.rows``.
+
+    Every sparse table counts a step, looked up or not, so schedules stay in
+    step with the dense optimizer.
+
+    Args:
+      model: the model the optimizer was built for.
+      grads: from ``embedlib.optim.value_and_grad``.
+    """
+    unknown = sorted(set(grads.rows) - set(self.keys))
+    if unknown:
+      raise ValueError(
+          f"SparseAwareOptimizer: row gradients for {unknown}, which are not "
+          f"its sparse tables {list(self.keys)}; build the optimizer and "
+          "value_and_grad with the same tables= selection."
+      )
+    if self.dense is not None:
+      self.dense.update(model, grads.dense)
+    step = self.step[...]
+    found = dict(row_grads_lib.sparse_tables(model, self.tables))
+    for key, slots in zip(self.keys, self.slots):
+      pairs = grads.rows.get(key, ())
+      if not pairs:
+        continue
+      emb = found[key]
+      table, new = apply_lib.apply_row_grads(
+          self.rule,
+          emb.embedding[...],
+          {k: v[...] for k, v in slots.items()},
+          pairs,
+          plan=emb.plan,
+          mesh=emb.mesh,
+          step=step,
+      )
+      emb.embedding[...] = table
+      for k, v in new.items():
+        slots[k][...] = v
+    self.step[...] = step + 1
+
+
+def _slot(value, spec, mesh):
+  if mesh is None:
+    return SparseSlot(value)
+  return SparseSlot(value, out_sharding=spec, mesh=mesh)

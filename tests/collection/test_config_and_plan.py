@@ -1,0 +1,113 @@
+"""Config errors name the feature or table; the plan picks and counts per table."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from embedlib import EmbeddingCollection, FeatureSpec, TableSpec
+from embedlib.collection import estimate_bytes_moved, plan_collection
+
+T = TableSpec("items", 20, 4)
+
+
+def make(tables=(T,), features=(FeatureSpec("f", "items"),), **kw):
+  return EmbeddingCollection(tables, features, rngs=nnx.Rngs(0), **kw)
+
+
+@pytest.mark.parametrize("build,match", [
+    (lambda: make(features=[FeatureSpec("clicks", "nope")]), "feature 'clicks' reads table 'nope'"),
+    (lambda: make(tables=[T, T]), "table name 'items' is used 2 times"),
+    (lambda: make(features=[FeatureSpec("f", "items")] * 2), "feature name 'f' is used 2 times"),
+    (lambda: TableSpec("items", 0, 4), "table 'items': num_embeddings must be >= 1"),
+    (lambda: TableSpec("items", 10, -2), "table 'items': features must be >= 1"),
+    (lambda: FeatureSpec("tags", "items", max_ids_per_sample=0), "feature 'tags': max_ids_per_sample"),
+    (lambda: FeatureSpec("tags", "items", combiner="max"), "feature 'tags': combiner='max'"),
+    (lambda: TableSpec("items", 10, 4, sharding="rows"), "table 'items': sharding='rows'"),
+    (lambda: make(tables=[T, TableSpec("unused", 5, 2)]), "table 'unused' is read by no feature"),
+    (lambda: make(num_unique={"other": 4}), "num_unique names table 'other'"),
+    (lambda: make(num_unique=0), "table 'items': num_unique must be an int >= 1"),
+    (lambda: make(on_overflow="ignore"), "on_overflow='ignore'"),
+])
+def test_config_errors_raise_at_construction(build, match):
+  with pytest.raises((ValueError, TypeError), match=match):
+    build()
+
+
+SINGLE = FeatureSpec("user", "items", max_ids_per_sample=1)
+SEQ = FeatureSpec("history", "items", combiner=None)
+
+
+@pytest.mark.parametrize("features,inputs,weights,match", [
+    ([SINGLE], {"user": jnp.zeros((3, 2), int)}, None,
+     r"feature 'user' is single-hot \(max_ids_per_sample=1\) but got a bag input of shape \(3, 2\)"),
+    ([FeatureSpec("f", "items", max_ids_per_sample=2)], {"f": jnp.zeros((3, 5), int)}, None,
+     "feature 'f' is limited"),
+    ([FeatureSpec("f", "items")], {"f": (jnp.zeros(4, int), jnp.ones(2, int))}, None,
+     "feature 'f': ragged ids need a static bag width"),
+    ([FeatureSpec("f", "items", max_ids_per_sample=1)],
+     {"f": (jnp.zeros(4, int), jnp.array([2, 2]))}, None, "feature 'f': .*max_bag=1"),
+    ([SEQ], {"history": jnp.zeros((3, 2), int)}, {"history": jnp.ones((3, 2))},
+     "feature 'history': weights were given for a sequence feature"),
+    ([FeatureSpec("f", "items")], {"f": jnp.zeros((3, 2), int)}, {"f": jnp.ones((3, 3))},
+     "feature 'f': weights shape"),
+    ([FeatureSpec("f", "items")], {"f": jnp.zeros((3, 2, 2), int)}, None, "feature 'f': ids must be"),
+    ([FeatureSpec("f", "items")], {"g": jnp.zeros(3, int)}, None, "inputs name feature 'g'"),
+    ([FeatureSpec("f", "items"), SINGLE], {"f": jnp.zeros(3, int)}, None,
+     "feature 'user' has no ids"),
+    ([FeatureSpec("f", "items"), SINGLE], {"f": jnp.zeros(3, int), "user": jnp.zeros(4, int)},
+     None, "feature 'user' has batch 4"),
+])
+def test_call_errors_name_the_feature(features, inputs, weights, match):
+  coll = make(features=features)
+  with pytest.raises(ValueError, match=match):
+    coll(inputs, weights)
+
+
+def test_plan_prints_one_row_per_table_and_sums_memory():
+  tables = [TableSpec("tiny", 10, 16), TableSpec("wide", 4096, 128), TableSpec("tall", 1 << 16, 16)]
+  feats = [FeatureSpec("a", "tiny"), FeatureSpec("b", "wide", max_ids_per_sample=8),
+           FeatureSpec("c", "tall", max_ids_per_sample=4), FeatureSpec("d", "tall", combiner=None)]
+  plan = plan_collection(tables, feats, mesh={"batch": 8}, batch_size=512, num_unique={"tall": 64})
+  assert [t.plan.strategy for t in plan.tables] == ["replicated", "hidden", "vocab"]
+  assert plan["tall"].features == ("c", "d")
+  assert plan.bytes_per_device == sum(t.plan.bytes_per_device for t in plan.tables)
+  # Dedup replaces the per-feature traffic of "tall" in the total.
+  assert plan.bytes_moved == plan["wide"].bytes_moved + plan["tall"].bytes_moved_dedup
+  text = str(plan).splitlines()
+  assert text[0].startswith("EmbeddingCollection plan: 3 tables, mesh batch=8")
+  assert [line.split()[0] for line in text[1:]] == ["table", "tiny", "wide", "tall", "total"]
+  assert "-" in text[2] and plan["tiny"].bytes_moved == 0
+
+
+def test_pooled_feature_moves_pooled_rows_not_a_row_per_id():
+  p = plan_collection([TableSpec("t", 1 << 16, 64, sharding="vocab")],
+                      [FeatureSpec("f", "t")], mesh={"batch": 8}).tables[0].plan
+  pooled = estimate_bytes_moved(p, [(16, True)], batch_size=1024)
+  sequence = estimate_bytes_moved(p, [(16, False)], batch_size=1024)
+  ids_only = estimate_bytes_moved(p, [(16, True)], batch_size=1024) - estimate_bytes_moved(
+      p, [(1, True)], batch_size=1024)
+  assert sequence > 8 * pooled  # 16 rows per sample vs one
+  assert ids_only == 7 * (1024 * 15 // 8) * 4  # only the ids all-gather grows with the bag
+
+
+def test_budget_replicates_the_tables_that_save_most_traffic_per_byte():
+  tables = [TableSpec("hot", 4096, 32), TableSpec("cold", 4096, 32), TableSpec("big", 1 << 16, 32)]
+  feats = [FeatureSpec("h", "hot", max_ids_per_sample=32), FeatureSpec("c", "cold"),
+           FeatureSpec("b", "big", max_ids_per_sample=32)]
+  kw = dict(mesh={"batch": 8}, batch_size=1024, replicate_below_bytes=0)
+  per_table = plan_collection(tables, feats, **kw)
+  assert all(t.plan.strategy != "replicated" for t in per_table.tables)
+  budget = plan_collection(tables, feats, replicate_budget_bytes=4096 * 32 * 4, **kw)
+  strategies = {t.name: t.plan.strategy for t in budget.tables}
+  assert strategies["hot"] == "replicated"  # same bytes as "cold", more traffic saved
+  assert strategies["cold"] != "replicated" and strategies["big"] != "replicated"
+  assert "collection budget" in budget["hot"].plan.reason
+  assert budget.bytes_moved < per_table.bytes_moved
+
+
+def test_collection_plan_matches_its_tables_on_an_abstract_mesh():
+  mesh = jax.sharding.AbstractMesh((2, 4), ("data", "model"))
+  plan = plan_collection([TableSpec("t", 1000, 64)], [FeatureSpec("f", "t")], mesh=mesh,
+                         replicate_below_bytes=0)
+  assert plan["t"].plan.table_axes == ("model",) and plan["t"].plan.data_axes == ("data",)

@@ -1,0 +1,1 @@
+"""Sparse row-wise optimizers against dense references of the same rules."""

@@ -1,0 +1,94 @@
+"""No table-sized temporary: the compiled sparse step's scratch memory.
+
+XLA's memory analysis of the whole jitted, donated train step (lookup,
+``value_and_grad``, ``SparseAwareOptimizer.update`` with row-wise AdaGrad
+and Adam for a dense parameter) gives its temporary bytes per device. They must
+not depend on ``num_embeddings`` and must stay within a small multiple of the
+looked-up rows' bytes; the dense ``nnx.Optimizer(optax.adagrad)`` step on
+the same model is measured beside it and grows with the table, which shows
+the check can fail. Only compiled, never run.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from flax import nnx
+
+import embedlib
+from embedlib import optim
+
+from . import reference as ref
+
+FEATURES, BATCH, HOT = 32, 256, 4
+ROWS_BYTES = BATCH * HOT * FEATURES * 4  # the looked-up rows, whole batch
+SMALL, LARGE = 20_000, 200_000
+MiB = 1 << 20
+
+
+class Model(nnx.Module):
+  def __init__(self, num_embeddings, *, rngs, **embed_kwargs):
+    self.emb = embedlib.ShardedEmbed(num_embeddings, FEATURES, rngs=rngs, **embed_kwargs)
+    # Element-wise, not nnx.Linear: on an Explicit mesh a Linear's kernel
+    # gradient contracts the sharded batch and needs an out_sharding.
+    self.scale = nnx.Param(jnp.linspace(0.5, 1.5, FEATURES))
+
+  def __call__(self, ids):
+    return jnp.mean(jnp.sum(self.emb(ids).sum(1) * self.scale[...], -1) ** 2)
+
+
+def temp_bytes(layout, num_embeddings, sparse: bool) -> int:
+  _, _, sharding, table_axes, data_axes = layout
+  mesh = ref.make_mesh(layout)
+
+  def build():
+    model = Model(num_embeddings, rngs=nnx.Rngs(0), mesh=mesh, sharding=sharding,
+                  table_axes=table_axes, data_axes=data_axes)
+    if sparse:
+      opt = optim.SparseAwareOptimizer(model, optax.adam(1e-3), optim.RowWiseAdagrad(0.1))
+    else:
+      opt = nnx.Optimizer(model, optax.adagrad(0.1), wrt=nnx.Param)
+    return model, opt
+
+  # Built for real (at most 25 MB): nnx.eval_shape can't build a ShardedEmbed
+  # without a mesh, since _compat.current_mesh() calls get_mesh in a trace.
+  graphdef, state = nnx.split(build())
+
+  def step(state, ids):
+    model, opt = nnx.merge(graphdef, state)
+    if sparse:
+      loss, grads = optim.value_and_grad(lambda m: m(ids))(model)
+    else:
+      loss, grads = nnx.value_and_grad(lambda m: m(ids))(model)
+    opt.update(model, grads)
+    return loss, nnx.state((model, opt))
+
+  ids = jax.ShapeDtypeStruct((BATCH, HOT), jnp.int32)
+  if mesh is not None:
+    ids = jax.ShapeDtypeStruct(ids.shape, ids.dtype, sharding=jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(model_data_axes(layout))))
+  compiled = jax.jit(step, donate_argnums=0).lower(state, ids).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+def model_data_axes(layout):
+  return embedlib.plan_embedding(8, 8, mesh=ref.make_mesh(layout)).data_axes or None
+
+
+MEMORY_LAYOUTS = [
+    layout for layout in ref.LAYOUTS
+    if ref.layout_id(layout) in ("replicated-nomesh", "vocab-4", "hidden-2x4")
+]
+
+
+@pytest.mark.parametrize("layout", MEMORY_LAYOUTS, ids=ref.layout_id)
+def test_sparse_step_has_no_table_sized_temporary(layout):
+  small, large = (temp_bytes(layout, n, sparse=True) for n in (SMALL, LARGE))
+  assert abs(large - small) <= 64 * 1024, (small, large)
+  assert large <= 4 * ROWS_BYTES, (large, ROWS_BYTES)  # measured: 2.5x to 2.8x
+
+
+def test_dense_step_does_have_one():
+  layout = MEMORY_LAYOUTS[0]
+  small, large = (temp_bytes(layout, n, sparse=False) for n in (SMALL, LARGE))
+  assert large - small >= (LARGE - SMALL) * FEATURES * 4 // 2, (small, large)
