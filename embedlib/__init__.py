@@ -2,7 +2,8 @@
 
 Layers, each importing only those above it in this list:
 ``plan`` (pure Python) -> ``kernels`` -> ``strategies`` -> ``embed`` ->
-collections, optimizers, models -> ``train``.
+``collection`` -> ``optim`` -> ``models``, ``data``, ``metrics``,
+``checkpoint`` -> ``train``.
 """
 
 from embedlib.collection import EmbeddingCollection, FeatureSpec, TableSpec
@@ -14,7 +15,11 @@ __all__ = [
     "EmbeddingCollection",
     "EmbeddingPlan",
     "FeatureSpec",
+    "LazyAdam",
+    "RowWiseAdagrad",
     "ShardedEmbed",
+    "SparseAwareOptimizer",
+    "SparseSGD",
     "TableSpec",
     "plan_embedding",
 ]
