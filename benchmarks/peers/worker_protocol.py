@@ -1,0 +1,121 @@
+"""The line protocol between a benchmark and its timing workers (pure Python).
+
+A worker is a long-lived process holding one model, its optimizer and the
+batches; the benchmark asks every worker in turn to run ``steps`` steps, so
+the sides interleave in one run and machine noise hits them alike. Shared by
+the JAX workers (``benchmarks/train_dlrm.py --worker``) and the PyTorch ones
+(``benchmarks/peers/*.py``, which run in the ``.peers`` venv and import
+nothing from embedlib). Messages are single stdout lines ``@@<kind> <json>``;
+anything else on stdout is ignored by the reader, stderr goes to a log.
+
+Worker side::
+
+    serve(run_steps, info)   # run_steps(n) -> last loss (float)
+
+Benchmark side: ``Worker(name, argv, env)``, ``.ready()``, ``.run(steps)``,
+``.close()`` (returns the worker's peak RSS).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+PREFIX = "@@"
+
+
+def peak_rss_mib() -> float:
+  """This process's peak resident set size (Linux ``ru_maxrss`` is in KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _send(kind: str, payload: dict) -> None:
+  sys.stdout.write(f"{PREFIX}{kind} {json.dumps(payload)}\n")
+  sys.stdout.flush()
+
+
+def serve(run_steps, info: dict) -> None:
+  """Answers ``run`` requests on stdin until ``quit`` or end of input.
+
+  Args:
+    run_steps: ``run_steps(n)`` runs ``n`` training steps and returns the last
+      loss as a float, after the work is finished (synchronised).
+    info: sent with the ready message (setup details to print).
+  """
+  _send("ready", dict(info, peak_rss_mib=peak_rss_mib()))
+  for line in sys.stdin:
+    request = json.loads(line)
+    if request["op"] == "run":
+      start = time.perf_counter()
+      loss = run_steps(int(request["steps"]))
+      seconds = time.perf_counter() - start
+      _send("result", {"seconds": seconds, "loss": float(loss)})
+    elif request["op"] == "quit":
+      break
+  _send("done", {"peak_rss_mib": peak_rss_mib()})
+
+
+class WorkerError(RuntimeError):
+  pass
+
+
+class Worker:
+  """A worker process seen from the benchmark (see ``serve``)."""
+
+  def __init__(self, name: str, argv: list[str], env: dict):
+    self.name = name
+    self.log = tempfile.NamedTemporaryFile("w+", prefix="bench_worker_", suffix=".log")
+    self.proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+        env=env, text=True, bufsize=1,
+    )
+
+  def _read(self, kind: str) -> dict:
+    for line in self.proc.stdout:
+      if line.startswith(PREFIX + kind + " "):
+        return json.loads(line[len(PREFIX + kind) + 1:])
+    self.proc.wait()
+    self.log.seek(0)
+    tail = "".join(self.log.readlines()[-25:])
+    raise WorkerError(
+        f"worker {self.name!r} exited (code {self.proc.returncode}) before "
+        f"sending {kind!r}; the end of its stderr:\n{tail}")
+
+  def _write(self, request: dict) -> None:
+    self.proc.stdin.write(json.dumps(request) + "\n")
+    self.proc.stdin.flush()
+
+  def ready(self) -> dict:
+    return self._read("ready")
+
+  def run(self, steps: int) -> dict:
+    self._write({"op": "run", "steps": steps})
+    return self._read("result")
+
+  def close(self) -> dict:
+    """Stops the worker; returns its final message (``peak_rss_mib``)."""
+    try:
+      self._write({"op": "quit"})
+      out = self._read("done")
+    finally:
+      self.proc.stdin.close()
+      self.proc.wait()
+      self.log.close()
+    return out
+
+  def kill(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.wait()
+    self.log.close()
+
+
+def default_env(**overrides) -> dict:
+  env = dict(os.environ)
+  env.update({k: str(v) for k, v in overrides.items()})
+  return env

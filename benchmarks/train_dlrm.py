@@ -1,0 +1,375 @@
+"""DLRM training throughput: embedlib beside TorchRec's fused row-wise AdaGrad, in one run.
+
+    python3 benchmarks/train_dlrm.py              # full run, ~6 minutes on the 2-core CPU
+    python3 benchmarks/train_dlrm.py --quick      # small tables and batch: a smoke run
+    bash benchmarks/install_peers.sh              # first, for the TorchRec columns
+
+The Criteo-like DLRM of issue 6: 13 dense features, 26 single-hot tables of
+643,601 rows in all (``TABLE_SIZES``), width 64, bottom MLP 13-512-256-64,
+dot interaction, top MLP 512-256-1, batch 2048, binary cross-entropy;
+row-wise AdaGrad on the tables (lr 0.05, eps 1e-8, accumulators from 0, as
+FBGEMM) and Adagrad on the MLPs (lr 0.01). The same synthetic batches
+(embedlib's planted ``SyntheticSource``, Zipf(1.05) ids) are generated once,
+saved to an ``.npz`` and fed to every side, cycling through them.
+
+Each variant runs in its own long-lived worker process (its own peak RSS,
+its own device count), built and warmed up (compiled) before any timing; the
+benchmark then asks each worker in turn for ``--steps`` steps, for
+``--repeats`` rounds, so machine noise hits every side alike. Reported:
+examples/s min / median / max over the rounds, the worker's peak RSS, and
+the ratio of medians to TorchRec fused. Variants:
+
+- ``embedlib, 1 device``: ``train.train_lib.train_step`` (jitted, state
+  donated) on ``train.setup.model_and_optimizer`` for this model, i.e.
+  ``embedlib.models.DLRM`` on an ``EmbeddingCollection``,
+  ``optim.value_and_grad`` + ``SparseAwareOptimizer(optax.adagrad,
+  RowWiseAdagrad)``; ``XLA_FLAGS`` forces one CPU device.
+- ``embedlib, 8 simulated devices``: the same on 8 simulated CPU devices
+  sharing the 2 cores (tables planned by the collection; shows the cost of
+  the collectives, not a speed-up). ``--no-8dev`` skips it.
+- ``JAX dense``: 26 ``nnx.Embed`` + ``nnx.Optimizer(optax.adagrad)`` on
+  every parameter (a table-sized gradient and update per table).
+- ``JAX frozen tables``: the embedlib model with only the MLPs trained
+  (lookups still run forward): the ceiling for JAX here.
+- ``TorchRec fused``: ``FusedEmbeddingBagCollection`` + FBGEMM
+  ``EXACT_ROWWISE_ADAGRAD`` (``benchmarks/peers/torchrec_dlrm.py``).
+- ``PyTorch frozen tables``: TorchRec's ``EmbeddingBagCollection`` frozen.
+
+The PyTorch workers run with ``--torch-threads`` threads (default 2, the
+machine's cores) and ``OMP_WAIT_POLICY=PASSIVE`` (PEERS.md: it steadies
+2-thread timings; it also keeps an idle worker from spinning while another
+one is timed). Without ``.peers/`` the peer columns are skipped with a note.
+Never asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(HERE, "peers"))
+sys.path.insert(1, ROOT)
+
+from worker_protocol import Worker, WorkerError, default_env, serve  # noqa: E402
+
+#: Criteo Kaggle (display advertising challenge) cardinalities of C1..C26,
+#: each capped at 74,525 rows (the hashing trick, like DLRM's
+#: --max-ind-range), with the 3 rows left over added to C3 so the 26 tables
+#: hold exactly 643,601 rows (157 MiB of f32 at width 64). The skew of the
+#: original survives: 8 tables at the cap hold 93% of the rows, 7 have
+#: fewer than 30.
+TABLE_SIZES = (
+    1460, 583, 74528, 74525, 305, 24, 12517, 633, 3, 74525, 5683, 74525, 3194,
+    27, 14992, 74525, 10, 5652, 2173, 4, 74525, 18, 15, 74525, 105, 74525,
+)
+NUM_DENSE = 13
+DIM = 64
+BOTTOM = (512, 256)          # + DIM
+TOP = (512, 256, 1)
+BATCH = 2048
+DENSE_LR = 0.01
+SPARSE_LR = 0.05
+ZIPF = 1.05
+
+PEER_PYTHON = os.path.join(ROOT, ".peers", "bin", "python")
+TORCH_SCRIPT = os.path.join(HERE, "peers", "torchrec_dlrm.py")
+EMBEDLIB = "embedlib, 1 device"
+TORCHREC = "TorchRec fused"
+
+
+# -- the data -------------------------------------------------------------
+
+
+def make_batches(path, sizes, batch_size, num_batches, seed=0):
+  """Saves ``num_batches`` planted synthetic batches to ``path`` (.npz).
+
+  Returns:
+    Distinct ids per batch (mean over batches), for the header.
+  """
+  from embedlib import data as data_lib  # pylint: disable=g-import-not-at-top
+
+  spec = data_lib.DataSpec.from_sizes(NUM_DENSE, list(sizes))
+  source = data_lib.SyntheticSource(spec, batch_size=batch_size, seed=seed,
+                                    zipf_exponent=ZIPF)
+  batches = [source.batch(i) for i in range(num_batches)]
+  names = spec.feature_names
+  dense = np.stack([b["dense"] for b in batches]).astype(np.float32)
+  sparse = np.stack([np.stack([b["sparse"][n] for n in names], -1) for b in batches])
+  label = np.stack([b["label"] for b in batches]).astype(np.float32)
+  np.savez(path, dense=dense, sparse=sparse.astype(np.int32), label=label)
+  distinct = [sum(len(np.unique(s[:, f])) for f in range(len(sizes))) for s in sparse]
+  return float(np.mean(distinct))
+
+
+# -- JAX workers (``--worker``) ----------------------------------------------
+
+
+def _config(sizes, batch_size):
+  from configs import dlrm_criteo  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  config = dlrm_criteo.get_config()
+  config.data.source = "synthetic"
+  config.data.table_sizes = tuple(sizes)
+  config.data.zipf_exponent = ZIPF
+  config.model.embed_dim = DIM
+  config.model.bottom_sizes = BOTTOM
+  config.model.top_sizes = TOP
+  config.optim.dense = ml_collections.ConfigDict(dict(
+      name="adagrad", learning_rate=DENSE_LR, schedule="constant", warmup_steps=0))
+  config.optim.sparse = ml_collections.ConfigDict(dict(
+      name="rowwise_adagrad", learning_rate=SPARSE_LR, schedule="constant", warmup_steps=0))
+  config.batch_size = batch_size
+  return config
+
+
+def _embedlib_step(kind, sizes, batch_size):
+  """(step(batch) -> loss, mesh) for the embedlib model: sparse or frozen tables."""
+  import optax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from embedlib import optim  # pylint: disable=g-import-not-at-top
+  from train import setup, train_lib  # pylint: disable=g-import-not-at-top
+
+  config = _config(sizes, batch_size)
+  mesh = setup.make_mesh(config)
+  spec = setup.data_spec(config)
+  model, optimizer = setup.model_and_optimizer(config, spec, mesh)
+  if kind == "embedlib":
+    return lambda batch: train_lib.train_step(model, optimizer, batch), mesh
+  del optimizer
+  keys = frozenset(k for k, _ in optim.sparse_tables(model))
+  dense = nnx.All(nnx.Param, optim.NotTables(keys))
+  opt = nnx.Optimizer(model, optax.adagrad(DENSE_LR), wrt=dense)
+
+  loss_fn = train_lib._loss  # pylint: disable=protected-access
+
+  @nnx.jit(donate_argnums=(0, 1))
+  def frozen_step(model, opt, batch):
+    loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, dense))(model, batch)
+    opt.update(model, grads)
+    return loss
+
+  return lambda batch: frozen_step(model, opt, batch), mesh
+
+
+def _dense_step(sizes):
+  """26 ``nnx.Embed`` and ``optax.adagrad`` on every parameter."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from embedlib.models.blocks import MLP, dot_interaction  # pylint: disable=g-import-not-at-top
+
+  class DenseDLRM(nnx.Module):
+
+    def __init__(self, rngs):
+      self.bottom = MLP(NUM_DENSE, BOTTOM + (DIM,), final_activation=True, rngs=rngs)
+      self.tables = nnx.List([nnx.Embed(n, DIM, rngs=rngs) for n in sizes])
+      n = len(sizes) + 1
+      self.top = MLP(DIM + n * (n - 1) // 2, TOP, rngs=rngs)
+
+    def __call__(self, dense, sparse):
+      x = self.bottom(dense)
+      vectors = [t(sparse[f"f{i}"]) for i, t in enumerate(self.tables)]
+      z = jnp.concatenate([x, dot_interaction(jnp.stack([x] + vectors, axis=1))], axis=1)
+      return self.top(z)[:, 0]
+
+  model = DenseDLRM(nnx.Rngs(0))
+  opt = nnx.Optimizer(model, optax.adagrad(DENSE_LR), wrt=nnx.Param)
+
+  def loss_fn(model, batch):
+    logits = model(batch["dense"], batch["sparse"])
+    return optax.sigmoid_binary_cross_entropy(logits, batch["label"]).mean()
+
+  @nnx.jit(donate_argnums=(0, 1))
+  def step(model, opt, batch):
+    loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
+    opt.update(model, grads)
+    return loss
+
+  return lambda batch: step(model, opt, batch)
+
+
+def jax_worker(args):
+  """Builds one JAX variant, warms it up, then serves ``run`` requests."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from embedlib import data as data_lib  # pylint: disable=g-import-not-at-top
+
+  sizes = [int(x) for x in args.tables.split(",")]
+  raw = np.load(args.data)
+  names = [f"f{i}" for i in range(len(sizes))]
+  host = [{"dense": d, "sparse": {n: s[:, i] for i, n in enumerate(names)}, "label": y}
+          for d, s, y in zip(raw["dense"], raw["sparse"], raw["label"])]
+  batch_size = host[0]["label"].shape[0]
+  if args.worker == "dense":
+    step = _dense_step(sizes)
+    batches = [jax.device_put(b) for b in host]
+  else:
+    step, mesh = _embedlib_step(args.worker, sizes, batch_size)
+    batches = [data_lib.to_global_batch(b, mesh) for b in host]
+  position = [0]
+
+  def run_steps(n):
+    loss = None
+    for _ in range(n):
+      loss = step(batches[position[0] % len(batches)])
+      position[0] += 1
+    return float(jax.block_until_ready(loss))
+
+  start = time.perf_counter()
+  first = run_steps(args.warmup)
+  serve(run_steps, {"jax": jax.__version__, "devices": jax.device_count(),
+                    "first_loss": first, "warmup_s": time.perf_counter() - start})
+
+
+# -- the benchmark ------------------------------------------------------------
+
+
+def _xla_flags(devices):
+  flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                 os.environ.get("XLA_FLAGS", "")).strip()
+  return f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+
+
+def _workers(args, data, sizes):
+  """name -> (argv, env) of every variant this run times."""
+  tables = ",".join(map(str, sizes))
+  common = ["--data", data, "--tables", tables, "--warmup", str(args.warmup)]
+  me = [sys.executable, os.path.abspath(__file__)]
+  jax_env = lambda n: default_env(JAX_PLATFORMS="cpu", XLA_FLAGS=_xla_flags(n))
+  out = {EMBEDLIB: (me + ["--worker", "embedlib"] + common, jax_env(1))}
+  if args.eight_devices:
+    out["embedlib, 8 simulated devices"] = (me + ["--worker", "embedlib"] + common, jax_env(8))
+  out["JAX dense: nnx.Embed + optax.adagrad"] = (me + ["--worker", "dense"] + common, jax_env(1))
+  out["JAX frozen tables (MLPs only)"] = (me + ["--worker", "frozen"] + common, jax_env(1))
+  if os.path.exists(args.peer_python):
+    torch_env = default_env(OMP_WAIT_POLICY="PASSIVE")
+    torch = [args.peer_python, TORCH_SCRIPT, "--threads", str(args.torch_threads),
+             "--dim", str(DIM), "--num-dense", str(NUM_DENSE),
+             "--bottom", ",".join(map(str, BOTTOM)), "--top", ",".join(map(str, TOP)),
+             "--dense-lr", str(DENSE_LR), "--sparse-lr", str(SPARSE_LR)] + common
+    out[TORCHREC] = (torch + ["--variant", "fused"], torch_env)
+    out["PyTorch frozen tables (MLPs only)"] = (torch + ["--variant", "frozen"], torch_env)
+  return out
+
+
+def _start(specs):
+  """Starts every worker, then waits for each to be built and warmed up."""
+  workers, info = {}, {}
+  try:
+    for name, (argv, env) in specs.items():
+      workers[name] = Worker(name, argv, env)
+    for name, w in workers.items():
+      info[name] = w.ready()
+  except WorkerError:
+    for w in workers.values():
+      w.kill()
+    raise
+  return workers, info
+
+
+def _print_results(rates, rss, batch):
+  base = statistics.median(rates[TORCHREC]) if TORCHREC in rates else None
+  ref = "TorchRec fused" if base else EMBEDLIB
+  base = base or statistics.median(rates[EMBEDLIB])
+  print(f"\nexamples/s over {len(next(iter(rates.values())))} interleaved rounds "
+        f"(batch {batch}); ratio = median / median of {ref}")
+  print(f"{'variant':40s} {'min':>8s} {'median':>8s} {'max':>8s} {'ratio':>6s} "
+        f"{'ms/step':>8s} {'peak RSS MiB':>13s}")
+  for name, r in rates.items():
+    med = statistics.median(r)
+    print(f"{name:40s} {min(r):8.0f} {med:8.0f} {max(r):8.0f} {med / base:6.2f} "
+          f"{batch / med * 1e3:8.1f} {rss[name]:13.0f}")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--quick", action="store_true", help="small tables, batch 256: a smoke run")
+  parser.add_argument("--repeats", type=int, default=None,
+                      help="interleaved rounds (default 7)")
+  parser.add_argument("--steps", type=int, default=None,
+                      help="steps per round and variant (default 16)")
+  parser.add_argument("--warmup", type=int, default=3,
+                      help="untimed steps (compilation) per worker")
+  parser.add_argument("--no-8dev", dest="eight_devices", action="store_false",
+                      help="skip the 8-simulated-device embedlib column")
+  parser.add_argument("--torch-threads", type=int, default=2)
+  parser.add_argument("--peer-python", default=PEER_PYTHON,
+                      help="python of the peer venv (default .peers/bin/python)")
+  parser.add_argument("--worker", choices=("embedlib", "frozen", "dense"), help=argparse.SUPPRESS)
+  parser.add_argument("--data", help=argparse.SUPPRESS)
+  parser.add_argument("--tables", help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.worker:
+    jax_worker(args)
+    return
+
+  sizes = [max(2, n // 100) for n in TABLE_SIZES] if args.quick else list(TABLE_SIZES)
+  batch = 256 if args.quick else BATCH
+  repeats = args.repeats or (2 if args.quick else 7)
+  steps = args.steps or (3 if args.quick else 16)
+  with tempfile.TemporaryDirectory(prefix="train_dlrm_") as tmp:
+    run(args, sizes, batch, repeats, steps, os.path.join(tmp, "batches.npz"))
+
+
+def run(args, sizes, batch, repeats, steps, data):
+  num_batches = min(steps, 16)
+  distinct = make_batches(data, sizes, batch, num_batches)
+  load = os.getloadavg()
+  print(f"DLRM: {NUM_DENSE} dense, {len(sizes)} tables of {sum(sizes):,} rows x {DIM} "
+        f"(f32 {sum(sizes) * DIM * 4 / 2**20:.0f} MiB), bottom {NUM_DENSE}-"
+        f"{'-'.join(map(str, BOTTOM + (DIM,)))}, dot, top {'-'.join(map(str, TOP))}, "
+        f"batch {batch}; {num_batches} synthetic batches (Zipf {ZIPF}), "
+        f"{distinct:,.0f} distinct ids per batch of {batch * len(sizes):,}")
+  print(f"rows: {','.join(map(str, sizes))}")
+  print(f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at start")
+  specs = _workers(args, data, sizes)
+  if TORCHREC not in specs:
+    print(f"TorchRec columns skipped: {args.peer_python} not found; install the peers "
+          "with `bash benchmarks/install_peers.sh` (the recipe of ../shared/PEERS.md).")
+  start = time.perf_counter()
+  workers, info = _start(specs)
+  for name, i in info.items():
+    detail = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) and "rss" not in k
+                       else f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}"
+                       for k, v in i.items())
+    print(f"  ready: {name}: {detail}")
+  print(f"built and warmed up in {time.perf_counter() - start:.0f} s; timing "
+        f"{repeats} rounds x {steps} steps per variant")
+  rates = {name: [] for name in workers}
+  losses = {}
+  try:
+    names = list(workers)
+    for r in range(repeats):
+      # Rotate the order each round so no variant always follows the same one.
+      for name in names[r % len(names):] + names[:r % len(names)]:
+        out = workers[name].run(steps)
+        rates[name].append(steps * batch / out["seconds"])
+        losses[name] = out["loss"]
+    rss = {name: w.close()["peak_rss_mib"] for name, w in workers.items()}
+  finally:
+    for w in workers.values():
+      w.kill()
+  load = os.getloadavg()
+  _print_results(rates, rss, batch)
+  print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end; last loss: "
+        + ", ".join(f"{n.split(':')[0]} {l:.3f}" for n, l in losses.items()))
+  if TORCHREC in rates:
+    ratio = statistics.median(rates[EMBEDLIB]) / statistics.median(rates[TORCHREC])
+    print(f"embedlib / TorchRec fused (medians): {ratio:.2f}x  (target >= 0.95x)")
+  else:
+    print("TorchRec columns skipped (no .peers/): run `bash benchmarks/install_peers.sh`.")
+
+if __name__ == "__main__":
+  main()
