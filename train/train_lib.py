@@ -108,10 +108,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
   prefetch = data_lib.Prefetcher(train_source, buffer_size=config.data.prefetch,
                                  transform=lambda b: data_lib.to_global_batch(b, mesh))
   bar = _progress(config.num_train_steps, start)
+  # Flattening model and optimizer on every call costs ~15 ms of Python per
+  # step; cached_partial does it once.
+  step_fn = nnx.cached_partial(train_step, model, optimizer)
   result, window, tic = {}, [], time.perf_counter()
   try:
     for step in range(start + 1, config.num_train_steps + 1):
-      loss = train_step(model, optimizer, next(prefetch))
+      loss = step_fn(next(prefetch))
       window.append(loss)
       if bar is not None:
         bar.update(1)
