@@ -3,6 +3,7 @@
     python3 benchmarks/collection_lookup.py             # --scale 0.05, batch 4096
     python3 benchmarks/collection_lookup.py --quick     # small sizes, a smoke run
     python3 benchmarks/collection_lookup.py --scale 1   # the full 10M-row table (~5 GiB)
+    bash benchmarks/install_peers.sh                    # first, for the PyTorch columns
 
 26 tables of 10 to 10M rows (times ``--scale``, at least 10 rows), widths 16
 to 128, one feature each with bags of 1 to 32 ids (bag 1 is single-hot),
@@ -14,27 +15,47 @@ feature pools with ``sum``. One device, all jitted, interleaved repeats:
 - ``collection``: ``EmbeddingCollection(...)(ids)`` without dedup;
 - ``collection, dedup``: the same with ``num_unique`` set to each table's
   measured need (rounded up to a multiple of 64);
-- ``torchrec EmbeddingBagCollection``: on CPU, only when torch and torchrec
-  import (else the column is reported as skipped).
+- ``torchrec EmbeddingBagCollection``: TorchRec's collection (one
+  ``nn.EmbeddingBag`` per table, sum pooling) on the same tables (the JAX
+  collection's values), ids and bags (a ``KeyedJaggedTensor`` with the -1
+  padding removed), forward only under ``torch.no_grad()``;
+- ``fbgemm table-batched``: FBGEMM's CPU table-batched kernel
+  (``SplitTableBatchedEmbeddingBagsCodegen``, one op for the 26 tables) on
+  the same; ``--no-fbgemm`` leaves it out.
+
+The PyTorch columns run in the ``.peers`` venv, each in its own long-lived
+worker (``benchmarks/peers/torchrec_collection.py``, the line protocol of
+``benchmarks/peers/worker_protocol.py``), reading the tables and padded ids
+from one temporary ``.npz`` (each worker holds its own copy of the tables).
+Their pooled outputs are checked equal to the baseline's (to 1e-5) before
+any timing; they run with ``--torch-threads`` threads (default 2) and
+``OMP_WAIT_POLICY=PASSIVE`` (PEERS.md: it steadies 2-thread timings, and
+keeps an idle worker's threads from spinning while JAX is timed). A worker
+times its own forward (no pipe latency); every round shuffles the order of the
+cases (seeded). Without ``.peers/`` the PyTorch columns are skipped with a note.
 
 Prints min / median / max ms and the ratio of medians to the baseline
 (target <= 1.0), then the collection's plan on a simulated 8-device
 ``batch`` mesh with the bytes each device receives per step, with and
 without dedup (capacities measured per data shard of this batch). Never
-asserts a time.
-"""
+asserts a time."""
 
 import argparse
 import math
 import os
+import random
 import resource
 import statistics
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(1, ROOT)
+sys.path.insert(2, os.path.join(HERE, "peers"))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -44,7 +65,8 @@ from flax import nnx  # noqa: E402
 from embedlib import EmbeddingCollection, FeatureSpec, TableSpec  # noqa: E402
 from embedlib.collection import plan_collection  # noqa: E402
 from embedlib.plan.embedding_plan import _human  # noqa: E402
-from timing import interleaved, print_table  # noqa: E402
+from timing import interleaved, print_table, time_once  # noqa: E402
+from worker_protocol import Worker, WorkerError, default_env  # noqa: E402
 
 #: Rows of the 26 tables, Criteo-like: a few huge ones, a long tail of small.
 ROWS = (
@@ -55,6 +77,13 @@ ROWS = (
 WIDTHS = (128, 64, 32, 16)
 BAGS = (1, 32, 1, 8, 16, 1, 4, 2, 24, 1, 12, 1)
 PLAN_DEVICES = 8
+PEER_PYTHON = os.path.join(ROOT, ".peers", "bin", "python")
+TORCH_SCRIPT = os.path.join(HERE, "peers", "torchrec_collection.py")
+PEERS = {  # column -> worker --variant
+    "torchrec EmbeddingBagCollection (CPU)": "ebc",
+    "fbgemm table-batched (CPU)": "fbgemm",
+}
+TOLERANCE = 1e-5
 
 
 def specs(scale):
@@ -120,35 +149,72 @@ def shard_needs(features, ids, shards):
   return needs
 
 
-def torchrec_case(tables, features, ids):
-  """``(fn, args)`` for TorchRec's EmbeddingBagCollection, or a reason it's skipped."""
-  try:
-    import torch  # noqa: PLC0415
-    import torchrec  # noqa: PLC0415
-  except ImportError as e:
-    return None, f"torch/torchrec not importable ({e.name})"
-  configs = [
-      torchrec.EmbeddingBagConfig(
-          name=t.name, embedding_dim=t.features, num_embeddings=t.num_embeddings,
-          feature_names=[f.name], pooling=torchrec.PoolingType.SUM,
-      )
-      for t, f in zip(tables, features)
-  ]
-  ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
-  values, lengths = [], []
-  for f in features:
-    x = ids[f.name].reshape(ids[f.name].shape[0], -1)
-    values.append(torch.from_numpy(x[x >= 0].astype(np.int64)))
-    lengths.append(torch.from_numpy((x >= 0).sum(1).astype(np.int64)))
-  kjt = torchrec.KeyedJaggedTensor.from_lengths_sync(
-      keys=[f.name for f in features], values=torch.cat(values), lengths=torch.cat(lengths)
-  )
+def start_peers(args, tmp, features, logical, ids_np, want):
+  """Starts the PyTorch workers; returns ``(workers, notes)``.
 
-  def run():
-    with torch.no_grad():
-      ebc(kjt).values()
+  Writes the tables and padded ids once to ``tmp/ids.npz``; every worker
+  reads it, builds its module, writes one forward's pooled outputs, which
+  are checked against ``want`` (the baseline's) here, and warms up.
+  """
+  if not os.path.exists(args.peer_python):
+    return {}, [f"PyTorch columns skipped: {args.peer_python} not found; install the "
+                "peers with `bash benchmarks/install_peers.sh` (../shared/PEERS.md)."]
+  names = [f.name for f in features]
+  data = os.path.join(tmp, "ids.npz")
+  np.savez(data, names=np.array(names),
+           **{f"w_{f.name}": np.asarray(logical[f.table]) for f in features},
+           **{f"ids_{n}": ids_np[n] for n in names})
+  env = default_env(OMP_WAIT_POLICY="PASSIVE")
+  workers, notes = {}, []
+  for col, variant in PEERS.items():
+    if variant == "fbgemm" and not args.fbgemm:
+      continue
+    check = os.path.join(tmp, f"out_{variant}.npz")
+    w = Worker(col, [args.peer_python, TORCH_SCRIPT, "--data", data, "--variant", variant,
+                     "--threads", str(args.torch_threads), "--check", check], env)
+    try:
+      info = w.ready()
+    except WorkerError as e:
+      w.kill()
+      notes.append(f"{col}: skipped, its worker failed: {e}")
+      continue
+    got = np.load(check)
+    err = max(float(np.max(np.abs(got[f"out_{n}"] - np.asarray(want[n])))) for n in names)
+    print(f"  {col}: " + ", ".join(
+        f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items())
+          + f"; max |{variant} - baseline| = {err:.2e}")
+    if not err <= TOLERANCE:
+      w.kill()
+      for other in workers.values():
+        other.kill()
+      raise SystemExit(f"{col}: pooled outputs differ from the baseline by {err:.2e} "
+                       f"(> {TOLERANCE})")
+    workers[col] = w
+  return workers, notes
 
-  return (run, ()), None
+
+def interleaved_with_workers(cases, workers, repeats):
+  """``timing.interleaved`` plus worker cases, the order shuffled each round.
+
+  JAX cases are timed here (``time_once``); a worker times its own forward.
+  A seeded shuffle, not a rotation: rotating a cyclic order keeps every
+  case behind the same predecessor, whose cache footprint it inherits.
+  """
+  for fn, a in cases.values():
+    jax.block_until_ready(fn(*a))
+  names = list(cases) + list(workers)
+  times = {name: [] for name in names}
+  rng = random.Random(0)
+  for _ in range(repeats):
+    order = names[:]
+    rng.shuffle(order)
+    for name in order:
+      if name in cases:
+        fn, a = cases[name]
+        times[name].append(time_once(fn, *a))
+      else:
+        times[name].append(workers[name].run(1)["seconds"] * 1e3)
+  return times
 
 
 def main():
@@ -158,6 +224,12 @@ def main():
   parser.add_argument("--batch", type=int, default=4096)
   parser.add_argument("--repeats", type=int, default=None)
   parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+  parser.add_argument("--torch-threads", type=int, default=2,
+                      help="threads of the PyTorch workers (OMP_WAIT_POLICY=PASSIVE)")
+  parser.add_argument("--no-fbgemm", dest="fbgemm", action="store_false",
+                      help="leave out the FBGEMM table-batched column")
+  parser.add_argument("--peer-python", default=PEER_PYTHON,
+                      help="python of the peer venv (default .peers/bin/python)")
   args = parser.parse_args()
   scale, batch = (0.001, 256) if args.quick else (args.scale, args.batch)
   repeats = args.repeats or (3 if args.quick else 15)
@@ -166,6 +238,9 @@ def main():
   print(f"jax {jax.__version__}, {jax.default_backend()}, {len(jax.devices())} device(s); "
         f"26 tables, {_human(total)} f32, largest {tables[0].num_embeddings} rows; "
         f"batch {batch}, {sum(f.max_ids_per_sample for f in features)} id slots per sample")
+  load = os.getloadavg()
+  print(f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
+        f"at start; XLA_FLAGS={os.environ.get('XLA_FLAGS', '(unset)')!r}")
 
   start = time.perf_counter()
   coll = EmbeddingCollection(tables, features, rngs=nnx.Rngs(0))
@@ -194,13 +269,24 @@ def main():
       base_name: (base, (logical, ids)),
       "collection": (run_coll, (state, ids)),
   }
-  torch_case, skipped = torchrec_case(tables, features, ids_np)
-  if torch_case is not None:
-    cases["torchrec EmbeddingBagCollection (CPU)"] = torch_case
-  times = interleaved(cases, repeats)
+  with tempfile.TemporaryDirectory(prefix="collection_lookup_") as tmp:
+    start = time.perf_counter()
+    workers, notes = start_peers(args, tmp, features, logical, ids_np, want)
+    if workers:
+      print(f"PyTorch workers built and warmed up in {time.perf_counter() - start:.0f} s")
+    try:
+      times = interleaved_with_workers(cases, workers, repeats)
+      rss = {name: w.close()["peak_rss_mib"] for name, w in workers.items()}
+    finally:
+      for w in workers.values():
+        w.kill()
   print_table(times, base_name, f"one device, {repeats} interleaved repeats, ms")
-  if skipped:
-    print(f"torchrec EmbeddingBagCollection: skipped, {skipped}")
+  for note in notes:
+    print(note)
+  for name in workers:
+    print(f"{name}: worker peak RSS {rss[name]:.0f} MiB; baseline / it (medians) "
+          f"{statistics.median(times[base_name]) / statistics.median(times[name]):.1f}x, "
+          f"collection / it {statistics.median(times['collection']) / statistics.median(times[name]):.1f}x")
   # Dedup in its own interleaving: a case's cache footprint skews the next one.
   dedup_times = interleaved(
       {base_name: cases[base_name], "collection, dedup": (run_dedup, (dedup_state, ids))},
@@ -224,7 +310,9 @@ def main():
           f"{statistics.median(ts[name]) / statistics.median(ts[base_name]):.2f}, "
           f"min {min(ts[name]) / min(ts[base_name]):.2f}")
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-  print(f"peak RSS {_human(peak)}")
+  load = os.getloadavg()
+  print(f"peak RSS {_human(peak)}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
+        "at the end")
 
 
 if __name__ == "__main__":
