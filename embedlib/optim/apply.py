@@ -16,11 +16,20 @@ pairs for one table (one pair per lookup of it in the step), each rank:
    never gathered). Distinct ids never collide, and with the table donated
    XLA updates it in place.
 
+Small shards skip the sort (``dedup_rows``, chosen statically by
+``_use_dense_update``): when the rank's shard has no more rows than the
+step has ids, the gradients are summed straight into their rows and the
+rule runs on every row of the shard, untouched ones gathered as zeros and
+never written back. On the 26 Criteo tables of ``benchmarks/train_dlrm.py``
+(batch 2048) that is 12 tables; the sort and its binary search (~15 gathers)
+were most of their update's cost and HLO. It gives bit-for-bit the sort
+path's tables and slots (``tests/optim/test_dense_path.py``).
+
 Nothing the size of the table is built besides the table and its slots:
 every temporary is ``[ids, features]`` or smaller (see
-``tests/optim/test_memory.py``). Invalid ids (``-1`` after
-``invalid_ids.sanitize``) and padded rows are owned by no rank, so they are
-never written.
+``tests/optim/test_memory.py``), on the dense path too since it only runs
+when rows <= ids. Invalid ids (``-1`` after ``invalid_ids.sanitize``) and
+padded rows are owned by no rank, so they are never written.
 """
 
 from __future__ import annotations
@@ -152,6 +161,57 @@ def dedup(ids, grads):
   return uids, sums
 
 
+def _use_dense_update(rows: int, num_ids: int) -> bool:
+  """Whether a shard of ``rows`` rows takes the dense path for ``num_ids`` ids.
+
+  Static (shapes only). Bounded by ``num_ids`` so the dense path's
+  ``[rows, ...]`` temporaries are never larger than the sort path's
+  ``[num_ids, ...]`` ones: a large table keeps the sort path and its
+  no-table-sized-temporary guarantee.
+  """
+  return rows <= num_ids
+
+
+def dedup_rows(ids, grads, rows):
+  """``dedup`` for ids already in ``[0, rows)``, ``rows <= n``: no sort.
+
+  Sums each id's gradient straight into its row: one scatter-add and one
+  scatter of a mask, in place of ``dedup``'s sort and binary search (~15
+  gathers).
+
+  Args:
+    ids: ``[n]`` int32, a row in ``[0, rows)``, or anything else to skip
+      the id (it is dropped).
+    grads: ``[n, f]``.
+    rows: static, at most ``n``.
+
+  Returns:
+    ``(idx, sums, sq_mean)``: ``[rows]``, ``[rows, f]`` float32 and
+    ``[rows]``. ``idx[r]`` is ``r`` for each row some id hit, ``rows``
+    elsewhere; ``sums[r]`` the row's summed gradient (``dedup``'s sums,
+    added in the same, input, order) and ``sq_mean[r]`` the mean of its
+    squares.
+
+  >>> idx, sums, _ = dedup_rows(jnp.array([3, -1, 3, 0]), jnp.array([[1.0], [5.0], [2.0], [4.0]]), 4)
+  >>> idx.tolist(), sums[:, 0].tolist()
+  ([0, 4, 4, 3], [4.0, 0.0, 0.0, 3.0])
+  """
+  n = ids.shape[0]
+  # Skipped ids go to n, past the buffers (``rows`` itself may be < n).
+  ids = jnp.where((ids >= 0) & (ids < rows), ids, n)
+  # Summed into [n, f] like ``dedup``'s sums and cut to the rows after the
+  # squares' mean: XLA's CPU reduction rounds differently for different
+  # shapes, and the same shape keeps the mean bit-for-bit the sort path's.
+  sums = jax.ops.segment_sum(grads.astype(jnp.float32), ids, num_segments=n)
+  sq_mean = jnp.sum(sums * sums, axis=1) / grads.shape[1]
+  # Touched = hit by at least one valid id, whatever its gradient: LazyAdam
+  # decays the moments and counts a step on a touched row even with a zero
+  # (or cancelling) gradient, as with ``dedup``.
+  touched = jnp.zeros((rows,), bool).at[ids].set(True, mode="drop")
+  idx = jnp.where(touched, jnp.arange(rows, dtype=jnp.int32), rows)
+  return idx, sums[:rows], sq_mean[:rows]
+
+
 def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
   """Dedup and update on one rank: every array here is this rank's shard.
 
@@ -161,23 +221,35 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
     ids: ``[n]`` int32, the whole batch's ids, ``-1`` invalid.
     grads: ``[n, features]``, their row gradients.
   """
-  uids, g = dedup(ids, grads)
-  # Over the logical columns, before any column slicing: row-wise rules
-  # normalise by the whole row on every rank.
-  row_sq_mean = jnp.sum(g * g, axis=1) / plan.features
   rows_here, cols_here = table.shape
   rank = collectives.group_rank(plan.table_axes)
-  local = uids
-  if plan.strategy == axes_lib.VOCAB:
-    local = uids - rank * rows_here
+  offset = rank * rows_here if plan.strategy == axes_lib.VOCAB else 0
+  if _use_dense_update(rows_here, ids.shape[0]):
+    # Small shard: dedup by row, no sort. The rest is shared with the sort
+    # path (same shapes, same ops) so the two give bit-for-bit the same
+    # tables and slots: with ``where(touched, ...)`` over the whole shard
+    # instead, XLA's CPU fusion contracts ``a * b + c`` into fused
+    # multiply-adds in other places, and reduces of other shapes round
+    # differently, an ulp or two off the sort path.
+    idx, g, row_sq_mean = dedup_rows(
+        jnp.where(ids >= 0, ids - offset, -1), grads, rows_here
+    )
+  else:
+    uids, g = dedup(ids, grads)
+    local = uids - offset
+    owned = (uids >= 0) & (local >= 0) & (local < rows_here)
+    # Rows this rank does not own point past the end: gathered as zeros and
+    # dropped by the scatters.
+    idx = jnp.where(owned, local, rows_here)
+    # Over the logical columns, before any column slicing: row-wise rules
+    # normalise by the whole row on every rank.
+    row_sq_mean = jnp.sum(g * g, axis=1) / plan.features
   if plan.strategy == axes_lib.HIDDEN:
     g = jnp.pad(g, ((0, 0), (0, plan.padded_shape[1] - plan.features)))
     g = lax.dynamic_slice_in_dim(g, rank * cols_here, cols_here, axis=1)
-  owned = (uids >= 0) & (local >= 0) & (local < rows_here)
-  # Rows this rank does not own point past the end: gathered as zeros and
-  # dropped by the scatters. Owned indices are distinct, so adding the
-  # increment is the same as setting the new row, without reading the table.
-  idx = jnp.where(owned, local, rows_here)
+  # Owned indices are distinct, so adding the increment is the same as
+  # setting the new row, without reading the table. Untouched rows are
+  # never written: exact whatever the rule computes for them.
   delta, new_slots = rule.update(
       {k: v.at[idx].get(mode="fill", fill_value=0) for k, v in slots.items()},
       g,

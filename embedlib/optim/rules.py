@@ -69,6 +69,12 @@ class RowRule:
     increment to the rows without reading them (a rule with weight decay
     would need the rows too; none here has it).
 
+    Each output row must depend only on its own row's inputs (and the
+    scalars): ``apply.py`` also passes filler rows (a zero gradient,
+    zero-filled slots), for the padding of its static shapes and, on small
+    tables, every row no id touched, and drops their results, so whatever
+    a rule computes for them (even NaN) never reaches the table.
+
     Args:
       slots: slot name -> ``[u, width]`` (table slots) or ``[u]`` (row slots).
       grads: ``[u, width]`` float32, the summed gradient of each touched row

@@ -23,6 +23,7 @@ from . import reference as ref
 FEATURES, BATCH, HOT = 32, 256, 4
 ROWS_BYTES = BATCH * HOT * FEATURES * 4  # the looked-up rows, whole batch
 SMALL, LARGE = 20_000, 200_000
+NO_SORT = BATCH * HOT  # rows <= ids: the no-sort update path of small tables
 MiB = 1 << 20
 
 
@@ -86,6 +87,15 @@ def test_sparse_step_has_no_table_sized_temporary(layout):
   small, large = (temp_bytes(layout, n, sparse=True) for n in (SMALL, LARGE))
   assert abs(large - small) <= 64 * 1024, (small, large)
   assert large <= 4 * ROWS_BYTES, (large, ROWS_BYTES)  # measured: 2.5x to 2.8x
+
+
+@pytest.mark.parametrize("layout", MEMORY_LAYOUTS, ids=ref.layout_id)
+def test_small_table_update_within_rows_bytes(layout):
+  # A table with as many rows as the step has ids skips the sort
+  # (``apply._use_dense_update``): its [rows, ...] temporaries must stay
+  # within the same bound as the sort path's [ids, ...] ones.
+  small = temp_bytes(layout, NO_SORT, sparse=True)
+  assert small <= 4 * ROWS_BYTES, (small, ROWS_BYTES)
 
 
 def test_dense_step_does_have_one():

@@ -1,0 +1,115 @@
+"""The no-sort update path of small tables: taken when it should be, exact.
+
+``apply._local_update`` dedups the ids of a shard with no more rows than the
+step has ids by summing them straight into their rows (``dedup_rows``), and
+runs the rule on every row of the shard, writing back only the touched ones,
+instead of sorting the ids. It must give bit-for-bit the sort path's tables
+and slots, on every strategy and rule, and leave untouched rows exactly as
+they were, even where the rule's increment on a zero gradient is NaN
+(AdaGrad, ``eps=0``, accumulator 0) or the weight is ``-0.0``.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from embedlib import optim
+from embedlib.optim import apply as apply_lib
+from embedlib.plan import plan_embedding
+
+from . import reference as ref
+from .test_rules import NUM_EMBEDDINGS, make_table, step_pairs
+
+
+def run_steps(emb, rules, dense: bool, monkeypatch):
+  """Two steps of every rule, on the no-sort path or forced onto the sort path."""
+  with monkeypatch.context() as m:
+    m.setattr(apply_lib, "_use_dense_update", lambda rows, n: dense and rows <= n)
+    table = np.array(emb.embedding[...])
+    state = {
+        name: (jax.device_put(table, emb.embedding[...].sharding),
+               optim.init_slots(rule, emb.plan, emb.mesh))
+        for name, rule in rules.items()
+    }
+
+    @jax.jit
+    def step(state, pairs, k):
+      return {
+          name: optim.apply_row_grads(
+              rules[name], *state[name], pairs, plan=emb.plan, mesh=emb.mesh, step=k)
+          for name in rules
+      }
+
+    sorts = step.lower(state, step_pairs(0), jnp.int32(0)).as_text().count("stablehlo.sort")
+    for k in range(2):
+      state = step(state, step_pairs(k), jnp.int32(k))
+    return jax.tree.map(np.asarray, state), sorts
+
+
+# Every layout: with ``test_rules`` (which, on 13 rows, now runs the no-sort
+# path against the dense reference) this keeps the sort path checked on each.
+LAYOUTS = ref.LAYOUTS
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=ref.layout_id)
+def test_dense_path_equals_sort_path(layout, monkeypatch):
+  # 13 rows, 22 ids per step (plus padding): every shard skips the sort.
+  emb = make_table(layout)
+  rules = {name: ref.make_rule(name, schedule=False) for name in ref.RULES}
+  dense, dense_sorts = run_steps(emb, rules, True, monkeypatch)
+  sort, sort_sorts = run_steps(emb, rules, False, monkeypatch)
+  assert dense_sorts == 0 and sort_sorts > 0, (dense_sorts, sort_sorts)
+  for name in rules:
+    np.testing.assert_array_equal(dense[name][0], sort[name][0], err_msg=name)
+    for slot in rules[name].slots():
+      np.testing.assert_array_equal(
+          dense[name][1][slot], sort[name][1][slot], err_msg=f"{name}.{slot}")
+  # The steps did change something (the comparison is not of two no-ops).
+  assert not np.array_equal(dense["sgd"][0], np.asarray(emb.embedding[...]))
+
+
+@functools.cache
+def _sorts(rows, num_ids):
+  plan, rule = plan_embedding(rows, 4), optim.LazyAdam(0.1)
+  f = jax.jit(lambda t, s, i, g: optim.apply_row_grads(
+      rule, t, s, [(i, g)], plan=plan, mesh=None, step=0))
+  args = (jnp.zeros((rows, 4)), apply_lib.init_slots(rule, plan, None),
+          jnp.zeros((num_ids,), jnp.int32), jnp.zeros((num_ids, 4)))
+  return f.lower(*args).as_text().count("stablehlo.sort")
+
+
+def test_path_is_chosen_from_shapes():
+  assert _sorts(64, 64) == 0      # rows <= ids: no sort
+  assert _sorts(65, 64) > 0       # one row more: sort, no [rows, ...] temporary
+
+
+def test_untouched_rows_exact_with_nan_increments_and_negative_zeros():
+  # eps=0 and accumulators at 0: an untouched row's increment is 0/0 = NaN,
+  # which must never reach the table (and -0.0 + 0.0 would be +0.0). Row 2
+  # is touched with a zero gradient: LazyAdam counts it and decays its
+  # moments. 6 rows, 8 ids: the no-sort path.
+  plan = plan_embedding(6, 3)
+  table = jnp.array([[-0.0, 0.0, 1.5]] * 6)
+  ids = jnp.array([0, 2, 0, -1, 4, 9, 4, 4], jnp.int32)
+  grads = jnp.arange(24.0).reshape(8, 3) - 7.0
+  grads = grads.at[1].set(0.0)
+  for rule in (optim.SparseSGD(0.1), optim.RowWiseAdagrad(0.1, eps=0.0),
+               optim.LazyAdam(0.1, eps=0.0)):
+    slots = apply_lib.init_slots(rule, plan, None)
+    if "m" in slots:
+      slots = dict(slots, m=slots["m"] + 0.5, v=slots["v"] + 0.25)
+    new_table, new_slots = jax.jit(lambda t, s: optim.apply_row_grads(
+        rule, t, s, [(ids, grads)], plan=plan, mesh=None, step=0))(table, slots)
+    new_table = np.asarray(new_table)
+    untouched = np.array([False, True, False, True, False, True])
+    got = new_table[untouched].view(np.uint32)
+    np.testing.assert_array_equal(got, np.asarray(table)[untouched].view(np.uint32))
+    for k, v in new_slots.items():
+      np.testing.assert_array_equal(np.asarray(v)[untouched], np.asarray(slots[k])[untouched])
+    assert np.isfinite(new_table[[0, 4]]).all(), rule
+    if "count" in new_slots:
+      assert np.asarray(new_slots["count"]).tolist() == [1, 0, 1, 0, 1, 0]
+      np.testing.assert_allclose(np.asarray(new_slots["m"])[2], 0.5 * 0.9)
