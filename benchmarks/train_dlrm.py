@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import statistics
 import sys
@@ -351,9 +352,13 @@ def run(args, sizes, batch, repeats, steps, data):
   losses = {}
   try:
     names = list(workers)
-    for r in range(repeats):
-      # Rotate the order each round so no variant always follows the same one.
-      for name in names[r % len(names):] + names[:r % len(names)]:
+    rng = random.Random(0)
+    for _ in range(repeats):
+      # A seeded shuffle each round: a rotation would keep every variant
+      # behind the same predecessor, whose after-effects skew its timings.
+      order = names[:]
+      rng.shuffle(order)
+      for name in order:
         out = workers[name].run(steps)
         rates[name].append(steps * batch / out["seconds"])
         losses[name] = out["loss"]
