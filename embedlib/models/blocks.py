@@ -58,8 +58,10 @@ def dot_interaction(features: jax.Array) -> jax.Array:
   """
   n = features.shape[1]
   gram = jnp.einsum("bnd,bmd->bnm", features, features)
-  rows, cols = jnp.triu_indices(n, k=1)
-  return gram[:, rows, cols]
+  # Row i's pairs with the later vectors, as static slices: half the time of
+  # a triu-index gather (forward + backward) on XLA's CPU backend, and the
+  # same pair order (i < j, row-major).
+  return jnp.concatenate([gram[:, i, i + 1:] for i in range(n - 1)], axis=1)
 
 
 class CrossNetwork(nnx.Module):

@@ -1,0 +1,51 @@
+"""Model blocks and the DLRM family: shapes, the interaction, config errors."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from embedlib import FeatureSpec, TableSpec
+from embedlib.data.spec import DataSpec, SparseFeature
+from embedlib.models import DLRM, build_model, dot_interaction
+
+
+@pytest.mark.parametrize("n", [2, 5, 27])
+def test_dot_interaction_is_the_strict_upper_triangle_of_the_gram(n):
+  f = jax.random.normal(jax.random.key(n), (3, n, 4))
+  gram = np.einsum("bnd,bmd->bnm", f, f)
+  rows, cols = np.triu_indices(n, k=1)
+  np.testing.assert_allclose(dot_interaction(f), gram[:, rows, cols], rtol=1e-5, atol=1e-6)
+
+
+def _model(interaction, widths=(8, 8)):
+  return DLRM(
+      num_dense=3,
+      tables=[TableSpec("a", 20, widths[0]), TableSpec("b", 10, widths[1])],
+      features=[FeatureSpec("a", "a", max_ids_per_sample=1), FeatureSpec("b", "b")],
+      bottom_sizes=(16, 8), top_sizes=(16, 1), interaction=interaction, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("interaction, widths", [("dot", (8, 8)), ("cross", (8, 4))])
+def test_dlrm_logits_and_gradients(interaction, widths):
+  model = _model(interaction, widths)
+  dense = jnp.ones((4, 3))
+  sparse = {"a": jnp.array([0, 1, 19, -1]), "b": jnp.array([[1, 2], [3, -1], [-1, -1], [9, 9]])}
+  logits = model(dense, sparse)
+  assert logits.shape == (4,) and bool(jnp.all(jnp.isfinite(logits)))
+  grads = nnx.grad(lambda m: jnp.sum(m(dense, sparse)))(model)
+  table_a = grads.embeddings.tables["a"].embedding[...]
+  assert np.asarray(table_a)[[0, 1, 19]].any() and not np.asarray(table_a)[2:19].any()
+
+
+def test_dot_interaction_needs_equal_widths():
+  with pytest.raises(ValueError, match="feature 'b' reads table 'b' of width 4.*interaction='cross'"):
+    _model("dot", (8, 4))
+
+
+def test_factory_rejects_unknown_model():
+  cfg = ml_collections.ConfigDict(dict(name="wide_deep", embed_dim=8))
+  with pytest.raises(ValueError, match="'wide_deep'.*'dlrm'"):
+    build_model(cfg, DataSpec(2, (SparseFeature("a", 10),)), rngs=nnx.Rngs(0))
