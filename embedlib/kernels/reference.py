@@ -104,7 +104,7 @@ def bag_reference(
 ) -> jax.Array:
   """Pooled bag lookup: ``sum_l c[b, l] * table[ids[b, l]]`` (see `bag_coefficients`).
 
-  Materialises ``[batch, bag, features]``; the Pallas kernel does not.
+  Materialises ``[batch * bag, features]``; the Pallas kernel does not.
 
   Args:
     table: ``[num_embeddings, features]``.
@@ -121,8 +121,14 @@ def bag_reference(
   [[2.0, 3.0], [0.0, 0.0]]
   """
   coef = bag_coefficients(ids, weights, table.shape[0], combiner)
-  rows = gather_reference(table, ids).astype(jnp.float32)
-  return jnp.einsum("bl,blf->bf", coef, rows, precision="highest").astype(table.dtype)
+  batch, bag = ids.shape
+  # Flat rows then a sorted segment-sum: on XLA's CPU backend 2-3x faster than
+  # contracting [batch, bag, features] with the coefficients (einsum).
+  rows = gather_reference(table, ids.reshape(-1)).astype(jnp.float32)
+  rows = rows * coef.reshape(-1, 1)
+  segments = jnp.repeat(jnp.arange(batch, dtype=jnp.int32), bag)
+  pooled = jax.ops.segment_sum(rows, segments, num_segments=batch, indices_are_sorted=True)
+  return pooled.astype(table.dtype)
 
 
 def ragged_to_padded(values, lengths, max_bag: int, weights=None):
