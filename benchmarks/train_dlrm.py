@@ -152,11 +152,9 @@ def _embedlib_step(kind, sizes, batch_size):
   dense = nnx.All(nnx.Param, optim.NotTables(keys))
   opt = nnx.Optimizer(model, optax.adagrad(DENSE_LR), wrt=dense)
 
-  loss_fn = train_lib._loss  # pylint: disable=protected-access
-
   @nnx.jit(donate_argnums=(0, 1))
   def frozen_step(model, opt, batch):
-    loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, dense))(model, batch)
+    loss, grads = nnx.value_and_grad(train_lib.loss_fn, argnums=nnx.DiffState(0, dense))(model, batch)
     opt.update(model, grads)
     return loss
 
@@ -170,6 +168,7 @@ def _dense_step(sizes):
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
   from embedlib.models.blocks import MLP, dot_interaction  # pylint: disable=g-import-not-at-top
+  from train import train_lib  # pylint: disable=g-import-not-at-top
 
   class DenseDLRM(nnx.Module):
 
@@ -188,13 +187,9 @@ def _dense_step(sizes):
   model = DenseDLRM(nnx.Rngs(0))
   opt = nnx.Optimizer(model, optax.adagrad(DENSE_LR), wrt=nnx.Param)
 
-  def loss_fn(model, batch):
-    logits = model(batch["dense"], batch["sparse"])
-    return optax.sigmoid_binary_cross_entropy(logits, batch["label"]).mean()
-
   @nnx.jit(donate_argnums=(0, 1))
   def step(model, opt, batch):
-    loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
+    loss, grads = nnx.value_and_grad(train_lib.loss_fn)(model, batch)
     opt.update(model, grads)
     return loss
 

@@ -26,7 +26,8 @@ from train.writers import MetricWriter
 log = logging.getLogger("embedlib.train")
 
 
-def _loss(model, batch):
+def loss_fn(model, batch):
+  """Mean sigmoid cross-entropy of the model's logits on a batch."""
   logits = model(batch["dense"], batch["sparse"])
   return optax.sigmoid_binary_cross_entropy(logits, batch["label"]).mean()
 
@@ -34,7 +35,7 @@ def _loss(model, batch):
 @nnx.jit(donate_argnums=(0, 1))
 def train_step(model, optimizer, batch):
   """One step: row gradients for the tables, dense gradients for the rest."""
-  loss, grads = optim.value_and_grad(_loss)(model, batch)
+  loss, grads = optim.value_and_grad(loss_fn)(model, batch)
   optimizer.update(model, grads)
   return loss
 
