@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from embedlib import _compat
@@ -30,7 +31,9 @@ def unique_with_inverse(ids, capacity: int):
 
   A sort rather than ``jnp.unique(size=...)``: invalid ids (``-1``) must not
   use up capacity, and the count that detects overflow comes from the same
-  sort.
+  sort. The sort has one operand (the ids) and each id finds its place by a
+  binary search, as ``optim.apply.dedup`` does: on CPU several times faster
+  than sorting the ids with their positions (``argsort``).
 
   Args:
     ids: int32 of any shape, ``-1`` for padding and invalid ids.
@@ -47,15 +50,16 @@ def unique_with_inverse(ids, capacity: int):
   """
   flat = ids.reshape(-1).astype(jnp.int32)
   valid = flat >= 0
-  order = jnp.argsort(jnp.where(valid, flat, _NO_ID))
-  key = flat[order]
-  kept = valid[order]
-  first = kept & jnp.concatenate([jnp.ones((1,), bool), key[1:] != key[:-1]])
+  keys = jnp.where(valid, flat, _NO_ID)
+  key = lax.sort(keys)
+  first = (key != _NO_ID) & jnp.concatenate([jnp.ones((1,), bool), key[1:] != key[:-1]])
   slot = jnp.cumsum(first, dtype=jnp.int32) - 1
   count = jnp.sum(first, dtype=jnp.int32)
   unique = jnp.full((capacity,), -1, jnp.int32)
   unique = unique.at[jnp.where(first, slot, capacity)].set(key, mode="drop")
-  inverse = jnp.zeros_like(flat).at[order].set(jnp.where(kept, slot, -1))
+  # Each id's first position among the sorted keys holds its slot.
+  at = jnp.searchsorted(key, keys, method="scan_unrolled")
+  inverse = jnp.where(valid, slot[at], -1)
   return unique, inverse.reshape(ids.shape), count
 
 

@@ -1,8 +1,9 @@
 """Local (single-shard) embedding lookups: row gather and pooled bags, forward and backward.
 
 Each lookup has a pure-jnp reference (the specification, and the ``xla``
-kernel), a Triton Pallas kernel that runs in interpret mode on CPU, a
-deterministic Pallas backward behind ``jax.custom_vjp``, and a dispatcher
+gather; the ``xla`` bag, `bag_xla`, sums the same terms slot by slot), a
+Triton Pallas kernel that runs in interpret mode on CPU, a deterministic
+Pallas backward behind ``jax.custom_vjp``, and a dispatcher
 (``kernel="auto" | "xla" | "pallas"``). Strategies call these on local shards
 inside ``jax.shard_map``. Invalid ids (negative or ``>= num_embeddings``) read
 zero rows, count as bag padding and receive no gradient.

@@ -1,7 +1,8 @@
 """Public lookups: kernel choice (``xla`` / ``pallas`` / ``auto``) and autodiff.
 
-``kernel="xla"`` runs the pure-jnp references and differentiates them with
-jax's own rules. ``kernel="pallas"`` runs the Triton kernels; a
+``kernel="xla"`` runs the pure-jnp gather reference (differentiated by jax's
+own rules) and `bag_xla` (the bag reference's sums, slot by slot, with a
+hand-written backward). ``kernel="pallas"`` runs the Triton kernels; a
 ``pallas_call`` has no autodiff, so each lookup is a ``jax.custom_vjp`` whose
 backward is the deterministic Pallas segment sum of `backward`. The target
 platform is read at trace time from the abstract mesh in context when it
@@ -20,6 +21,7 @@ from embedlib import axes
 from embedlib.kernels import reference
 from embedlib.kernels.backward import segment_sum_rows
 from embedlib.kernels.bag_pallas import bag_pallas, check_bag_shapes
+from embedlib.kernels.bag_xla import bag_xla
 from embedlib.kernels.gather_pallas import gather_pallas, sum_to_varying_of
 
 _GPU_PLATFORMS = ("gpu", "cuda", "rocm")
@@ -236,5 +238,5 @@ def bag(
   reference.check_combiner(combiner)
   check_bag_shapes(ids, weights)
   if resolve_kernel(kernel) == "xla":
-    return reference.bag_reference(table, ids, weights, combiner=combiner)
+    return bag_xla(table, ids, weights, combiner=combiner)
   return _bag_ad(table, ids, weights, combiner, resolve_interpret(interpret))

@@ -7,23 +7,29 @@ pairs for one table (one pair per lookup of it in the step), each rank:
    rank sees the whole batch's ids (the transpose of the lookup's own
    all-gather/psum-scatter, plus the gradient sum over data-parallel
    replicas, which then apply identical updates);
-2. dedup (``dedup``): a sort with a static size (the number of ids) and a
-   segment-sum give one summed gradient per distinct id;
+2. dedup: one summed gradient per distinct id, found one of three ways,
+   chosen statically from shapes and the rule's slots:
+
+   - by rows (``dedup_rows``), when the rank's shard has no more rows than
+     the step has ids: the gradients are summed straight into their rows
+     and the rule runs on every row of the shard, untouched ones gathered
+     as zeros and never written back (12 of the 26 Criteo tables of
+     ``benchmarks/train_dlrm.py``, batch 2048);
+   - by marks (``dedup_marks``), for larger shards when the rule has a
+     slot (AdaGrad, LazyAdam): each id writes its position into its row of
+     the slot, and the winner it reads back names its segment; no sort;
+   - by sorting (``dedup``) otherwise (SGD, which has no slot): a sort with
+     a static size and a binary search;
+
+   all three sum each row's gradients in input order and give bit-for-bit
+   the same tables and slots (``tests/optim/test_dense_path.py``,
+   ``tests/optim/test_marks_path.py``);
 3. local update: for the rows the rank owns (vocab: its block of rows;
    hidden: its column slice of every touched row; replicated: all), it
    gathers their slots, runs the rule and scatter-adds the rule's increment
    into its shard (the rules read slots, not weights, so the table itself is
    never gathered). Distinct ids never collide, and with the table donated
    XLA updates it in place.
-
-Small shards skip the sort (``dedup_rows``, chosen statically by
-``_use_dense_update``): when the rank's shard has no more rows than the
-step has ids, the gradients are summed straight into their rows and the
-rule runs on every row of the shard, untouched ones gathered as zeros and
-never written back. On the 26 Criteo tables of ``benchmarks/train_dlrm.py``
-(batch 2048) that is 12 tables; the sort and its binary search (~15 gathers)
-were most of their update's cost and HLO. It gives bit-for-bit the sort
-path's tables and slots (``tests/optim/test_dense_path.py``).
 
 Nothing the size of the table is built besides the table and its slots:
 every temporary is ``[ids, features]`` or smaller (see
@@ -212,6 +218,66 @@ def dedup_rows(ids, grads, rows):
   return idx, sums[:rows], sq_mean[:rows]
 
 
+#: Positions are marked as float32 values, exact below 2**24.
+_MAX_MARKED_IDS = 1 << 24
+
+
+def _scratch_slot(slots, num_ids: int) -> str | None:
+  """The slot ``dedup_marks`` may mark: a row slot if there is one, else a table slot."""
+  for ndim in (1, 2):
+    for name, value in slots.items():
+      exact = value.dtype == jnp.int32 or (
+          value.dtype == jnp.float32 and num_ids <= _MAX_MARKED_IDS
+      )
+      if value.ndim == ndim and exact:
+        return name
+  return None
+
+
+def dedup_marks(idx, grads, scratch):
+  """``dedup`` without a sort, by marking each touched row of a slot.
+
+  Every id writes its position into its row of ``scratch`` (one scatter of
+  ``n`` numbers; with repeated ids one write wins, whichever it is), then
+  reads the row back: ids of one row all read the same winning position,
+  which becomes their segment. On CPU this is about 3.5 ms cheaper per
+  65,536 ids than the sort and binary search of ``dedup``. The marked rows
+  hold garbage until the caller rewrites them, which it must: each touched
+  row is the first row of exactly one segment (its winner's) and gets its
+  new slot values there.
+
+  Args:
+    idx: ``[n]`` int32, a row of this shard, or ``rows`` (and beyond) to
+      skip the id.
+    grads: ``[n, f]``.
+    scratch: an int32 or float32 (``n <= 2**24``) slot shard, ``[rows]``
+      or ``[rows, w]`` (its first column is marked). Read it for its values
+      before this call.
+
+  Returns:
+    ``(first, sums, marked)``: ``first`` ``[n]`` is ``idx`` at one position
+    per touched row and ``rows`` elsewhere; ``sums`` ``[n, f]`` float32 holds
+    each row's summed gradient (added in input order, as ``dedup`` does) at
+    that position; ``marked`` is ``scratch`` with the touched rows
+    overwritten.
+
+  >>> first, sums, _ = dedup_marks(jnp.array([3, 4, 3, 0]),
+  ...     jnp.array([[1.0], [5.0], [2.0], [4.0]]), jnp.zeros(4))
+  >>> sorted(first.tolist()), sums[:, 0].tolist()
+  ([0, 3, 4, 4], [0.0, 0.0, 3.0, 4.0])
+  """
+  n, rows = idx.shape[0], scratch.shape[0]
+  at = (idx,) if scratch.ndim == 1 else (idx, 0)
+  positions = jnp.arange(n, dtype=jnp.int32)
+  marked = scratch.at[at].set(positions.astype(scratch.dtype), mode="drop")
+  winner = marked.at[at].get(mode="fill", fill_value=-1).astype(jnp.int32)
+  owned = idx < rows
+  first = jnp.where(owned & (winner == positions), idx, rows)
+  segments = jnp.where(owned, winner, n)
+  sums = jax.ops.segment_sum(grads.astype(jnp.float32), segments, num_segments=n)
+  return first, sums, marked
+
+
 def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
   """Dedup and update on one rank: every array here is this rank's shard.
 
@@ -224,16 +290,33 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
   rows_here, cols_here = table.shape
   rank = collectives.group_rank(plan.table_axes)
   offset = rank * rows_here if plan.strategy == axes_lib.VOCAB else 0
+  local = jnp.where(ids >= 0, ids - offset, -1)
+  scratch = _scratch_slot(slots, ids.shape[0])
   if _use_dense_update(rows_here, ids.shape[0]):
-    # Small shard: dedup by row, no sort. The rest is shared with the sort
-    # path (same shapes, same ops) so the two give bit-for-bit the same
+    # Small shard: dedup by row, no sort. The rest is shared with the other
+    # paths (same shapes, same ops) so they give bit-for-bit the same
     # tables and slots: with ``where(touched, ...)`` over the whole shard
     # instead, XLA's CPU fusion contracts ``a * b + c`` into fused
     # multiply-adds in other places, and reduces of other shapes round
-    # differently, an ulp or two off the sort path.
-    idx, g, row_sq_mean = dedup_rows(
-        jnp.where(ids >= 0, ids - offset, -1), grads, rows_here
-    )
+    # differently, an ulp or two off.
+    idx, g, row_sq_mean = dedup_rows(local, grads, rows_here)
+    old = {k: v.at[idx].get(mode="fill", fill_value=0) for k, v in slots.items()}
+  elif scratch is not None:
+    idx = jnp.where((local >= 0) & (local < rows_here), local, rows_here)
+    # Read every slot before marking: the mark overwrites the scratch slot
+    # in place (no copy of it), and ``old`` then has each touched row's
+    # values at its first position.
+    old = {k: v.at[idx].get(mode="fill", fill_value=0) for k, v in slots.items()}
+    # ``idx`` made to depend on the reads (max with 0 or -1: unchanged), so
+    # that XLA orders them before the marks; without a data dependency it
+    # copies the slot to keep the reads' input alive (control dependencies,
+    # such as an optimization_barrier's, do not stop that copy).
+    read = old[scratch].reshape(idx.shape[0], -1)[:, 0]
+    flag = read == jnp.iinfo(jnp.int32).min if read.dtype == jnp.int32 else read != read
+    idx = jnp.maximum(idx, -flag.astype(idx.dtype))
+    idx, g, marked = dedup_marks(idx, grads, slots[scratch])
+    slots = dict(slots, **{scratch: marked})
+    row_sq_mean = jnp.sum(g * g, axis=1) / plan.features
   else:
     uids, g = dedup(ids, grads)
     local = uids - offset
@@ -244,22 +327,22 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
     # Over the logical columns, before any column slicing: row-wise rules
     # normalise by the whole row on every rank.
     row_sq_mean = jnp.sum(g * g, axis=1) / plan.features
+    old = {k: v.at[idx].get(mode="fill", fill_value=0) for k, v in slots.items()}
   if plan.strategy == axes_lib.HIDDEN:
     g = jnp.pad(g, ((0, 0), (0, plan.padded_shape[1] - plan.features)))
     g = lax.dynamic_slice_in_dim(g, rank * cols_here, cols_here, axis=1)
   # Owned indices are distinct, so adding the increment is the same as
   # setting the new row, without reading the table. Untouched rows are
   # never written: exact whatever the rule computes for them.
-  delta, new_slots = rule.update(
-      {k: v.at[idx].get(mode="fill", fill_value=0) for k, v in slots.items()},
-      g,
-      row_sq_mean=row_sq_mean,
-      lr=lr,
-      step=step,
-  )
+  delta, new_slots = rule.update(old, g, row_sq_mean=row_sq_mean, lr=lr, step=step)
   table = table.at[idx].add(delta.astype(table.dtype), mode="drop")
-  put = lambda x, v: x.at[idx].set(v.astype(x.dtype), mode="drop")
-  return table, {k: put(slots[k], v) for k, v in new_slots.items()}
+  out = {}
+  for name, value in slots.items():
+    # Every slot is written at every touched row (a rule that keeps a slot
+    # unchanged gets its old values back): the marked scratch rows need it.
+    new = new_slots.get(name, old[name])
+    out[name] = value.at[idx].set(new.astype(value.dtype), mode="drop")
+  return table, out
 
 
 def apply_row_grads(

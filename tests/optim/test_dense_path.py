@@ -25,7 +25,7 @@ from .test_rules import NUM_EMBEDDINGS, make_table, step_pairs
 
 
 def run_steps(emb, rules, dense: bool, monkeypatch):
-  """Two steps of every rule, on the no-sort path or forced onto the sort path."""
+  """Two steps of every rule, on the by-rows path or forced onto the by-ids one (marks or sort)."""
   with monkeypatch.context() as m:
     m.setattr(apply_lib, "_use_dense_update", lambda rows, n: dense and rows <= n)
     table = np.array(emb.embedding[...])
@@ -72,8 +72,8 @@ def test_dense_path_equals_sort_path(layout, monkeypatch):
 
 
 @functools.cache
-def _sorts(rows, num_ids):
-  plan, rule = plan_embedding(rows, 4), optim.LazyAdam(0.1)
+def _sorts(rows, num_ids, rule=optim.LazyAdam(0.1)):
+  plan = plan_embedding(rows, 4)
   f = jax.jit(lambda t, s, i, g: optim.apply_row_grads(
       rule, t, s, [(i, g)], plan=plan, mesh=None, step=0))
   args = (jnp.zeros((rows, 4)), apply_lib.init_slots(rule, plan, None),
@@ -82,8 +82,12 @@ def _sorts(rows, num_ids):
 
 
 def test_path_is_chosen_from_shapes():
-  assert _sorts(64, 64) == 0      # rows <= ids: no sort
-  assert _sorts(65, 64) > 0       # one row more: sort, no [rows, ...] temporary
+  sgd = optim.SparseSGD(0.1)
+  assert _sorts(64, 64) == _sorts(64, 64, sgd) == 0  # rows <= ids: by rows, no sort
+  # One row more: by ids, no [rows, ...] temporary. Rules with a slot mark
+  # it instead of sorting (test_marks_path.py); SGD has none and sorts.
+  assert _sorts(65, 64) == 0 and _sorts(65, 64, sgd) > 0
+  assert apply_lib._scratch_slot(apply_lib.init_slots(optim.LazyAdam(0.1), plan_embedding(65, 4), None), 64) == "count"
 
 
 def test_untouched_rows_exact_with_nan_increments_and_negative_zeros():
