@@ -20,7 +20,9 @@ examples/s min / median / max over the rounds, the worker's peak RSS, and
 the ratio of medians to TorchRec fused. Variants:
 
 - ``embedlib, 1 device``: ``train.train_lib.train_step`` (jitted, state
-  donated) on ``train.setup.model_and_optimizer`` for this model, i.e.
+  donated) on ``train.setup.model_and_optimizer`` for this model, called
+  through ``nnx.cached_partial`` as ``train_and_evaluate`` calls it (every
+  JAX variant is), i.e.
   ``embedlib.models.DLRM`` on an ``EmbeddingCollection``,
   ``optim.value_and_grad`` + ``SparseAwareOptimizer(optax.adagrad,
   RowWiseAdagrad)``; ``XLA_FLAGS`` forces one CPU device.
@@ -38,7 +40,12 @@ the ratio of medians to TorchRec fused. Variants:
 The PyTorch workers run with ``--torch-threads`` threads (default 2, the
 machine's cores) and ``OMP_WAIT_POLICY=PASSIVE`` (PEERS.md: it steadies
 2-thread timings; it also keeps an idle worker from spinning while another
-one is timed). Without ``.peers/`` the peer columns are skipped with a note.
+one is timed). Every worker, JAX and PyTorch alike, runs with glibc's mmap
+and trim thresholds raised (``MALLOC_MMAP_THRESHOLD_`` and
+``MALLOC_TRIM_THRESHOLD_``, what ``python -m train`` sets with ``mallopt``:
+``train/host_memory.py``), so a step's freed temporaries are reused by the
+next instead of faulting in fresh pages; ``--default-malloc`` leaves the
+defaults. Without ``.peers/`` the peer columns are skipped with a note.
 Never asserts a time.
 """
 
@@ -146,7 +153,9 @@ def _embedlib_step(kind, sizes, batch_size):
   spec = setup.data_spec(config)
   model, optimizer = setup.model_and_optimizer(config, spec, mesh)
   if kind == "embedlib":
-    return lambda batch: train_lib.train_step(model, optimizer, batch), mesh
+    # As train_lib.train_and_evaluate calls it: cached_partial flattens the
+    # model and optimizer once, not on every call (16.8 ms of Python here).
+    return nnx.cached_partial(train_lib.train_step, model, optimizer), mesh
   del optimizer
   keys = frozenset(k for k, _ in optim.sparse_tables(model))
   dense = nnx.All(nnx.Param, optim.NotTables(keys))
@@ -158,7 +167,7 @@ def _embedlib_step(kind, sizes, batch_size):
     opt.update(model, grads)
     return loss
 
-  return lambda batch: frozen_step(model, opt, batch), mesh
+  return nnx.cached_partial(frozen_step, model, opt), mesh
 
 
 def _dense_step(sizes):
@@ -181,7 +190,7 @@ def _dense_step(sizes):
     def __call__(self, dense, sparse):
       x = self.bottom(dense)
       vectors = [t(sparse[f"f{i}"]) for i, t in enumerate(self.tables)]
-      z = jnp.concatenate([x, dot_interaction(jnp.stack([x] + vectors, axis=1))], axis=1)
+      z = jnp.concatenate([x, dot_interaction([x] + vectors)], axis=1)
       return self.top(z)[:, 0]
 
   model = DenseDLRM(nnx.Rngs(0))
@@ -193,7 +202,7 @@ def _dense_step(sizes):
     opt.update(model, grads)
     return loss
 
-  return lambda batch: step(model, opt, batch)
+  return nnx.cached_partial(step, model, opt)
 
 
 def jax_worker(args):
@@ -238,19 +247,28 @@ def _xla_flags(devices):
   return f"{flags} --xla_force_host_platform_device_count={devices}".strip()
 
 
+#: What ``python -m train`` sets with ``mallopt`` (train/host_memory.py), as
+#: environment variables: freed blocks stay in the heap for the next step.
+KEEP_FREED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "2147483647",
+                     "MALLOC_TRIM_THRESHOLD_": "2147483647"}
+
+
 def _workers(args, data, sizes):
   """name -> (argv, env) of every variant this run times."""
   tables = ",".join(map(str, sizes))
   common = ["--data", data, "--tables", tables, "--warmup", str(args.warmup)]
   me = [sys.executable, os.path.abspath(__file__)]
-  jax_env = lambda n: default_env(JAX_PLATFORMS="cpu", XLA_FLAGS=_xla_flags(n))
+  # Every worker, JAX and PyTorch alike, gets the same malloc settings.
+  malloc = KEEP_FREED_MALLOC if args.keep_freed else {}
+  env = lambda **kw: default_env(**malloc, **kw)  # noqa: E731
+  jax_env = lambda n: env(JAX_PLATFORMS="cpu", XLA_FLAGS=_xla_flags(n))
   out = {EMBEDLIB: (me + ["--worker", "embedlib"] + common, jax_env(1))}
   if args.eight_devices:
     out["embedlib, 8 simulated devices"] = (me + ["--worker", "embedlib"] + common, jax_env(8))
   out["JAX dense: nnx.Embed + optax.adagrad"] = (me + ["--worker", "dense"] + common, jax_env(1))
   out["JAX frozen tables (MLPs only)"] = (me + ["--worker", "frozen"] + common, jax_env(1))
   if os.path.exists(args.peer_python):
-    torch_env = default_env(OMP_WAIT_POLICY="PASSIVE")
+    torch_env = env(OMP_WAIT_POLICY="PASSIVE")
     torch = [args.peer_python, TORCH_SCRIPT, "--threads", str(args.torch_threads),
              "--dim", str(DIM), "--num-dense", str(NUM_DENSE),
              "--bottom", ",".join(map(str, BOTTOM)), "--top", ",".join(map(str, TOP)),
@@ -301,6 +319,8 @@ def main():
   parser.add_argument("--no-8dev", dest="eight_devices", action="store_false",
                       help="skip the 8-simulated-device embedlib column")
   parser.add_argument("--torch-threads", type=int, default=2)
+  parser.add_argument("--default-malloc", dest="keep_freed", action="store_false",
+                      help="leave glibc's malloc thresholds at their defaults in every worker")
   parser.add_argument("--peer-python", default=PEER_PYTHON,
                       help="python of the peer venv (default .peers/bin/python)")
   parser.add_argument("--worker", choices=("embedlib", "frozen", "dense"), help=argparse.SUPPRESS)
@@ -330,6 +350,8 @@ def run(args, sizes, batch, repeats, steps, data):
         f"{distinct:,.0f} distinct ids per batch of {batch * len(sizes):,}")
   print(f"rows: {','.join(map(str, sizes))}")
   print(f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at start")
+  malloc = " ".join(f"{k}={v}" for k, v in KEEP_FREED_MALLOC.items())
+  print(f"every worker: {malloc}" if args.keep_freed else "every worker: glibc's default malloc")
   specs = _workers(args, data, sizes)
   if TORCHREC not in specs:
     print(f"TorchRec columns skipped: {args.peer_python} not found; install the peers "

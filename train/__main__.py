@@ -13,6 +13,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from train import host_memory
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A configs/*.py file, optionally :variant.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
@@ -22,6 +24,10 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of pr
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Also show INFO logs of jax and orbax.")
+_KEEP_FREED = flags.DEFINE_bool(
+    "keep_freed_host_memory", True,
+    "Keep freed host memory for reuse (glibc mallopt): XLA:CPU steps stop faulting in "
+    "their temporaries (about 20% faster DLRM steps on CPU). See train/host_memory.py.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Call jax.distributed.initialize() with auto-detection.")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -34,6 +40,8 @@ def main(argv):
       "XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={_CPU_DEVICES.value}")
+  if _KEEP_FREED.value:
+    host_memory.keep_freed_memory()
   if not _VERBOSE.value:
     logging.set_verbosity(logging.WARNING)
   handler = std_logging.StreamHandler(sys.stderr)

@@ -83,15 +83,7 @@ def bag_xla(
 ) -> jax.Array:
   """``bag_reference``'s result, computed slot by slot (see the module docstring).
 
-  Args:
-    table: ``[num_embeddings, features]``.
-    ids: int ``[batch, bag]``, padded with -1 (any invalid id is padding).
-    weights: optional float ``[batch, bag]``.
-    combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"``.
-
-  Returns:
-    ``[batch, features]`` in ``table.dtype`` (accumulated in float32).
-    Differentiable w.r.t. ``table`` and ``weights``.
+  Same arguments, result and gradients as `reference.bag_reference`.
 
   >>> import jax.numpy as jnp
   >>> table = jnp.arange(6.0).reshape(3, 2)

@@ -44,18 +44,38 @@ class MLP(nnx.Module):
     return x
 
 
-def dot_interaction(features: jax.Array) -> jax.Array:
+def dot_interaction(features) -> jax.Array:
   """DLRM's pairwise dot products, upper triangle without the diagonal.
 
   >>> dot_interaction(jnp.ones((2, 4, 3))).shape  # 4 vectors: 6 pairs
   (2, 6)
+  >>> dot_interaction([jnp.ones((2, 3))] * 4).shape  # the same, unstacked
+  (2, 6)
+
+  Pass the vectors as a sequence when you have them apart (DLRM does): each
+  pair is then one multiply-and-sum of two ``[batch, dim]`` vectors, which
+  XLA's CPU backend fuses, forward and backward, into 13 ms for DLRM's 27
+  vectors of 64 at batch 2048, against 44 ms for the batched Gram matrix
+  of the stacked array (its ``[batch, n, n]`` matmuls are tiny, and the
+  slices' transpose pads and adds ``n`` arrays of that size). Slicing a
+  stacked array back into vectors costs more still (166 ms), so a stacked
+  array takes the Gram path.
 
   Args:
-    features: ``[batch, num_vectors, dim]``.
+    features: a sequence of ``n`` arrays ``[batch, dim]``, or one array
+      ``[batch, n, dim]``.
 
   Returns:
-    ``[batch, num_vectors * (num_vectors - 1) / 2]``.
+    ``[batch, n * (n - 1) / 2]``, pairs ``(i, j)``, ``i < j``, in row-major
+    order.
   """
+  if not isinstance(features, jax.Array):
+    v = list(features)
+    pairs = [
+        jnp.sum(v[i] * v[j], axis=-1, keepdims=True)
+        for i in range(len(v)) for j in range(i + 1, len(v))
+    ]
+    return jnp.concatenate(pairs, axis=1)
   n = features.shape[1]
   gram = jnp.einsum("bnd,bmd->bnm", features, features)
   # Row i's pairs with the later vectors, as static slices: half the time of

@@ -99,7 +99,7 @@ class DLRM(nnx.Module):
     embedded = self.embeddings(sparse)
     vectors = [embedded[name].astype(x.dtype) for name in self.feature_names]
     if self.interaction == DOT:
-      z = jnp.concatenate([x, dot_interaction(jnp.stack([x] + vectors, axis=1))], axis=1)
+      z = jnp.concatenate([x, dot_interaction([x] + vectors)], axis=1)
     else:
       z = self.cross(jnp.concatenate([x] + vectors, axis=1))
     return self.top(z)[:, 0]

@@ -17,7 +17,15 @@ def test_dot_interaction_is_the_strict_upper_triangle_of_the_gram(n):
   f = jax.random.normal(jax.random.key(n), (3, n, 4))
   gram = np.einsum("bnd,bmd->bnm", f, f)
   rows, cols = np.triu_indices(n, k=1)
-  np.testing.assert_allclose(dot_interaction(f), gram[:, rows, cols], rtol=1e-5, atol=1e-6)
+  want = gram[:, rows, cols]
+  np.testing.assert_allclose(dot_interaction(f), want, rtol=1e-5, atol=1e-6)
+  vectors = [f[:, i] for i in range(n)]
+  np.testing.assert_allclose(dot_interaction(vectors), want, rtol=1e-5, atol=1e-6)
+  # Gradients of both forms agree too.
+  cot = jax.random.normal(jax.random.key(0), want.shape)
+  stacked = jax.grad(lambda f: jnp.sum(dot_interaction(f) * cot))(f)
+  apart = jax.grad(lambda v: jnp.sum(dot_interaction(v) * cot))(vectors)
+  np.testing.assert_allclose(np.stack(apart, 1), stacked, rtol=1e-5, atol=1e-5)
 
 
 def _model(interaction, widths=(8, 8)):

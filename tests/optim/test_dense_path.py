@@ -1,12 +1,13 @@
-"""The no-sort update path of small tables: taken when it should be, exact.
+"""The by-rows update path of small tables: taken when it should be, exact.
 
 ``apply._local_update`` dedups the ids of a shard with no more rows than the
 step has ids by summing them straight into their rows (``dedup_rows``), and
 runs the rule on every row of the shard, writing back only the touched ones,
-instead of sorting the ids. It must give bit-for-bit the sort path's tables
-and slots, on every strategy and rule, and leave untouched rows exactly as
-they were, even where the rule's increment on a zero gradient is NaN
-(AdaGrad, ``eps=0``, accumulator 0) or the weight is ``-0.0``.
+instead of deduplicating its ids (by marks or a sort). It must give
+bit-for-bit the by-ids path's tables and slots, on every strategy and rule,
+and leave untouched rows exactly as they were, even where the rule's
+increment on a zero gradient is NaN (AdaGrad, ``eps=0``, accumulator 0) or
+the weight is ``-0.0``.
 """
 
 import functools
@@ -24,10 +25,17 @@ from . import reference as ref
 from .test_rules import NUM_EMBEDDINGS, make_table, step_pairs
 
 
-def run_steps(emb, rules, dense: bool, monkeypatch):
-  """Two steps of every rule, on the by-rows path or forced onto the by-ids one (marks or sort)."""
+def run_steps(emb, rules, dense: bool, monkeypatch, marks: bool = True):
+  """Two steps of every rule: on the by-rows path, or forced onto the by-ids one.
+
+  By ids, rules with a slot mark it unless ``marks`` is False, which forces
+  the sort. Returns the final ``{rule: (table, slots)}`` and the number of
+  sorts in the compiled step.
+  """
   with monkeypatch.context() as m:
     m.setattr(apply_lib, "_use_dense_update", lambda rows, n: dense and rows <= n)
+    if not marks:
+      m.setattr(apply_lib, "_scratch_slot", lambda slots, n: None)
     table = np.array(emb.embedding[...])
     state = {
         name: (jax.device_put(table, emb.embedding[...].sharding),
@@ -55,20 +63,25 @@ LAYOUTS = ref.LAYOUTS
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=ref.layout_id)
-def test_dense_path_equals_sort_path(layout, monkeypatch):
+def test_dense_path_equals_by_ids_path(layout, monkeypatch):
   # 13 rows, 22 ids per step (plus padding): every shard skips the sort.
   emb = make_table(layout)
   rules = {name: ref.make_rule(name, schedule=False) for name in ref.RULES}
   dense, dense_sorts = run_steps(emb, rules, True, monkeypatch)
-  sort, sort_sorts = run_steps(emb, rules, False, monkeypatch)
-  assert dense_sorts == 0 and sort_sorts > 0, (dense_sorts, sort_sorts)
-  for name in rules:
-    np.testing.assert_array_equal(dense[name][0], sort[name][0], err_msg=name)
-    for slot in rules[name].slots():
-      np.testing.assert_array_equal(
-          dense[name][1][slot], sort[name][1][slot], err_msg=f"{name}.{slot}")
+  by_ids, ids_sorts = run_steps(emb, rules, False, monkeypatch)  # SGD sorts, the rest mark
+  assert dense_sorts == 0 and ids_sorts > 0, (dense_sorts, ids_sorts)
+  assert_same_states(dense, by_ids, rules)
   # The steps did change something (the comparison is not of two no-ops).
   assert not np.array_equal(dense["sgd"][0], np.asarray(emb.embedding[...]))
+
+
+def assert_same_states(got, want, rules):
+  """Bit-for-bit equal tables and slots, for every rule."""
+  for name in rules:
+    np.testing.assert_array_equal(got[name][0], want[name][0], err_msg=name)
+    for slot in rules[name].slots():
+      np.testing.assert_array_equal(
+          got[name][1][slot], want[name][1][slot], err_msg=f"{name}.{slot}")
 
 
 @functools.cache

@@ -18,49 +18,20 @@ from embedlib.optim import apply as apply_lib
 from embedlib.plan import plan_embedding
 
 from . import reference as ref
-from .test_rules import make_table, step_pairs
+from .test_dense_path import assert_same_states, run_steps
+from .test_rules import make_table
 
 SLOT_RULES = ("adagrad", "adam_row", "adam_global")
-
-
-def run_steps(emb, rules, marks: bool, monkeypatch):
-  """Two steps of each rule, on the by-ids path: marks, or forced onto the sort."""
-  with monkeypatch.context() as m:
-    m.setattr(apply_lib, "_use_dense_update", lambda rows, n: False)
-    if not marks:
-      m.setattr(apply_lib, "_scratch_slot", lambda slots, n: None)
-    state = {
-        name: (jax.device_put(np.array(emb.embedding[...]), emb.embedding[...].sharding),
-               optim.init_slots(rule, emb.plan, emb.mesh))
-        for name, rule in rules.items()
-    }
-
-    @jax.jit
-    def step(state, pairs, k):
-      return {
-          name: optim.apply_row_grads(
-              rules[name], *state[name], pairs, plan=emb.plan, mesh=emb.mesh, step=k)
-          for name in rules
-      }
-
-    sorts = step.lower(state, step_pairs(0), jnp.int32(0)).as_text().count("stablehlo.sort")
-    for k in range(2):
-      state = step(state, step_pairs(k), jnp.int32(k))
-    return jax.tree.map(np.asarray, state), sorts
 
 
 @pytest.mark.parametrize("layout", ref.LAYOUTS, ids=ref.layout_id)
 def test_marks_path_equals_sort_path(layout, monkeypatch):
   emb = make_table(layout)
   rules = {name: ref.make_rule(name, schedule=True) for name in SLOT_RULES}
-  marked, mark_sorts = run_steps(emb, rules, True, monkeypatch)
-  sort, sort_sorts = run_steps(emb, rules, False, monkeypatch)
+  marked, mark_sorts = run_steps(emb, rules, False, monkeypatch)
+  sort, sort_sorts = run_steps(emb, rules, False, monkeypatch, marks=False)
   assert mark_sorts == 0 and sort_sorts > 0, (mark_sorts, sort_sorts)
-  for name in rules:
-    np.testing.assert_array_equal(marked[name][0], sort[name][0], err_msg=name)
-    for slot in rules[name].slots():
-      np.testing.assert_array_equal(
-          marked[name][1][slot], sort[name][1][slot], err_msg=f"{name}.{slot}")
+  assert_same_states(marked, sort, rules)
   assert not np.array_equal(marked["adagrad"][0], np.asarray(emb.embedding[...]))
 
 
