@@ -9,7 +9,8 @@ For 1M x 128 and 10M x 64 tables, float32 and bfloat16, uniform and Zipf(1.05)
 ids, it times a row gather of 65,536 ids and pooled ``sum`` bags of 16 and 64
 ids (65,536 ids in all: 4,096 and 1,024 bags). Beside each embedlib Pallas
 kernel it measures, in the same run, XLA (``jnp.take``; ``take`` +
-``segment_sum`` for bags), ``torch.nn.functional.embedding`` /
+``segment_sum`` for bags, the ``vs xla`` base; and ``xla-slots``, embedlib's
+own ``kernel="xla"`` bag), ``torch.nn.functional.embedding`` /
 ``embedding_bag`` on CUDA when torch imports, and a device-to-device copy of
 1 GiB (the bandwidth limit). Each timing runs the lookup ``--inner`` times in
 one jitted loop (so that a ~10 us lookup is not swamped by dispatch) and
@@ -242,6 +243,8 @@ def main(argv=None) -> int:
           label = f"{what} {size}x{features} {'f32' if dtype == 'float32' else 'bf16'} {dist}"
           ops = [("xla", xla_gather if bag is None else xla_bag),
                  ("pallas", pallas_gather if bag is None else pallas_bag)]
+          if bag is not None:  # the library's own XLA bag (kernels/bag_xla.py)
+            ops.append(("xla-slots", lambda t, i: kernels.bag(t, i, kernel="xla")))
           results = {}
           for name, op in ops:
             results[name] = measure(timed_loop(op, args.inner), (table, ids), args.inner, args.repeats)
