@@ -90,7 +90,7 @@ def bag_xla(
   >>> bag_xla(table, jnp.array([[0, 2, -1], [-1, -1, -1]]), combiner="mean").tolist()
   [[2.0, 3.0], [0.0, 0.0]]
   """
-  batch, bag = ids.shape
+  bag = ids.shape[1]
   if bag == 0 or bag > MAX_UNROLLED_SLOTS:
     return reference.bag_reference(table, ids, weights, combiner=combiner)
   coef = reference.bag_coefficients(ids, weights, table.shape[0], combiner)

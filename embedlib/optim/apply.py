@@ -292,6 +292,10 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
   offset = rank * rows_here if plan.strategy == axes_lib.VOCAB else 0
   local = jnp.where(ids >= 0, ids - offset, -1)
   scratch = _scratch_slot(slots, ids.shape[0])
+  read_slots = lambda idx: {
+      k: v.at[idx].get(mode="fill", fill_value=0) for k, v in slots.items()
+  }
+  row_sq_mean = None
   if _use_dense_update(rows_here, ids.shape[0]):
     # Small shard: dedup by row, no sort. The rest is shared with the other
     # paths (same shapes, same ops) so they give bit-for-bit the same
@@ -300,13 +304,13 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
     # multiply-adds in other places, and reduces of other shapes round
     # differently, an ulp or two off.
     idx, g, row_sq_mean = dedup_rows(local, grads, rows_here)
-    old = {k: v.at[idx].get(mode="fill", fill_value=0) for k, v in slots.items()}
+    old = read_slots(idx)
   elif scratch is not None:
     idx = jnp.where((local >= 0) & (local < rows_here), local, rows_here)
     # Read every slot before marking: the mark overwrites the scratch slot
     # in place (no copy of it), and ``old`` then has each touched row's
     # values at its first position.
-    old = {k: v.at[idx].get(mode="fill", fill_value=0) for k, v in slots.items()}
+    old = read_slots(idx)
     # ``idx`` made to depend on the reads (max with 0 or -1: unchanged), so
     # that XLA orders them before the marks; without a data dependency it
     # copies the slot to keep the reads' input alive (control dependencies,
@@ -316,7 +320,6 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
     idx = jnp.maximum(idx, -flag.astype(idx.dtype))
     idx, g, marked = dedup_marks(idx, grads, slots[scratch])
     slots = dict(slots, **{scratch: marked})
-    row_sq_mean = jnp.sum(g * g, axis=1) / plan.features
   else:
     uids, g = dedup(ids, grads)
     local = uids - offset
@@ -324,10 +327,11 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
     # Rows this rank does not own point past the end: gathered as zeros and
     # dropped by the scatters.
     idx = jnp.where(owned, local, rows_here)
+    old = read_slots(idx)
+  if row_sq_mean is None:
     # Over the logical columns, before any column slicing: row-wise rules
     # normalise by the whole row on every rank.
     row_sq_mean = jnp.sum(g * g, axis=1) / plan.features
-    old = {k: v.at[idx].get(mode="fill", fill_value=0) for k, v in slots.items()}
   if plan.strategy == axes_lib.HIDDEN:
     g = jnp.pad(g, ((0, 0), (0, plan.padded_shape[1] - plan.features)))
     g = lax.dynamic_slice_in_dim(g, rank * cols_here, cols_here, axis=1)
