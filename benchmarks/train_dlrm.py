@@ -40,12 +40,11 @@ the ratio of medians to TorchRec fused. Variants:
 The PyTorch workers run with ``--torch-threads`` threads (default 2, the
 machine's cores) and ``OMP_WAIT_POLICY=PASSIVE`` (PEERS.md: it steadies
 2-thread timings; it also keeps an idle worker from spinning while another
-one is timed). Every worker, JAX and PyTorch alike, runs with glibc's mmap
-and trim thresholds raised (``MALLOC_MMAP_THRESHOLD_`` and
-``MALLOC_TRIM_THRESHOLD_``, what ``python -m train`` sets with ``mallopt``:
-``train/host_memory.py``), so a step's freed temporaries are reused by the
-next instead of faulting in fresh pages; ``--default-malloc`` leaves the
-defaults. Without ``.peers/`` the peer columns are skipped with a note.
+one is timed). ``--keep-freed-malloc`` runs every worker, JAX and PyTorch
+alike, with glibc's mmap and trim thresholds raised (``MALLOC_MMAP_THRESHOLD_``
+and ``MALLOC_TRIM_THRESHOLD_``, what ``python -m train --keep_freed_host_memory``
+sets with ``mallopt``: ``train/host_memory.py``), so a step's freed
+temporaries are reused by the next instead of faulting in fresh pages. Without ``.peers/`` the peer columns are skipped with a note.
 Never asserts a time.
 """
 
@@ -247,7 +246,8 @@ def _xla_flags(devices):
   return f"{flags} --xla_force_host_platform_device_count={devices}".strip()
 
 
-#: What ``python -m train`` sets with ``mallopt`` (train/host_memory.py), as
+#: What ``python -m train --keep_freed_host_memory`` sets with ``mallopt``
+#: (train/host_memory.py), as
 #: environment variables: freed blocks stay in the heap for the next step.
 KEEP_FREED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "2147483647",
                      "MALLOC_TRIM_THRESHOLD_": "2147483647"}
@@ -319,8 +319,8 @@ def main():
   parser.add_argument("--no-8dev", dest="eight_devices", action="store_false",
                       help="skip the 8-simulated-device embedlib column")
   parser.add_argument("--torch-threads", type=int, default=2)
-  parser.add_argument("--default-malloc", dest="keep_freed", action="store_false",
-                      help="leave glibc's malloc thresholds at their defaults in every worker")
+  parser.add_argument("--keep-freed-malloc", dest="keep_freed", action="store_true",
+                      help="raise glibc's malloc thresholds in every worker (train/host_memory.py)")
   parser.add_argument("--peer-python", default=PEER_PYTHON,
                       help="python of the peer venv (default .peers/bin/python)")
   parser.add_argument("--worker", choices=("embedlib", "frozen", "dense"), help=argparse.SUPPRESS)
