@@ -16,7 +16,7 @@ Opt-in and experimental: ``python -m train --keep_freed_host_memory`` calls
 environment variables before the process starts. Not the default, because of
 one unexplained failure: set in a process that was already running XLA (the
 test suite), it was followed by an abort (SIGABRT, no message) in the next
-training run in 4 runs of 6. Set at start-up (the entrypoint, and the
+training run in 5 runs of 7. Set at start-up (the entrypoint, and the
 benchmark workers through the environment) it has not failed here.
 """
 
