@@ -30,7 +30,19 @@ PREFIX = "@@"
 
 
 def peak_rss_mib() -> float:
-  """This process's peak resident set size (Linux ``ru_maxrss`` is in KiB)."""
+  """This process's peak resident set size, in MiB.
+
+  From ``VmHWM`` where Linux has it: ``ru_maxrss`` survives ``exec``, so in
+  a worker it would also count the benchmark's peak before the worker
+  started.
+  """
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) / 1024   # kB
+  except OSError:
+    pass
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

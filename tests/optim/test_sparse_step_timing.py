@@ -1,0 +1,47 @@
+"""The sparse-step benchmark's timing protocol (``benchmarks/sparse_step.py``).
+
+Each case must run one untimed step right before each timed one, so that
+what the previous case left behind (the dense step frees its temporaries
+after its results are ready) is not charged to it. No time is measured here.
+"""
+
+import importlib.util
+import pathlib
+import sys
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "sparse_step.py"
+
+
+def load_script():
+  """Imports the script by path; it extends ``sys.path`` itself, undone here."""
+  saved = list(sys.path)
+  try:
+    spec = importlib.util.spec_from_file_location("sparse_step_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+  finally:
+    sys.path[:] = saved
+  return module
+
+
+def test_every_timed_call_follows_an_untimed_call_of_the_same_case():
+  sparse_step = load_script()
+  calls = []
+
+  def case(name):
+    def run():
+      calls.append(name)
+      return float(len(calls))   # the call's position stands in for its ms
+    return run
+
+  times = sparse_step.settled_rounds({"a": case("a"), "b": case("b"), "c": case("c")}, 4)
+  assert len(calls) == 3 * 4 * 2
+  pairs = [calls[i:i + 2] for i in range(0, len(calls), 2)]
+  assert all(first == second for first, second in pairs), pairs
+  for name, recorded in times.items():
+    # Only the second call of each pair is recorded: positions 2, 4, 6, ...
+    assert len(recorded) == 4 and all(t % 2 == 0 for t in recorded), (name, recorded)
+    assert all(calls[int(t) - 1] == name for t in recorded), (name, recorded)
+  # Shuffled: the rounds do not all run in the same order.
+  orders = [tuple(p[0] for p in pairs[r * 3:(r + 1) * 3]) for r in range(4)]
+  assert len(set(orders)) > 1, orders
