@@ -52,12 +52,21 @@ def place(x, mesh, spec):
   return reshard(x, _sharding.NamedSharding(mesh, spec))
 
 
+def has_devices(mesh) -> bool:
+  """Whether ``mesh`` is a concrete ``Mesh``, not an ``AbstractMesh``.
+
+  Not ``hasattr(mesh, "devices")``: ``AbstractMesh.devices`` raises
+  ``ValueError``, which ``hasattr`` lets through.
+  """
+  return isinstance(mesh, _sharding.Mesh)
+
+
 def place_always(x, sharding):
   """Moves ``x`` to ``sharding`` on any mesh (eager or traced)."""
   mesh = sharding.mesh
   if is_explicit(mesh, mesh.axis_names):
     return reshard(x, sharding)
-  if isinstance(x, jax.core.Tracer) or not hasattr(mesh, "devices"):
+  if isinstance(x, jax.core.Tracer) or not has_devices(mesh):
     return jax.lax.with_sharding_constraint(x, sharding)
   # A jitted identity, not device_put: it also moves arrays that span
   # several processes.

@@ -104,7 +104,7 @@ def init_slots(rule: rules_lib.RowRule, plan, mesh) -> dict[str, jax.Array]:
       out[name] = make()
       continue
     sharding = NamedSharding(mesh, P(*slot_spec(slot, plan)))
-    if hasattr(mesh, "devices"):
+    if _compat.has_devices(mesh):
       # Built in place on each device: no full-size slot on one device first.
       out[name] = jnp.full(
           slot_shape(slot, plan), slot.init, slot.dtype, device=sharding
