@@ -61,6 +61,11 @@ def has_devices(mesh) -> bool:
   return isinstance(mesh, _sharding.Mesh)
 
 
+def any_tracer(*values) -> bool:
+  """Whether any leaf of ``values`` is a tracer (inside jit, grad, vmap...)."""
+  return any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values))
+
+
 def place_always(x, sharding):
   """Moves ``x`` to ``sharding`` on any mesh (eager or traced)."""
   mesh = sharding.mesh

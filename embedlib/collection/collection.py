@@ -159,6 +159,27 @@ class EmbeddingCollection(nnx.Module):
       features, in the order of the ``FeatureSpec`` s.
     """
     bags = self._bags(inputs, dict(weights or {}))
+    if self._eager_on_mesh(bags):
+      # One cached jit instead of op-by-op dispatch, which compiles every
+      # shard_map and placement afresh on each call (15 s per call for the
+      # 8 tables of configs/quickstart.py on the 8-device CPU mesh, 10 to 20
+      # ms jitted).
+      out, needs = _jitted_lookups(
+          self, {n: (b.ids, b.weights) for n, b in bags.items()},
+          tuple((n, b.single_hot) for n, b in bags.items()),
+      )
+      for name, need in needs.items():
+        _check_capacity(need, self.num_unique[name], name)
+      return {f.name: out[f.name] for f in self.feature_specs}  # jit sorts keys
+    out, checks = self._lookups(bags)
+    # After every lookup: on jax 0.10 a checkify.check followed by a
+    # shard_map in the same jit fails to trace.
+    for need, capacity, name in checks:
+      _check_capacity(need, capacity, name)
+    return out
+
+  def _lookups(self, bags):
+    """Every feature's rows, and the dedup capacity checks still to run."""
     out, checks = {}, []
     for spec in self.table_specs:
       feats = [f for f in self.feature_specs if f.table == spec.name]
@@ -171,14 +192,23 @@ class EmbeddingCollection(nnx.Module):
       if _row_tap() is not None:
         rows = self._tap(embed, feats, bags, rows)
       out.update(zip((f.name for f in feats), rows))
-    # After every lookup: on jax 0.10 a checkify.check followed by a
-    # shard_map in the same jit fails to trace.
-    for need, capacity, name in checks:
-      _check_capacity(need, capacity, name)
-    return {
+    out = {
         f.name: out[f.name] if self.dtype is None else out[f.name].astype(self.dtype)
         for f in self.feature_specs
     }
+    return out, checks
+
+  def _eager_on_mesh(self, bags) -> bool:
+    """Whether to run a call as one cached jit (see ``ShardedEmbed._eager_on_mesh``)."""
+    return (
+        self.mesh is not None
+        and _compat.has_devices(self.mesh)
+        and _row_tap() is None
+        and not _compat.any_tracer(
+            [(b.ids, b.weights) for b in bags.values()],
+            [t.embedding[...] for t in self.tables.values()],
+        )
+    )
 
   def unique_counts(self, inputs: Mapping[str, tp.Any]) -> dict[str, int]:
     """The dedup capacity each table needs for ``inputs``: distinct ids per shard.
@@ -320,6 +350,18 @@ class EmbeddingCollection(nnx.Module):
         _check_capacity(need, capacity, name)  # eager: fail before the lookup
       return with_dedup(table, unique, inverse, coefs)
     return lax.cond(need > capacity, without_dedup, with_dedup, table, unique, inverse, coefs)
+
+
+@functools.partial(nnx.jit, static_argnums=2)
+def _jitted_lookups(coll, arrays, single_hot):
+  """``coll``'s lookups of padded bags; returns ``(rows, {table: distinct ids needed})``.
+
+  ``single_hot``: ``(feature, bool)`` pairs, static; ``arrays``: feature ->
+  ``(ids, weights)``.
+  """
+  bags = {n: inputs_lib.Bags(*arrays[n], single) for n, single in single_hot}
+  out, checks = coll._lookups(bags)
+  return out, {name: need for need, _, name in checks}
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "mesh"))
