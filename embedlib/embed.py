@@ -40,6 +40,12 @@ def _jitted(method):
   return nnx.jit(method, static_argnums=2)
 
 
+@functools.cache
+def _pad_onto(pad, sharding):
+  """A jitted ``jnp.pad`` laid out as ``sharding``, one per padding and layout."""
+  return jax.jit(lambda table: jnp.pad(table, pad), out_shardings=sharding)
+
+
 class ShardedEmbed(nnx.Module):
   """An embedding table laid out over a device mesh; a drop-in ``nnx.Embed``.
 
@@ -165,7 +171,7 @@ class ShardedEmbed(nnx.Module):
       return jnp.pad(table, pad) if any(p for _, p in pad) else table
     if isinstance(table, jax.core.Tracer) or not _compat.has_devices(self.mesh):
       return _compat.place_always(jnp.pad(table, pad), self._sharding())
-    return jax.jit(lambda t: jnp.pad(t, pad), out_shardings=self._sharding())(table)
+    return _pad_onto(pad, self._sharding())(table)
 
   def logical_table(self) -> jax.Array:
     """The unpadded ``(num_embeddings, features)`` table.
