@@ -29,7 +29,8 @@ are ready.
 Prints min / median / max ms per case and its ratio to the sparse step, the
 speed-up (dense median / sparse median; target >= 10), each compiled JAX
 step's temporary bytes from XLA's memory analysis beside the table's and
-the looked-up rows' bytes (target: no table-sized temporary), and the
+the looked-up rows' bytes (target: no table-sized temporary), its peak
+(arguments + outputs that reuse no donated input + temporaries), and the
 minor page faults per timed JAX step: XLA:CPU allocates a step's
 temporaries afresh each step, and glibc serves allocations over its mmap
 threshold (at most 32 MiB, and anything over 64 MiB from a thread) with
@@ -190,7 +191,7 @@ def run(vocab, width, n, repeats, args):
   steppers, temps = {}, {}
   for name, sparse in ((SPARSE, True), (DENSE, False)):
     step, state = build_step(vocab, width, sparse)
-    temps[name] = step.lower(state, ids).compile().memory_analysis().temp_size_in_bytes
+    temps[name] = step.lower(state, ids).compile().memory_analysis()
     steppers[name] = Stepper(step, state)
     jax.block_until_ready(steppers[name](ids))   # compile and warm up
   uniq = len(np.unique(np.asarray(ids)))
@@ -211,10 +212,15 @@ def run(vocab, width, n, repeats, args):
   sparse_ms, dense_ms = statistics.median(times[SPARSE]), statistics.median(times[DENSE])
   print(f"speed-up (dense median / sparse median): {dense_ms / sparse_ms:.1f}x  (target >= 10x)")
   print(f"table {table_bytes / MiB:.1f} MiB, looked-up rows {rows_bytes / MiB:.1f} MiB")
-  for name, temp in temps.items():
+  for name, mem in temps.items():
+    temp = mem.temp_size_in_bytes
+    # Live at the step's peak: inputs, temporaries, and outputs that do not
+    # reuse a donated input.
+    peak = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + temp
     print(f"  {name:30s} compiled temp bytes {temp / MiB:7.1f} MiB "
-          f"({temp / rows_bytes:.2f}x rows, {temp / table_bytes:.3f}x table); "
-          f"minor page faults per step {statistics.median(steppers[name].faults):,.0f}")
+          f"({temp / rows_bytes:.2f}x rows, {temp / table_bytes:.3f}x table), step peak "
+          f"{peak / MiB:7.1f} MiB; minor page faults per step "
+          f"{statistics.median(steppers[name].faults):,.0f}")
   print(f"peak RSS so far: {peak_rss_mib():.0f} MiB")
   for stepper in steppers.values():
     del stepper.state
