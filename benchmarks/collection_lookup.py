@@ -66,7 +66,7 @@ from embedlib import EmbeddingCollection, FeatureSpec, TableSpec  # noqa: E402
 from embedlib.collection import plan_collection  # noqa: E402
 from embedlib.plan.embedding_plan import _human  # noqa: E402
 from timing import interleaved, print_table, time_once  # noqa: E402
-from worker_protocol import Worker, WorkerError, default_env  # noqa: E402
+from worker_protocol import default_env, missing_note, start_or_note  # noqa: E402
 
 #: Rows of the 26 tables, Criteo-like: a few huge ones, a long tail of small.
 ROWS = (
@@ -156,9 +156,9 @@ def start_peers(args, tmp, features, logical, ids_np, want):
   reads it, builds its module, writes one forward's pooled outputs, which
   are checked against ``want`` (the baseline's) here, and warms up.
   """
-  if not os.path.exists(args.peer_python):
-    return {}, [f"PyTorch columns skipped: {args.peer_python} not found; install the "
-                "peers with `bash benchmarks/install_peers.sh` (../shared/PEERS.md)."]
+  missing = missing_note(args.peer_python)
+  if missing:
+    return {}, [missing]
   names = [f.name for f in features]
   data = os.path.join(tmp, "ids.npz")
   np.savez(data, names=np.array(names),
@@ -170,13 +170,10 @@ def start_peers(args, tmp, features, logical, ids_np, want):
     if variant == "fbgemm" and not args.fbgemm:
       continue
     check = os.path.join(tmp, f"out_{variant}.npz")
-    w = Worker(col, [args.peer_python, TORCH_SCRIPT, "--data", data, "--variant", variant,
-                     "--threads", str(args.torch_threads), "--check", check], env)
-    try:
-      info = w.ready()
-    except WorkerError as e:
-      w.kill()
-      notes.append(f"{col}: skipped, its worker failed: {e}")
+    w, info = start_or_note(
+        col, [args.peer_python, TORCH_SCRIPT, "--data", data, "--variant", variant,
+              "--threads", str(args.torch_threads), "--check", check], env, notes)
+    if w is None:
       continue
     got = np.load(check)
     err = max(float(np.max(np.abs(got[f"out_{n}"] - np.asarray(want[n])))) for n in names)

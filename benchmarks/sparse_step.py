@@ -62,7 +62,7 @@ from flax import nnx  # noqa: E402
 import embedlib  # noqa: E402
 from embedlib import optim  # noqa: E402
 from timing import print_table  # noqa: E402
-from worker_protocol import Worker, WorkerError, default_env, peak_rss_mib  # noqa: E402
+from worker_protocol import default_env, missing_note, peak_rss_mib, start_or_note  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER_PYTHON = os.path.join(os.path.dirname(HERE), ".peers", "bin", "python")
@@ -161,22 +161,19 @@ def start_peers(args, tmp, ids, vocab, width):
   """Starts the PyTorch workers; returns ``(workers, notes)``."""
   if not args.peers:
     return {}, []
-  if not os.path.exists(args.peer_python):
-    return {}, [f"PyTorch columns skipped: {args.peer_python} not found; install the "
-                "peers with `bash benchmarks/install_peers.sh` (../shared/PEERS.md)."]
+  missing = missing_note(args.peer_python)
+  if missing:
+    return {}, [missing]
   data = os.path.join(tmp, "ids.npz")
   np.savez(data, ids=np.asarray(ids))
   env = default_env(OMP_WAIT_POLICY="PASSIVE")
   workers, notes = {}, []
   for col, variant in PEERS.items():
-    w = Worker(col, [args.peer_python, TORCH_SCRIPT, "--data", data, "--rows", str(vocab),
-                     "--width", str(width), "--variant", variant,
-                     "--threads", str(args.torch_threads)], env)
-    try:
-      info = w.ready()
-    except WorkerError as e:
-      w.kill()
-      notes.append(f"{col}: skipped, its worker failed: {e}")
+    w, info = start_or_note(
+        col, [args.peer_python, TORCH_SCRIPT, "--data", data, "--rows", str(vocab),
+              "--width", str(width), "--variant", variant,
+              "--threads", str(args.torch_threads)], env, notes)
+    if w is None:
       continue
     print(f"  {col}: " + ", ".join(
         f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items()))

@@ -127,6 +127,29 @@ class Worker:
     self.log.close()
 
 
+def missing_note(peer_python: str) -> str | None:
+  """The note to print when the peer venv is missing, else None."""
+  if os.path.exists(peer_python):
+    return None
+  return (f"PyTorch columns skipped: {peer_python} not found; install the peers with "
+          "`bash benchmarks/install_peers.sh` (../shared/PEERS.md).")
+
+
+def start_or_note(name: str, argv: list[str], env: dict, notes: list[str]):
+  """Starts a worker and waits until it is ready: ``(worker, info)``.
+
+  A worker that fails to start is killed and leaves a line in ``notes``;
+  then ``(None, None)``.
+  """
+  worker = Worker(name, argv, env)
+  try:
+    return worker, worker.ready()
+  except WorkerError as e:
+    worker.kill()
+    notes.append(f"{name}: skipped, its worker failed: {e}")
+    return None, None
+
+
 def default_env(**overrides) -> dict:
   env = dict(os.environ)
   env.update({k: str(v) for k, v in overrides.items()})
