@@ -2,11 +2,14 @@
 
 Each case must run one untimed step right before each timed one, so that
 what the previous case left behind (the dense step frees its temporaries
-after its results are ready) is not charged to it. No time is measured here.
+after its results are ready) is not charged to it. No time is measured here,
+and a quick run must print every figure.
 """
 
 import importlib.util
+import os
 import pathlib
+import subprocess
 import sys
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "sparse_step.py"
@@ -45,3 +48,14 @@ def test_every_timed_call_follows_an_untimed_call_of_the_same_case():
   # Shuffled: the rounds do not all run in the same order.
   orders = [tuple(p[0] for p in pairs[r * 3:(r + 1) * 3]) for r in range(4)]
   assert len(set(orders)) > 1, orders
+
+
+def test_quick_run_prints_every_figure_without_the_peers():
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["JAX_PLATFORMS"] = "cpu"
+  out = subprocess.run(
+      [sys.executable, str(SCRIPT), "--quick", "--no-peers", "--repeats", "1"],
+      env=env, capture_output=True, text=True, timeout=600, check=True).stdout
+  assert out.count("speed-up (dense median / sparse median)") == 2, out
+  assert out.count("step peak") == 4 and out.count("minor page faults per step") == 4, out
+  assert "PyTorch" not in out  # --no-peers
