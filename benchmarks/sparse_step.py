@@ -185,10 +185,10 @@ def run(vocab, width, n, repeats, args):
   ids = zipf_ids(n, vocab)
   table_bytes = vocab * width * 4
   rows_bytes = n * width * 4
-  steppers, temps = {}, {}
+  steppers, memory = {}, {}
   for name, sparse in ((SPARSE, True), (DENSE, False)):
     step, state = build_step(vocab, width, sparse)
-    temps[name] = step.lower(state, ids).compile().memory_analysis()
+    memory[name] = step.lower(state, ids).compile().memory_analysis()
     steppers[name] = Stepper(step, state)
     jax.block_until_ready(steppers[name](ids))   # compile and warm up
   uniq = len(np.unique(np.asarray(ids)))
@@ -209,7 +209,7 @@ def run(vocab, width, n, repeats, args):
   sparse_ms, dense_ms = statistics.median(times[SPARSE]), statistics.median(times[DENSE])
   print(f"speed-up (dense median / sparse median): {dense_ms / sparse_ms:.1f}x  (target >= 10x)")
   print(f"table {table_bytes / MiB:.1f} MiB, looked-up rows {rows_bytes / MiB:.1f} MiB")
-  for name, mem in temps.items():
+  for name, mem in memory.items():
     temp = mem.temp_size_in_bytes
     # Live at the step's peak: inputs, temporaries, and outputs that do not
     # reuse a donated input.

@@ -29,15 +29,22 @@ from embedlib.plan import plan_embedding
 ROW_TAPS: list = []
 
 
-@functools.cache
-def _jitted(method):
-  """``nnx.jit`` of an unbound method ``method(module, x, out_sharding)``.
+def eager_on_mesh(mesh, *values) -> bool:
+  """Whether a module call should run as one cached jit: eager, on a concrete mesh.
 
-  One jit per method, cached: its cache then keys on the module's structure
-  (plan, mesh, kernel: all in the graph definition), the input's shape and
-  ``out_sharding`` (static).
+  Called eagerly, the mesh path would dispatch op by op and compile its
+  ``shard_map`` and placements afresh on every call (about 36 compiles,
+  0.5 to 1.2 s per ``ShardedEmbed`` lookup on the 8-device CPU mesh); jitted
+  once per module structure and input shape, later calls reuse the
+  executable. Not while a row tap is active: the tap must see the caller's
+  trace. ``values``: the call's inputs and tables (pytrees).
   """
-  return nnx.jit(method, static_argnums=2)
+  return (
+      mesh is not None
+      and _compat.has_devices(mesh)
+      and not ROW_TAPS
+      and not _compat.any_tracer(*values)
+  )
 
 
 @functools.cache
@@ -221,8 +228,8 @@ class ShardedEmbed(nnx.Module):
       raise ValueError("Input type must be an integer or unsigned integer.")
     if self.invalid_ids == invalid_lib.ERROR:
       invalid_lib.check(ids, self.num_embeddings, self.plan.name)
-    if self._eager_on_mesh(ids):
-      return _jitted(ShardedEmbed._lookup)(self, ids, out_sharding)
+    if eager_on_mesh(self.mesh, ids, self.embedding[...]):
+      return _eager_lookup(self, ids, out_sharding)
     return self._lookup(ids, out_sharding)
 
   def _lookup(self, ids, out_sharding):
@@ -254,8 +261,8 @@ class ShardedEmbed(nnx.Module):
           f"{self.plan.name}: attend needs a query whose last dimension is "
           f"features={self.features}, got shape {query.shape}."
       )
-    if self._eager_on_mesh(query):
-      return _jitted(ShardedEmbed._attend)(self, query, out_sharding)
+    if eager_on_mesh(self.mesh, query, self.embedding[...]):
+      return _eager_attend(self, query, out_sharding)
     return self._attend(query, out_sharding)
 
   def _attend(self, query, out_sharding):
@@ -269,22 +276,6 @@ class ShardedEmbed(nnx.Module):
     out = out.reshape(query.shape[:-1] + (self.num_embeddings,))
     return self._reshard(out, out_sharding)
 
-  def _eager_on_mesh(self, x) -> bool:
-    """Whether to run a call as one cached jit: eager, on a concrete mesh.
-
-    Called eagerly, the mesh path would dispatch op by op and compile its
-    ``shard_map`` and placements afresh on every call (about 36 compiles,
-    0.5 to 1.2 s per lookup on the 8-device CPU mesh); jitted once per
-    module structure and input shape, later calls reuse the executable. Not
-    while a row tap is active: the tap must see the caller's trace.
-    """
-    return (
-        self.mesh is not None
-        and _compat.has_devices(self.mesh)
-        and not ROW_TAPS
-        and not _compat.any_tracer(x, self.embedding[...])
-    )
-
   def _reshard(self, out, out_sharding):
     if out_sharding is None:
       return out
@@ -296,3 +287,10 @@ class ShardedEmbed(nnx.Module):
         )
       out_sharding = NamedSharding(self.mesh, out_sharding)
     return _compat.place_always(out, out_sharding)
+
+
+# The eager paths of `eager_on_mesh`: jit caches key on the module's structure
+# (plan, mesh, kernel: in its graph definition), the input's shape and the
+# static ``out_sharding``.
+_eager_lookup = nnx.jit(ShardedEmbed._lookup, static_argnums=2)
+_eager_attend = nnx.jit(ShardedEmbed._attend, static_argnums=2)

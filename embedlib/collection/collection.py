@@ -159,7 +159,9 @@ class EmbeddingCollection(nnx.Module):
       features, in the order of the ``FeatureSpec`` s.
     """
     bags = self._bags(inputs, dict(weights or {}))
-    if self._eager_on_mesh(bags):
+    if embed_lib.eager_on_mesh(
+        self.mesh, [(b.ids, b.weights) for b in bags.values()],
+        [t.embedding[...] for t in self.tables.values()]):
       # One cached jit instead of op-by-op dispatch, which compiles every
       # shard_map and placement afresh on each call (15 s per call for the
       # 8 tables of configs/quickstart.py on the 8-device CPU mesh, 10 to 20
@@ -197,18 +199,6 @@ class EmbeddingCollection(nnx.Module):
         for f in self.feature_specs
     }
     return out, checks
-
-  def _eager_on_mesh(self, bags) -> bool:
-    """Whether to run a call as one cached jit (see ``ShardedEmbed._eager_on_mesh``)."""
-    return (
-        self.mesh is not None
-        and _compat.has_devices(self.mesh)
-        and _row_tap() is None
-        and not _compat.any_tracer(
-            [(b.ids, b.weights) for b in bags.values()],
-            [t.embedding[...] for t in self.tables.values()],
-        )
-    )
 
   def unique_counts(self, inputs: Mapping[str, tp.Any]) -> dict[str, int]:
     """The dedup capacity each table needs for ``inputs``: distinct ids per shard.
