@@ -2,10 +2,12 @@
 
     python3 benchmarks/sparse_step.py            # 1M x 64 and 10M x 32 f32, 65,536 Zipf ids
     python3 benchmarks/sparse_step.py --quick    # small sizes, a smoke run
+    python3 benchmarks/sparse_step.py --check    # first: the sparse step vs a dense reference
     bash benchmarks/install_peers.sh             # first, for the PyTorch columns
 
-One device, one ``ShardedEmbed`` (no mesh), ids drawn from Zipf(1.05) and
-hashed over the table. Each step is the whole train step, jitted with the
+One device of jax's default backend (a GPU where there is one: the lookup is
+then embedlib's Pallas gather), one ``ShardedEmbed`` (no mesh), ids drawn
+from Zipf(1.05) and hashed over the table. Each step is the whole train step, jitted with the
 state donated: lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
 
 - sparse: ``embedlib.optim.value_and_grad`` + ``SparseAwareOptimizer`` with
@@ -16,7 +18,13 @@ state donated: lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
   worker, ``benchmarks/peers/torch_sparse_step.py``, same ids and loss):
   FBGEMM's fused row-wise AdaGrad (TorchRec ``FusedEmbeddingBagCollection``),
   ``nn.Embedding(sparse=True)`` + ``torch.optim.Adagrad``, and the dense
-  ``nn.Embedding`` + ``Adagrad``. ``--no-peers`` leaves them out.
+  ``nn.Embedding`` + ``Adagrad``. ``--no-peers`` leaves them out. They are
+  CPU workers, so they are left out on any other backend.
+
+``--check`` first runs a few sparse steps on a small table against a dense
+numpy reference of row-wise AdaGrad on the same ids (touched rows and
+accumulators within float32 rounding, untouched ones exact) and stops with
+exit status 1 if they differ: the first thing to run on a new GPU.
 
 Timing: in each round the cases run in a shuffled order, and each runs one
 untimed step before its timed one. The untimed step matters: a step leaves
@@ -24,14 +32,16 @@ work behind it (the dense step frees a quarter GiB of temporaries after its
 results are ready), and without it the first sparse step after a dense one
 read about 13 ms slower here, a cost that vanished with a 50 ms pause in
 between (2026-11-30). A JAX step is timed until its loss and whole new state
-are ready.
+are ready. On a GPU one timed sample is ``--inner`` consecutive steps
+(default 20, dispatched without waiting, so a sub-millisecond step is not
+timed as Python's dispatch), reported per step; on CPU one step (default 1).
 
 Prints min / median / max ms per case and its ratio to the sparse step, the
 speed-up (dense median / sparse median; target >= 10), each compiled JAX
 step's temporary bytes from XLA's memory analysis beside the table's and
 the looked-up rows' bytes (target: no table-sized temporary), its peak
 (arguments + outputs that reuse no donated input + temporaries), and the
-minor page faults per timed JAX step: XLA:CPU allocates a step's
+minor page faults per timed JAX step (on CPU): XLA:CPU allocates a step's
 temporaries afresh each step, and glibc serves allocations over its mmap
 threshold (at most 32 MiB, and anything over 64 MiB from a thread) with
 fresh pages, each first touch a fault (``train/host_memory.py``). Peak RSS
@@ -48,7 +58,6 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(2, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
@@ -115,8 +124,9 @@ def build_step(vocab, width, sparse):
 class Stepper:
   """Calls a donating step, keeping the returned state for the next call.
 
-  ``timed()`` runs one step and returns its milliseconds, until the loss and
-  the whole new state are ready, and records its minor page faults.
+  ``timed(ids, inner)`` runs ``inner`` steps back to back and returns their
+  milliseconds per step, until the last loss and the whole new state are
+  ready, and records the minor page faults per step.
   """
 
   def __init__(self, step, state):
@@ -127,13 +137,67 @@ class Stepper:
     loss, self.state = self.step(self.state, ids)
     return loss
 
-  def timed(self, ids):
+  def timed(self, ids, inner=1):
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.perf_counter()
+    for _ in range(inner - 1):
+      self(ids)
     jax.block_until_ready((self(ids), self.state))
-    ms = (time.perf_counter() - start) * 1e3
-    self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+    ms = (time.perf_counter() - start) * 1e3 / inner
+    self.faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / inner)
     return ms
+
+
+def table_and_acc(state):
+  """The ``(table, accumulator)`` arrays of a sparse step's state."""
+  leaves = dict(jax.tree_util.tree_flatten_with_path(state)[0])
+  pick = lambda name: next(
+      v for path, v in leaves.items() if any(getattr(k, "key", None) == name for k in path))
+  return pick("embedding"), pick("acc")
+
+
+def check(vocab=10_000, width=64, n=8192, steps=3, eps=1e-8):
+  """Runs sparse steps against a dense numpy row-wise AdaGrad; True if they agree.
+
+  Same ids for every step (Zipf, so many repeat; every 97th invalid), the
+  benchmark's loss. Touched rows and accumulators must agree within float32
+  rounding; untouched ones must be unchanged, bit for bit.
+  """
+  ids = np.asarray(zipf_ids(n, vocab, seed=1)).copy()
+  ids[::97] = -1
+  valid = ids[ids >= 0]
+  touched = np.zeros(vocab, bool)
+  touched[valid] = True
+  step, state = build_step(vocab, width, True)
+  table, acc = (np.array(x, np.float32) for x in table_and_acc(state))
+  start_table, start_acc = table.copy(), acc.copy()
+  ok = True
+  for k in range(steps):
+    rows = np.where((ids >= 0)[:, None], table[np.maximum(ids, 0)], 0.0)
+    sums = rows.sum(-1)
+    want_loss = np.mean(sums**2)
+    grad = np.zeros_like(table)
+    np.add.at(grad, valid, np.repeat((2 * sums / n)[ids >= 0, None], width, 1))
+    acc = acc + np.where(touched, np.mean(grad**2, axis=1), 0.0)
+    table = table - np.where(touched[:, None], LR * grad / (np.sqrt(acc)[:, None] + eps), 0.0)
+    loss, state = step(state, jnp.asarray(ids))
+    got_table, got_acc = (np.asarray(x) for x in table_and_acc(state))
+    checks = {
+        "loss": np.allclose(float(loss), want_loss, rtol=1e-5),
+        "touched rows": np.allclose(got_table[touched], table[touched], rtol=1e-5, atol=1e-6),
+        "touched accumulators": np.allclose(got_acc[touched], acc[touched], rtol=1e-5, atol=1e-9),
+        "untouched rows unchanged": np.array_equal(got_table[~touched], start_table[~touched]),
+        "untouched accumulators unchanged": np.array_equal(got_acc[~touched], start_acc[~touched]),
+    }
+    for what, good in checks.items():
+      if not good:
+        print(f"check: step {k}: {what} differ from the dense reference")
+      ok &= bool(good)
+    table, acc = got_table.astype(np.float32), got_acc.astype(np.float32)
+  print(f"check: {steps} sparse row-wise AdaGrad steps on {vocab:,} x {width}, {n:,} ids "
+        f"({touched.sum():,} rows touched) on {jax.default_backend()}: "
+        f"{'agree with' if ok else 'DIFFER from'} the dense reference")
+  return ok
 
 
 def settled_rounds(runs, repeats, seed=0):
@@ -161,6 +225,9 @@ def start_peers(args, tmp, ids, vocab, width):
   """Starts the PyTorch workers; returns ``(workers, notes)``."""
   if not args.peers:
     return {}, []
+  if jax.default_backend() != "cpu":
+    return {}, [f"PyTorch columns left out: they are CPU workers, and jax runs on "
+                f"{jax.default_backend()!r} here."]
   missing = missing_note(args.peer_python)
   if missing:
     return {}, [missing]
@@ -193,7 +260,7 @@ def run(vocab, width, n, repeats, args):
     jax.block_until_ready(steppers[name](ids))   # compile and warm up
   uniq = len(np.unique(np.asarray(ids)))
   print(f"\n{vocab:,} x {width} f32 table, {n:,} Zipf(1.05) ids ({uniq:,} distinct)")
-  runs = {name: (lambda s=s: s.timed(ids)) for name, s in steppers.items()}
+  runs = {name: (lambda s=s: s.timed(ids, args.inner)) for name, s in steppers.items()}
   with tempfile.TemporaryDirectory() as tmp:
     workers, notes = start_peers(args, tmp, ids, vocab, width)
     try:
@@ -203,7 +270,8 @@ def run(vocab, width, n, repeats, args):
     finally:
       for w in workers.values():
         w.close()
-  print_table(times, SPARSE, f"train step, ms ({repeats} rounds)")
+  per = f", {args.inner} steps per sample" if args.inner > 1 else ""
+  print_table(times, SPARSE, f"train step, ms ({repeats} rounds{per})")
   for note in notes:
     print(note)
   sparse_ms, dense_ms = statistics.median(times[SPARSE]), statistics.median(times[DENSE])
@@ -214,11 +282,15 @@ def run(vocab, width, n, repeats, args):
     # Live at the step's peak: inputs, temporaries, and outputs that do not
     # reuse a donated input.
     peak = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + temp
+    faults = (f"; minor page faults per step {statistics.median(steppers[name].faults):,.0f}"
+              if jax.default_backend() == "cpu" else "")
     print(f"  {name:30s} compiled temp bytes {temp / MiB:7.1f} MiB "
           f"({temp / rows_bytes:.2f}x rows, {temp / table_bytes:.3f}x table), step peak "
-          f"{peak / MiB:7.1f} MiB; minor page faults per step "
-          f"{statistics.median(steppers[name].faults):,.0f}")
+          f"{peak / MiB:7.1f} MiB{faults}")
   print(f"peak RSS so far: {peak_rss_mib():.0f} MiB")
+  stats = jax.devices()[0].memory_stats() if jax.default_backend() != "cpu" else None
+  if stats and "peak_bytes_in_use" in stats:
+    print(f"device peak bytes in use so far: {stats['peak_bytes_in_use'] / MiB:.0f} MiB")
   for stepper in steppers.values():
     del stepper.state
 
@@ -227,6 +299,10 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
   parser.add_argument("--repeats", type=int, default=None, help="timed rounds")
+  parser.add_argument("--inner", type=int, default=None,
+                      help="steps per timed sample (default 1 on CPU, 20 elsewhere)")
+  parser.add_argument("--check", action="store_true",
+                      help="first compare the sparse step with a dense reference; exit 1 if they differ")
   parser.add_argument("--no-peers", dest="peers", action="store_false",
                       help="leave out the PyTorch columns")
   parser.add_argument("--torch-threads", type=int, default=2)
@@ -236,10 +312,16 @@ def main():
   sizes = [(100_000, 64), (1_000_000, 32)] if args.quick else [(1_000_000, 64), (10_000_000, 32)]
   n = 8192 if args.quick else 65_536
   repeats = args.repeats or (3 if args.quick else 10)
-  print(f"jax {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} device(s)")
+  backend = jax.default_backend()
+  if args.inner is None:
+    args.inner = 1 if backend == "cpu" else 20
+  print(f"jax {jax.__version__}, backend {backend} ({jax.devices()[0].device_kind}), "
+        f"{jax.device_count()} device(s)")
+  if args.check and not check():
+    return 1
   for vocab, width in sizes:
     run(vocab, width, n, repeats, args)
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

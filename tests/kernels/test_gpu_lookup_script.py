@@ -1,4 +1,4 @@
-"""The GPU benchmark script runs cleanly without a GPU and says it measured nothing."""
+"""The GPU benchmark scripts run cleanly without a GPU and say they measured nothing."""
 
 import os
 import pathlib
@@ -19,3 +19,14 @@ def test_gpu_lookup_measures_nothing_on_cpu(flags):
   assert result.returncode == 0, result.stderr
   assert "measures nothing" in result.stdout
   assert "GB/s" not in result.stdout  # no table was printed
+
+
+def test_gpu_session_measures_nothing_on_cpu(tmp_path):
+  session = SCRIPT.parent / "gpu_session.sh"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHON=sys.executable, OUT=str(tmp_path))
+  result = subprocess.run(
+      ["bash", str(session)], env=env, capture_output=True, text=True, timeout=120
+  )
+  assert result.returncode == 0, result.stderr
+  assert "nothing measured" in result.stdout
+  assert "nothing measured" in (tmp_path / "gpu_session.txt").read_text()

@@ -1,4 +1,4 @@
-"""The sparse-step benchmark's timing protocol (``benchmarks/sparse_step.py``).
+"""The sparse-step benchmark (``benchmarks/sparse_step.py``): protocol and check.
 
 Each case must run one untimed step right before each timed one, so that
 what the previous case left behind (the dense step frees its temporaries
@@ -54,8 +54,18 @@ def test_quick_run_prints_every_figure_without_the_peers():
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env["JAX_PLATFORMS"] = "cpu"
   out = subprocess.run(
-      [sys.executable, str(SCRIPT), "--quick", "--no-peers", "--repeats", "1"],
+      [sys.executable, str(SCRIPT), "--check", "--quick", "--no-peers", "--repeats", "1"],
       env=env, capture_output=True, text=True, timeout=600, check=True).stdout
+  assert "agree with the dense reference" in out, out
   assert out.count("speed-up (dense median / sparse median)") == 2, out
   assert out.count("step peak") == 4 and out.count("minor page faults per step") == 4, out
   assert "PyTorch" not in out  # --no-peers
+
+
+def test_check_fails_on_a_reference_with_another_rule(capsys):
+  # The check a GPU session runs first must be able to fail: a reference
+  # with another epsilon moves every touched row.
+  sparse_step = load_script()
+  assert sparse_step.check(vocab=1000, width=8, n=512, steps=1)
+  assert not sparse_step.check(vocab=1000, width=8, n=512, steps=1, eps=1e-2)
+  assert "touched rows differ" in capsys.readouterr().out
