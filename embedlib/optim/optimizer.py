@@ -85,10 +85,25 @@ class SparseAwareOptimizer(nnx.Pytree):
           "transformations go in tx, for the dense parameters)."
       )
     found = row_grads_lib.sparse_tables(model, tables)
+    if not found:
+      raise ValueError(
+          "SparseAwareOptimizer: the model has no ShardedEmbed "
+          + ("that tables= selects" if tables is not None else "table")
+          + " to train row-wise; build its tables with embedlib.ShardedEmbed "
+          "(a drop-in for nnx.Embed), or use nnx.Optimizer for a model without them."
+      )
     self.keys = tuple(k for k, _ in found)
     self.tables = tables
     self.rule = sparse
     dense = nnx.All(wrt, row_grads_lib.NotTables(frozenset(self.keys)))
+    if tx is None:
+      names = _dense_names(model, dense)
+      if names:
+        raise ValueError(
+            f"SparseAwareOptimizer: tx=None, but {names} are dense trainable "
+            "parameters that nothing would update; pass an optax transformation "
+            "as tx for them, or a wrt= filter that leaves them out to freeze them."
+        )
     self.dense = None if tx is None else nnx.Optimizer(model, tx, wrt=dense)
     self.step = nnx.OptState(jnp.array(0, jnp.int32))
     slots = []
@@ -108,6 +123,13 @@ class SparseAwareOptimizer(nnx.Pytree):
       model: the model the optimizer was built for.
       grads: from ``embedlib.optim.value_and_grad``.
     """
+    if not isinstance(grads, row_grads_lib.Grads):
+      raise TypeError(
+          f"SparseAwareOptimizer.update: grads is a {type(grads).__name__}, not "
+          "the Grads of embedlib.optim.value_and_grad; take the gradients with it, "
+          "which returns row gradients for the sparse "
+          "tables (nnx.grad would build a table-sized gradient for each)."
+      )
     unknown = sorted(set(grads.rows) - set(self.keys))
     if unknown:
       raise ValueError(
@@ -137,6 +159,13 @@ class SparseAwareOptimizer(nnx.Pytree):
       for k, v in new.items():
         slots[k][...] = v
     self.step[...] = step + 1
+
+
+def _dense_names(model, dense) -> list[str]:
+  """Paths of the variables of ``model`` that ``dense`` selects, the first three."""
+  flat = nnx.to_flat_state(nnx.state(model, dense))
+  names = ["/".join(str(p) for p in path) for path, _ in flat]
+  return names[:3] + (["..."] if len(names) > 3 else [])
 
 
 def _slot(value, spec, mesh):

@@ -26,6 +26,7 @@ the number of updates applied before this one (0 first), like
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import typing as tp
 
 import jax
@@ -47,10 +48,36 @@ class Slot:
   init: float = 0.0
 
 
+def _real(value) -> bool:
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 class RowRule:
   """Base of the row-wise rules; subclasses set ``learning_rate`` and the math."""
 
   learning_rate: ScalarOrSchedule
+
+  def __post_init__(self):
+    name = type(self).__name__
+    lr = self.learning_rate
+    if not (callable(lr) or _real(lr)):
+      raise TypeError(
+          f"{name}: learning_rate={lr!r} is neither a number nor a schedule; pass "
+          "a float, or an optax schedule (a function of the step count)."
+      )
+    # Hyperparameters a rule divides by or takes a root of: a negative one
+    # turns touched rows into NaN on the first step, silently.
+    for field in ("eps", "initial_accumulator_value"):
+      value = getattr(self, field, 0.0)
+      if not _real(value) or value < 0:
+        raise ValueError(f"{name}: {field}={value!r}; pass a number >= 0.")
+    for field in ("b1", "b2"):
+      value = getattr(self, field, 0.0)
+      if not _real(value) or not 0 <= value < 1:
+        raise ValueError(
+            f"{name}: {field}={value!r}; a moment's decay must be in [0, 1) "
+            "(Adam's defaults are b1=0.9, b2=0.999)."
+        )
 
   def slots(self) -> dict[str, Slot]:
     """The slots this rule keeps per table, by name."""
@@ -200,6 +227,7 @@ class LazyAdam(RowRule):
   bias_correction: str = "row"
 
   def __post_init__(self):
+    super().__post_init__()
     if self.bias_correction not in ("row", "global"):
       raise ValueError(
           f"LazyAdam: bias_correction={self.bias_correction!r}; use 'row' "

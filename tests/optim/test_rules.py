@@ -16,6 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
@@ -132,3 +133,22 @@ def test_rules_match_dense_reference(layout, schedule):
     for name, rule in rules.items():
       *want[name], touched = ref.dense_step(rule, *want[name], pairs, k)
       check_step(name, emb, rule, *state[name], prev[name], want[name], touched)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: optim.SparseSGD("0.1"), r"SparseSGD: learning_rate='0.1' is neither a number"),
+    (lambda: optim.RowWiseAdagrad(0.1, eps=-1e-8), r"RowWiseAdagrad: eps=-1e-08; pass a number >= 0"),
+    (lambda: optim.RowWiseAdagrad(0.1, initial_accumulator_value=-0.1),
+     r"initial_accumulator_value=-0.1"),
+    (lambda: optim.LazyAdam(0.1, b1=1.0), r"LazyAdam: b1=1.0; a moment's decay must be in \[0, 1\)"),
+    (lambda: optim.LazyAdam(0.1, b2=-0.5), r"b2=-0.5"),
+], ids=["lr", "eps", "initial_acc", "b1", "b2"])
+def test_bad_hyperparameters_are_named(make, match):
+  with pytest.raises((TypeError, ValueError), match=match):
+    make()
+
+
+def test_schedules_and_numpy_scalars_are_accepted():
+  optim.RowWiseAdagrad(optax.linear_schedule(0.1, 0.0, 10))
+  optim.LazyAdam(np.float32(0.01), b1=np.float64(0.8))
+  optim.SparseSGD(1)

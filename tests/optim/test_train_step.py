@@ -157,11 +157,40 @@ def test_attend_needs_dense_training_and_tables_selects_it():
 
 def test_update_rejects_row_gradients_of_unknown_tables():
   model = Tied(nnx.Rngs(0))
-  opt = optim.SparseAwareOptimizer(model, None, optim.SparseSGD(0.1),
+  opt = optim.SparseAwareOptimizer(model, optax.sgd(0.1), optim.SparseSGD(0.1),
                                    tables=lambda key, m: key == "ctx")
   grads = optim.Grads(dense={}, rows={"emb": ((jnp.array([1]), jnp.ones((1, F))),)})
   with pytest.raises(ValueError, match=r"\['emb'\].*same tables= selection"):
     opt.update(model, grads)
+
+
+class DenseOnly(nnx.Module):
+  def __init__(self, rngs):
+    self.emb = nnx.Embed(N, F, rngs=rngs)
+
+  def __call__(self, ids):
+    return jnp.sum(self.emb(ids) ** 2)
+
+
+def test_optimizer_errors_name_the_mistake_and_the_fix():
+  rule = optim.SparseSGD(0.1)
+  with pytest.raises(ValueError, match=r"no ShardedEmbed table .*drop-in for nnx.Embed"):
+    optim.SparseAwareOptimizer(DenseOnly(nnx.Rngs(0)), optax.sgd(0.1), rule)
+  model = Model(rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"no ShardedEmbed that tables= selects"):
+    optim.SparseAwareOptimizer(model, optax.sgd(0.1), rule, tables=lambda key, m: False)
+  # tx=None would leave the dense scale ``w`` untrained, silently.
+  with pytest.raises(ValueError, match=r"tx=None, but \['w'\] are dense trainable"):
+    optim.SparseAwareOptimizer(model, None, rule)
+  # ... unless the wrt filter leaves it out on purpose.
+  frozen = optim.SparseAwareOptimizer(model, None, rule, wrt=nnx.PathContains("emb"))
+  assert frozen.dense is None
+  opt = optim.SparseAwareOptimizer(model, optax.sgd(0.1), rule)
+  a, b = jnp.asarray(IDS_A), jnp.asarray(IDS_B)
+  dense_grads = nnx.grad(lambda m: m(a, b))(model)
+  with pytest.raises(TypeError, match=r"grads is a State, not the Grads of "
+                     r"embedlib.optim.value_and_grad"):
+    opt.update(model, dense_grads)
 
 
 @pytest.mark.parametrize("rule,tx", [
