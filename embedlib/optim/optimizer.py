@@ -11,10 +11,13 @@ sharded exactly like that table (see ``apply.slot_spec``).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from embedlib import embed as embed_lib
 from embedlib.optim import apply as apply_lib
 from embedlib.optim import row_grads as row_grads_lib
 from embedlib.optim import rules as rules_lib
@@ -146,19 +149,26 @@ class SparseAwareOptimizer(nnx.Pytree):
       if not pairs:
         continue
       emb = found[key]
-      table, new = apply_lib.apply_row_grads(
-          self.rule,
-          emb.embedding[...],
-          {k: v[...] for k, v in slots.items()},
-          pairs,
-          plan=emb.plan,
-          mesh=emb.mesh,
-          step=step,
+      table, values = emb.embedding[...], {k: v[...] for k, v in slots.items()}
+      # Eager on a mesh: one cached jit, not a compile of every op per call.
+      apply = (_apply_jitted if embed_lib.eager_on_mesh(emb.mesh, table, values, pairs, step)
+               else apply_lib.apply_row_grads)
+      table, new = apply(
+          self.rule, table, values, tuple(pairs), plan=emb.plan, mesh=emb.mesh, step=step
       )
       emb.embedding[...] = table
       for k, v in new.items():
         slots[k][...] = v
     self.step[...] = step + 1
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("plan", "mesh"))
+def _apply_jitted(rule, table, slots, pairs, *, plan, mesh, step):
+  """``apply.apply_row_grads`` as one executable per rule, plan and shapes.
+
+  Without donation: an eager caller may still hold the old table.
+  """
+  return apply_lib.apply_row_grads(rule, table, slots, pairs, plan=plan, mesh=mesh, step=step)
 
 
 def _dense_names(model, dense) -> list[str]:

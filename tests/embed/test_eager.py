@@ -4,7 +4,9 @@ Called outside jit, a lookup on a mesh used to dispatch op by op and compile
 its ``shard_map`` and placements afresh every call (36 compiles, 0.5 to 1.2 s
 per ``ShardedEmbed`` call; 15 s per call of the quickstart's collection).
 Now the second identical call compiles nothing, and eager results equal the
-jitted ones. Counted with ``jax.monitoring`` (no timing).
+jitted ones. The same for an eager ``SparseAwareOptimizer.update`` (5.5 s per
+call before, on an 8-device 10,000 x 64 table). Counted with
+``jax.monitoring`` (no timing).
 """
 
 import contextlib
@@ -16,7 +18,7 @@ import pytest
 from flax import nnx
 
 import embedlib
-from embedlib import EmbeddingCollection, FeatureSpec, TableSpec
+from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _compiles = [0]
@@ -99,3 +101,33 @@ def test_collection_eager_dedup_overflow_still_raises():
   coll = make_collection(num_unique=2, on_overflow="error")
   with pytest.raises(ValueError, match="num_unique=2"):
     coll(FEATURES)
+
+
+@pytest.mark.parametrize("sharding", ["vocab", "hidden"])
+def test_sparse_optimizer_eager_update_reuses_its_executable(sharding):
+  def build():
+    emb = embedlib.ShardedEmbed(1001, 30, mesh=mesh8(), sharding=sharding, rngs=nnx.Rngs(0))
+    return emb, optim.SparseAwareOptimizer(emb, None, optim.RowWiseAdagrad(0.1))
+
+  ids = jnp.array([[0, 5, 1000], [7, -1, 5], [2, 2, 1001], [9, 8, 7]])
+  grads = [optim.Grads(dense={}, rows={"": ((ids, jnp.full(ids.shape + (30,), k + 1.0)),)})
+           for k in range(3)]
+  eager, eager_opt = build()
+  eager_opt.update(eager, grads[0])
+  eager_opt.update(eager, grads[1])
+  with counting() as third:
+    eager_opt.update(eager, grads[2])
+  assert third["compiles"] == 0
+  jitted, jitted_opt = build()
+  step = nnx.jit(lambda m, o, g: o.update(m, g))
+  for g in grads:
+    step(jitted, jitted_opt, g)
+  np.testing.assert_array_equal(np.asarray(eager.embedding[...]), np.asarray(jitted.embedding[...]))
+  np.testing.assert_array_equal(np.asarray(eager_opt.slots[0]["acc"][...]),
+                                np.asarray(jitted_opt.slots[0]["acc"][...]))
+  assert int(eager_opt.step[...]) == 3
+  touched = np.zeros(1001, bool)
+  touched[[0, 5, 1000, 7, 2, 9, 8]] = True
+  start, _ = build()
+  changed = np.any(np.asarray(eager.logical_table()) != np.asarray(start.logical_table()), axis=1)
+  np.testing.assert_array_equal(changed, touched)
