@@ -66,7 +66,7 @@ class RowRule:
           "a float, or an optax schedule (a function of the step count)."
       )
     # Hyperparameters a rule divides by or takes a root of: a negative one
-    # turns touched rows into NaN on the first step, silently.
+    # can make touched rows inf or NaN on the first step, silently.
     for field in ("eps", "initial_accumulator_value"):
       value = getattr(self, field, 0.0)
       if not _real(value) or value < 0:
