@@ -44,8 +44,9 @@ one is timed). ``--keep-freed-malloc`` runs every worker, JAX and PyTorch
 alike, with glibc's mmap and trim thresholds raised (``MALLOC_MMAP_THRESHOLD_``
 and ``MALLOC_TRIM_THRESHOLD_``, what ``python -m train --keep_freed_host_memory``
 sets with ``mallopt``: ``train/host_memory.py``), so a step's freed
-temporaries are reused by the next instead of faulting in fresh pages. Without ``.peers/`` the peer columns are skipped with a note.
-Never asserts a time.
+temporaries are reused by the next instead of faulting in fresh pages.
+Without ``.peers/`` the peer columns are skipped with a note. Never asserts
+a time.
 """
 
 from __future__ import annotations
