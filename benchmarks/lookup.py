@@ -4,7 +4,9 @@
     python benchmarks/lookup.py --quick    # small sizes, a smoke run
 
 Part 1, one device: ShardedEmbed (replicated, no mesh) vs raw ``jnp.take``
-on the same table and ids (target: median ratio <= 1.10).
+on the same table and ids (target: median ratio <= 1.10), with its default
+kernel (on CPU the C++ gather of ``kernels/gather_cpu.py``) and, beside it,
+``kernel="xla"`` (the jnp reference).
 Part 2, 8 simulated CPU devices: each strategy vs a replicated table with
 batch-split ids (what plain data parallelism does). Simulated devices share
 this machine's cores, so part 2 measures overhead, not scaling.
@@ -41,10 +43,18 @@ def one_device(vocab, width, n, repeats):
   take = jax.jit(lambda t, i: jnp.take(t, i, axis=0))
   graphdef, state = nnx.split(emb)
   sharded = jax.jit(lambda s, i: nnx.merge(graphdef, s)(i))
-  times = interleaved({
+  cases = {
       "jnp.take": (take, (table, ids)),
-      "ShardedEmbed (one device)": (sharded, (state, ids)),
-  }, repeats)
+      f"ShardedEmbed (one device, kernel {embedlib.kernels.resolve_kernel('auto')!r})":
+          (sharded, (state, ids)),
+  }
+  if embedlib.kernels.resolve_kernel("auto") != "xla":
+    # The jnp reference beside the default kernel (on CPU: the C++ gather).
+    xla = embedlib.ShardedEmbed(vocab, width, kernel="xla", rngs=nnx.Rngs(0))
+    xla_graphdef, xla_state = nnx.split(xla)
+    cases["ShardedEmbed (one device, kernel 'xla')"] = (
+        jax.jit(lambda s, i: nnx.merge(xla_graphdef, s)(i)), (xla_state, ids))
+  times = interleaved(cases, repeats)
   print_table(times, "jnp.take", f"one device: {vocab} x {width} f32, {n} Zipf ids, ms")
 
 

@@ -11,7 +11,10 @@ from Zipf(1.05) and hashed over the table. Each step is the whole train step, ji
 state donated: lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
 
 - sparse: ``embedlib.optim.value_and_grad`` + ``SparseAwareOptimizer`` with
-  ``RowWiseAdagrad`` (row gradients, dedup, update of the touched rows);
+  ``RowWiseAdagrad`` (row gradients, dedup, update of the touched rows); on
+  CPU the update is the fused C++ call of ``embedlib/optim/fused_cpu.py``;
+- sparse, XLA ops (CPU only): the same step with the update in XLA ops, as
+  every other platform runs it;
 - dense: ``nnx.value_and_grad`` + ``nnx.Optimizer(optax.adagrad)`` (a
   table-sized gradient, every row updated);
 - PyTorch columns, for scale, when ``.peers/`` is installed (each in its own
@@ -23,8 +26,9 @@ state donated: lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
 
 ``--check`` first runs a few sparse steps on a small table against a dense
 numpy reference of row-wise AdaGrad on the same ids (touched rows and
-accumulators within float32 rounding, untouched ones exact) and stops with
-exit status 1 if they differ: the first thing to run on a new GPU.
+accumulators within float32 rounding, untouched ones exact; on CPU for both
+updates) and stops with exit status 1 if they differ: the first thing to
+run on a new GPU.
 
 Timing: in each round the cases run in a shuffled order, and each runs one
 untimed step before its timed one. The untimed step matters: a step leaves
@@ -50,6 +54,7 @@ the dense step's). Never asserts a time.
 """
 
 import argparse
+import contextlib
 import os
 import random
 import resource
@@ -70,6 +75,7 @@ from flax import nnx  # noqa: E402
 
 import embedlib  # noqa: E402
 from embedlib import optim  # noqa: E402
+from embedlib.optim import fused_cpu  # noqa: E402
 from timing import print_table  # noqa: E402
 from worker_protocol import default_env, missing_note, peak_rss_mib, start_or_note  # noqa: E402
 
@@ -82,6 +88,7 @@ PEERS = {  # column -> worker --variant
     "PyTorch dense Embedding + Adagrad": "dense",
 }
 SPARSE, DENSE = "sparse row-wise AdaGrad", "dense nnx.Optimizer(adagrad)"
+SPARSE_XLA = "sparse row-wise AdaGrad, XLA ops"
 MiB = 1 << 20
 LR = 0.01
 
@@ -156,7 +163,7 @@ def table_and_acc(state):
   return pick("embedding"), pick("acc")
 
 
-def check(vocab=10_000, width=64, n=8192, steps=3, eps=1e-8):
+def check(vocab=10_000, width=64, n=8192, steps=3, eps=1e-8, label=""):
   """Runs sparse steps against a dense numpy row-wise AdaGrad; True if they agree.
 
   Same ids for every step (Zipf, so many repeat; every 97th invalid), the
@@ -194,10 +201,16 @@ def check(vocab=10_000, width=64, n=8192, steps=3, eps=1e-8):
         print(f"check: step {k}: {what} differ from the dense reference")
       ok &= bool(good)
     table, acc = got_table.astype(np.float32), got_acc.astype(np.float32)
-  print(f"check: {steps} sparse row-wise AdaGrad steps on {vocab:,} x {width}, {n:,} ids "
+  via = f" ({label})" if label else ""
+  print(f"check{via}: {steps} sparse row-wise AdaGrad steps on {vocab:,} x {width}, {n:,} ids "
         f"({touched.sum():,} rows touched) on {jax.default_backend()}: "
         f"{'agree with' if ok else 'DIFFER from'} the dense reference")
   return ok
+
+
+def update_path(fused):
+  """``fused_cpu.use(fused)``, or no choice (the default path) for None."""
+  return contextlib.nullcontext() if fused is None else fused_cpu.use(fused)
 
 
 def settled_rounds(runs, repeats, seed=0):
@@ -253,11 +266,17 @@ def run(vocab, width, n, repeats, args):
   table_bytes = vocab * width * 4
   rows_bytes = n * width * 4
   steppers, memory = {}, {}
-  for name, sparse in ((SPARSE, True), (DENSE, False)):
+  cases = [(SPARSE, True, None), (DENSE, False, None)]
+  if jax.default_backend() == "cpu" and fused_cpu.enabled():
+    cases.insert(1, (SPARSE_XLA, True, False))   # the update every other platform runs
+  for name, sparse, fused in cases:
     step, state = build_step(vocab, width, sparse)
-    memory[name] = step.lower(state, ids).compile().memory_analysis()
-    steppers[name] = Stepper(step, state)
-    jax.block_until_ready(steppers[name](ids))   # compile and warm up
+    # Compiled here, inside the path's context: a Compiled is never retraced.
+    with update_path(fused):
+      compiled = step.lower(state, ids).compile()
+    memory[name] = compiled.memory_analysis()
+    steppers[name] = Stepper(compiled, state)
+    jax.block_until_ready(steppers[name](ids))   # warm up
   uniq = len(np.unique(np.asarray(ids)))
   print(f"\n{vocab:,} x {width} f32 table, {n:,} Zipf(1.05) ids ({uniq:,} distinct)")
   runs = {name: (lambda s=s: s.timed(ids, args.inner)) for name, s in steppers.items()}
@@ -284,7 +303,7 @@ def run(vocab, width, n, repeats, args):
     peak = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + temp
     faults = (f"; minor page faults per step {statistics.median(steppers[name].faults):,.0f}"
               if jax.default_backend() == "cpu" else "")
-    print(f"  {name:30s} compiled temp bytes {temp / MiB:7.1f} MiB "
+    print(f"  {name:32s} compiled temp bytes {temp / MiB:7.1f} MiB "
           f"({temp / rows_bytes:.2f}x rows, {temp / table_bytes:.3f}x table), step peak "
           f"{peak / MiB:7.1f} MiB{faults}")
   print(f"peak RSS so far: {peak_rss_mib():.0f} MiB")
@@ -317,8 +336,14 @@ def main():
     args.inner = 1 if backend == "cpu" else 20
   print(f"jax {jax.__version__}, backend {backend} ({jax.devices()[0].device_kind}), "
         f"{jax.device_count()} device(s)")
-  if args.check and not check():
-    return 1
+  if args.check:
+    paths = [None]
+    if backend == "cpu" and fused_cpu.enabled():
+      paths = [True, False]   # the fused C++ update, then the XLA ops
+    for fused in paths:
+      with update_path(fused):
+        if not check(label="" if fused is None else ("fused CPU update" if fused else "XLA ops")):
+          return 1
   for vocab, width in sizes:
     run(vocab, width, n, repeats, args)
 

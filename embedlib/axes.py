@@ -26,4 +26,4 @@ AUTO = "auto"
 COMBINERS = ("sum", "mean", "sqrtn")
 
 #: Local lookup kernels.
-KERNELS = ("auto", "xla", "pallas")
+KERNELS = ("auto", "xla", "pallas", "cpu")

@@ -80,7 +80,8 @@ class EmbeddingCollection(nnx.Module):
       ``jax.set_mesh``, or one device.
     table_axes: mesh axes tables are split over (see ``plan_embedding``).
     data_axes: mesh axes the batch is split over.
-    kernel: local lookup kernel, ``"auto" | "xla" | "pallas"``.
+    kernel: local lookup kernel, ``"auto" | "xla" | "pallas" | "cpu"``
+      (``kernels.resolve_kernel``).
     num_unique: dedup capacity per data shard: an int for every table, a
       ``{table: capacity}`` dict, or None (no dedup).
     on_overflow: ``"fallback" | "error"`` (see above).

@@ -3,8 +3,9 @@
 Each lookup has a pure-jnp reference (the specification, and the ``xla``
 gather; the ``xla`` bag, `bag_xla`, sums the same terms slot by slot), a
 Triton Pallas kernel that runs in interpret mode on CPU, a deterministic
-Pallas backward behind ``jax.custom_vjp``, and a dispatcher
-(``kernel="auto" | "xla" | "pallas"``). Strategies call these on local shards
+Pallas backward behind ``jax.custom_vjp``, a C++ gather for the CPU
+(`gather_cpu`, built on first use by `cpu_library`), and a dispatcher
+(``kernel="auto" | "xla" | "pallas" | "cpu"``). Strategies call these on local shards
 inside ``jax.shard_map``. Invalid ids (negative or ``>= num_embeddings``) read
 zero rows, count as bag padding and receive no gradient.
 

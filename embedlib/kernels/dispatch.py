@@ -1,8 +1,10 @@
-"""Public lookups: kernel choice (``xla`` / ``pallas`` / ``auto``) and autodiff.
+"""Public lookups: kernel choice (``xla`` / ``pallas`` / ``cpu`` / ``auto``) and autodiff.
 
 ``kernel="xla"`` runs the pure-jnp gather reference (differentiated by jax's
 own rules) and `bag_xla` (the bag reference's sums, slot by slot, with a
-hand-written backward). ``kernel="pallas"`` runs the Triton kernels; a
+hand-written backward). ``kernel="cpu"`` runs the C++ gather of
+`gather_cpu` (the reference's gradient) and `bag_xla` for bags.
+``kernel="pallas"`` runs the Triton kernels; a
 ``pallas_call`` has no autodiff, so each lookup is a ``jax.custom_vjp`` whose
 backward is the deterministic Pallas segment sum of `backward`. The target
 platform is read at trace time from the abstract mesh in context when it
@@ -18,10 +20,12 @@ import jax
 import jax.numpy as jnp
 
 from embedlib import axes
+from embedlib.kernels import cpu_library
 from embedlib.kernels import reference
 from embedlib.kernels.backward import segment_sum_rows
 from embedlib.kernels.bag_pallas import bag_pallas, check_bag_shapes
 from embedlib.kernels.bag_xla import bag_xla
+from embedlib.kernels.gather_cpu import gather_cpu
 from embedlib.kernels.gather_pallas import gather_pallas, sum_to_varying_of
 
 _GPU_PLATFORMS = ("gpu", "cuda", "rocm")
@@ -41,30 +45,42 @@ def target_platform() -> str:
 
 
 def resolve_kernel(kernel: str) -> str:
-  """Maps a ``kernel`` option to ``"xla"`` or ``"pallas"``.
+  """Maps a ``kernel`` option to ``"xla"``, ``"pallas"`` or ``"cpu"``.
 
-  ``"auto"`` is ``"pallas"`` when tracing for a GPU and ``"xla"`` otherwise
-  (XLA's CPU gather beats an interpreted kernel by orders of magnitude).
+  ``"auto"`` is ``"pallas"`` when tracing for a GPU, ``"cpu"`` (the C++
+  gather of `gather_cpu`) when tracing for the CPU and its library is
+  available (`cpu_library.available`), and ``"xla"`` otherwise (XLA's CPU
+  gather beats an interpreted Pallas kernel by orders of magnitude).
 
   Args:
     kernel: one of ``axes.KERNELS``.
 
   Returns:
-    ``"xla"`` or ``"pallas"``.
+    ``"xla"``, ``"pallas"`` or ``"cpu"``.
 
   Raises:
-    ValueError: for any other name.
+    ValueError: for any other name, or ``"cpu"`` when tracing for another
+      platform.
 
-  >>> resolve_kernel("auto"), resolve_kernel("pallas")
-  ('xla', 'pallas')
+  >>> resolve_kernel("pallas"), resolve_kernel("xla")
+  ('pallas', 'xla')
   """
   if kernel not in axes.KERNELS:
     raise ValueError(
         f"kernel={kernel!r} is not a lookup kernel; use one of {axes.KERNELS} "
-        "('auto' picks 'pallas' on GPU and 'xla' elsewhere)."
+        "('auto' picks 'pallas' on GPU, 'cpu' on CPU where its C++ library "
+        "builds, and 'xla' elsewhere)."
     )
+  platform = target_platform()
   if kernel == "auto":
-    return "pallas" if target_platform() in _GPU_PLATFORMS else "xla"
+    if platform in _GPU_PLATFORMS:
+      return "pallas"
+    return "cpu" if platform == "cpu" and cpu_library.available() else "xla"
+  if kernel == "cpu" and platform != "cpu":
+    raise ValueError(
+        f"kernel='cpu' is the CPU's C++ gather, but this lookup is traced for "
+        f"{platform!r}; use kernel='auto' (or 'pallas' on GPU, 'xla' anywhere)."
+    )
   return kernel
 
 
@@ -143,7 +159,7 @@ def gather(table: jax.Array, ids: jax.Array, *, kernel: str = "auto", interpret:
       inside ``jax.shard_map``).
     ids: int array of any shape; ids outside ``[0, num_embeddings)`` read
       zeros.
-    kernel: ``"auto"``, ``"xla"`` or ``"pallas"`` (see `resolve_kernel`).
+    kernel: ``"auto"``, ``"xla"``, ``"pallas"`` or ``"cpu"`` (see `resolve_kernel`).
     interpret: Pallas interpreter on/off; None means on when tracing for CPU.
 
   Returns:
@@ -158,8 +174,11 @@ def gather(table: jax.Array, ids: jax.Array, *, kernel: str = "auto", interpret:
   [[0.0, 0.0], [2.0, 2.0], [0.0, 0.0]]
   """
   _check_operands("gather", table, ids)
-  if resolve_kernel(kernel) == "xla":
+  resolved = resolve_kernel(kernel)
+  if resolved == "xla":
     return reference.gather_reference(table, ids)
+  if resolved == "cpu":
+    return gather_cpu(table, ids)
   return _gather_ad(table, ids, resolve_interpret(interpret))
 
 
@@ -221,7 +240,7 @@ def bag(
       `ragged_to_padded`.
     weights: optional float ``[batch, bag]``.
     combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"``.
-    kernel: ``"auto"``, ``"xla"`` or ``"pallas"`` (see `resolve_kernel`).
+    kernel: ``"auto"``, ``"xla"``, ``"pallas"`` or ``"cpu"`` (see `resolve_kernel`).
     interpret: Pallas interpreter on/off; None means on when tracing for CPU.
 
   Returns:
@@ -237,6 +256,6 @@ def bag(
   _check_operands("bag", table, ids)
   reference.check_combiner(combiner)
   check_bag_shapes(ids, weights)
-  if resolve_kernel(kernel) == "xla":
+  if resolve_kernel(kernel) in ("xla", "cpu"):  # no C++ bag kernel: the XLA bag
     return bag_xla(table, ids, weights, combiner=combiner)
   return _bag_ad(table, ids, weights, combiner, resolve_interpret(interpret))

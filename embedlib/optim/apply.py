@@ -36,6 +36,12 @@ every temporary is ``[ids, features]`` or smaller (see
 ``tests/optim/test_memory.py``), on the dense path too since it only runs
 when rows <= ids. Invalid ids (``-1`` after ``invalid_ids.sanitize``) and
 padded rows are owned by no rank, so they are never written.
+
+On CPU, steps 2 and 3 are one fused C++ call per shard instead
+(``fused_cpu.py``: a hash of the ids in place of the three dedups, the
+same sums in the same order, the rule in place on the aliased table and
+slots), where its library builds and the rule and dtypes are ones it
+implements; the XLA ops here are what every other platform runs.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ from jax.sharding import PartitionSpec as P
 from embedlib import _compat
 from embedlib import axes as axes_lib
 from embedlib import invalid_ids as invalid_lib
+from embedlib import kernels
+from embedlib.optim import fused_cpu
 from embedlib.optim import rules as rules_lib
 from embedlib.strategies import collectives
 
@@ -281,12 +289,34 @@ def dedup_marks(idx, grads, scratch):
 def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
   """Dedup and update on one rank: every array here is this rank's shard.
 
+  On CPU, where ``fused_cpu`` supports the rule, one fused C++ call;
+  elsewhere the XLA ops of ``_xla_local_update``. The platform is the one
+  the lookups dispatch on (``kernels.target_platform``: an abstract GPU
+  mesh in context means CUDA); ``lax.platform_dependent`` then keeps the
+  C++ call out of any lowering for another platform all the same.
+
   Args:
     table: ``plan.shard_shape``.
     slots: slot name -> this rank's slot shard.
     ids: ``[n]`` int32, the whole batch's ids, ``-1`` invalid.
     grads: ``[n, features]``, their row gradients.
   """
+  xla = lambda: _xla_local_update(rule, table, slots, ids, grads, lr, step, plan=plan)
+  if kernels.target_platform() != "cpu" or not fused_cpu.supports(rule, table, slots):
+    return xla()
+  rows_here, cols_here = table.shape
+  rank = collectives.group_rank(plan.table_axes)
+  first_row = rank * rows_here if plan.strategy == axes_lib.VOCAB else 0
+  first_col = rank * cols_here if plan.strategy == axes_lib.HIDDEN else 0
+  fused = lambda: fused_cpu.update(
+      rule, table, slots, ids, grads, lr, step,
+      first_row=first_row, first_col=first_col, features=plan.features,
+  )
+  return lax.platform_dependent(cpu=fused, default=xla)
+
+
+def _xla_local_update(rule, table, slots, ids, grads, lr, step, *, plan):
+  """``_local_update`` in XLA ops: the path of every platform but CPU."""
   rows_here, cols_here = table.shape
   rank = collectives.group_rank(plan.table_axes)
   offset = rank * rows_here if plan.strategy == axes_lib.VOCAB else 0

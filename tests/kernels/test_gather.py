@@ -1,4 +1,4 @@
-"""Interpret-mode Pallas gather against the reference, and the dispatcher."""
+"""Interpret-mode Pallas gather and the CPU C++ gather against the reference, and the dispatcher."""
 
 import itertools
 
@@ -9,7 +9,11 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from embedlib import axes, kernels
+from embedlib.kernels import cpu_library, lowering
+from embedlib.kernels.gather_cpu import gather_cpu
 from embedlib.kernels.gather_pallas import gather_pallas, next_pow2
+
+from ..cpu_kernels import require_cpu_kernels
 
 FEATURES = (1, 3, 100, 128)
 VOCABS = (1, 7)
@@ -47,7 +51,7 @@ def test_reference_follows_invalid_id_rule():
   np.testing.assert_array_equal(got[[2, 3, 4, 5]], 0.0)
 
 
-@pytest.mark.parametrize("kernel", ["xla", "pallas", "auto"])
+@pytest.mark.parametrize("kernel", ["xla", "pallas", "cpu", "auto"])
 def test_gather_dispatch_under_jit(kernel):
   table = make_table(7, 100, jnp.float32)
   ids = make_ids((37,), 7)
@@ -55,13 +59,14 @@ def test_gather_dispatch_under_jit(kernel):
   np.testing.assert_array_equal(got, kernels.gather_reference(table, ids))
 
 
-def test_gather_empty_ids_and_scalar_id():
+@pytest.mark.parametrize("kernel", ["pallas", "cpu"])
+def test_gather_empty_ids_and_scalar_id(kernel):
   table = make_table(7, 3, jnp.float32)
-  assert kernels.gather(table, jnp.zeros((0, 4), jnp.int32), kernel="pallas").shape == (0, 4, 3)
-  np.testing.assert_array_equal(kernels.gather(table, jnp.array(6), kernel="pallas"), table[6])
+  assert kernels.gather(table, jnp.zeros((0, 4), jnp.int32), kernel=kernel).shape == (0, 4, 3)
+  np.testing.assert_array_equal(kernels.gather(table, jnp.array(6), kernel=kernel), table[6])
 
 
-@pytest.mark.parametrize("kernel", ["xla", "pallas"])
+@pytest.mark.parametrize("kernel", ["xla", "pallas", "cpu"])
 def test_gather_and_grad_inside_shard_map_vocab_parallel(kernel):
   """The vocab strategy's body on a 2 x 4 mesh: ids split over data, table rows over model.
 
@@ -94,14 +99,63 @@ def test_gather_and_grad_inside_shard_map_vocab_parallel(kernel):
   np.testing.assert_allclose(grad, jax.grad(ref_loss)(table), rtol=1e-6, atol=1e-6)
 
 
-def test_resolve_kernel_and_interpret_on_cpu():
-  assert kernels.resolve_kernel("auto") == "xla"
+def test_resolve_kernel_and_interpret_on_cpu(monkeypatch):
+  require_cpu_kernels()
+  assert kernels.resolve_kernel("auto") == "cpu"
   assert kernels.resolve_kernel("pallas") == "pallas"
   assert kernels.resolve_kernel("xla") == "xla"
+  assert kernels.resolve_kernel("cpu") == "cpu"
   assert kernels.resolve_interpret(None) is True
   assert kernels.resolve_interpret(False) is False
-  with pytest.raises(ValueError, match=r"'auto', 'xla', 'pallas'"):
+  with pytest.raises(ValueError, match=r"'auto', 'xla', 'pallas', 'cpu'"):
     kernels.resolve_kernel("triton")
+  monkeypatch.setattr(cpu_library, "library", lambda: None)   # no compiler here
+  assert kernels.resolve_kernel("auto") == "xla"
+
+
+def test_cpu_kernel_traced_for_a_gpu_is_refused():
+  with lowering.lowering_context(lowering.gpu_abstract_mesh((1,), ("x",))):
+    with pytest.raises(ValueError, match=r"kernel='cpu' is the CPU's C\+\+ gather.*traced for '(cuda|gpu)'"):
+      kernels.resolve_kernel("cpu")
+
+
+# Every row width the C++ gather copies with a fixed size (16 to 512 bytes)
+# and others (any size).
+CPU_FEATURES = sorted(set(FEATURES) | {4, 8, 16, 32, 64})
+
+
+@pytest.mark.parametrize(
+    "features,num_embeddings,dtype", list(itertools.product(CPU_FEATURES, VOCABS, DTYPES))
+)
+def test_cpu_gather_equals_reference_exactly(features, num_embeddings, dtype):
+  require_cpu_kernels()
+  table = make_table(num_embeddings, features, dtype)
+  ids = make_ids((3, 11), num_embeddings)
+  got = gather_cpu(table, ids)
+  assert got.shape == (3, 11, features) and got.dtype == table.dtype
+  np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                np.asarray(kernels.gather_reference(table, ids), np.float32))
+
+
+def test_cpu_gather_many_rows_on_threads_and_narrow_ids():
+  # 10,000 ids: split over threads (one per 2,048 rows, up to the CPUs);
+  # int16 ids are widened, invalid ones still read zeros.
+  require_cpu_kernels()
+  table = make_table(3000, 24, jnp.float32)
+  ids = make_ids((10_000,), 3000)
+  np.testing.assert_array_equal(gather_cpu(table, ids), kernels.gather_reference(table, ids))
+  small = jnp.array([0, 2999, -1, 3000], jnp.int16)
+  np.testing.assert_array_equal(gather_cpu(table, small), kernels.gather_reference(table, small))
+
+
+def test_cpu_gather_gradient_is_the_references():
+  require_cpu_kernels()
+  table = make_table(7, 5, jnp.float32)
+  ids = make_ids((4, 9), 7)
+  cot = jax.random.normal(jax.random.PRNGKey(3), (4, 9, 5))
+  grad = jax.jit(jax.grad(lambda t: jnp.sum(gather_cpu(t, ids) * cot)))(table)
+  want = jax.grad(lambda t: jnp.sum(kernels.gather_reference(t, ids) * cot))(table)
+  np.testing.assert_array_equal(grad, want)
 
 
 def test_gather_rejects_float_ids_with_fix():

@@ -24,6 +24,9 @@ from embedlib.plan import plan_embedding
 from . import reference as ref
 from .test_rules import NUM_EMBEDDINGS, make_table, step_pairs
 
+# The XLA ops' own dedup paths (on CPU the fused update would replace them).
+pytestmark = pytest.mark.usefixtures("xla_update")
+
 
 def run_steps(emb, rules, dense: bool, monkeypatch, marks: bool = True):
   """Two steps of every rule: on the by-rows path, or forced onto the by-ids one.

@@ -64,6 +64,7 @@ def test_sparse_step_lowers_for_cuda(case):
   assert "stablehlo.scatter" in text, case           # the row-wise update
   assert "all_gather" in text, case                  # every rank sees the batch's ids
   assert "jax.buffer_donor" in text or "tf.aliasing_output" in text, case  # donated state
+  assert "custom_call @embedlib_" not in text, case  # no fused CPU update (fused_cpu.py)
 
 
 def test_collection_sparse_step_lowers_for_cuda():

@@ -21,6 +21,9 @@ from . import reference as ref
 from .test_dense_path import assert_same_states, run_steps
 from .test_rules import make_table
 
+# The XLA ops' own dedup paths (on CPU the fused update would replace them).
+pytestmark = pytest.mark.usefixtures("xla_update")
+
 SLOT_RULES = ("adagrad", "adam_row", "adam_global")
 
 

@@ -100,7 +100,7 @@ CASES = [(layout, False) for layout in ref.LAYOUTS] + [
     "layout,schedule", CASES,
     ids=[ref.layout_id(l) + ("-schedule" if s else "") for l, s in CASES],
 )
-def test_rules_match_dense_reference(layout, schedule):
+def test_rules_match_dense_reference(layout, schedule, update_path):
   emb = make_table(layout)
   names = ref.RULES if schedule or layout[0] is None else ref.LAYOUT_RULES
   rules = {name: ref.make_rule(name, schedule) for name in names}

@@ -56,9 +56,12 @@ def test_quick_run_prints_every_figure_without_the_peers():
   out = subprocess.run(
       [sys.executable, str(SCRIPT), "--check", "--quick", "--no-peers", "--repeats", "1"],
       env=env, capture_output=True, text=True, timeout=600, check=True).stdout
-  assert "agree with the dense reference" in out, out
+  # On CPU: the check and a timed column for both updates (fused C++, XLA ops).
+  assert "check (fused CPU update)" in out and "check (XLA ops)" in out, out
+  assert out.count("agree with the dense reference") == 2, out
+  assert out.count("sparse row-wise AdaGrad, XLA ops ") == 4, out  # 2 tables x (time, memory)
   assert out.count("speed-up (dense median / sparse median)") == 2, out
-  assert out.count("step peak") == 4 and out.count("minor page faults per step") == 4, out
+  assert out.count("step peak") == 6 and out.count("minor page faults per step") == 6, out
   assert "PyTorch" not in out  # --no-peers
 
 

@@ -1,0 +1,174 @@
+"""embedlib's CPU kernels: C++ XLA FFI handlers, compiled on first use.
+
+``cpu/gather.cc`` (the row gather of ``gather_cpu.py``) and
+``cpu/row_update.cc`` (the fused sparse updates of ``optim/fused_cpu.py``).
+On XLA:CPU a lookup or a row update visits rows scattered over a large
+table; XLA's gather and scatter loops wait on each row's cache misses,
+where these kernels fetch rows ahead and split the rows over a few threads.
+
+The sources are compiled into one shared library the first time a kernel is
+traced, with ``$CXX`` or the ``c++`` / ``g++`` / ``clang++`` on ``PATH``,
+against jaxlib's FFI headers (a few seconds), and cached under
+``$EMBEDLIB_CACHE_DIR`` (default ``$XDG_CACHE_HOME/embedlib``, i.e.
+``~/.cache/embedlib``) by a hash of the sources, jaxlib's version, the
+compiler and its flags. Without a compiler, if the build fails, or with
+``EMBEDLIB_CPU_KERNELS=0``, a warning is logged once (not for the switch)
+and the XLA ops run instead, with the same results.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+import jax
+
+from embedlib import _compat
+
+_log = logging.getLogger(__name__)
+_SOURCE_DIR = pathlib.Path(__file__).with_name("cpu")
+#: Environment switch: "0" (or "false", "off", "no") keeps the XLA ops on CPU.
+ENV_SWITCH = "EMBEDLIB_CPU_KERNELS"
+#: FFI target name -> handler symbol in the library.
+TARGETS = {
+    "embedlib_gather": "EmbedlibGather",
+    "embedlib_sgd": "EmbedlibSgd",
+    "embedlib_adagrad": "EmbedlibAdagrad",
+    "embedlib_adam_row": "EmbedlibAdamRow",
+    "embedlib_adam_global": "EmbedlibAdamGlobal",
+}
+# -ffp-contract=off: the rules' arithmetic operation by operation, no fused
+# multiply-adds (optim/rules.py). No -march=native: a cache directory may be
+# shared by machines of different CPUs.
+_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-ffp-contract=off")
+
+
+def sources() -> list[pathlib.Path]:
+  """The C++ sources and headers compiled into the library."""
+  return sorted(_SOURCE_DIR.glob("*.cc")) + sorted(_SOURCE_DIR.glob("*.h"))
+
+
+def compiler() -> str | None:
+  """The C++ compiler to build with: ``$CXX``, else ``c++``, ``g++`` or ``clang++``; or None."""
+  for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+    if name and shutil.which(name):
+      return shutil.which(name)
+  return None
+
+
+def cache_dir() -> pathlib.Path:
+  """Where built libraries are kept (``$EMBEDLIB_CACHE_DIR`` or ``~/.cache/embedlib``)."""
+  root = os.environ.get("EMBEDLIB_CACHE_DIR")
+  if root:
+    return pathlib.Path(root)
+  xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return pathlib.Path(xdg) / "embedlib"
+
+
+def _build(cxx: str, target: pathlib.Path) -> None:
+  """Compiles the library to ``target``: to a temporary name, then renamed.
+
+  Concurrent builds (several processes starting at once) each rename a
+  complete library; a failed one leaves nothing behind.
+  """
+  target.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+  os.close(fd)
+  cc = [str(p) for p in sources() if p.suffix == ".cc"]
+  cmd = [cxx, *_FLAGS, "-I", jax.ffi.include_dir(), *cc, "-o", tmp]
+  try:
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+      raise RuntimeError(f"{' '.join(cmd)} failed:\n{result.stderr[-4000:]}")
+    os.replace(tmp, target)
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+  """Builds (once per cache), loads and registers the library; None if it cannot."""
+  cxx = compiler()
+  if cxx is None:
+    _log.warning(
+        "embedlib: no C++ compiler (set CXX, or install g++) for the CPU kernels; "
+        "using XLA ops on CPU (slower lookups and sparse updates, same results)."
+    )
+    return None
+  import jaxlib  # noqa: PLC0415 (only here: its version keys the cache)
+
+  key = hashlib.sha256(b"\0".join(
+      [p.read_bytes() for p in sources()]
+      + [jaxlib.__version__.encode(), cxx.encode(), " ".join(_FLAGS).encode()]
+  )).hexdigest()[:16]
+  target = cache_dir() / f"cpu_kernels-{key}.so"
+  try:
+    if not target.exists():
+      _build(cxx, target)
+    lib = ctypes.cdll.LoadLibrary(str(target))
+    for name, symbol in TARGETS.items():
+      jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+  except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+    _log.warning("embedlib: the CPU kernels are unavailable (%s); using XLA ops.", e)
+    return None
+  return lib
+
+
+def switched_off() -> bool:
+  """Whether ``EMBEDLIB_CPU_KERNELS`` turns the CPU kernels off."""
+  return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "off", "no")
+
+
+def available() -> bool:
+  """Whether the CPU kernels may be used: not switched off, and the library loads."""
+  return not switched_off() and library() is not None
+
+
+def require() -> None:
+  """Raises RuntimeError naming the fix when the library is not available."""
+  if library() is None:
+    raise RuntimeError(
+        "embedlib: the CPU kernels' library could not be built or loaded (see the "
+        "warning logged: install a C++ compiler or set CXX); use kernel='xla', or "
+        "check cpu_library.available() first."
+    )
+
+
+def call(target: str, results, *operands, aliases=None, vary_like=None, **attrs):
+  """``jax.ffi.ffi_call`` of a registered target, typed for ``shard_map``.
+
+  Inside ``shard_map`` an FFI call's results are typed as invariant over
+  the mesh; each is cast (a type change, no data moves) to vary over the
+  axes XLA ops would give it: those of ``vary_like[i]`` when given (an
+  input updated in place), else the union of the operands' axes.
+
+  Args:
+    target: a name in ``TARGETS``.
+    results: ``jax.ShapeDtypeStruct`` per result.
+    *operands: the handler's operands, in order.
+    aliases: operand index -> result index, for results updated in place.
+    vary_like: optional array per result whose varying axes it takes.
+    **attrs: the handler's attributes (numpy scalars).
+
+  Returns:
+    The list of results.
+  """
+  require()
+  call_fn = jax.ffi.ffi_call(
+      target, list(results), input_output_aliases=aliases, vmap_method="sequential")
+  outs = call_fn(*operands, **attrs)
+  union = frozenset().union(*(_compat.varying_axes(x) for x in operands))
+  cast = []
+  for i, out in enumerate(outs):
+    want = union if vary_like is None else _compat.varying_axes(vary_like[i])
+    missing = want - _compat.varying_axes(out)
+    cast.append(jax.lax.pcast(out, tuple(sorted(missing)), to="varying") if missing else out)
+  return cast
