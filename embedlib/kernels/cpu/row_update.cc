@@ -27,6 +27,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -285,66 +286,54 @@ ffi::Error AdamGlobalImpl(ffi::Buffer<ffi::F32> table, ffi::Buffer<ffi::F32> m,
 
 }  // namespace
 
+namespace {
+
+using F32 = ffi::Buffer<ffi::F32>;
+using S32 = ffi::Buffer<ffi::S32>;
+
+// The operands after the state: ids, grads, offsets, lr.
+template <typename Binding>
+auto BatchArgs(Binding b) {
+  return std::move(b).template Arg<S32>().template Arg<F32>().template Arg<S32>().template Arg<F32>();
+}
+
+template <typename Binding>
+auto AdamAttrs(Binding b) {
+  return std::move(b)
+      .template Attr<int64_t>("features")
+      .template Attr<float>("b1")
+      .template Attr<float>("one_minus_b1")
+      .template Attr<float>("b2")
+      .template Attr<float>("one_minus_b2")
+      .template Attr<float>("eps");
+}
+
+}  // namespace
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibSgd, SgdImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                              BatchArgs(ffi::Ffi::Bind().Arg<F32>())
                                   .Attr<int64_t>("features")
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<F32>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibAdagrad, AdagradImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                              BatchArgs(ffi::Ffi::Bind().Arg<F32>().Arg<F32>())
                                   .Attr<int64_t>("features")
                                   .Attr<float>("eps")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<F32>()
+                                  .Ret<F32>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibAdamRow, AdamRowImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("features")
-                                  .Attr<float>("b1")
-                                  .Attr<float>("one_minus_b1")
-                                  .Attr<float>("b2")
-                                  .Attr<float>("one_minus_b2")
-                                  .Attr<float>("eps")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    EmbedlibAdamRow, AdamRowImpl,
+    AdamAttrs(BatchArgs(ffi::Ffi::Bind().Arg<F32>().Arg<F32>().Arg<F32>().Arg<S32>()))
+        .Ret<F32>()
+        .Ret<F32>()
+        .Ret<F32>()
+        .Ret<S32>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibAdamGlobal, AdamGlobalImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("features")
-                                  .Attr<float>("b1")
-                                  .Attr<float>("one_minus_b1")
-                                  .Attr<float>("b2")
-                                  .Attr<float>("one_minus_b2")
-                                  .Attr<float>("eps")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+// The optimizer's step follows lr.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    EmbedlibAdamGlobal, AdamGlobalImpl,
+    AdamAttrs(BatchArgs(ffi::Ffi::Bind().Arg<F32>().Arg<F32>().Arg<F32>()).Arg<S32>())
+        .Ret<F32>()
+        .Ret<F32>()
+        .Ret<F32>());
