@@ -304,10 +304,7 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
   xla = lambda: _xla_local_update(rule, table, slots, ids, grads, lr, step, plan=plan)
   if kernels.target_platform() != "cpu" or not fused_cpu.supports(rule, table, slots):
     return xla()
-  rows_here, cols_here = table.shape
-  rank = collectives.group_rank(plan.table_axes)
-  first_row = rank * rows_here if plan.strategy == axes_lib.VOCAB else 0
-  first_col = rank * cols_here if plan.strategy == axes_lib.HIDDEN else 0
+  first_row, first_col = _shard_origin(table, plan)
   fused = lambda: fused_cpu.update(
       rule, table, slots, ids, grads, lr, step,
       first_row=first_row, first_col=first_col, features=plan.features,
@@ -315,11 +312,19 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
   return lax.platform_dependent(cpu=fused, default=xla)
 
 
+def _shard_origin(table, plan):
+  """This rank's first global row (vocab) and first logical column (hidden); 0 otherwise."""
+  rows_here, cols_here = table.shape
+  rank = collectives.group_rank(plan.table_axes)
+  first_row = rank * rows_here if plan.strategy == axes_lib.VOCAB else 0
+  first_col = rank * cols_here if plan.strategy == axes_lib.HIDDEN else 0
+  return first_row, first_col
+
+
 def _xla_local_update(rule, table, slots, ids, grads, lr, step, *, plan):
   """``_local_update`` in XLA ops: the path of every platform but CPU."""
   rows_here, cols_here = table.shape
-  rank = collectives.group_rank(plan.table_axes)
-  offset = rank * rows_here if plan.strategy == axes_lib.VOCAB else 0
+  offset, first_col = _shard_origin(table, plan)
   local = jnp.where(ids >= 0, ids - offset, -1)
   scratch = _scratch_slot(slots, ids.shape[0])
   read_slots = lambda idx: {
@@ -364,7 +369,7 @@ def _xla_local_update(rule, table, slots, ids, grads, lr, step, *, plan):
     row_sq_mean = jnp.sum(g * g, axis=1) / plan.features
   if plan.strategy == axes_lib.HIDDEN:
     g = jnp.pad(g, ((0, 0), (0, plan.padded_shape[1] - plan.features)))
-    g = lax.dynamic_slice_in_dim(g, rank * cols_here, cols_here, axis=1)
+    g = lax.dynamic_slice_in_dim(g, first_col, cols_here, axis=1)
   # Owned indices are distinct, so adding the increment is the same as
   # setting the new row, without reading the table. Untouched rows are
   # never written: exact whatever the rule computes for them.

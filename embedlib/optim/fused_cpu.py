@@ -82,8 +82,10 @@ def update(rule, table, slots, ids, grads, lr, step, *, first_row, first_col, fe
     first_row, first_col: int32 scalars, the shard's first global row and
       logical column.
     features: static, the table's logical columns.
+
+  Raises:
+    RuntimeError: without the CPU kernels' library (``cpu_library.call``).
   """
-  cpu_library.require()
   offsets = jnp.stack([jnp.asarray(first_row, jnp.int32), jnp.asarray(first_col, jnp.int32)])
   ids = jnp.asarray(ids, jnp.int32)
   grads = jnp.asarray(grads, jnp.float32)
