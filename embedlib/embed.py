@@ -8,6 +8,7 @@ from types import MappingProxyType
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax.nnx.nn import dtypes
 from flax.nnx.nn.linear import default_embed_init
@@ -224,14 +225,21 @@ class ShardedEmbed(nnx.Module):
     Returns:
       The embeddings, in ``dtype``.
     """
-    ids = jnp.asarray(inputs)
-    if not jnp.issubdtype(ids.dtype, jnp.integer):
+    host = inputs if isinstance(inputs, jax.Array) else np.asarray(inputs)
+    if not jnp.issubdtype(host.dtype, jnp.integer):
       raise ValueError("Input type must be an integer or unsigned integer.")
-    if self.invalid_ids == invalid_lib.ERROR:
-      invalid_lib.check(ids, self.num_embeddings, self.plan.name)
+    check = self.invalid_ids == invalid_lib.ERROR
+    if check and not isinstance(host, jax.core.Tracer):
+      invalid_lib.check(host, self.num_embeddings, self.plan.name)
+    ids = invalid_lib.as_ids(host, self.num_embeddings)
     if eager_on_mesh(self.mesh, ids, self.embedding[...]):
       return _eager_lookup(self, ids, out_sharding)
-    return self._lookup(ids, out_sharding)
+    out = self._lookup(ids, out_sharding)
+    if check and isinstance(host, jax.core.Tracer):
+      # After the lookup: a checkify.check ahead of a shard_map in one jit
+      # fails to trace on Explicit mesh axes.
+      invalid_lib.check(ids, self.num_embeddings, self.plan.name)
+    return out
 
   def _lookup(self, ids, out_sharding):
     flat = invalid_lib.sanitize(ids.reshape(ids.shape or (1,)), self.num_embeddings)

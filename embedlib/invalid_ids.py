@@ -8,6 +8,12 @@ past the end and wraps negative ids (numpy indexing). With
 table size: raised at once for concrete ids, and through
 ``jax.experimental.checkify`` when the lookup is traced (wrap the jitted
 function in ``checkify.checkify`` to get the error back).
+
+Ids of every integer dtype follow the rule. The range test never runs in a
+dtype that can't hold ``num_embeddings`` (int8 ids of a 40,000-row table are
+all in range once non-negative), and 64-bit host ids (numpy, Python ints)
+are tested on the host in full precision before JAX sees them: with x64 off
+JAX would keep only their low 32 bits, turning ``2**32 + 5`` into row 5.
 """
 
 from __future__ import annotations
@@ -22,21 +28,67 @@ ERROR = "error"
 MODES = (ZERO, ERROR)
 
 
+def valid_mask(ids, num_embeddings: int):
+  """``0 <= ids < num_embeddings``, exact for every integer dtype.
+
+  Works on numpy and JAX arrays alike. The bound is compared in the ids'
+  own dtype only when that dtype can hold it, so it can't overflow.
+
+  >>> valid_mask(np.array([1, 100, -1], np.int8), 40_000).tolist()
+  [True, True, False]
+  >>> valid_mask(jnp.array([200, 7], jnp.uint8), 100).tolist()
+  [False, True]
+  """
+  dtype = np.dtype(ids.dtype)
+  info = np.iinfo(dtype)
+  valid = ids >= 0 if info.min < 0 else (ids == ids)
+  if info.max >= num_embeddings:
+    valid = valid & (ids < np.asarray(num_embeddings, dtype))
+  return valid
+
+
+def as_ids(x, num_embeddings: int):
+  """Brings ids of any integer dtype to an array JAX holds without loss.
+
+  JAX arrays and tracers are returned unchanged (JAX has already fixed
+  their dtype). Host ids that JAX would narrow (64-bit ids with x64 off)
+  are range-tested here in full precision and handed over as int32, with
+  every invalid id (including one past int32's range) set to ``-1``.
+  Anything else, non-integers included, is returned as ``jnp.asarray``
+  gives it, for the caller's own checks.
+
+  >>> as_ids(np.array([2**32 + 5, 3], np.int64), 10).tolist()
+  [-1, 3]
+  """
+  if isinstance(x, jax.Array):
+    return x
+  host = np.asarray(x)
+  if (
+      host.dtype.kind in "iu"
+      and host.dtype.itemsize == 8
+      and not jax.config.jax_enable_x64
+  ):
+    return jnp.asarray(np.where(valid_mask(host, num_embeddings), host, -1).astype(np.int32))
+  return jnp.asarray(host)
+
+
 def sanitize(ids, num_embeddings: int):
   """Maps every invalid id to ``-1`` and returns int32 ids.
 
-  The range test runs in the ids' own dtype, so a 64-bit id beyond the table
-  can't wrap into a valid int32 one.
-
   >>> sanitize(jnp.array([0, 4, 5, -3]), 5)
   Array([ 0,  4, -1, -1], dtype=int32)
+  >>> sanitize(jnp.array([1, 30000], jnp.int16), 40_000)
+  Array([    1, 30000], dtype=int32)
   """
-  valid = (ids >= 0) & (ids < num_embeddings)
-  return jnp.where(valid, ids, -1).astype(jnp.int32)
+  # Cast before the select: valid ids fit int32 exactly, invalid ones are
+  # replaced whatever the cast made of them.
+  return jnp.where(valid_mask(ids, num_embeddings), ids.astype(jnp.int32), -1)
 
 
 def check(ids, num_embeddings: int, name: str) -> None:
   """Raises if any id is outside ``[0, num_embeddings)``.
+
+  Host ids are checked in full precision; call it before ``as_ids``.
 
   >>> check(jnp.array([1, 7]), 5, "user_id")
   Traceback (most recent call last):
@@ -44,7 +96,7 @@ def check(ids, num_embeddings: int, name: str) -> None:
   IndexError: user_id: id 7 (at flat position 1) is outside [0, 5); ...
   """
   if isinstance(ids, jax.core.Tracer):
-    valid = (ids >= 0) & (ids < num_embeddings)
+    valid = valid_mask(ids, num_embeddings)
     first = jnp.argmin(valid.reshape(-1)) if ids.size else 0
     bad = ids.reshape(-1)[first] if ids.size else 0
     checkify.check(
@@ -55,7 +107,7 @@ def check(ids, num_embeddings: int, name: str) -> None:
     )
     return
   flat = np.asarray(ids).reshape(-1)
-  bad = np.flatnonzero((flat < 0) | (flat >= num_embeddings))
+  bad = np.flatnonzero(~valid_mask(flat, num_embeddings))
   if bad.size:
     pos = int(bad[0])
     raise IndexError(

@@ -74,7 +74,12 @@ def to_bags(spec: FeatureSpec, x, weights, num_embeddings: int) -> Bags:
   ragged = _ragged_parts(x)
   single = False
   if ragged is not None:
-    values, lengths = (jnp.asarray(a) for a in ragged)
+    # Sanitised before padding: a -1 pad in a narrow unsigned dtype would
+    # wrap onto a valid row.
+    values = invalid_lib.as_ids(ragged[0], num_embeddings)
+    if jnp.issubdtype(values.dtype, jnp.integer):
+      values = invalid_lib.sanitize(values, num_embeddings)
+    lengths = jnp.asarray(ragged[1])
     if spec.max_ids_per_sample is None:
       raise ValueError(
           f"{owner}: ragged ids need a static bag width; set "
@@ -98,7 +103,7 @@ def to_bags(spec: FeatureSpec, x, weights, num_embeddings: int) -> Bags:
       raise ValueError(f"{owner}: {e}") from None
     ids, weights = padded if weights is not None else (padded, None)
   else:
-    ids = jnp.asarray(x)
+    ids = invalid_lib.as_ids(x, num_embeddings)
     if ids.ndim == 1:
       single = True
       ids = ids[:, None]

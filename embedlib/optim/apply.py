@@ -133,7 +133,7 @@ def _flatten(pairs, plan):
   """Flat, sanitised ``(ids [n], grads [n, features])`` per pair."""
   out = []
   for ids, grads in pairs:
-    ids = jnp.asarray(ids)
+    ids = invalid_lib.as_ids(ids, plan.num_embeddings)
     grads = jnp.asarray(grads)
     if grads.shape != ids.shape + (plan.features,):
       raise ValueError(

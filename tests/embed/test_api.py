@@ -124,8 +124,13 @@ def test_invalid_ids_are_zero_by_default_and_nnx_embed_differs():
   assert np.isnan(np.asarray(ref(ids)[1])).all()  # the documented difference
 
 
-def test_invalid_ids_as_errors():
-  emb = embedlib.ShardedEmbed(5, 2, invalid_ids="error", name="user_id", rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("mesh_shape", [None, (2, 4)], ids=["no-mesh", "explicit-2x4"])
+def test_invalid_ids_as_errors(mesh_shape):
+  # jax.make_mesh's default axes are Explicit, where a check ahead of the
+  # shard_map used to fail to trace.
+  mesh = mesh_shape and make_mesh(mesh_shape, ("data", "model"))
+  emb = embedlib.ShardedEmbed(5, 2, invalid_ids="error", name="user_id", mesh=mesh,
+                              rngs=nnx.Rngs(0))
   with pytest.raises(IndexError, match=r"user_id: id 9 .* outside \[0, 5\)"):
     emb(jnp.array([1, 9]))
   graphdef, state = nnx.split(emb)
