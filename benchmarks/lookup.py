@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import embedlib  # noqa: E402
 from embedlib import axes  # noqa: E402
+from embedlib import options  # noqa: E402
 from timing import interleaved, print_table  # noqa: E402
 
 
@@ -62,7 +63,7 @@ def eight_devices(vocab, width, n, repeats):
   mesh = jax.make_mesh((8,), (axes.BATCH,))
   ids = jax.device_put(zipf_ids(n, vocab), NamedSharding(mesh, P(axes.BATCH)))
   cases = {}
-  for strategy in axes.STRATEGIES:
+  for strategy in options.STRATEGIES:
     emb = embedlib.ShardedEmbed(vocab, width, mesh=mesh, sharding=strategy, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(emb)
     fn = jax.jit(lambda s, i, g=graphdef: nnx.merge(g, s)(i))

@@ -1,4 +1,4 @@
-"""Mesh axis names and logical names used across embedlib, in one place.
+"""Mesh axis names, in one place.
 
 Call sites import these constants instead of spelling axis names as string
 literals, so that renaming an axis is a one-line change.
@@ -14,16 +14,3 @@ DATA = "data"
 MODEL = "model"
 BATCH = "batch"
 REPLICA = "replica"
-
-#: Strategies a table can be laid out with.
-REPLICATED = "replicated"
-VOCAB = "vocab"
-HIDDEN = "hidden"
-STRATEGIES = (REPLICATED, VOCAB, HIDDEN)
-AUTO = "auto"
-
-#: Pooling combiners for multi-hot features.
-COMBINERS = ("sum", "mean", "sqrtn")
-
-#: Local lookup kernels.
-KERNELS = ("auto", "xla", "pallas", "cpu")

@@ -15,36 +15,30 @@ from flax.nnx.nn.linear import default_embed_init
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from embedlib import _compat
-from embedlib import axes as axes_lib
+from embedlib import sharding as sharding_lib
+from embedlib import options
 from embedlib import invalid_ids as invalid_lib
 from embedlib import kernels
 from embedlib import strategies
+from embedlib import tape as tape_lib
+from embedlib.strategies import dedup
+from embedlib.strategies.request import Request
 from embedlib.plan import plan_embedding
-
-#: Row taps, innermost last: the hook ``embedlib.optim`` uses to take
-#: gradients with respect to looked-up rows instead of the whole table. While
-#: one is active, each lookup passes ``(module, ids, rows)`` to its
-#: ``lookup`` and returns what that gives back, and ``attend`` reports the
-#: table to its ``attend`` (a dense use). Empty otherwise.
-ROW_TAPS: list = []
-
 
 def eager_on_mesh(mesh, *values) -> bool:
   """Whether a module call should run as one cached jit: eager, on a concrete mesh.
 
   Called eagerly, the mesh path would dispatch op by op and compile its
-  ``shard_map`` and placements afresh on every call (about 36 compiles,
-  0.5 to 1.2 s per ``ShardedEmbed`` lookup on the 8-device CPU mesh); jitted
-  once per module structure and input shape, later calls reuse the
-  executable. Not while a row tap is active: the tap must see the caller's
-  trace. ``values``: the call's inputs and tables (pytrees).
+  ``shard_map`` and placements afresh on every call; jitted once per module
+  structure and input shape, later calls reuse the executable. Not while a
+  tape records lookups: it must see the caller's trace. ``values``: the
+  call's inputs and tables (pytrees).
   """
   return (
       mesh is not None
-      and _compat.has_devices(mesh)
-      and not ROW_TAPS
-      and not _compat.any_tracer(*values)
+      and sharding_lib.has_devices(mesh)
+      and tape_lib.active() is None
+      and not sharding_lib.any_tracer(*values)
   )
 
 
@@ -112,7 +106,7 @@ class ShardedEmbed(nnx.Module):
       features: int,
       *,
       mesh=None,
-      sharding: str = axes_lib.AUTO,
+      sharding: str = options.AUTO,
       table_axes=None,
       data_axes=None,
       tied: bool = False,
@@ -137,7 +131,7 @@ class ShardedEmbed(nnx.Module):
           f"{name}: embedding_metadata sets 'out_sharding', but ShardedEmbed "
           "lays out its own table; choose it with sharding= and table_axes=."
       )
-    mesh = _compat.current_mesh() if mesh is None else mesh
+    mesh = sharding_lib.current_mesh() if mesh is None else mesh
     extra = {}
     if replicate_below_bytes is not None:
       extra["replicate_below_bytes"] = replicate_below_bytes
@@ -178,8 +172,8 @@ class ShardedEmbed(nnx.Module):
     pad = ((0, rows - table.shape[0]), (0, cols - table.shape[1]))
     if self.mesh is None:
       return jnp.pad(table, pad) if any(p for _, p in pad) else table
-    if isinstance(table, jax.core.Tracer) or not _compat.has_devices(self.mesh):
-      return _compat.place_always(jnp.pad(table, pad), self._sharding())
+    if isinstance(table, jax.core.Tracer) or not sharding_lib.has_devices(self.mesh):
+      return sharding_lib.place_always(jnp.pad(table, pad), self._sharding())
     return _pad_onto(pad, self._sharding())(table)
 
   def logical_table(self) -> jax.Array:
@@ -192,7 +186,7 @@ class ShardedEmbed(nnx.Module):
     if self.plan.padded_shape == self.plan.logical_shape:
       return table
     if self.mesh is not None:
-      table = _compat.place_always(table, NamedSharding(self.mesh, P()))
+      table = sharding_lib.place_always(table, NamedSharding(self.mesh, P()))
     return table[: self.num_embeddings, : self.features]
 
   def load_table(self, table) -> None:
@@ -219,40 +213,143 @@ class ShardedEmbed(nnx.Module):
     """Embeds integer ids: ``inputs.shape + (features,)``.
 
     Args:
-      inputs: int ids of any shape; the leading dimension is the batch.
+      inputs: int ids of any shape and integer dtype; the leading dimension
+        is the batch.
       out_sharding: optional ``PartitionSpec`` or ``Sharding`` of the output.
 
     Returns:
       The embeddings, in ``dtype``.
     """
-    host = inputs if isinstance(inputs, jax.Array) else np.asarray(inputs)
-    if not jnp.issubdtype(host.dtype, jnp.integer):
-      raise ValueError("Input type must be an integer or unsigned integer.")
-    check = self.invalid_ids == invalid_lib.ERROR
-    if check and not isinstance(host, jax.core.Tracer):
-      invalid_lib.check(host, self.num_embeddings, self.plan.name)
-    ids = invalid_lib.as_ids(host, self.num_embeddings)
-    if eager_on_mesh(self.mesh, ids, self.embedding[...]):
-      return _eager_lookup(self, ids, out_sharding)
-    out = self._lookup(ids, out_sharding)
-    if check and isinstance(host, jax.core.Tracer):
-      # After the lookup: a checkify.check ahead of a shard_map in one jit
-      # fails to trace on Explicit mesh axes.
-      invalid_lib.check(ids, self.num_embeddings, self.plan.name)
+    ids = _integers(inputs, self.plan.name)
+    flat = ids.reshape(ids.shape or (1,))
+    (out,) = self.lookup_requests((Request(flat),))
+    return self._reshard(out.reshape(ids.shape + (self.features,)), out_sharding)
+
+  def bag(self, ids, weights=None, *, combiner: str = "sum", out_sharding=None) -> jax.Array:
+    """Pooled lookup of padded bags: ``[batch, bag]`` ids to ``[batch, features]``.
+
+    No ``[batch, bag, features]`` intermediate: each rank pools its rows
+    with the bag kernel and only pooled rows are communicated.
+
+    >>> from flax import nnx
+    >>> emb = ShardedEmbed(3, 2, rngs=nnx.Rngs(0))
+    >>> emb.load_table(jnp.arange(6.0).reshape(3, 2))
+    >>> emb.bag(jnp.array([[0, 2, -1]]), combiner="mean")
+    Array([[2., 3.]], dtype=float32)
+
+    Args:
+      ids: int ``[batch, bag]``, padded with ``-1`` (any invalid id is
+        padding).
+      weights: optional float ``[batch, bag]`` per-id weights.
+      combiner: ``"sum" | "mean" | "sqrtn"`` over each bag's valid ids.
+      out_sharding: optional ``PartitionSpec`` or ``Sharding`` of the output.
+
+    Returns:
+      ``[batch, features]``, in ``dtype``.
+    """
+    kernels.check_combiner(combiner)
+    ids = _integers(ids, self.plan.name)
+    if ids.ndim != 2:
+      raise ValueError(
+          f"{self.plan.name}: bag() takes ids [batch, bag] padded with -1, got "
+          f"shape {ids.shape}; use __call__ for unpooled rows."
+      )
+    if weights is not None:
+      weights = jnp.asarray(weights)
+      if weights.shape != ids.shape:
+        raise ValueError(
+            f"{self.plan.name}: bag() weights of shape {weights.shape} must match "
+            f"the ids' shape {ids.shape}."
+        )
+    (out,) = self.lookup_requests((Request(ids, weights, combiner),))
+    return self._reshard(out, out_sharding)
+
+  def lookup_requests(self, requests, *, num_unique: int | None = None,
+                      on_overflow: str = dedup.FALLBACK) -> tuple:
+    """Several lookups of this table at once, optionally with id dedup.
+
+    The path every lookup of the table takes (``__call__``, ``bag`` and
+    ``EmbeddingCollection``): sanitising, kernel choice, the strategy, the
+    report to an ``embedlib.optim`` tape, and the cached jit of an eager
+    call on a mesh.
+
+    Args:
+      requests: ``Request`` s; with ``num_unique``, ids ``[batch]`` or
+        ``[batch, bag]`` sharing the batch.
+      num_unique: None, or look each data shard's distinct ids (over all
+        requests) up once, at most this many (see
+        ``embedlib.strategies.dedup``).
+      on_overflow: ``"fallback"`` or ``"error"``, for a shard holding more
+        than ``num_unique`` distinct ids.
+
+    Returns:
+      One output per request: ``ids.shape + (features,)`` unpooled,
+      ``[batch, features]`` pooled, in ``dtype``.
+    """
+    raw = [_integers(r.ids, self.plan.name) for r in requests]
+    requests = tuple(
+        Request(self._sanitize(ids), r.weights, r.combiner) for ids, r in zip(raw, requests)
+    )
+    if eager_on_mesh(self.mesh, requests, self.embedding[...]):
+      out, need = _eager_requests(self, requests, num_unique, on_overflow)
+    else:
+      out, need = self._lookup_requests(requests, num_unique, on_overflow)
+    # Traced checks come after the lookups, whose shard_maps they would
+    # otherwise precede (see strategies.sharded.no_context_mesh).
+    if num_unique is not None and on_overflow == dedup.ERROR:
+      dedup.check_capacity(need, num_unique, self.plan.name)
+    if self.invalid_ids == invalid_lib.ERROR:
+      for ids in raw:
+        if isinstance(ids, jax.core.Tracer):
+          invalid_lib.check(ids, self.num_embeddings, self.plan.name)
     return out
 
-  def _lookup(self, ids, out_sharding):
-    flat = invalid_lib.sanitize(ids.reshape(ids.shape or (1,)), self.num_embeddings)
-    gather = functools.partial(kernels.gather, kernel=self.kernel)
-    out = strategies.lookup(
-        self.embedding[...], flat, plan=self.plan, mesh=self.mesh, gather=gather,
-        check_vma=kernels.shard_map_check_vma(self.kernel),
+  def distinct_ids_per_shard(self, requests) -> int:
+    """The most distinct valid ids any data shard holds over ``requests``.
+
+    The ``num_unique`` these requests need (concrete ids only).
+    """
+    ids = jnp.concatenate(
+        [dedup.as_2d(self._sanitize(_integers(r.ids, self.plan.name))) for r in requests], axis=1
     )
-    if ROW_TAPS:
-      out = ROW_TAPS[-1].lookup(self, flat, out)
-    out = out.reshape(ids.shape + (self.features,))
-    (out,) = self.promote_dtype((out,), dtype=self.dtype, inexact=False)
-    return self._reshard(out, out_sharding)
+    return int(_max_unique(ids, plan=self.plan, mesh=self.mesh))
+
+  def _sanitize(self, ids):
+    """Ids of any integer dtype as int32, ``-1`` for every invalid id.
+
+    Raises at once for invalid concrete ids under ``invalid_ids="error"``;
+    traced ones are checked after the lookup (``lookup_requests``).
+    """
+    if self.invalid_ids == invalid_lib.ERROR and not isinstance(ids, jax.core.Tracer):
+      invalid_lib.check(ids, self.num_embeddings, self.plan.name)
+    return invalid_lib.sanitize(invalid_lib.as_ids(ids, self.num_embeddings),
+                                self.num_embeddings)
+
+  def _lookup_requests(self, requests, num_unique, on_overflow):
+    table = self.embedding[...]
+    gather = functools.partial(kernels.gather, kernel=self.kernel)
+    bag = functools.partial(kernels.bag, kernel=self.kernel)
+    run = dict(plan=self.plan, mesh=self.mesh, gather=gather, bag=bag,
+               check_vma=kernels.shard_map_check_vma(self.kernel))
+    need = None
+    if num_unique is None:
+      out = strategies.lookup_requests(table, requests, **run)
+    else:
+      out, need = dedup.lookup_requests(
+          table, requests, capacity=num_unique, on_overflow=on_overflow, **run
+      )
+    tape = tape_lib.active()
+    if tape is not None:
+      # Outside the dedup lax.cond: a tape records traced ids, which must not
+      # leak out of a branch.
+      out = tuple(
+          tape.lookup(self, r.ids, o, kernels.bag_coefficients(
+              r.ids, r.weights, self.num_embeddings, r.combiner) if r.pooled else None)
+          for r, o in zip(requests, out)
+      )
+    return tuple(
+        self.promote_dtype((o,), dtype=self.dtype, inexact=False)[0] for o in out
+    ), need
 
   def attend(self, query, out_sharding=None) -> jax.Array:
     """``query @ logical_table.T``: exactly ``num_embeddings`` logits.
@@ -275,8 +372,9 @@ class ShardedEmbed(nnx.Module):
     return self._attend(query, out_sharding)
 
   def _attend(self, query, out_sharding):
-    if ROW_TAPS:
-      ROW_TAPS[-1].attend(self)
+    tape = tape_lib.active()
+    if tape is not None:
+      tape.attend(self)
     query, table = self.promote_dtype(
         (query, self.embedding[...]), dtype=self.dtype
     )
@@ -295,11 +393,31 @@ class ShardedEmbed(nnx.Module):
             "mesh= or a NamedSharding."
         )
       out_sharding = NamedSharding(self.mesh, out_sharding)
-    return _compat.place_always(out, out_sharding)
+    return sharding_lib.place_always(out, out_sharding)
+
+
+def _integers(ids, name):
+  """``ids`` as an array (host ids stay numpy, in full precision), integers only."""
+  ids = ids if isinstance(ids, jax.Array) else np.asarray(ids)
+  if not jnp.issubdtype(ids.dtype, jnp.integer):
+    raise ValueError(  # nnx.Embed's words first, for code that matches them
+        f"Input type must be an integer or unsigned integer: table {name!r} "
+        f"got {ids.dtype} ids; cast them with .astype(jnp.int32)."
+    )
+  return ids
 
 
 # The eager paths of `eager_on_mesh`: jit caches key on the module's structure
-# (plan, mesh, kernel: in its graph definition), the input's shape and the
-# static ``out_sharding``.
-_eager_lookup = nnx.jit(ShardedEmbed._lookup, static_argnums=2)
+# (plan, mesh, kernel: in its graph definition), the inputs' shapes and the
+# static options.
+_eager_requests = nnx.jit(ShardedEmbed._lookup_requests, static_argnums=(2, 3))
 _eager_attend = nnx.jit(ShardedEmbed._attend, static_argnums=2)
+
+
+@functools.partial(jax.jit, static_argnames=("plan", "mesh"))
+def _max_unique(ids, *, plan, mesh):
+  # Jitted: an eager shard_map runs op by op, far slower than one compile.
+  ids = sharding_lib.pad_tokens(ids, plan.data_shards, -1)
+  capacity = ids.size // plan.data_shards  # can't overflow
+  _, _, counts = dedup.unique_per_shard(ids, capacity, plan=plan, mesh=mesh)
+  return jnp.max(counts)

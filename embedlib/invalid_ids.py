@@ -97,8 +97,12 @@ def check(ids, num_embeddings: int, name: str) -> None:
   """
   if isinstance(ids, jax.core.Tracer):
     valid = valid_mask(ids, num_embeddings)
-    first = jnp.argmin(valid.reshape(-1)) if ids.size else 0
-    bad = ids.reshape(-1)[first] if ids.size else 0
+    # The first invalid id, by reductions only: indexing a sharded array
+    # with a traced position needs its output sharding spelled out.
+    flat, ok = ids.reshape(-1), valid.reshape(-1)
+    pos = jnp.arange(flat.shape[0])
+    first = jnp.min(jnp.where(ok, flat.shape[0], pos), initial=flat.shape[0])
+    bad = jnp.sum(jnp.where(pos == first, flat, 0))
     checkify.check(
         jnp.all(valid),
         f"{name}: id {{bad}} is outside [0, {num_embeddings}); use ids in "

@@ -49,6 +49,7 @@ from flax import nnx
 
 import embedlib
 from embedlib import axes
+from embedlib import options
 
 print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devices")
 
@@ -85,8 +86,8 @@ for title, s in scenarios.items():
       strategy: embedlib.plan_embedding(s["num_embeddings"], s["features"], mesh=s["mesh"],
                                         sharding=strategy, tokens=s["tokens"], name=title,
                                         **s["kwargs"])
-      for strategy in (axes.AUTO,) + axes.STRATEGIES}
-  print(plans[title][axes.AUTO], end="\n\n")
+      for strategy in (options.AUTO,) + options.STRATEGIES}
+  print(plans[title][options.AUTO], end="\n\n")
 
 # %% [markdown]
 # ## Every strategy, in numbers
@@ -98,9 +99,9 @@ for title, s in scenarios.items():
 print(f"{'scenario':<22}{'strategy':<12}{'padded shape':<16}{'padding':>9}"
       f"{'MiB/device':>12}{'KiB moved':>12}")
 for title, by_strategy in plans.items():
-  for strategy in axes.STRATEGIES:
+  for strategy in options.STRATEGIES:
     p = by_strategy[strategy]
-    mark = "*" if strategy == by_strategy[axes.AUTO].strategy else " "
+    mark = "*" if strategy == by_strategy[options.AUTO].strategy else " "
     print(f"{title:<22}{mark}{strategy:<11}{str(p.padded_shape):<16}"
           f"{100 * p.padding_overhead:>8.2f}%{p.bytes_per_device / 2**20:>12.2f}"
           f"{p.bytes_moved_per_lookup / 2**10:>12.1f}")
@@ -115,7 +116,7 @@ for title, by_strategy in plans.items():
 # %%
 fig, (ax_mem, ax_moved) = plt.subplots(1, 2, figsize=(12, 4))
 x = np.arange(len(plans))
-for i, strategy in enumerate(axes.STRATEGIES):
+for i, strategy in enumerate(options.STRATEGIES):
   mem = [plans[t][strategy].bytes_per_device / 2**20 for t in plans]
   moved = [plans[t][strategy].bytes_moved_per_lookup / 2**10 for t in plans]
   ax_mem.bar(x + (i - 1) * 0.27, mem, 0.27, label=strategy)
@@ -147,7 +148,7 @@ else:
                          devices=jax.devices()[:8])
     ids = jax.random.randint(jax.random.key(0), (min(s["tokens"], 64),), 0, s["num_embeddings"])
     query = jax.random.normal(jax.random.key(1), (ids.shape[0], s["features"]))
-    for strategy in (axes.VOCAB, axes.HIDDEN):
+    for strategy in (options.VOCAB, options.HIDDEN):
       emb = embedlib.ShardedEmbed(s["num_embeddings"], s["features"], mesh=mesh,
                                   sharding=strategy, name=title, rngs=nnx.Rngs(0), **s["kwargs"])
       assert emb.plan.padded_shape == plans[title][strategy].padded_shape

@@ -49,6 +49,7 @@ from flax import nnx
 
 import embedlib
 from embedlib import axes
+from embedlib import options
 
 print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devices")
 
@@ -107,7 +108,7 @@ print("id -1 looks up zeros")
 # any plan without allocating a table.
 
 # %%
-for strategy in axes.STRATEGIES:
+for strategy in options.STRATEGIES:
   p = embedlib.plan_embedding(50257, 768, mesh=mesh, sharding=strategy, tied=True)
   print(f"{strategy:>10}: padded {p.padded_shape}, {p.bytes_per_device / 2**20:.1f} MiB/device, "
         f"{p.bytes_moved_per_lookup / 2**20:.1f} MiB moved per lookup")

@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from embedlib import _compat
+from embedlib import sharding as sharding_lib
 from embedlib.optim import apply as apply_lib
 from embedlib.optim import row_grads
 
@@ -25,7 +25,7 @@ def _unpad(x, logical_shape, mesh):
   if x.shape == logical_shape:
     return x
   if mesh is not None:
-    x = _compat.place_always(x, NamedSharding(mesh, P()))
+    x = sharding_lib.place_always(x, NamedSharding(mesh, P()))
   return x[tuple(slice(0, n) for n in logical_shape)]
 
 
@@ -38,7 +38,7 @@ def _pad_and_place(x, shape, spec, mesh):
   x = jnp.pad(x, [(0, p - n) for n, p in zip(x.shape, shape)])
   if mesh is None:
     return x
-  return _compat.place_always(x, NamedSharding(mesh, P(*spec)))
+  return sharding_lib.place_always(x, NamedSharding(mesh, P(*spec)))
 
 
 def logical_state(model: nnx.Module, optimizer) -> dict:

@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import functools
 import typing as tp
 from collections.abc import Mapping, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax import lax
-from jax.experimental import checkify
 
-from embedlib import _compat
 from embedlib import kernels
-from embedlib import strategies
-from embedlib.collection import dedup
+from embedlib import sharding as sharding_lib
 from embedlib.collection import inputs as inputs_lib
 from embedlib.collection import planner
 from embedlib.collection.specs import FeatureSpec, TableSpec, validate
-from embedlib import embed as embed_lib
 from embedlib.embed import ShardedEmbed
-
-FALLBACK = "fallback"
-ERROR = "error"
-OVERFLOW_MODES = (FALLBACK, ERROR)
+from embedlib.strategies import Request
+from embedlib.strategies.dedup import ERROR, FALLBACK, OVERFLOW_MODES
 
 
 class EmbeddingCollection(nnx.Module):
@@ -68,10 +59,8 @@ class EmbeddingCollection(nnx.Module):
   lookup without dedup through ``lax.cond`` (same result, more traffic), and
   ``on_overflow="error"`` raises a ``ValueError`` naming the table and the
   capacity it needs (eagerly for concrete ids; under ``jit`` through
-  ``jax.experimental.checkify``; the check comes after all of the call's
-  lookups because, on jax 0.10, a ``checkify.check`` followed by a
-  ``shard_map`` in the same jit fails to trace). ``unique_counts`` measures
-  the capacity a batch needs.
+  ``jax.experimental.checkify``). ``unique_counts`` measures the capacity a
+  batch needs.
 
   Args:
     tables: the ``TableSpec`` s.
@@ -116,7 +105,7 @@ class EmbeddingCollection(nnx.Module):
     kernels.resolve_kernel(kernel)  # fail early on an unknown kernel name
     if on_overflow not in OVERFLOW_MODES:
       raise ValueError(f"on_overflow={on_overflow!r}; use one of {OVERFLOW_MODES}.")
-    mesh = _compat.current_mesh() if mesh is None else mesh
+    mesh = sharding_lib.current_mesh() if mesh is None else mesh
     self.num_unique = _capacities(num_unique, tables)
     self.plan = planner.plan_collection(
         tables, features, mesh=mesh, table_axes=table_axes, data_axes=data_axes,
@@ -136,8 +125,8 @@ class EmbeddingCollection(nnx.Module):
       embeds[spec.name] = ShardedEmbed(
           spec.num_embeddings, spec.features, mesh=mesh, sharding=p.strategy,
           table_axes=p.table_axes or None, data_axes=p.data_axes, kernel=kernel,
-          name=spec.name, param_dtype=param_dtype, embedding_init=spec.initializer,
-          rngs=rngs,
+          name=spec.name, dtype=dtype, param_dtype=param_dtype,
+          embedding_init=spec.initializer, rngs=rngs,
       )
       assert embeds[spec.name].plan.padded_shape == p.padded_shape, spec.name
     self.tables = nnx.Dict(embeds)
@@ -160,46 +149,15 @@ class EmbeddingCollection(nnx.Module):
       features, in the order of the ``FeatureSpec`` s.
     """
     bags = self._bags(inputs, dict(weights or {}))
-    if embed_lib.eager_on_mesh(
-        self.mesh, [(b.ids, b.weights) for b in bags.values()],
-        [t.embedding[...] for t in self.tables.values()]):
-      # One cached jit instead of op-by-op dispatch, which compiles every
-      # shard_map and placement afresh on each call (15 s per call for the
-      # 8 tables of configs/quickstart.py on the 8-device CPU mesh, 10 to 20
-      # ms jitted).
-      out, needs = _jitted_lookups(
-          self, {n: (b.ids, b.weights) for n, b in bags.items()},
-          tuple((n, b.single_hot) for n, b in bags.items()),
-      )
-      for name, need in needs.items():
-        _check_capacity(need, self.num_unique[name], name)
-      return {f.name: out[f.name] for f in self.feature_specs}  # jit sorts keys
-    out, checks = self._lookups(bags)
-    # After every lookup: on jax 0.10 a checkify.check followed by a
-    # shard_map in the same jit fails to trace.
-    for need, capacity, name in checks:
-      _check_capacity(need, capacity, name)
-    return out
-
-  def _lookups(self, bags):
-    """Every feature's rows, and the dedup capacity checks still to run."""
-    out, checks = {}, []
+    out = {}
     for spec in self.table_specs:
-      feats = [f for f in self.feature_specs if f.table == spec.name]
-      embed = self.tables[spec.name]
-      table = embed.embedding[...]
-      if spec.name in self.num_unique:
-        rows = self._lookup_dedup(embed, table, feats, bags, checks)
-      else:
-        rows = self._lookup(embed, table, feats, bags)
-      if _row_tap() is not None:
-        rows = self._tap(embed, feats, bags, rows)
+      feats = self._features_of(spec.name)
+      rows = self.tables[spec.name].lookup_requests(
+          [_request(f, bags[f.name]) for f in feats],
+          num_unique=self.num_unique.get(spec.name), on_overflow=self.on_overflow,
+      )
       out.update(zip((f.name for f in feats), rows))
-    out = {
-        f.name: out[f.name] if self.dtype is None else out[f.name].astype(self.dtype)
-        for f in self.feature_specs
-    }
-    return out, checks
+    return {f.name: out[f.name] for f in self.feature_specs}
 
   def unique_counts(self, inputs: Mapping[str, tp.Any]) -> dict[str, int]:
     """The dedup capacity each table needs for ``inputs``: distinct ids per shard.
@@ -212,13 +170,15 @@ class EmbeddingCollection(nnx.Module):
     {'t': 3}
     """
     bags = self._bags(inputs, {})
-    counts = {}
-    for spec in self.table_specs:
-      plan = self.tables[spec.name].plan
-      feats = [f for f in self.feature_specs if f.table == spec.name]
-      ids = _concat_ids(plan, feats, bags)
-      counts[spec.name] = int(_max_unique(ids, plan=plan, mesh=self.mesh))
-    return counts
+    return {
+        spec.name: self.tables[spec.name].distinct_ids_per_shard(
+            [_request(f, bags[f.name]) for f in self._features_of(spec.name)]
+        )
+        for spec in self.table_specs
+    }
+
+  def _features_of(self, table: str) -> list[FeatureSpec]:
+    return [f for f in self.feature_specs if f.table == table]
 
   def _bags(self, inputs, weights):
     names = tuple(f.name for f in self.feature_specs)
@@ -249,149 +209,11 @@ class EmbeddingCollection(nnx.Module):
         )
     return bags
 
-  def _tap(self, embed, feats, bags, rows):
-    """Reports each feature's lookup to ``embedlib.optim`` (see ``embed.ROW_TAPS``).
-
-    Outside the dedup ``lax.cond``: a tap records traced ids, which must not
-    leak out of a branch. Per feature, whatever the path: pooled outputs with
-    each id's coefficient in its bag, sequence outputs row by row.
-    """
-    tap, out = _row_tap(), []
-    for f, r in zip(feats, rows):
-      b = bags[f.name]
-      if f.is_sequence:
-        out.append(tap.lookup(embed, b.ids[:, 0] if b.single_hot else b.ids, r))
-      else:
-        coef = kernels.bag_coefficients(b.ids, b.weights, embed.num_embeddings, f.combiner)
-        out.append(tap.lookup(embed, b.ids, r, coef))
-    return tuple(out)
-
-  def _kernels(self):
-    return (
-        functools.partial(kernels.gather, kernel=self.kernel),
-        functools.partial(kernels.bag, kernel=self.kernel),
-        # False only for the Pallas interpreter (see kernels.shard_map_check_vma).
-        kernels.shard_map_check_vma(self.kernel),
-    )
-
-  def _lookup(self, embed, table, feats, bags):
-    """One lookup per feature, no dedup."""
-    gather, bag, check_vma = self._kernels()
-    out = []
-    for f in feats:
-      b = bags[f.name]
-      if f.is_sequence:
-        ids = b.ids[:, 0] if b.single_hot else b.ids
-        out.append(strategies.lookup(
-            table, ids, plan=embed.plan, mesh=self.mesh, gather=gather, check_vma=check_vma
-        ))
-      else:
-        out.append(strategies.lookup_bag(
-            table, b.ids, b.weights, plan=embed.plan, mesh=self.mesh, bag=bag,
-            combiner=f.combiner, check_vma=check_vma,
-        ))
-    return tuple(out)
-
-  def _lookup_dedup(self, embed, table, feats, bags, checks):
-    """One lookup of each shard's unique ids, shared by the table's features."""
-    plan, name, mesh = embed.plan, embed.plan.name, self.mesh
-    capacity = self.num_unique[name]
-    gather, bag, check_vma = self._kernels()
-    batch = bags[feats[0].name].batch
-    unique, inverse, counts = dedup.unique_per_shard(
-        _concat_ids(plan, feats, bags), capacity, plan=plan, mesh=mesh
-    )
-    need = jnp.max(counts)
-    coefs = tuple(
-        None if f.is_sequence else dedup.pad_batch(
-            kernels.bag_coefficients(
-                bags[f.name].ids, bags[f.name].weights, plan.num_embeddings, f.combiner
-            ),
-            plan.data_shards, 0,
-        )
-        for f in feats
-    )
-
-    def with_dedup(table, unique, inverse, coefs):
-      rows = strategies.lookup(
-          table, unique, plan=plan, mesh=mesh, gather=gather, check_vma=check_vma
-      )
-      cuts = np.cumsum([bags[f.name].ids.shape[1] for f in feats])[:-1]
-      parts = jnp.split(inverse, cuts, axis=1)
-      parts = [
-          p[:, 0] if f.is_sequence and bags[f.name].single_hot else p
-          for p, f in zip(parts, feats)
-      ]
-      out = dedup.rebuild(
-          rows, parts, coefs, plan=plan, mesh=mesh, gather=gather, bag=bag,
-          check_vma=check_vma,
-      )
-      return tuple(
-          dedup.restore_batch(o, batch, mesh, bags[f.name].ids) for o, f in zip(out, feats)
-      )
-
-    def without_dedup(table, unique, inverse, coefs):
-      del unique, inverse, coefs
-      return self._lookup(embed, table, feats, bags)
-
-    if self.on_overflow == ERROR:
-      if isinstance(need, jax.core.Tracer):
-        checks.append((need, capacity, name))  # checked after every lookup
-      else:
-        _check_capacity(need, capacity, name)  # eager: fail before the lookup
-      return with_dedup(table, unique, inverse, coefs)
-    return lax.cond(need > capacity, without_dedup, with_dedup, table, unique, inverse, coefs)
-
-
-@functools.partial(nnx.jit, static_argnums=2)
-def _jitted_lookups(coll, arrays, single_hot):
-  """``coll``'s lookups of padded bags; returns ``(rows, {table: distinct ids needed})``.
-
-  ``single_hot``: ``(feature, bool)`` pairs, static; ``arrays``: feature ->
-  ``(ids, weights)``.
-  """
-  bags = {n: inputs_lib.Bags(*arrays[n], single) for n, single in single_hot}
-  out, checks = coll._lookups(bags)
-  return out, {name: need for need, _, name in checks}
-
-
-@functools.partial(jax.jit, static_argnames=("plan", "mesh"))
-def _max_unique(ids, *, plan, mesh):
-  # Jitted: an eager shard_map runs op by op, far slower than one compile.
-  capacity = ids.size // plan.data_shards  # can't overflow
-  _, _, counts = dedup.unique_per_shard(ids, capacity, plan=plan, mesh=mesh)
-  return jnp.max(counts)
-
-
-def _row_tap():
-  """The innermost active row tap of ``embedlib.optim``, or None."""
-  taps = getattr(embed_lib, "ROW_TAPS", ())
-  return taps[-1] if taps else None
-
-
-def _concat_ids(plan, feats, bags):
-  """The bags of all ``feats`` side by side, batch padded to the data shards."""
-  ids = jnp.concatenate([bags[f.name].ids for f in feats], axis=1)
-  return dedup.pad_batch(ids, plan.data_shards, -1)
-
-
-def _check_capacity(need, capacity: int, name: str) -> None:
-  or_fallback = "or on_overflow='fallback' to look such batches up without dedup"
-  if isinstance(need, jax.core.Tracer):
-    checkify.check(
-        need <= capacity,
-        f"table {name!r}: a data shard holds {{need}} distinct ids, more than "
-        f"num_unique={capacity}; pass num_unique={{{{{name!r}: N}}}} with N at "
-        f"least that count, {or_fallback}.",
-        need=need,
-    )
-    return
-  if int(need) > capacity:
-    raise ValueError(
-        f"table {name!r}: a data shard holds {int(need)} distinct ids, more "
-        f"than num_unique={capacity}; pass num_unique={{{name!r}: {int(need)}}} "
-        f"(or more), {or_fallback}."
-    )
+def _request(spec: FeatureSpec, bags: inputs_lib.Bags) -> Request:
+  """A feature's lookup: pooled bags, or rows (single-hot rows as ``[batch]``)."""
+  if spec.is_sequence:
+    return Request(bags.ids[:, 0] if bags.single_hot else bags.ids)
+  return Request(bags.ids, bags.weights, spec.combiner)
 
 
 def _capacities(num_unique, tables) -> dict[str, int]:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from embedlib import axes as axes_lib
+from embedlib import options
 from embedlib.collection.specs import FeatureSpec, TableSpec
 from embedlib.plan import EmbeddingPlan, cost, mesh_axes, plan_embedding
 from embedlib.plan.embedding_plan import _human
@@ -36,7 +36,7 @@ def _ids_bytes(plan: EmbeddingPlan, n: int) -> int:
 
 def _gather_bytes(plan: EmbeddingPlan, n: int) -> int:
   """Ids in and one row per id out, for ``n`` ids over the mesh."""
-  if plan.strategy == axes_lib.REPLICATED:
+  if plan.strategy == options.REPLICATED:
     return 0
   token_ranks, rest_ranks = _ranks(plan)
   return cost.bytes_moved_per_lookup(
@@ -74,7 +74,7 @@ def estimate_bytes_moved(plan, bags, *, batch_size, num_unique=None) -> int:
   Dedup pays when a shard's unique ids are fewer than the rows it would
   otherwise receive: for pooled features, fewer than its samples.
   """
-  if plan.strategy == axes_lib.REPLICATED:
+  if plan.strategy == options.REPLICATED:
     return 0
   if num_unique is not None:
     # One lookup of each shard's unique ids; pooling happens after, locally.
@@ -232,7 +232,7 @@ def plan_collection(
 
   plans = {}
   if replicate_budget_bytes is not None:
-    auto = [t for t in tables if t.sharding == axes_lib.AUTO]
+    auto = [t for t in tables if t.sharding == options.AUTO]
     sharded = {t.name: plan(t, replicate_below_bytes=0) for t in auto}
     saved = lambda t: estimate_bytes_moved(
         sharded[t.name], _bags(features, t.name), batch_size=batch_size
@@ -241,10 +241,10 @@ def plan_collection(
     for t in sorted(auto, key=saved, reverse=True):
       size = t.num_embeddings * t.features * np.dtype(param_dtype).itemsize
       p = sharded[t.name]
-      if p.strategy != axes_lib.REPLICATED and spent + size <= replicate_budget_bytes:
+      if p.strategy != options.REPLICATED and spent + size <= replicate_budget_bytes:
         spent += size
         p = dataclasses.replace(
-            plan(t, sharding=axes_lib.REPLICATED),
+            plan(t, sharding=options.REPLICATED),
             reason=(
                 f"collection budget: replicated, the most traffic saved per "
                 f"byte ({_human(spent)} of {_human(replicate_budget_bytes)} used)"

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from flax.nnx.nn.linear import default_embed_init
 
-from embedlib import axes as axes_lib
+from embedlib import options
 
 #: ``FeatureSpec.combiner`` for a sequence feature: rows are returned, not pooled.
 SEQUENCE = None
@@ -61,7 +61,7 @@ class TableSpec:
   num_embeddings: int
   features: int
   initializer: tp.Callable = default_embed_init
-  sharding: str = axes_lib.AUTO
+  sharding: str = options.AUTO
 
   def __post_init__(self):
     _name(self.name, "TableSpec")
@@ -75,7 +75,7 @@ class TableSpec:
           f"{owner}: initializer must be callable as init(key, shape, dtype), "
           f"got {self.initializer!r}; e.g. jax.nn.initializers.normal(0.01)."
       )
-    choices = (axes_lib.AUTO,) + axes_lib.STRATEGIES
+    choices = (options.AUTO,) + options.STRATEGIES
     if self.sharding not in choices:
       raise ValueError(f"{owner}: sharding={self.sharding!r}; use one of {choices}.")
 
@@ -114,9 +114,9 @@ class FeatureSpec:
       raise ValueError(
           f"{owner}: table must be the name of a TableSpec, got {self.table!r}."
       )
-    if self.combiner is not SEQUENCE and self.combiner not in axes_lib.COMBINERS:
+    if self.combiner is not SEQUENCE and self.combiner not in options.COMBINERS:
       raise ValueError(
-          f"{owner}: combiner={self.combiner!r}; use one of {axes_lib.COMBINERS}, "
+          f"{owner}: combiner={self.combiner!r}; use one of {options.COMBINERS}, "
           f"or None for a sequence feature."
       )
     if self.max_ids_per_sample is not None:

@@ -27,6 +27,7 @@ from embedlib.kernels.dispatch import (
 from embedlib.kernels.reference import (
     bag_coefficients,
     bag_reference,
+    check_combiner,
     gather_reference,
     ragged_to_padded,
     valid_ids,
@@ -36,6 +37,7 @@ __all__ = [
     "bag",
     "bag_coefficients",
     "bag_reference",
+    "check_combiner",
     "gather",
     "gather_reference",
     "ragged_to_padded",

@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from embedlib.kernels.gather_pallas import compiler_params, lane_columns, match_varying, out_struct
+from embedlib.kernels.gather_pallas import compiler_params, lane_columns
+from embedlib.sharding import match_varying, out_struct
 
 
 def segments(ids: jax.Array, num_embeddings: int):

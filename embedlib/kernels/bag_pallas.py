@@ -24,10 +24,9 @@ from embedlib.kernels import reference
 from embedlib.kernels.gather_pallas import (
     compiler_params,
     lane_columns,
-    match_varying,
     next_pow2,
-    out_struct,
 )
+from embedlib.sharding import match_varying, out_struct
 
 #: Elements of one program's accumulator (bags per block x padded features).
 ACC_ELEMENTS = 2048

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from embedlib.kernels import reference
-from embedlib.kernels.gather_pallas import sum_to_varying_of
+from embedlib.sharding import sum_to_varying_of
 
 #: Widest bag that is unrolled slot by slot; wider bags use ``bag_reference``.
 MAX_UNROLLED_SLOTS = 64

@@ -30,7 +30,7 @@ import tempfile
 
 import jax
 
-from embedlib import _compat
+from embedlib import sharding as sharding_lib
 
 _log = logging.getLogger(__name__)
 _SOURCE_DIR = pathlib.Path(__file__).with_name("cpu")
@@ -165,10 +165,10 @@ def call(target: str, results, *operands, aliases=None, vary_like=None, **attrs)
   call_fn = jax.ffi.ffi_call(
       target, list(results), input_output_aliases=aliases, vmap_method="sequential")
   outs = call_fn(*operands, **attrs)
-  union = frozenset().union(*(_compat.varying_axes(x) for x in operands))
+  union = frozenset().union(*(sharding_lib.varying_axes(x) for x in operands))
   cast = []
   for i, out in enumerate(outs):
-    want = union if vary_like is None else _compat.varying_axes(vary_like[i])
-    missing = want - _compat.varying_axes(out)
+    want = union if vary_like is None else sharding_lib.varying_axes(vary_like[i])
+    missing = want - sharding_lib.varying_axes(out)
     cast.append(jax.lax.pcast(out, tuple(sorted(missing)), to="varying") if missing else out)
   return cast

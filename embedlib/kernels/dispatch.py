@@ -19,14 +19,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from embedlib import axes
+from embedlib import options
 from embedlib.kernels import cpu_library
 from embedlib.kernels import reference
 from embedlib.kernels.backward import segment_sum_rows
 from embedlib.kernels.bag_pallas import bag_pallas, check_bag_shapes
 from embedlib.kernels.bag_xla import bag_xla
 from embedlib.kernels.gather_cpu import gather_cpu
-from embedlib.kernels.gather_pallas import gather_pallas, sum_to_varying_of
+from embedlib.kernels.gather_pallas import gather_pallas
+from embedlib.sharding import sum_to_varying_of
 
 _GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
@@ -53,7 +54,7 @@ def resolve_kernel(kernel: str) -> str:
   gather beats an interpreted Pallas kernel by orders of magnitude).
 
   Args:
-    kernel: one of ``axes.KERNELS``.
+    kernel: one of ``options.KERNELS``.
 
   Returns:
     ``"xla"``, ``"pallas"`` or ``"cpu"``.
@@ -65,9 +66,9 @@ def resolve_kernel(kernel: str) -> str:
   >>> resolve_kernel("pallas"), resolve_kernel("xla")
   ('pallas', 'xla')
   """
-  if kernel not in axes.KERNELS:
+  if kernel not in options.KERNELS:
     raise ValueError(
-        f"kernel={kernel!r} is not a lookup kernel; use one of {axes.KERNELS} "
+        f"kernel={kernel!r} is not a lookup kernel; use one of {options.KERNELS} "
         "('auto' picks 'pallas' on GPU, 'cpu' on CPU where its C++ library "
         "builds, and 'xla' elsewhere)."
     )

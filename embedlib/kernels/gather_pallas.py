@@ -20,6 +20,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from embedlib.sharding import match_varying, out_struct
+
 #: Elements of one program's tile (ids per block x padded features); large
 #: enough to keep many row reads in flight, small enough for registers.
 TILE_ELEMENTS = 4096
@@ -48,70 +50,6 @@ def block_ids(n: int, features: int) -> int:
 def compiler_params(num_warps: int = 4, num_stages: int = 1):
   """Triton compiler parameters (ignored in interpret mode)."""
   return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-
-
-def _manual_axis_type(x):
-  return getattr(jax.typeof(x), "manual_axis_type", None)
-
-
-def match_varying(*operands) -> list:
-  """Operands cast to vary over the union of their manual mesh axes.
-
-  Inside ``jax.shard_map`` (``check_vma=True``) a ``pallas_call`` in
-  interpret mode evaluates its body with ordinary primitives, which reject
-  mixing, say, a vocab-sharded table with replicated ids. ``pcast`` only
-  changes the type (no data moves); outside ``shard_map`` this is the identity.
-
-  >>> import jax.numpy as jnp
-  >>> len(match_varying(jnp.zeros(2), jnp.ones(3)))
-  2
-  """
-  mats = [_manual_axis_type(x) for x in operands]
-  if any(m is None for m in mats):  # a jax without manual axis types
-    return list(operands)
-  union = frozenset().union(*(m.varying for m in mats))
-  return [
-      jax.lax.pcast(x, tuple(sorted(union - m.varying)), to="varying") if union - m.varying else x
-      for x, m in zip(operands, mats)
-  ]
-
-
-def sum_to_varying_of(x: jax.Array, like: jax.Array) -> jax.Array:
-  """``psum`` of ``x`` over the manual axes it varies over and ``like`` does not.
-
-  A custom_vjp backward must return a cotangent typed like its primal. A table
-  replicated over, say, the data axis but read with data-sharded ids was
-  implicitly broadcast in the forward; the transpose of that broadcast is this
-  sum (the data-parallel gradient reduction).
-
-  >>> import jax.numpy as jnp
-  >>> sum_to_varying_of(jnp.ones(2), jnp.zeros(3)).tolist()
-  [1.0, 1.0]
-  """
-  mx, ml = _manual_axis_type(x), _manual_axis_type(like)
-  if mx is None or ml is None:
-    return x
-  extra = tuple(sorted(mx.varying - ml.varying))
-  return jax.lax.psum(x, extra) if extra else x
-
-
-def out_struct(shape, dtype, *operands) -> jax.ShapeDtypeStruct:
-  """Output type of a ``pallas_call``, varying over every manual axis its operands vary over.
-
-  Inside ``jax.shard_map`` (``check_vma=True``) a ``pallas_call`` cannot infer
-  how its output varies across mesh axes and rejects a plain
-  ``ShapeDtypeStruct``; outside it the set is empty and this is a plain one.
-
-  >>> import jax.numpy as jnp
-  >>> out_struct((2, 3), jnp.float32, jnp.zeros(4)).shape
-  (2, 3)
-  """
-  mats = [_manual_axis_type(x) for x in operands]
-  mats = [m for m in mats if m is not None]
-  if not mats:
-    return jax.ShapeDtypeStruct(shape, dtype)
-  varying = frozenset().union(*(m.varying for m in mats))
-  return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mats[0].update(varying=varying))
 
 
 def _gather_kernel(ids_ref, table_ref, out_ref, *, n, num_embeddings, features, block):

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from embedlib import axes
+from embedlib import options
 
 
 def valid_ids(ids: jax.Array, num_embeddings: int) -> jax.Array:
@@ -27,10 +27,10 @@ def valid_ids(ids: jax.Array, num_embeddings: int) -> jax.Array:
 
 
 def check_combiner(combiner: str) -> None:
-  """Raises ValueError unless ``combiner`` is one of ``axes.COMBINERS``."""
-  if combiner not in axes.COMBINERS:
+  """Raises ValueError unless ``combiner`` is one of ``options.COMBINERS``."""
+  if combiner not in options.COMBINERS:
     raise ValueError(
-        f"combiner={combiner!r} is not supported; use one of {axes.COMBINERS}, "
+        f"combiner={combiner!r} is not supported; use one of {options.COMBINERS}, "
         "e.g. bag(table, ids, combiner='mean')."
     )
 
@@ -51,7 +51,7 @@ def bag_coefficients(
     ids: int ``[batch, bag]``.
     weights: float ``[batch, bag]`` or None (all ones).
     num_embeddings: rows of the (local) table.
-    combiner: one of ``axes.COMBINERS``.
+    combiner: one of ``options.COMBINERS``.
 
   Returns:
     float32 ``[batch, bag]``.

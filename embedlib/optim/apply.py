@@ -55,7 +55,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from embedlib import _compat
-from embedlib import axes as axes_lib
+from embedlib import sharding as sharding_lib
+from embedlib import options
 from embedlib import invalid_ids as invalid_lib
 from embedlib import kernels
 from embedlib.optim import fused_cpu
@@ -77,7 +78,7 @@ def slot_spec(slot: rules_lib.Slot, plan) -> tuple:
   """
   if slot.kind == rules_lib.TABLE:
     return plan.table_spec
-  if plan.strategy == axes_lib.VOCAB:
+  if plan.strategy == options.VOCAB:
     return (plan.table_axes,)
   return (None,)
 
@@ -112,21 +113,14 @@ def init_slots(rule: rules_lib.RowRule, plan, mesh) -> dict[str, jax.Array]:
       out[name] = make()
       continue
     sharding = NamedSharding(mesh, P(*slot_spec(slot, plan)))
-    if _compat.has_devices(mesh):
+    if sharding_lib.has_devices(mesh):
       # Built in place on each device: no full-size slot on one device first.
       out[name] = jnp.full(
           slot_shape(slot, plan), slot.init, slot.dtype, device=sharding
       )
     else:
-      out[name] = _compat.place_always(make(), sharding)
+      out[name] = sharding_lib.place_always(make(), sharding)
   return out
-
-
-def _pad_tokens(x, multiple, fill):
-  pad = -x.shape[0] % multiple
-  if not pad:
-    return x
-  return jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
 
 
 def _flatten(pairs, plan):
@@ -316,8 +310,8 @@ def _shard_origin(table, plan):
   """This rank's first global row (vocab) and first logical column (hidden); 0 otherwise."""
   rows_here, cols_here = table.shape
   rank = collectives.group_rank(plan.table_axes)
-  first_row = rank * rows_here if plan.strategy == axes_lib.VOCAB else 0
-  first_col = rank * cols_here if plan.strategy == axes_lib.HIDDEN else 0
+  first_row = rank * rows_here if plan.strategy == options.VOCAB else 0
+  first_col = rank * cols_here if plan.strategy == options.HIDDEN else 0
   return first_row, first_col
 
 
@@ -367,7 +361,7 @@ def _xla_local_update(rule, table, slots, ids, grads, lr, step, *, plan):
     # Over the logical columns, before any column slicing: row-wise rules
     # normalise by the whole row on every rank.
     row_sq_mean = jnp.sum(g * g, axis=1) / plan.features
-  if plan.strategy == axes_lib.HIDDEN:
+  if plan.strategy == options.HIDDEN:
     g = jnp.pad(g, ((0, 0), (0, plan.padded_shape[1] - plan.features)))
     g = lax.dynamic_slice_in_dim(g, first_col, cols_here, axis=1)
   # Owned indices are distinct, so adding the increment is the same as
@@ -441,17 +435,17 @@ def apply_row_grads(
   ids_spec, grads_spec = P(data), P(data, None)
   table_spec = P(*plan.table_spec)
   ids_in = [
-      _compat.place(_pad_tokens(i, plan.data_shards, -1), mesh, ids_spec)
+      sharding_lib.place(sharding_lib.pad_tokens(i, plan.data_shards, -1), mesh, ids_spec)
       for i, _ in pairs
   ]
   grads_in = [
-      _compat.place(_pad_tokens(g, plan.data_shards, 0), mesh, grads_spec)
+      sharding_lib.place(sharding_lib.pad_tokens(g, plan.data_shards, 0), mesh, grads_spec)
       for _, g in pairs
   ]
-  table = _compat.place(table, mesh, table_spec)
-  slots = {k: _compat.place(v, mesh, specs[k]) for k, v in slots.items()}
-  lr = _compat.place(lr, mesh, P())
-  step = _compat.place(step, mesh, P())
+  table = sharding_lib.place(table, mesh, table_spec)
+  slots = {k: sharding_lib.place(v, mesh, specs[k]) for k, v in slots.items()}
+  lr = sharding_lib.place(lr, mesh, P())
+  step = sharding_lib.place(step, mesh, P())
 
   def body(table, slots, ids, grads, lr, step):
     if plan.data_axes:

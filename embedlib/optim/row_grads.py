@@ -5,14 +5,20 @@ zero array the size of the table. Here the tables are held constant instead,
 and each lookup's output gets a zero ``delta`` added to it: the gradient with
 respect to ``delta`` is the gradient with respect to the looked-up rows,
 ``[ids, features]``, and the lookup's ids say which rows they belong to.
-Model code stays plain NNX; ``ShardedEmbed`` reports its lookups through the
-``embedlib.embed.ROW_TAPS`` hook while the loss runs.
+Model code stays plain NNX; ``ShardedEmbed`` reports its lookups to the
+tape this module opens while the loss runs (``embedlib.tape``: a context
+variable scoped to the loss, not a global).
 
 The deltas' shapes are found by tracing the loss once abstractly
 (``jax.eval_shape``, no computation), so the loss is traced twice when the
 step is compiled. It must make the same lookups, in the same order, both
-times (plain Python control flow does), and must not call an already-jitted
-function that does the lookups (a cached trace would not report them).
+times (plain Python control flow does). A lookup of a sparse table traced
+inside a transformation nested in the loss (a ``jax.jit`` or ``nnx.jit``
+of part of the model, a ``vmap``, a ``scan``) raises an error saying what to
+change: its ids would be values of the inner trace, which can't leave it.
+While the tape is open each sparse table carries a marker in its static
+attributes, so a nested ``nnx.jit`` can't reuse a trace made without the
+tape (which would skip the lookup's report silently).
 
 Lookups of pooled bags (the collection) report ``coefficients``: the row
 gradient of id ``j`` in bag ``b`` is ``coefficients[b, j] * bag_grad[b]``.
@@ -29,8 +35,9 @@ from flax import nnx
 from flax import struct
 from jax.sharding import NamedSharding
 
-from embedlib import _compat
+from embedlib import sharding as sharding_lib
 from embedlib import embed as embed_lib
+from embedlib import tape as tape_lib
 
 
 @struct.dataclass
@@ -100,19 +107,38 @@ class NotTables:
 
 
 class _Tape:
-  """Collects the lookups of sparse tables while the loss runs."""
+  """Collects the lookups of sparse tables while the loss runs (``embedlib.tape.Tape``)."""
 
   def __init__(self, model, tables, deltas):
-    self.keys = {id(m): k for k, m in sparse_tables(model, tables)}
+    self.modules = {id(m): (k, m) for k, m in sparse_tables(model, tables)}
+    self.keys = {i: k for i, (k, _) in self.modules.items()}
     self.deltas = deltas  # None on the abstract (shape) pass
     self.calls = []
+    self.trace = None
 
   def __enter__(self):
-    embed_lib.ROW_TAPS.append(self)
+    self.trace = tape_lib.current_trace()
+    for key, module in self.modules.values():
+      module.recorded_by_tape = key  # static: part of nested nnx.jit cache keys
+    self._scope = tape_lib.recording(self)
+    self._scope.__enter__()
     return self
 
   def __exit__(self, *exc):
-    embed_lib.ROW_TAPS.pop()
+    self._scope.__exit__(*exc)
+    for _, module in self.modules.values():
+      del module.recorded_by_tape
+
+  def _check_trace(self, key):
+    if tape_lib.current_trace() != self.trace:
+      raise ValueError(
+          f"table {key!r} was looked up inside a transformation (jax.jit, "
+          "nnx.jit, vmap, scan...) nested in the loss given to "
+          "embedlib.optim.value_and_grad, whose lookups can't be recorded for "
+          "row gradients. Make the lookup in the loss itself (jit the whole "
+          "train step instead of part of the model), or train the table "
+          f"densely: tables=lambda key, m: key != {key!r}."
+      )
 
   def lookup(self, module, ids, rows, coefficients=None):
     """Called by every lookup: records it and perturbs the rows by a delta.
@@ -131,12 +157,17 @@ class _Tape:
     """
     key = self.keys.get(id(module))
     if key is None:
+      copied_from = getattr(module, "recorded_by_tape", None)
+      if copied_from is not None:
+        # A copy of a sparse table made by a nested nnx transformation.
+        self._check_trace(copied_from)
       return rows
+    self._check_trace(key)
     k = len(self.calls)
     if self.deltas is None:
       sharding = None
       mesh = module.mesh
-      if mesh is not None and _compat.is_explicit(mesh, mesh.axis_names):
+      if mesh is not None and sharding_lib.is_explicit(mesh, mesh.axis_names):
         sharding = jax.typeof(rows).sharding.spec
       self.calls.append((key, rows.shape, rows.dtype, mesh, sharding))
       return rows
@@ -152,6 +183,8 @@ class _Tape:
 
   def attend(self, module):
     key = self.keys.get(id(module))
+    if key is None:
+      key = getattr(module, "recorded_by_tape", None)
     if key is not None:
       raise ValueError(
           f"table {key!r}: attend() uses the whole table, whose gradient is "
@@ -165,7 +198,7 @@ def _zeros(shape, dtype, mesh, spec):
   z = jnp.zeros(shape, dtype)
   if spec is None:
     return z
-  return _compat.place_always(z, NamedSharding(mesh, spec))
+  return sharding_lib.place_always(z, NamedSharding(mesh, spec))
 
 
 def _row_grads(cot, ids, coefficients):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from embedlib import axes as axes_lib
+from embedlib import options
 
 ID_BYTES = 4  # ids travel as int32
 
@@ -23,9 +23,9 @@ def padded_shape(num_embeddings, features, strategy, group_size):
   >>> padded_shape(1000, 100, "hidden", 8)
   (1000, 104)
   """
-  if strategy == axes_lib.VOCAB:
+  if strategy == options.VOCAB:
     return (math.ceil(num_embeddings / group_size) * group_size, features)
-  if strategy == axes_lib.HIDDEN:
+  if strategy == options.HIDDEN:
     return (num_embeddings, math.ceil(features / group_size) * group_size)
   return (num_embeddings, features)
 
@@ -37,7 +37,7 @@ def table_bytes_per_device(padded, strategy, group_size, itemsize) -> int:
   32768
   """
   rows, cols = padded
-  if strategy == axes_lib.REPLICATED:
+  if strategy == options.REPLICATED:
     return rows * cols * itemsize
   return rows * cols * itemsize // group_size
 
@@ -63,13 +63,13 @@ def bytes_moved_per_lookup(
   ...                        token_ranks=1, rest_ranks=8, itemsize=4)
   917504
   """
-  if strategy == axes_lib.REPLICATED:
+  if strategy == options.REPLICATED:
     return 0
   cols = padded[1]
   local_tokens = math.ceil(tokens / data_shards)
   group_tokens = local_tokens * token_ranks
   moved = (token_ranks - 1) * local_tokens * ID_BYTES  # ids all-gather
-  if strategy == axes_lib.VOCAB:
+  if strategy == options.VOCAB:
     full = group_tokens * cols * itemsize
     moved += 2 * (rest_ranks - 1) * full // rest_ranks  # psum over rest
     moved += (token_ranks - 1) * full // token_ranks  # psum_scatter

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from embedlib import axes as axes_lib
+from embedlib import options
 from embedlib.plan import cost
 from embedlib.plan import mesh_axes
 
@@ -84,18 +84,18 @@ class EmbeddingPlan:
   def table_spec(self) -> tuple:
     """Per-dimension mesh axes of the physical table (flax ``out_sharding``)."""
     split = self.table_axes or None
-    if self.strategy == axes_lib.VOCAB:
+    if self.strategy == options.VOCAB:
       return (split, None)
-    if self.strategy == axes_lib.HIDDEN:
+    if self.strategy == options.HIDDEN:
       return (None, split)
     return (None, None)
 
   @property
   def shard_shape(self) -> tuple[int, int]:
     rows, cols = self.padded_shape
-    if self.strategy == axes_lib.VOCAB:
+    if self.strategy == options.VOCAB:
       return (rows // self.group_size, cols)
-    if self.strategy == axes_lib.HIDDEN:
+    if self.strategy == options.HIDDEN:
       return (rows, cols // self.group_size)
     return (rows, cols)
 
@@ -140,34 +140,34 @@ def _choose(num_embeddings, features, group, itemsize, tied, replicate_below):
   """The auto rule: returns (strategy, reason)."""
   table = num_embeddings * features * itemsize
   if group == 1:
-    return axes_lib.REPLICATED, "the table group has one device"
+    return options.REPLICATED, "the table group has one device"
   if table <= replicate_below:
-    return axes_lib.REPLICATED, (
+    return options.REPLICATED, (
         f"small table ({_human(table)} <= "
         f"{_human(replicate_below)}): a copy per device moves nothing"
     )
   if tied:
-    return axes_lib.VOCAB, (
+    return options.VOCAB, (
         "tied output layer: vocab rows share their layout with the "
         "vocab-sharded logits of attend()"
     )
   if num_embeddings < group:
-    return axes_lib.HIDDEN, (
+    return options.HIDDEN, (
         f"vocabulary ({num_embeddings}) smaller than the table group ({group})"
     )
-  rows, cols = cost.padded_shape(num_embeddings, features, axes_lib.HIDDEN, group)
+  rows, cols = cost.padded_shape(num_embeddings, features, options.HIDDEN, group)
   if cols // group < MIN_SHARD_WIDTH:
-    return axes_lib.VOCAB, (
+    return options.VOCAB, (
         f"width per rank ({cols // group} of {features}) too narrow for a "
         f"hidden split (< {MIN_SHARD_WIDTH})"
     )
-  vrows, _ = cost.padded_shape(num_embeddings, features, axes_lib.VOCAB, group)
+  vrows, _ = cost.padded_shape(num_embeddings, features, options.VOCAB, group)
   extra = (cols / features - 1) - (vrows / num_embeddings - 1)
   if extra > MAX_EXTRA_PADDING:
-    return axes_lib.VOCAB, (
+    return options.VOCAB, (
         f"far less padding by rows ({100 * extra:.0f}% more for hidden)"
     )
-  return axes_lib.HIDDEN, (
+  return options.HIDDEN, (
       "lookup-only table wide enough to split by columns: moves the fewest "
       "bytes (each rank sends only its slice of each row)"
   )
@@ -178,7 +178,7 @@ def plan_embedding(
     features: int,
     *,
     mesh=None,
-    sharding: str = axes_lib.AUTO,
+    sharding: str = options.AUTO,
     table_axes=None,
     data_axes=None,
     tied: bool = False,
@@ -216,10 +216,10 @@ def plan_embedding(
   """
   num_embeddings = _check_size(num_embeddings, "num_embeddings", name)
   features = _check_size(features, "features", name)
-  if sharding not in (axes_lib.AUTO,) + axes_lib.STRATEGIES:
+  if sharding not in (options.AUTO,) + options.STRATEGIES:
     raise ValueError(
         f"{name}: sharding={sharding!r} is not a layout; use one of "
-        f"{(axes_lib.AUTO,) + axes_lib.STRATEGIES}."
+        f"{(options.AUTO,) + options.STRATEGIES}."
     )
   shape = mesh_axes.mesh_shape(mesh, name=name)
   table, data = mesh_axes.resolve_axes(shape, table_axes, data_axes, name=name)
@@ -230,13 +230,13 @@ def plan_embedding(
   )
   itemsize = np.dtype(param_dtype).itemsize
   group = mesh_axes.axes_size(shape, table)
-  if sharding == axes_lib.AUTO:
+  if sharding == options.AUTO:
     strategy, reason = _choose(
         num_embeddings, features, group, itemsize, tied, replicate_below_bytes
     )
   else:
     strategy, reason = sharding, f"sharding={sharding!r} was requested"
-  if strategy == axes_lib.REPLICATED:
+  if strategy == options.REPLICATED:
     table, group = (), 1
   padded = cost.padded_shape(num_embeddings, features, strategy, group)
   token_ranks = mesh_axes.axes_size(shape, [a for a in table if a in data])

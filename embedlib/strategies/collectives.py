@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from embedlib import _compat
+from embedlib import sharding as sharding_lib
 
 
 def gather_tokens(x: jax.Array, token_axes: tuple[str, ...]) -> jax.Array:
@@ -84,7 +84,7 @@ def _gather_rest(x, rest_axes, axis):
   the rank copies of the cotangent; a psum of zero-padded slices gives the
   same result and transposes correctly without the types.
   """
-  if set(rest_axes) <= _compat.varying_axes(x):
+  if set(rest_axes) <= sharding_lib.varying_axes(x):
     return lax.all_gather(x, rest_axes, axis=axis, tiled=True, to="invarying")
   ranks = lax.psum(1, rest_axes)
   width = x.shape[axis]

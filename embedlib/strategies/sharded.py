@@ -14,38 +14,27 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from embedlib import _compat
-from embedlib import axes as axes_lib
+from embedlib import sharding as sharding_lib
+from embedlib import options
 from embedlib.strategies import hidden, replicated, vocab
 
 _STRATEGIES = {
-    axes_lib.REPLICATED: replicated,
-    axes_lib.VOCAB: vocab,
-    axes_lib.HIDDEN: hidden,
+    options.REPLICATED: replicated,
+    options.VOCAB: vocab,
+    options.HIDDEN: hidden,
 }
 
 
-def _pad_tokens(x, multiple, fill):
-  pad = -x.shape[0] % multiple
-  if not pad:
-    return x
-  widths = [(0, pad)] + [(0, 0)] * (x.ndim - 1)
-  return jnp.pad(x, widths, constant_values=fill)
+def no_context_mesh():
+  """A context without the mesh set by ``jax.set_mesh``, for calling ``shard_map``.
 
-
-def _restore_tokens(x, tokens, mesh, spec):
-  """Strips token padding and gives the result the ids' own batch split.
-
-  On Explicit axes the batch split is part of the array's type, so a lookup
-  returns its rows split the way its ids were (a drop-in for ``jnp.take``):
-  ids already split over the data axes cost nothing here.
+  ``shard_map`` is given its mesh explicitly and needs none in context. With
+  one in context, ``checkify`` fails to trace a ``shard_map`` that follows a
+  ``checkify.check`` (its error values are rebuilt outside the manual mesh:
+  seen on jax 0.10.2 and 0.12), which would break ``invalid_ids="error"``
+  and the dedup capacity check under ``jit``.
   """
-  if x.shape[0] != tokens:
-    # An uneven batch can't have been split: gather, as slicing a split
-    # dimension is not allowed on Explicit axes.
-    x = _compat.place(x, mesh, P())[:tokens]
-  if spec is not None and spec != _compat.leading_spec(x, mesh):
-    x = _compat.place(x, mesh, P(spec or None))
-  return x
+  return _compat.use_abstract_mesh(_compat.AbstractMesh((), ()))
 
 
 def _run(body, table, x, *, plan, mesh, fill, check_vma=True):
@@ -59,20 +48,21 @@ def _run(body, table, x, *, plan, mesh, fill, check_vma=True):
     return body(table, x)
   first = jax.tree.leaves(x)[0]
   tokens = first.shape[0]
-  spec = _compat.leading_spec(first, mesh)
+  spec = sharding_lib.leading_spec(first, mesh)
   token_spec = P(plan.data_axes or None)
   table_spec = P(*plan.table_spec)
   x = jax.tree.map(
-      lambda a, f: _compat.place(_pad_tokens(a, plan.data_shards, f), mesh, token_spec),
+      lambda a, f: sharding_lib.place(sharding_lib.pad_tokens(a, plan.data_shards, f), mesh, token_spec),
       x,
       fill,
   )
-  table = _compat.place(table, mesh, table_spec)
-  out = _compat.shard_map(
-      body, mesh=mesh, in_specs=(table_spec, token_spec), out_specs=token_spec,
-      check_vma=check_vma,
-  )(table, x)
-  return _restore_tokens(out, tokens, mesh, spec)
+  table = sharding_lib.place(table, mesh, table_spec)
+  with no_context_mesh():
+    out = _compat.shard_map(
+        body, mesh=mesh, in_specs=(table_spec, token_spec), out_specs=token_spec,
+        check_vma=check_vma,
+    )(table, x)
+  return sharding_lib.restore_tokens(out, tokens, mesh, spec)
 
 
 def lookup(table, ids, *, plan, mesh, gather, check_vma=True):
@@ -131,6 +121,22 @@ def lookup_bag(table, ids, weights=None, *, plan, mesh, bag, combiner="sum",
         check_vma=check_vma,
     )
   return out[..., : plan.features]
+
+
+def lookup_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True):
+  """Each ``Request``'s rows: unpooled (``lookup``) or pooled (``lookup_bag``).
+
+  Returns:
+    One output per request: ``ids.shape + (plan.features,)`` unpooled,
+    ``[batch, plan.features]`` pooled.
+  """
+  return tuple(
+      lookup_bag(table, r.ids, r.weights, plan=plan, mesh=mesh, bag=bag,
+                 combiner=r.combiner, check_vma=check_vma)
+      if r.pooled else
+      lookup(table, r.ids, plan=plan, mesh=mesh, gather=gather, check_vma=check_vma)
+      for r in requests
+  )
 
 
 def attend(table, query, *, plan, mesh):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from embedlib import axes, kernels
+from embedlib import kernels, options
 from embedlib.kernels.backward import segment_sum_rows, segments
 
 # bf16 tables: the reference scatter-adds duplicates in bf16, the kernel sums in
@@ -45,7 +45,7 @@ def test_gather_grad_equals_reference_grad(features, num_embeddings, dtype):
 
 @pytest.mark.parametrize(
     "combiner,weighted,features",
-    list(itertools.product(axes.COMBINERS, [False, True], [3, 100])),
+    list(itertools.product(options.COMBINERS, [False, True], [3, 100])),
 )
 def test_bag_grads_equal_reference_grads(combiner, weighted, features):
   ids = duplicate_ids((5, 4), 7).at[-1].set(-1)  # last bag empty

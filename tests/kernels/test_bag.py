@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from embedlib import axes, kernels
+from embedlib import kernels, options
 from embedlib.kernels.bag_pallas import bag_pallas
 
 # f32: the kernel sums slots in order and multiplies by 1/denominator; the
@@ -36,7 +36,7 @@ def make_table(num_embeddings, features, dtype=jnp.float32):
 
 @pytest.mark.parametrize(
     "combiner,weighted,features,num_embeddings",
-    list(itertools.product(axes.COMBINERS, [False, True], [1, 3, 100, 128], [1, 7])),
+    list(itertools.product(options.COMBINERS, [False, True], [1, 3, 100, 128], [1, 7])),
 )
 def test_pallas_bag_equals_reference_f32(combiner, weighted, features, num_embeddings):
   table = make_table(num_embeddings, features)
@@ -49,7 +49,7 @@ def test_pallas_bag_equals_reference_f32(combiner, weighted, features, num_embed
   np.testing.assert_array_equal(got[-1], 0.0)  # the empty bag
 
 
-@pytest.mark.parametrize("combiner,weighted", list(itertools.product(axes.COMBINERS, [False, True])))
+@pytest.mark.parametrize("combiner,weighted", list(itertools.product(options.COMBINERS, [False, True])))
 def test_pallas_bag_equals_reference_bf16(combiner, weighted):
   table = make_table(7, 100, jnp.bfloat16)
   ids, weights = make_bags(9, 4, 7)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from embedlib import _compat, axes, kernels
+from embedlib import _compat, kernels, options
 from embedlib.kernels import bag_xla as bag_xla_lib  # the module
 from tests.kernels.test_bag import make_bags, make_table
 
@@ -18,7 +18,7 @@ BF16_TOL = dict(rtol=2**-5, atol=2**-5)
 
 @pytest.mark.parametrize(
     "combiner,weighted,features,num_embeddings",
-    list(itertools.product(axes.COMBINERS, [False, True], [1, 3, 128], [1, 7, 50])),
+    list(itertools.product(options.COMBINERS, [False, True], [1, 3, 128], [1, 7, 50])),
 )
 def test_forward_equals_reference(combiner, weighted, features, num_embeddings):
   """Same f32 terms, added in the same (slot) order: equal up to XLA's fused multiply-adds."""
@@ -34,7 +34,7 @@ def test_forward_equals_reference(combiner, weighted, features, num_embeddings):
 
 @pytest.mark.parametrize(
     "combiner,weighted,dtype",
-    list(itertools.product(axes.COMBINERS, [False, True], [jnp.float32, jnp.bfloat16])),
+    list(itertools.product(options.COMBINERS, [False, True], [jnp.float32, jnp.bfloat16])),
 )
 def test_grads_equal_reference_grads(combiner, weighted, dtype):
   """Table gradient (duplicates summed, padding and invalid ids dropped) and weights gradient."""

@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from embedlib import axes, kernels
+from embedlib import axes, kernels, options
 from embedlib.kernels.lowering import TRITON_CALL, cuda_lowering_text, gpu_abstract_mesh
 
 S = jax.ShapeDtypeStruct
@@ -41,7 +41,7 @@ def test_gather_grad_lowers_for_cuda():
   assert_triton(cuda_lowering_text(grad, TABLE, IDS), "embedlib_segment_sum")
 
 
-@pytest.mark.parametrize("combiner", axes.COMBINERS)
+@pytest.mark.parametrize("combiner", options.COMBINERS)
 @pytest.mark.parametrize("weighted", [False, True])
 def test_bag_forward_and_grad_lower_for_cuda(combiner, weighted):
   def pooled(t, i, w):

@@ -12,18 +12,19 @@ import numpy as np
 import optax
 
 from embedlib import axes
+from embedlib import options
 from embedlib.optim import LazyAdam, RowWiseAdagrad, SparseSGD
 
 #: (mesh shape, axis names, sharding, table_axes, data_axes); shape None is
 #: no mesh. Token-sharded layouts are those whose data axes overlap the
 #: table axes (every ("batch",) mesh, and the 2-D tables over both axes).
-LAYOUTS = [(None, None, axes.REPLICATED, None, None)]
+LAYOUTS = [(None, None, options.REPLICATED, None, None)]
 for _n in (1, 2, 4, 8):
-  for _s in axes.STRATEGIES:
+  for _s in options.STRATEGIES:
     LAYOUTS.append(((_n,), (axes.BATCH,), _s, None, None))
-for _s in axes.STRATEGIES:
+for _s in options.STRATEGIES:
   LAYOUTS.append(((2, 4), (axes.DATA, axes.MODEL), _s, None, None))
-for _s in (axes.VOCAB, axes.HIDDEN):
+for _s in (options.VOCAB, options.HIDDEN):
   LAYOUTS.append(((2, 4), (axes.DATA, axes.MODEL), _s, (axes.DATA, axes.MODEL), None))
 
 

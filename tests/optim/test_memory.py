@@ -56,7 +56,7 @@ def temp_bytes(layout, num_embeddings, sparse: bool) -> int:
     return model, opt
 
   # Built for real (at most 25 MB): nnx.eval_shape can't build a ShardedEmbed
-  # without a mesh, since _compat.current_mesh() calls get_mesh in a trace.
+  # without a mesh, since embedlib.sharding.current_mesh() calls get_mesh in a trace.
   graphdef, state = nnx.split(build())
 
   def step(state, ids):

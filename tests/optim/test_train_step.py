@@ -17,7 +17,6 @@ import pytest
 from flax import nnx
 
 import embedlib
-from embedlib import embed as embed_lib
 from embedlib import kernels, optim
 
 from . import reference as ref
@@ -107,21 +106,20 @@ def test_mixed_train_step_matches_reference(layout):
     assert model.emb.embedding[...].sharding.is_equivalent_to(model.emb._sharding(), 2)
 
 
-def test_pooled_bag_coefficients_give_row_gradients():
-  """The collection's path: a pooled lookup reports each id's coefficient."""
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_pooled_bag_coefficients_give_row_gradients(combiner):
+  """A pooled lookup reports each id's coefficient in its bag."""
   emb = embedlib.ShardedEmbed(N, F, rngs=nnx.Rngs(0))
   ids = jnp.array([[1, 4, 4, -1], [2, 2, 0, 7]], jnp.int32)
-  coef = jnp.array([[0.5, 0.25, 0.25, 1.0], [1.0, 2.0, -1.0, 0.5]])
+  bag_weights = jnp.array([[0.5, 0.25, 0.25, 1.0], [1.0, 2.0, -1.0, 0.5]])
   weights = jnp.arange(2 * F, dtype=jnp.float32).reshape(2, F) / 7
+  coef = kernels.bag_coefficients(ids, bag_weights, N, combiner)
 
   def pooled(table):
     return jnp.sum(coef[..., None] * kernels.gather_reference(table, ids), axis=1)
 
   def loss_fn(emb):
-    bags = pooled(emb.embedding[...])
-    if embed_lib.ROW_TAPS:
-      bags = embed_lib.ROW_TAPS[-1].lookup(emb, ids, bags, coefficients=coef)
-    return jnp.sum(jnp.sin(bags) * weights)
+    return jnp.sum(jnp.sin(emb.bag(ids, bag_weights, combiner=combiner)) * weights)
 
   _, grads = optim.value_and_grad(loss_fn)(emb)
   want = jax.grad(lambda t: jnp.sum(jnp.sin(pooled(t)) * weights))(emb.embedding[...])

@@ -1,0 +1,224 @@
+"""Id dedup with a static capacity: look each distinct id up once per data shard.
+
+Every data shard sorts its own ids (all requests of one table, bags side by
+side) and keeps at most ``capacity`` distinct valid ids plus the inverse
+index of each id. Only the unique ids enter the table's lookup, so the
+token-sharded layouts communicate ``capacity`` ids and rows per shard
+instead of one per id; the batch is rebuilt on the shard that owns it, and
+pooled requests are pooled there with the ``bag`` kernel reading the unique
+rows (no ``[batch, bag, features]`` intermediate).
+
+Overflow (more distinct ids in one shard than ``capacity``) is never
+silently wrong: ``lookup_requests`` either falls back to the lookup without
+dedup (``lax.cond``) or returns the count for the caller to check with
+``check_capacity``, which raises naming the table and the capacity it needs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import checkify
+from jax.sharding import PartitionSpec as P
+
+from embedlib import _compat
+from embedlib import sharding as sharding_lib
+from embedlib.kernels import reference
+from embedlib.strategies import sharded
+
+_NO_ID = jnp.iinfo(jnp.int32).max  # sorts after every valid id
+
+
+def unique_with_inverse(ids, capacity: int):
+  """Distinct valid ids of ``ids``, their inverse index and their count.
+
+  A sort rather than ``jnp.unique(size=...)``: invalid ids (``-1``) must not
+  use up capacity, and the count that detects overflow comes from the same
+  sort. The sort has one operand (the ids) and each id finds its place by a
+  binary search, as ``optim.apply.dedup`` does: on CPU several times faster
+  than sorting the ids with their positions (``argsort``).
+
+  Args:
+    ids: int32 of any shape, ``-1`` for padding and invalid ids.
+    capacity: static number of unique slots.
+
+  Returns:
+    ``(unique [capacity] int32 padded with -1, inverse ids.shape int32 with
+    -1 at invalid ids, count [] int32)``. When ``count > capacity``, the
+    inverse of the dropped ids is ``>= capacity`` (a caller must not use it).
+
+  >>> u, inv, n = unique_with_inverse(jnp.array([[7, 3, 7], [-1, 3, 9]]), 4)
+  >>> u.tolist(), inv.tolist(), int(n)
+  ([3, 7, 9, -1], [[1, 0, 1], [-1, 0, 2]], 3)
+  """
+  flat = ids.reshape(-1).astype(jnp.int32)
+  valid = flat >= 0
+  keys = jnp.where(valid, flat, _NO_ID)
+  key = lax.sort(keys)
+  first = (key != _NO_ID) & jnp.concatenate([jnp.ones((1,), bool), key[1:] != key[:-1]])
+  slot = jnp.cumsum(first, dtype=jnp.int32) - 1
+  count = jnp.sum(first, dtype=jnp.int32)
+  unique = jnp.full((capacity,), -1, jnp.int32)
+  unique = unique.at[jnp.where(first, slot, capacity)].set(key, mode="drop")
+  # Each id's first position among the sorted keys holds its slot.
+  at = jnp.searchsorted(key, keys, method="scan_unrolled")
+  inverse = jnp.where(valid, slot[at], -1)
+  return unique, inverse.reshape(ids.shape), count
+
+
+def _map_shards(body, args, *, plan, mesh, check_vma=True):
+  """Runs ``body`` on each data shard of ``args`` (all split on dim 0)."""
+  if mesh is None:
+    return body(*args)
+  spec = P(plan.data_axes or None)
+  args = jax.tree.map(lambda a: sharding_lib.place(a, mesh, spec), args)
+  with sharded.no_context_mesh():
+    return _compat.shard_map(
+      body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=check_vma
+  )(*args)
+
+
+def unique_per_shard(ids, capacity: int, *, plan, mesh):
+  """``unique_with_inverse`` on each data shard of padded ``ids``.
+
+  Args:
+    ids: int32 ``[batch, width]`` with batch a multiple of the data shards.
+    capacity: unique slots per data shard.
+    plan: the table's ``EmbeddingPlan`` (for its data axes).
+    mesh: the mesh, or None.
+
+  Returns:
+    ``(unique [shards * capacity], inverse [batch, width] indexing this
+    shard's block, counts [shards])``, all split over the data axes.
+  """
+
+  def body(local):
+    unique, inverse, count = unique_with_inverse(local, capacity)
+    return unique, inverse, count[None]
+
+  return _map_shards(body, (ids,), plan=plan, mesh=mesh)
+
+
+def rebuild(rows, inverse, coefs, *, plan, mesh, gather, bag, check_vma=True):
+  """Each shard's features from its unique rows.
+
+  Args:
+    rows: ``[shards * capacity, features]``, split over the data axes.
+    inverse: per feature, int32 ``[batch, bag]`` indices into the shard's
+      block of ``rows`` (``-1`` for padding).
+    coefs: per feature, float ``[batch, bag]`` pooling factors (from
+      ``bag_coefficients``), or None for a sequence feature.
+    plan: the table's ``EmbeddingPlan``.
+    mesh: the mesh, or None.
+    gather: local row kernel.
+    bag: local pooled kernel.
+    check_vma: shard_map's type check (off for the Pallas interpreter).
+
+  Returns:
+    Per feature, ``[batch, features]`` (pooled) or ``[batch, bag, features]``.
+  """
+  pooled = tuple(c is not None for c in coefs)
+  coefs = tuple(c for c in coefs if c is not None)
+
+  def body(local_rows, inverse, coefs):
+    coefs = iter(coefs)
+    return tuple(
+        bag(local_rows, inv, next(coefs), combiner="sum") if p else gather(local_rows, inv)
+        for inv, p in zip(inverse, pooled)
+    )
+
+  return _map_shards(
+      body, (rows, tuple(inverse), coefs), plan=plan, mesh=mesh, check_vma=check_vma
+  )
+
+
+FALLBACK = "fallback"
+ERROR = "error"
+OVERFLOW_MODES = (FALLBACK, ERROR)
+
+
+def as_2d(ids):
+  """``[batch]`` ids as ``[batch, 1]``; ``[batch, bag]`` unchanged."""
+  return ids[:, None] if ids.ndim == 1 else ids
+
+
+def lookup_requests(table, requests, *, plan, mesh, gather, bag, capacity: int,
+                    on_overflow: str = FALLBACK, check_vma=True):
+  """One lookup of each shard's distinct ids, shared by all ``requests``.
+
+  Args:
+    table: the physical table, ``plan.padded_shape``.
+    requests: ``Request`` s of the table, ids ``[batch]`` or ``[batch, bag]``
+      sharing the batch.
+    plan: the table's ``EmbeddingPlan``.
+    mesh: the mesh, or None.
+    gather: local row kernel.
+    bag: local pooled kernel.
+    capacity: distinct ids per data shard.
+    on_overflow: ``"fallback"``: a shard holding more distinct ids than
+      ``capacity`` takes the lookup without dedup (``lax.cond``, same
+      result); ``"error"``: the caller checks the returned count.
+    check_vma: shard_map's type check (off for the Pallas interpreter).
+
+  Returns:
+    ``(outputs, need)``: one output per request, as
+    ``sharded.lookup_requests`` gives them, and the most distinct ids any
+    shard held (int32 scalar).
+  """
+  batch = requests[0].ids.shape[0]
+  ids = sharding_lib.pad_tokens(
+      jnp.concatenate([as_2d(r.ids) for r in requests], axis=1), plan.data_shards, -1
+  )
+  unique, inverse, counts = unique_per_shard(ids, capacity, plan=plan, mesh=mesh)
+  need = jnp.max(counts)
+  coefs = tuple(
+      sharding_lib.pad_tokens(
+          reference.bag_coefficients(r.ids, r.weights, plan.num_embeddings, r.combiner),
+          plan.data_shards, 0,
+      ) if r.pooled else None
+      for r in requests
+  )
+  widths = [as_2d(r.ids).shape[1] for r in requests]
+  spec = sharding_lib.leading_spec(requests[0].ids, mesh) if mesh is not None else None
+
+  def with_dedup(table, unique, inverse, coefs):
+    rows = sharded.lookup(
+        table, unique, plan=plan, mesh=mesh, gather=gather, check_vma=check_vma
+    )
+    parts = jnp.split(inverse, np.cumsum(widths)[:-1], axis=1)
+    parts = [p[:, 0] if r.ids.ndim == 1 else p for p, r in zip(parts, requests)]
+    out = rebuild(rows, parts, coefs, plan=plan, mesh=mesh, gather=gather, bag=bag,
+                  check_vma=check_vma)
+    return tuple(sharding_lib.restore_tokens(o, batch, mesh, spec) for o in out)
+
+  def without_dedup(table, unique, inverse, coefs):
+    del unique, inverse, coefs
+    return sharded.lookup_requests(
+        table, requests, plan=plan, mesh=mesh, gather=gather, bag=bag, check_vma=check_vma
+    )
+
+  if on_overflow == ERROR:
+    return with_dedup(table, unique, inverse, coefs), need
+  return lax.cond(need > capacity, without_dedup, with_dedup, table, unique, inverse, coefs), need
+
+
+def check_capacity(need, capacity: int, name: str) -> None:
+  """Raises (or, traced, checks with ``checkify``) that ``need <= capacity``."""
+  or_fallback = "or on_overflow='fallback' to look such batches up without dedup"
+  if isinstance(need, jax.core.Tracer):
+    checkify.check(
+        need <= capacity,
+        f"table {name!r}: a data shard holds {{need}} distinct ids, more than "
+        f"num_unique={capacity}; pass num_unique={{{{{name!r}: N}}}} with N at "
+        f"least that count, {or_fallback}.",
+        need=need,
+    )
+    return
+  if int(need) > capacity:
+    raise ValueError(
+        f"table {name!r}: a data shard holds {int(need)} distinct ids, more "
+        f"than num_unique={capacity}; pass num_unique={{{name!r}: {int(need)}}} "
+        f"(or more), {or_fallback}."
+    )
