@@ -1,6 +1,6 @@
 """GPU benchmark of embedlib's local lookup kernels against the bandwidth limit and baselines.
 
-Run on a machine with one NVIDIA GPU (finishes in under 3 minutes on an H200)::
+Run on a machine with one NVIDIA GPU::
 
   python benchmarks/gpu_lookup.py            # the table
   python benchmarks/gpu_lookup.py --check    # first compare every kernel to its reference
@@ -13,7 +13,7 @@ kernel it measures, in the same run, XLA (``jnp.take``; ``take`` +
 own ``kernel="xla"`` bag), ``torch.nn.functional.embedding`` /
 ``embedding_bag`` on CUDA when torch imports, and a device-to-device copy of
 1 GiB (the bandwidth limit). Each timing runs the lookup ``--inner`` times in
-one jitted loop (so that a ~10 us lookup is not swamped by dispatch) and
+one jitted loop (so that a short lookup is not swamped by dispatch) and
 reports min / median / max per lookup over ``--repeats`` runs. It never
 asserts a time. On a machine without a GPU it says so, measures nothing and
 exits 0.

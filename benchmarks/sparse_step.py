@@ -32,10 +32,10 @@ run on a new GPU.
 
 Timing: in each round the cases run in a shuffled order, and each runs one
 untimed step before its timed one. The untimed step matters: a step leaves
-work behind it (the dense step frees a quarter GiB of temporaries after its
-results are ready), and without it the first sparse step after a dense one
-read about 13 ms slower here, a cost that vanished with a 50 ms pause in
-between (2026-11-30). A JAX step is timed until its loss and whole new state
+work behind it (the dense step frees its table-sized temporaries after its
+results are ready), which would otherwise be charged to whichever case runs
+next (a pause after the dense step removes that cost too, so it is not the
+next case's own). A JAX step is timed until its loss and whole new state
 are ready. On a GPU one timed sample is ``--inner`` consecutive steps
 (default 20, dispatched without waiting, so a sub-millisecond step is not
 timed as Python's dispatch), reported per step; on CPU one step (default 1).
@@ -48,7 +48,8 @@ the looked-up rows' bytes (target: no table-sized temporary), its peak
 minor page faults per timed JAX step (on CPU): XLA:CPU allocates a step's
 temporaries afresh each step, and glibc serves allocations over its mmap
 threshold (at most 32 MiB, and anything over 64 MiB from a thread) with
-fresh pages, each first touch a fault (``train/host_memory.py``). Peak RSS
+fresh pages, each first touch a fault (``benchmarks/README.md`` gives the
+``MALLOC_*`` environment variables that keep freed blocks instead). Peak RSS
 is printed after each table (the process's high-water mark, so it includes
 the dense step's). Never asserts a time.
 """

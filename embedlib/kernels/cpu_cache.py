@@ -31,7 +31,7 @@ def cache_dir() -> pathlib.Path:
 
 
 def _writable_by_others(mode: int) -> str | None:
-  """``"group"``, ``"others"`` or ``"group and others"`` when ``mode`` lets them write; else None."""
+  """``"group"``, ``"others"`` or ``"group and others"``: who else ``mode`` lets write."""
   who = [name for bit, name in ((stat.S_IWGRP, "group"), (stat.S_IWOTH, "others")) if mode & bit]
   return " and ".join(who) or None
 
