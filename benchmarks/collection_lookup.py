@@ -2,7 +2,7 @@
 
     python3 benchmarks/collection_lookup.py             # --scale 0.05, batch 4096
     python3 benchmarks/collection_lookup.py --quick     # small sizes, a smoke run
-    python3 benchmarks/collection_lookup.py --scale 1   # the full 10M-row table (~5 GiB)
+    python3 benchmarks/collection_lookup.py --scale 1   # the full 10M-row table (7.1 GiB of tables)
     bash benchmarks/install_peers.sh                    # first, for the PyTorch columns
 
 26 tables of 10 to 10M rows (times ``--scale``, at least 10 rows), widths 16

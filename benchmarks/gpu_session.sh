@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every GPU measurement the open issues wait for, in one run on one NVIDIA GPU
-# (a few minutes on an H200): issue 3's lookup kernels, then issue 5's sparse
-# train step, each checked against its reference before it is timed.
+# The GPU benchmarks in one run on one NVIDIA GPU: the lookup kernels
+# (gpu_lookup.py), then the sparse train step (sparse_step.py), each checked
+# against its reference before it is timed.
 #
 #   bash benchmarks/gpu_session.sh              # output also in $OUT/gpu_session.txt when $OUT is set
 #

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs the PyTorch / TorchRec peer environment into .peers/ (git-ignored).
 #
-#     bash benchmarks/install_peers.sh          # from the repository root; a few minutes
+#     bash benchmarks/install_peers.sh          # from the repository root
 #
-# The recipe of ../shared/PEERS.md, found by trial on the 2-core CPU machines:
-# newer versions of the same packages failed there (fbgemm-gpu-cpu 1.9.0 does
-# not import with torch 2.13; torchrec's own dependencies pull the CUDA
+# The recipe of ../shared/PEERS.md. The versions are pinned because newer
+# ones of the same packages fail on the CPU machines (fbgemm-gpu-cpu 1.9.0
+# does not import with torch 2.13; torchrec's own dependencies pull the CUDA
 # fbgemm, hence --no-deps). The peers live in their own venv so they never
 # touch embedlib's dependencies. Benchmarks run without .peers/ and skip the
 # peer columns with a note. Re-running is harmless: pip skips what is there.

@@ -10,6 +10,11 @@ kernel (on CPU the C++ gather of ``kernels/gather_cpu.py``) and, beside it,
 Part 2, 8 simulated CPU devices: each strategy vs a replicated table with
 batch-split ids (what plain data parallelism does). Simulated devices share
 this machine's cores, so part 2 measures overhead, not scaling.
+
+Before timing, every case's output is compared with ``reference`` (``jnp.take``
+on the case's logical table, on the host): it must be equal, exactly, since
+every kernel and strategy copies rows. A case that differs is named and the
+script exits 1 before timing that part.
 """
 
 import argparse
@@ -19,6 +24,7 @@ import sys
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -37,7 +43,34 @@ def zipf_ids(n, vocab, seed=0):
   return jnp.asarray((rng.zipf(1.05, n) - 1) % vocab, jnp.int32)
 
 
-def one_device(vocab, width, n, repeats):
+def reference(table, ids):
+  """The answer every case must give: ``jnp.take`` of the logical table."""
+  return jnp.take(table, ids, axis=0)
+
+
+def agree(cases, wants, reference_fn=reference) -> bool:
+  """Runs each case once and compares it with ``reference_fn`` on its table.
+
+  Args:
+    cases: name -> ``(fn, args)``, as timed.
+    wants: name -> ``(table, ids)``, the logical table and ids the case looks up.
+    reference_fn: ``(table, ids) -> rows``, computed on host copies.
+
+  Returns:
+    Whether every case equals its reference exactly; each one that does not
+    is printed.
+  """
+  ok = True
+  for name, (fn, args) in cases.items():
+    table, ids = (np.asarray(x) for x in wants[name])
+    got, want = np.asarray(fn(*args)), np.asarray(reference_fn(table, ids))
+    if got.shape != want.shape or not np.array_equal(got, want):
+      print(f"lookup: {name} differs from the reference (shape {got.shape} vs {want.shape})")
+      ok = False
+  return ok
+
+
+def one_device(vocab, width, n, repeats, reference_fn=reference):
   emb = embedlib.ShardedEmbed(vocab, width, rngs=nnx.Rngs(0))
   table = emb.embedding[...]
   ids = zipf_ids(n, vocab)
@@ -49,42 +82,56 @@ def one_device(vocab, width, n, repeats):
       f"ShardedEmbed (one device, kernel {embedlib.kernels.resolve_kernel('auto')!r})":
           (sharded, (state, ids)),
   }
+  wants = dict.fromkeys(cases, (emb.logical_table(), ids))
   if embedlib.kernels.resolve_kernel("auto") != "xla":
     # The jnp reference beside the default kernel (on CPU: the C++ gather).
     xla = embedlib.ShardedEmbed(vocab, width, kernel="xla", rngs=nnx.Rngs(0))
     xla_graphdef, xla_state = nnx.split(xla)
-    cases["ShardedEmbed (one device, kernel 'xla')"] = (
-        jax.jit(lambda s, i: nnx.merge(xla_graphdef, s)(i)), (xla_state, ids))
+    name = "ShardedEmbed (one device, kernel 'xla')"
+    cases[name] = (jax.jit(lambda s, i: nnx.merge(xla_graphdef, s)(i)), (xla_state, ids))
+    wants[name] = (xla.logical_table(), ids)
+  if not agree(cases, wants, reference_fn):
+    return False
   times = interleaved(cases, repeats)
   print_table(times, "jnp.take", f"one device: {vocab} x {width} f32, {n} Zipf ids, ms")
+  return True
 
 
-def eight_devices(vocab, width, n, repeats):
+def eight_devices(vocab, width, n, repeats, reference_fn=reference):
   mesh = jax.make_mesh((8,), (axes.BATCH,))
   ids = jax.device_put(zipf_ids(n, vocab), NamedSharding(mesh, P(axes.BATCH)))
-  cases = {}
+  cases, wants = {}, {}
   for strategy in options.STRATEGIES:
     emb = embedlib.ShardedEmbed(vocab, width, mesh=mesh, sharding=strategy, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(emb)
     fn = jax.jit(lambda s, i, g=graphdef: nnx.merge(g, s)(i))
-    cases[f"{strategy} ({emb.plan.bytes_per_device / 2**20:.0f} MiB/device)"] = (fn, (state, ids))
+    name = f"{strategy} ({emb.plan.bytes_per_device / 2**20:.0f} MiB/device)"
+    cases[name] = (fn, (state, ids))
+    wants[name] = (emb.logical_table(), ids)
+  if not agree(cases, wants, reference_fn):
+    return False
   times = interleaved(cases, repeats)
   base = next(iter(cases))
   print_table(times, base, f"8 simulated devices: {vocab} x {width} f32, {n} Zipf ids split "
               "over 'batch', ms")
+  return True
 
 
-def main():
+def main(argv=None, reference_fn=reference) -> int:
+  """Runs the benchmark; 1 if a case differs from ``reference_fn`` (then nothing is timed)."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
   parser.add_argument("--repeats", type=int, default=None)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   vocab, width, n = (10_000, 64, 4096) if args.quick else (1_000_000, 64, 65_536)
   repeats = args.repeats or (3 if args.quick else 30)
   print(f"jax {jax.__version__}, {jax.default_backend()}, {len(jax.devices())} devices")
-  one_device(vocab, width, n, repeats)
-  eight_devices(vocab, width, n, repeats)
+  for part in (one_device, eight_devices):
+    if not part(vocab, width, n, repeats, reference_fn):
+      print("lookup: a case differs from the reference; not timing it.")
+      return 1
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

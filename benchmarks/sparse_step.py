@@ -32,10 +32,10 @@ run on a new GPU.
 
 Timing: in each round the cases run in a shuffled order, and each runs one
 untimed step before its timed one. The untimed step matters: a step leaves
-work behind it (the dense step frees a quarter GiB of temporaries after its
-results are ready), and without it the first sparse step after a dense one
-read about 13 ms slower here, a cost that vanished with a 50 ms pause in
-between (2026-11-30). A JAX step is timed until its loss and whole new state
+work behind it (the dense step frees its table-sized temporaries after its
+results are ready), which would otherwise be charged to whichever case runs
+next (a pause after the dense step removes that cost too, so it is not the
+next case's own). A JAX step is timed until its loss and whole new state
 are ready. On a GPU one timed sample is ``--inner`` consecutive steps
 (default 20, dispatched without waiting, so a sub-millisecond step is not
 timed as Python's dispatch), reported per step; on CPU one step (default 1).
@@ -48,7 +48,8 @@ the looked-up rows' bytes (target: no table-sized temporary), its peak
 minor page faults per timed JAX step (on CPU): XLA:CPU allocates a step's
 temporaries afresh each step, and glibc serves allocations over its mmap
 threshold (at most 32 MiB, and anything over 64 MiB from a thread) with
-fresh pages, each first touch a fault (``train/host_memory.py``). Peak RSS
+fresh pages, each first touch a fault (``benchmarks/README.md`` gives the
+``MALLOC_*`` environment variables that keep freed blocks instead). Peak RSS
 is printed after each table (the process's high-water mark, so it includes
 the dense step's). Never asserts a time.
 """
@@ -163,36 +164,57 @@ def table_and_acc(state):
   return pick("embedding"), pick("acc")
 
 
-def check(vocab=10_000, width=64, n=8192, steps=3, eps=1e-8, label=""):
-  """Runs sparse steps against a dense numpy row-wise AdaGrad; True if they agree.
+def dense_adagrad_step(table, acc, ids, eps=1e-8):
+  """The reference: one step of the benchmark's loss and row-wise AdaGrad, dense numpy.
+
+  Args:
+    table: ``[vocab, width]`` float32.
+    acc: ``[vocab]`` float32, the rows' accumulators.
+    ids: ``[n]`` int, ``-1`` for an invalid id.
+    eps: AdaGrad's epsilon (the benchmark's rule uses 1e-8).
+
+  Returns:
+    ``(loss, table, acc)`` after the step; rows no valid id touches unchanged.
+  """
+  n, width = ids.shape[0], table.shape[1]
+  valid = ids[ids >= 0]
+  touched = np.zeros(table.shape[0], bool)
+  touched[valid] = True
+  rows = np.where((ids >= 0)[:, None], table[np.maximum(ids, 0)], 0.0)
+  sums = rows.sum(-1)
+  grad = np.zeros_like(table)
+  np.add.at(grad, valid, np.repeat((2 * sums / n)[ids >= 0, None], width, 1))
+  acc = acc + np.where(touched, np.mean(grad**2, axis=1), 0.0)
+  table = table - np.where(touched[:, None], LR * grad / (np.sqrt(acc)[:, None] + eps), 0.0)
+  return np.mean(sums**2), table, acc
+
+
+def check(vocab=10_000, width=64, n=8192, steps=3, label="", reference=dense_adagrad_step):
+  """Runs sparse steps against ``reference`` (dense numpy AdaGrad); True if they agree.
 
   Same ids for every step (Zipf, so many repeat; every 97th invalid), the
   benchmark's loss. Touched rows and accumulators must agree within float32
-  rounding; untouched ones must be unchanged, bit for bit.
+  rounding; untouched ones must be unchanged, bit for bit. Each step starts
+  the reference from the sparse step's previous result, so that rounding
+  does not accumulate over the steps.
   """
   ids = np.asarray(zipf_ids(n, vocab, seed=1)).copy()
   ids[::97] = -1
-  valid = ids[ids >= 0]
   touched = np.zeros(vocab, bool)
-  touched[valid] = True
+  touched[ids[ids >= 0]] = True
   step, state = build_step(vocab, width, True)
   table, acc = (np.array(x, np.float32) for x in table_and_acc(state))
   start_table, start_acc = table.copy(), acc.copy()
   ok = True
   for k in range(steps):
-    rows = np.where((ids >= 0)[:, None], table[np.maximum(ids, 0)], 0.0)
-    sums = rows.sum(-1)
-    want_loss = np.mean(sums**2)
-    grad = np.zeros_like(table)
-    np.add.at(grad, valid, np.repeat((2 * sums / n)[ids >= 0, None], width, 1))
-    acc = acc + np.where(touched, np.mean(grad**2, axis=1), 0.0)
-    table = table - np.where(touched[:, None], LR * grad / (np.sqrt(acc)[:, None] + eps), 0.0)
+    want_loss, want_table, want_acc = reference(table, acc, ids)
     loss, state = step(state, jnp.asarray(ids))
     got_table, got_acc = (np.asarray(x) for x in table_and_acc(state))
     checks = {
         "loss": np.allclose(float(loss), want_loss, rtol=1e-5),
-        "touched rows": np.allclose(got_table[touched], table[touched], rtol=1e-5, atol=1e-6),
-        "touched accumulators": np.allclose(got_acc[touched], acc[touched], rtol=1e-5, atol=1e-9),
+        "touched rows": np.allclose(got_table[touched], want_table[touched], rtol=1e-5, atol=1e-6),
+        "touched accumulators": np.allclose(got_acc[touched], want_acc[touched], rtol=1e-5,
+                                            atol=1e-9),
         "untouched rows unchanged": np.array_equal(got_table[~touched], start_table[~touched]),
         "untouched accumulators unchanged": np.array_equal(got_acc[~touched], start_acc[~touched]),
     }
@@ -262,6 +284,7 @@ def start_peers(args, tmp, ids, vocab, width):
 
 
 def run(vocab, width, n, repeats, args):
+  """Times the cases on one table and prints their figures; returns name -> ms per round."""
   ids = zipf_ids(n, vocab)
   table_bytes = vocab * width * 4
   rows_bytes = n * width * 4
@@ -312,9 +335,11 @@ def run(vocab, width, n, repeats, args):
     print(f"device peak bytes in use so far: {stats['peak_bytes_in_use'] / MiB:.0f} MiB")
   for stepper in steppers.values():
     del stepper.state
+  return times
 
 
-def main():
+def main(argv=None, reference=dense_adagrad_step) -> int:
+  """Runs the benchmark; 1 if ``--check`` finds the sparse step differs from ``reference``."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
   parser.add_argument("--repeats", type=int, default=None, help="timed rounds")
@@ -327,7 +352,7 @@ def main():
   parser.add_argument("--torch-threads", type=int, default=2)
   parser.add_argument("--peer-python", default=PEER_PYTHON,
                       help="python of the peer venv (default .peers/bin/python)")
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   sizes = [(100_000, 64), (1_000_000, 32)] if args.quick else [(1_000_000, 64), (10_000_000, 32)]
   n = 8192 if args.quick else 65_536
   repeats = args.repeats or (3 if args.quick else 10)
@@ -342,10 +367,12 @@ def main():
       paths = [True, False]   # the fused C++ update, then the XLA ops
     for fused in paths:
       with update_path(fused):
-        if not check(label="" if fused is None else ("fused CPU update" if fused else "XLA ops")):
+        label = "" if fused is None else ("fused CPU update" if fused else "XLA ops")
+        if not check(label=label, reference=reference):
           return 1
   for vocab, width in sizes:
     run(vocab, width, n, repeats, args)
+  return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """DLRM training throughput: embedlib beside TorchRec's fused row-wise AdaGrad, in one run.
 
-    python3 benchmarks/train_dlrm.py              # full run, ~6 minutes on the 2-core CPU
+    python3 benchmarks/train_dlrm.py              # full run
     python3 benchmarks/train_dlrm.py --quick      # small tables and batch: a smoke run
     bash benchmarks/install_peers.sh              # first, for the TorchRec columns
 
@@ -42,9 +42,8 @@ machine's cores) and ``OMP_WAIT_POLICY=PASSIVE`` (PEERS.md: it steadies
 2-thread timings; it also keeps an idle worker from spinning while another
 one is timed). ``--keep-freed-malloc`` runs every worker, JAX and PyTorch
 alike, with glibc's mmap and trim thresholds raised (``MALLOC_MMAP_THRESHOLD_``
-and ``MALLOC_TRIM_THRESHOLD_``, what ``python -m train --keep_freed_host_memory``
-sets with ``mallopt``: ``train/host_memory.py``), so a step's freed
-temporaries are reused by the next instead of faulting in fresh pages.
+and ``MALLOC_TRIM_THRESHOLD_`` at 2^31 - 1), so a step's freed temporaries
+are reused by the next instead of faulting in fresh pages.
 Without ``.peers/`` the peer columns are skipped with a note. Never asserts
 a time.
 """
@@ -154,7 +153,8 @@ def _embedlib_step(kind, sizes, batch_size):
   model, optimizer = setup.model_and_optimizer(config, spec, mesh)
   if kind == "embedlib":
     # As train_lib.train_and_evaluate calls it: cached_partial flattens the
-    # model and optimizer once, not on every call (16.8 ms of Python here).
+    # model and optimizer once, not on every call, so the timed step holds no
+    # Python flattening.
     return nnx.cached_partial(train_lib.train_step, model, optimizer), mesh
   del optimizer
   keys = frozenset(k for k, _ in optim.sparse_tables(model))
@@ -247,9 +247,8 @@ def _xla_flags(devices):
   return f"{flags} --xla_force_host_platform_device_count={devices}".strip()
 
 
-#: What ``python -m train --keep_freed_host_memory`` sets with ``mallopt``
-#: (train/host_memory.py), as
-#: environment variables: freed blocks stay in the heap for the next step.
+#: glibc's mmap and trim thresholds, as environment variables: freed blocks
+#: stay in the heap for the next step instead of going back to the system.
 KEEP_FREED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "2147483647",
                      "MALLOC_TRIM_THRESHOLD_": "2147483647"}
 
@@ -321,7 +320,7 @@ def main():
                       help="skip the 8-simulated-device embedlib column")
   parser.add_argument("--torch-threads", type=int, default=2)
   parser.add_argument("--keep-freed-malloc", dest="keep_freed", action="store_true",
-                      help="raise glibc's malloc thresholds in every worker (train/host_memory.py)")
+                      help="raise glibc's mmap and trim thresholds in every worker")
   parser.add_argument("--peer-python", default=PEER_PYTHON,
                       help="python of the peer venv (default .peers/bin/python)")
   parser.add_argument("--worker", choices=("embedlib", "frozen", "dense"), help=argparse.SUPPRESS)

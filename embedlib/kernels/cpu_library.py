@@ -8,12 +8,20 @@ where these kernels fetch rows ahead and split the rows over a few threads.
 
 The sources are compiled into one shared library the first time a kernel is
 traced, with ``$CXX`` or the ``c++`` / ``g++`` / ``clang++`` on ``PATH``,
-against jaxlib's FFI headers (a few seconds), and cached under
-``$EMBEDLIB_CACHE_DIR`` (default ``$XDG_CACHE_HOME/embedlib``, i.e.
-``~/.cache/embedlib``) by a hash of the sources, jaxlib's version, the
-compiler and its flags. Without a compiler, if the build fails, or with
-``EMBEDLIB_CPU_KERNELS=0``, a warning is logged once (not for the switch)
-and the XLA ops run instead, with the same results.
+against jaxlib's FFI headers, and cached under ``$EMBEDLIB_CACHE_DIR``
+(default ``$XDG_CACHE_HOME/embedlib``, i.e. ``~/.cache/embedlib``) by a hash
+of the sources, jaxlib's version, the compiler and its flags.
+
+Before a cached library is loaded, the cache must be this user's alone
+(``cpu_cache.untrusted_dir`` / ``untrusted_file``: owner and mode of the
+file, the directory and the directories above it). A cache that is not is
+refused with a warning, and the library is built in a fresh private
+temporary directory for this process instead, removed once loaded. An empty
+or cut-short cached library is rebuilt; a build is written to a temporary
+file and renamed into place. A loaded library must define every handler in
+``TARGETS``. Without a compiler, if the build, the load or a check fails, or
+with ``EMBEDLIB_CPU_KERNELS=0``, a warning is logged once (not for the
+switch) and the XLA ops run instead, with the same results.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import tempfile
 import jax
 
 from embedlib import sharding as sharding_lib
+from embedlib.kernels import cpu_cache
 
 _log = logging.getLogger(__name__)
 _SOURCE_DIR = pathlib.Path(__file__).with_name("cpu")
@@ -63,13 +72,20 @@ def compiler() -> str | None:
   return None
 
 
-def cache_dir() -> pathlib.Path:
-  """Where built libraries are kept (``$EMBEDLIB_CACHE_DIR`` or ``~/.cache/embedlib``)."""
-  root = os.environ.get("EMBEDLIB_CACHE_DIR")
-  if root:
-    return pathlib.Path(root)
-  xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return pathlib.Path(xdg) / "embedlib"
+def library_path(cxx: str, directory: pathlib.Path | None = None) -> pathlib.Path:
+  """The library's file for compiler ``cxx``: ``cpu_kernels-<hash>.so`` in ``directory``.
+
+  Args:
+    cxx: the compiler's path (`compiler`), part of the hash.
+    directory: default ``cpu_cache.cache_dir()``.
+  """
+  import jaxlib  # noqa: PLC0415 (only here: its version keys the cache)
+
+  key = hashlib.sha256(b"\0".join(
+      [p.read_bytes() for p in sources()]
+      + [jaxlib.__version__.encode(), cxx.encode(), " ".join(_FLAGS).encode()]
+  )).hexdigest()[:16]
+  return (directory or cpu_cache.cache_dir()) / f"cpu_kernels-{key}.so"
 
 
 def _build(cxx: str, target: pathlib.Path) -> None:
@@ -78,8 +94,7 @@ def _build(cxx: str, target: pathlib.Path) -> None:
   Concurrent builds (several processes starting at once) each rename a
   complete library; a failed one leaves nothing behind.
   """
-  target.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+  fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}-", suffix=".so", dir=target.parent)
   os.close(fd)
   cc = [str(p) for p in sources() if p.suffix == ".cc"]
   cmd = [cxx, *_FLAGS, "-I", jax.ffi.include_dir(), *cc, "-o", tmp]
@@ -87,10 +102,68 @@ def _build(cxx: str, target: pathlib.Path) -> None:
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
       raise RuntimeError(f"{' '.join(cmd)} failed:\n{result.stderr[-4000:]}")
-    os.replace(tmp, target)
+    cpu_cache.install(pathlib.Path(tmp), target)
   finally:
     if os.path.exists(tmp):
       os.unlink(tmp)
+
+
+def _open(path: pathlib.Path) -> ctypes.CDLL:
+  """Loads the library at ``path`` and checks that it defines every handler in ``TARGETS``."""
+  lib = ctypes.CDLL(str(path))
+  missing = [symbol for symbol in TARGETS.values() if not hasattr(lib, symbol)]
+  if missing:
+    # Built from these sources, it would define them all: the file is not
+    # ours. Removed so that the next process builds a good one.
+    path.unlink(missing_ok=True)
+    raise RuntimeError(f"{path} does not define {', '.join(missing)}; removed it, so the "
+                       "next process rebuilds it")
+  return lib
+
+
+def _open_private(cxx: str) -> ctypes.CDLL:
+  """Builds the library in a fresh private directory, loads it and removes the directory.
+
+  A loaded library stays mapped after its file is removed, and nothing is
+  left for anyone to tamper with.
+  """
+  directory = pathlib.Path(os.path.realpath(tempfile.mkdtemp(prefix="embedlib-")))
+  try:
+    reason = cpu_cache.untrusted_dir(directory)
+    if reason:
+      raise RuntimeError(f"no private directory to build in: {reason}")
+    target = library_path(cxx, directory)
+    _build(cxx, target)
+    return _open(target)
+  finally:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _load(cxx: str) -> ctypes.CDLL:
+  """The library, from the cache when it can be trusted, built there or privately if need be."""
+  target = library_path(cxx)
+  directory = pathlib.Path(os.path.realpath(target.parent))
+  try:
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    reason = cpu_cache.untrusted_dir(directory)
+    target = directory / target.name
+    if reason is None and os.path.lexists(target):
+      reason = cpu_cache.untrusted_file(target)
+  except OSError as e:
+    reason = f"{directory} cannot be used ({e})"
+  if reason:
+    _log.warning(
+        "embedlib: not loading the CPU kernels from the cache: %s. Building them in a private "
+        "temporary directory for this process instead; to keep a cache, make %s yours and "
+        "not writable by group or others, or set EMBEDLIB_CACHE_DIR to such a directory.",
+        reason, directory)
+    return _open_private(cxx)
+  damaged = os.path.exists(target) and cpu_cache.incomplete(target)
+  if damaged:
+    _log.warning("embedlib: rebuilding the CPU kernels: %s.", damaged)
+  if damaged or not os.path.exists(target):
+    _build(cxx, target)
+  return _open(target)
 
 
 @functools.cache
@@ -103,20 +176,11 @@ def library() -> ctypes.CDLL | None:
         "using XLA ops on CPU (slower lookups and sparse updates, same results)."
     )
     return None
-  import jaxlib  # noqa: PLC0415 (only here: its version keys the cache)
-
-  key = hashlib.sha256(b"\0".join(
-      [p.read_bytes() for p in sources()]
-      + [jaxlib.__version__.encode(), cxx.encode(), " ".join(_FLAGS).encode()]
-  )).hexdigest()[:16]
-  target = cache_dir() / f"cpu_kernels-{key}.so"
   try:
-    if not target.exists():
-      _build(cxx, target)
-    lib = ctypes.cdll.LoadLibrary(str(target))
+    lib = _load(cxx)
     for name, symbol in TARGETS.items():
       jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
-  except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+  except Exception as e:  # noqa: BLE001 (any failure here means the XLA ops, said once)
     _log.warning("embedlib: the CPU kernels are unavailable (%s); using XLA ops.", e)
     return None
   return lib

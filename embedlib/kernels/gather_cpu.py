@@ -1,9 +1,8 @@
 """Row gather on CPU as a C++ kernel (``cpu/gather.cc``), differentiated as the reference.
 
 XLA's CPU gather copies one row at a time and waits on each row's cache
-misses; the kernel fetches rows ahead on a few threads: about 3x faster on
-65,536 random rows of a 1M x 64 table on the 2-core development CPU
-(``benchmarks/lookup.py``). The result is the reference's bit for bit (a
+misses; the kernel fetches rows ahead on a few threads (``benchmarks/lookup.py``
+times the two side by side). The result is the reference's bit for bit (a
 byte copy of each row, zeros for invalid ids), and its gradient is the
 reference's own (jax's transpose of ``gather_reference``: a scatter-add),
 so only the forward differs from ``kernel="xla"``.

@@ -122,8 +122,8 @@ def bag_reference(
   """
   coef = bag_coefficients(ids, weights, table.shape[0], combiner)
   batch, bag = ids.shape
-  # Flat rows then a sorted segment-sum: on XLA's CPU backend 2-3x faster than
-  # contracting [batch, bag, features] with the coefficients (einsum).
+  # Flat rows then a sorted segment-sum, not an einsum of [batch, bag, features]
+  # with the coefficients, which XLA's CPU backend runs slower.
   rows = gather_reference(table, ids.reshape(-1)).astype(jnp.float32)
   rows = rows * coef.reshape(-1, 1)
   segments = jnp.repeat(jnp.arange(batch, dtype=jnp.int32), bag)

@@ -30,8 +30,9 @@ class StreamingMetrics:
   >>> r = m.result(); r["count"], r["auc"], round(r["logloss"], 3)
   (4, 0.75, 0.597)
 
-  Predictions are kept in host memory (8 bytes per value, so 100M examples
-  take about 2.4 GB); eval sets of recommender runs are far smaller. Feed
+  Predictions are kept in host memory (label, score and weight as float64:
+  24 bytes per example, 2.4 GB for 100M); eval sets of recommender runs are
+  far smaller. Feed
   either logits or probabilities, the same kind in every call.
   """
 

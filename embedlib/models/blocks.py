@@ -54,11 +54,10 @@ def dot_interaction(features) -> jax.Array:
 
   Pass the vectors as a sequence when you have them apart (DLRM does): each
   pair is then one multiply-and-sum of two ``[batch, dim]`` vectors, which
-  XLA's CPU backend fuses, forward and backward, into 13 ms for DLRM's 27
-  vectors of 64 at batch 2048, against 44 ms for the batched Gram matrix
-  of the stacked array (its ``[batch, n, n]`` matmuls are tiny, and the
-  slices' transpose pads and adds ``n`` arrays of that size). Slicing a
-  stacked array back into vectors costs more still (166 ms), so a stacked
+  XLA's CPU backend fuses, forward and backward. The batched Gram matrix
+  of a stacked array costs more (its ``[batch, n, n]`` matmuls are tiny, and
+  the slices' transpose pads and adds ``n`` arrays of that size), and
+  slicing a stacked array back into vectors costs more still, so a stacked
   array takes the Gram path.
 
   Args:
@@ -78,8 +77,8 @@ def dot_interaction(features) -> jax.Array:
     return jnp.concatenate(pairs, axis=1)
   n = features.shape[1]
   gram = jnp.einsum("bnd,bmd->bnm", features, features)
-  # Row i's pairs with the later vectors, as static slices: half the time of
-  # a triu-index gather (forward + backward) on XLA's CPU backend, and the
+  # Row i's pairs with the later vectors, as static slices, which XLA's CPU
+  # backend runs faster (forward + backward) than a triu-index gather, in the
   # same pair order (i < j, row-major).
   return jnp.concatenate([gram[:, i, i + 1:] for i in range(n - 1)], axis=1)
 

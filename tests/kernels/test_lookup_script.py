@@ -1,25 +1,84 @@
-"""``benchmarks/lookup.py --quick`` runs whole and times both CPU kernels beside ``jnp.take``.
+"""``benchmarks/lookup.py`` checks every case against ``jnp.take`` before timing it.
 
-No time is asserted: the quick run must print the one-device table with the
-default kernel (on CPU the C++ gather) and ``kernel="xla"``, and the
-8-device table with every strategy.
+The quick run's checks pass and both parts are timed, with both CPU kernels
+and every strategy; a wrong reference, or a case whose output is off in one
+element, fails the check, and the script then exits 1 without timing. The
+script runs in this process (the test suite's 8 CPU devices), so it uses
+this checkout's embedlib. No time is asserted.
 """
 
-import os
+import importlib.util
 import pathlib
-import subprocess
 import sys
+
+import jax.numpy as jnp
+import numpy as np
+
+from embedlib import kernels, options
 
 from ..cpu_kernels import require_cpu_kernels
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "lookup.py"
 
 
-def test_quick_run_prints_both_kernels_and_every_strategy():
+def import_script():
+  """Imports the script by path; it extends ``sys.path`` itself, undone here."""
+  saved = list(sys.path)
+  try:
+    spec = importlib.util.spec_from_file_location("lookup_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+  finally:
+    sys.path[:] = saved
+  return module
+
+
+def load_script(monkeypatch):
+  """The script, recording the cases of every ``interleaved`` (timing) call in ``.timed``."""
+  module = import_script()
+  module.timed = []
+  real = module.interleaved
+
+  def recording(cases, repeats):
+    module.timed.append(set(cases))
+    return real(cases, repeats)
+
+  monkeypatch.setattr(module, "interleaved", recording)
+  return module
+
+
+def test_quick_run_checks_then_times_both_kernels_and_every_strategy(monkeypatch):
   require_cpu_kernels()
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  out = subprocess.run([sys.executable, str(SCRIPT), "--quick"], env=env, capture_output=True,
-                       text=True, timeout=300, check=True).stdout
-  for case in ("jnp.take", "ShardedEmbed (one device, kernel 'cpu')",
-               "ShardedEmbed (one device, kernel 'xla')", "replicated (", "vocab (", "hidden ("):
-    assert case in out, (case, out)
+  lookup = load_script(monkeypatch)
+  assert lookup.main(["--quick", "--repeats", "1"]) == 0
+  one_device, eight_devices = lookup.timed
+  assert one_device == {"jnp.take", "ShardedEmbed (one device, kernel 'cpu')",
+                        "ShardedEmbed (one device, kernel 'xla')"}
+  assert kernels.resolve_kernel("auto") == "cpu"
+  assert {name.split(" ")[0] for name in eight_devices} == set(options.STRATEGIES)
+
+
+def test_a_wrong_reference_fails_the_run_before_any_timing(monkeypatch, capsys):
+  lookup = load_script(monkeypatch)
+
+  def next_row(table, ids):   # the row after the right one
+    return np.take(table, (ids + 1) % table.shape[0], axis=0)
+
+  assert lookup.main(["--quick", "--repeats", "1"], reference_fn=next_row) == 1
+  assert lookup.timed == []
+  assert "jnp.take differs from the reference" in capsys.readouterr().out
+
+
+def test_one_element_off_fails_the_check():
+  lookup = import_script()
+  table = jnp.arange(40.0).reshape(10, 4)
+  ids = jnp.array([3, 3, 9, 0])
+  right = lambda t, i: jnp.take(t, i, axis=0)
+
+  def off(t, i):   # one element one float32 ulp away: a rounding-sized error
+    rows = jnp.take(t, i, axis=0)
+    return rows.at[2, 1].set(jnp.nextafter(rows[2, 1], jnp.inf))
+
+  wants = {"right": (table, ids), "off": (table, ids)}
+  assert lookup.agree({"right": (right, (table, ids))}, wants)
+  assert not lookup.agree({"off": (off, (table, ids))}, wants)

@@ -148,7 +148,23 @@ def test_bad_hyperparameters_are_named(make, match):
     make()
 
 
-def test_schedules_and_numpy_scalars_are_accepted():
-  optim.RowWiseAdagrad(optax.linear_schedule(0.1, 0.0, 10))
-  optim.LazyAdam(np.float32(0.01), b1=np.float64(0.8))
-  optim.SparseSGD(1)
+def test_schedules_and_numpy_scalars_act_as_the_numbers_they_give():
+  # A schedule is called with the step count; an int or numpy learning rate
+  # is that number; numpy hyperparameters give the update Python floats give,
+  # in float32 (a float64 numpy scalar must not widen the slots).
+  schedule = optim.RowWiseAdagrad(optax.linear_schedule(0.1, 0.0, 10))
+  assert [float(schedule.lr(jnp.int32(k))) for k in (0, 5, 10)] == pytest.approx([0.1, 0.05, 0.0])
+  assert float(optim.SparseSGD(1).lr(jnp.int32(3))) == 1.0
+  grads = jnp.array([[0.5, -1.0, 2.0], [0.0, 3.0, -0.25]], jnp.float32)
+  slots = {"m": jnp.full((2, 3), 0.1), "v": jnp.full((2, 3), 0.2),
+           "count": jnp.array([0, 4], jnp.int32)}
+  results = []
+  for rule in (optim.LazyAdam(np.float32(0.01), b1=np.float64(0.8)), optim.LazyAdam(0.01, b1=0.8)):
+    results.append(rule.update(slots, grads, row_sq_mean=None, lr=rule.lr(jnp.int32(0)),
+                               step=jnp.int32(0)))
+  (numpy_inc, numpy_slots), (float_inc, float_slots) = results
+  assert numpy_inc.dtype == jnp.float32 and bool(jnp.all(numpy_inc != 0))
+  np.testing.assert_array_equal(numpy_inc, float_inc)
+  for name, value in float_slots.items():
+    assert numpy_slots[name].dtype == value.dtype, name
+    np.testing.assert_array_equal(numpy_slots[name], value)

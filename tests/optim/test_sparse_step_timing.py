@@ -2,15 +2,20 @@
 
 Each case must run one untimed step right before each timed one, so that
 what the previous case left behind (the dense step frees its temporaries
-after its results are ready) is not charged to it. No time is measured here,
-and a quick run must print every figure.
+after its results are ready) is not charged to it. ``--check`` must pass on
+both CPU update paths before anything is timed, and fail, with nothing
+timed, against a wrong reference. The script runs in this process, on this
+checkout's embedlib. No time is asserted.
 """
 
+import functools
 import importlib.util
-import os
 import pathlib
-import subprocess
 import sys
+
+import numpy as np
+
+from embedlib.optim import fused_cpu
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "sparse_step.py"
 
@@ -50,25 +55,52 @@ def test_every_timed_call_follows_an_untimed_call_of_the_same_case():
   assert len(set(orders)) > 1, orders
 
 
-def test_quick_run_prints_every_figure_without_the_peers():
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["JAX_PLATFORMS"] = "cpu"
-  out = subprocess.run(
-      [sys.executable, str(SCRIPT), "--check", "--quick", "--no-peers", "--repeats", "1"],
-      env=env, capture_output=True, text=True, timeout=600, check=True).stdout
-  # On CPU: the check and a timed column for both updates (fused C++, XLA ops).
-  assert "check (fused CPU update)" in out and "check (XLA ops)" in out, out
-  assert out.count("agree with the dense reference") == 2, out
-  assert out.count("sparse row-wise AdaGrad, XLA ops ") == 4, out  # 2 tables x (time, memory)
-  assert out.count("speed-up (dense median / sparse median)") == 2, out
-  assert out.count("step peak") == 6 and out.count("minor page faults per step") == 6, out
-  assert "PyTorch" not in out  # --no-peers
+def recording_runs(sparse_step, monkeypatch):
+  """Replaces the script's ``run`` (the timing of one table) by one that records its results."""
+  runs = []
+  real = sparse_step.run
+
+  def run(vocab, width, n, repeats, args):
+    runs.append(((vocab, width), real(vocab, width, n, repeats, args)))
+    return runs[-1][1]
+
+  monkeypatch.setattr(sparse_step, "run", run)
+  return runs
 
 
-def test_check_fails_on_a_reference_with_another_rule(capsys):
+QUICK = ["--check", "--quick", "--no-peers", "--repeats", "1"]
+
+
+def test_the_check_passes_then_every_case_is_timed(monkeypatch):
+  sparse_step = load_script()
+  runs = recording_runs(sparse_step, monkeypatch)
+  assert sparse_step.main(QUICK) == 0
+  cases = {sparse_step.SPARSE, sparse_step.DENSE}
+  if fused_cpu.enabled():
+    cases.add(sparse_step.SPARSE_XLA)   # the XLA ops beside the fused CPU update
+  assert [size for size, _ in runs] == [(100_000, 64), (1_000_000, 32)]
+  for _, times in runs:
+    assert set(times) == cases and all(len(t) == 1 and t[0] > 0 for t in times.values()), times
+
+
+def test_a_wrong_reference_fails_the_check_before_any_timing(monkeypatch, capsys):
   # The check a GPU session runs first must be able to fail: a reference
   # with another epsilon moves every touched row.
   sparse_step = load_script()
-  assert sparse_step.check(vocab=1000, width=8, n=512, steps=1)
-  assert not sparse_step.check(vocab=1000, width=8, n=512, steps=1, eps=1e-2)
-  assert "touched rows differ" in capsys.readouterr().out
+  runs = recording_runs(sparse_step, monkeypatch)
+  wrong = functools.partial(sparse_step.dense_adagrad_step, eps=1e-2)
+  assert sparse_step.main(QUICK, reference=wrong) == 1
+  assert runs == []
+  assert "touched rows differ from the dense reference" in capsys.readouterr().out
+
+
+def test_the_reference_leaves_untouched_rows_and_counts_invalid_ids_out():
+  sparse_step = load_script()
+  table = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+  acc = np.zeros(4, np.float32)
+  loss, new_table, new_acc = sparse_step.dense_adagrad_step(table, acc, np.array([2, -1, 2, 0]))
+  # Row sums 2.1 (row 2, twice), 0 (the invalid id) and 0.3 (row 0).
+  np.testing.assert_allclose(loss, (2 * 2.1**2 + 0.3**2) / 4, rtol=1e-6)
+  np.testing.assert_array_equal(new_table[[1, 3]], table[[1, 3]])
+  np.testing.assert_array_equal(new_acc[[1, 3]], 0)
+  assert np.all(new_table[[0, 2]] < table[[0, 2]]) and np.all(new_acc[[0, 2]] > 0)

@@ -2,8 +2,8 @@
 //
 // Both kernels visit rows scattered over a large table, one or a few cache
 // lines each: they are bound by memory latency, not bandwidth, so they ask
-// for rows a few iterations ahead (3x faster than waiting on each miss on the
-// 2-core development machine) and split the work over a few threads.
+// for rows a few iterations ahead instead of waiting on each miss, and split
+// the work over a few threads.
 
 #ifndef EMBEDLIB_KERNELS_CPU_COMMON_H_
 #define EMBEDLIB_KERNELS_CPU_COMMON_H_

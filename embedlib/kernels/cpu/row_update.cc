@@ -4,8 +4,9 @@
 // The XLA ops of apply.py materialise the row gradients' per-row sums as an
 // [ids, features] array and scatter the rule's increment into the table with
 // a second [ids, features] array beside it; on CPU those two buffers, their
-// zeroing and the page faults of a 33 MiB temporary block cost about as much
-// as the forward lookup. Here each handler finds every distinct row of the
+// zeroing and the page faults of the temporary block that holds them (fresh
+// pages every step once it passes glibc's mmap threshold) are a large part
+// of the step. Here each handler finds every distinct row of the
 // shard among the ids (a hash table over the ids, never the table's size),
 // sums each row's gradients in input order (the order XLA's scatter-add
 // uses), and runs the rule on that row in place: the table and its slots are
@@ -50,8 +51,8 @@ struct Touched {
 };
 
 // An open-addressing hash table over the ids (2n to 4n slots: never the
-// table's size), on one thread: partitioned over threads by a hash of the
-// row (tried 2026-11-30), the whole update was about 2 ms slower here.
+// table's size), on one thread: partitioning it over threads by a hash of
+// the row made the whole update slower in benchmarks/sparse_step.py.
 Touched FindTouchedRows(const int32_t* ids, int64_t n, int64_t first_row,
                         int64_t shard_rows) {
   Touched out;
