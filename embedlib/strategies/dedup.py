@@ -37,8 +37,8 @@ def unique_with_inverse(ids, capacity: int):
   A sort rather than ``jnp.unique(size=...)``: invalid ids (``-1``) must not
   use up capacity, and the count that detects overflow comes from the same
   sort. The sort has one operand (the ids) and each id finds its place by a
-  binary search, as ``optim.apply.dedup`` does: on CPU several times faster
-  than sorting the ids with their positions (``argsort``).
+  binary search, as ``optim.apply.dedup`` does: cheaper than sorting the
+  ids with their positions (``argsort``).
 
   Args:
     ids: int32 of any shape, ``-1`` for padding and invalid ids.
