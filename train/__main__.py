@@ -1,6 +1,7 @@
 """``python -m train --config configs/quickstart.py --workdir runs/quickstart``.
 
-Flags, then one call into ``train.train_lib.train_and_evaluate``. Multi-host:
+Run from a checkout (``configs/`` and ``train/`` are not installed). Flags,
+then one call into ``embedlib.training.train_and_evaluate``. Multi-host:
 pass ``--coordinator_address``, ``--num_processes`` and ``--process_id`` (or
 ``--distributed`` to let ``jax.distributed.initialize()`` detect SLURM and
 the like); each process then reads its own slice of the data.
@@ -13,8 +14,6 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from train import host_memory
-
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A configs/*.py file, optionally :variant.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
@@ -24,11 +23,6 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of pr
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Also show INFO logs of jax and orbax.")
-_KEEP_FREED = flags.DEFINE_bool(
-    "keep_freed_host_memory", False,
-    "Opt-in: keep freed host memory for reuse (glibc mallopt), so XLA:CPU steps stop "
-    "faulting in their temporaries (about 20% faster DLRM steps on CPU). Experimental: "
-    "see train/host_memory.py.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Call jax.distributed.initialize() with auto-detection.")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -41,8 +35,6 @@ def main(argv):
       "XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={_CPU_DEVICES.value}")
-  if _KEEP_FREED.value:
-    host_memory.keep_freed_memory()
   if not _VERBOSE.value:
     logging.set_verbosity(logging.WARNING)
   handler = std_logging.StreamHandler(sys.stderr)
@@ -55,7 +47,7 @@ def main(argv):
 
   if _COORDINATOR.value or _DISTRIBUTED.value:
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  from train.train_lib import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from embedlib.training import train_and_evaluate  # pylint: disable=g-import-not-at-top
 
   train_log.info("jax %s, %d processes, %d devices", jax.__version__, jax.process_count(),
                  jax.device_count())

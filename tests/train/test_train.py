@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from configs import dlrm_criteo, quickstart
-from train import train_lib
-from train.writers import read_jsonl
+from embedlib.training import train_lib
+from embedlib.training.writers import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

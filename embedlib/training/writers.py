@@ -9,7 +9,7 @@ import jax
 
 
 class MetricWriter:
-  """Writes scalars to ``workdir/metrics.jsonl`` and TensorBoard (process 0 only).
+  """Writes scalars to ``workdir/<name>`` (JSONL) and TensorBoard (process 0 only).
 
   Each ``write`` call appends one JSON object (``step`` plus the scalars) to
   the JSONL file and one scalar per key to the event files, through

@@ -19,8 +19,8 @@ from jax.experimental import multihost_utils
 
 from embedlib import checkpoint, metrics, optim
 from embedlib import data as data_lib
-from train import setup
-from train.writers import MetricWriter
+from embedlib.training import setup
+from embedlib.training.writers import MetricWriter
 
 # Our progress lines go to their own logger: absl's carries orbax's chatter.
 log = logging.getLogger("embedlib.train")
