@@ -6,10 +6,13 @@ and checkpoints in ``workdir`` (metrics through ``writers``), and resumes
 from the workdir's newest checkpoint.
 """
 
+from embedlib.training.setup import ConfigError
 from embedlib.training.train_lib import eval_step, evaluate, oracle_gap, train_and_evaluate, train_step
-from embedlib.training.writers import MetricWriter, read_jsonl
+from embedlib.training.writers import MetricWriteError, MetricWriter, read_jsonl
 
 __all__ = [
+    "ConfigError",
+    "MetricWriteError",
     "MetricWriter",
     "eval_step",
     "evaluate",

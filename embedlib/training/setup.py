@@ -27,8 +27,12 @@ SPARSE_OPTIMIZERS = {
 }
 
 
+class ConfigError(ValueError):
+  """A config value the run can't use; the message names the key and the fix."""
+
+
 def _fail(key: str, message: str):
-  raise ValueError(f"config.{key}: {message}")
+  raise ConfigError(f"config.{key}: {message}")
 
 
 def validate(config) -> None:
@@ -107,7 +111,7 @@ def _schedule(cfg, num_steps):
   if cfg.schedule == "warmup_cosine":
     return optax.warmup_cosine_decay_schedule(
         0.0, cfg.learning_rate, max(cfg.warmup_steps, 1), max(num_steps, cfg.warmup_steps + 1))
-  raise ValueError(f"schedule {cfg.schedule!r}; use 'constant' or 'warmup_cosine'.")
+  raise ConfigError(f"schedule {cfg.schedule!r}; use 'constant' or 'warmup_cosine'.")
 
 
 def model_and_optimizer(config, spec, mesh):

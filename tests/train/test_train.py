@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from configs import dlrm_criteo, quickstart
-from embedlib.training import train_lib
+from embedlib.training import events, train_lib
 from embedlib.training.writers import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,8 +23,14 @@ def test_smoke_run_writes_metrics_checkpoints_and_resumes(tmp_path):
     assert 0.0 <= e["auc"] <= 1.0 and e["logloss"] > 0 and 0.5 < e["oracle_auc"] <= 1.0
   assert result["step"] == 6 and result["auc"] == evals[-1]["auc"]
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "6"]
-  assert any(f.startswith("events") for f in os.listdir(tmp_path / "tensorboard"))
   assert [r["step"] for r in read_jsonl(tmp_path / "train.jsonl")] == [2, 4, 6]
+  # Loss and examples/s reach TensorBoard beside the eval metrics.
+  train_tb = events.read_scalars(str(tmp_path / "tensorboard" / "train"))
+  assert {k: [s for s, _ in v] for k, v in train_tb.items()} == {
+      "loss": [2, 4, 6], "examples_per_sec": [2, 4, 6]}
+  eval_tb = events.read_scalars(str(tmp_path / "tensorboard" / "eval"))
+  assert sorted(eval_tb) == ["auc", "logloss", "oracle_auc"]
+  assert eval_tb["auc"] == [(3, pytest.approx(evals[0]["auc"])), (6, pytest.approx(evals[1]["auc"]))]
 
   # A restarted run resumes after step 6 with the data where it stopped.
   with config.unlocked():
