@@ -12,7 +12,8 @@ import jax
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import AxisType
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from embedlib import data as data_lib
 from embedlib import optim
@@ -43,14 +44,28 @@ def validate(config) -> None:
       _fail(key, f"must be >= 1, got {config[key]}.")
   if config.data.source not in SOURCES:
     _fail("data.source", f"{config.data.source!r}; use one of {SOURCES}.")
-  if config.data.source == "criteo":
+  data = config.data
+  if data.max_bad_lines < -1:
+    _fail("data.max_bad_lines", f"must be >= 0, or -1 to skip every malformed line; got "
+          f"{data.max_bad_lines}.")
+  if not 0.0 <= data.eval_holdout < 1.0:
+    _fail("data.eval_holdout", f"must be a fraction in [0, 1); got {data.eval_holdout}.")
+  if data.source == "criteo":
+    if bool(data.eval_path) == bool(data.eval_holdout):
+      _fail("data.eval_path", "the criteo source evaluates on a file of its own "
+            "(data.eval_path) or on a held-out fraction of the training lines "
+            "(data.eval_holdout, e.g. 0.05): set exactly one, "
+            f"got eval_path={data.eval_path!r} and eval_holdout={data.eval_holdout}.")
     for key in ("train_path", "eval_path"):
-      path = config.data[key]
-      if not path:
+      path = data[key]
+      if key == "train_path" and not path:
         _fail(f"data.{key}", "the criteo source needs a path to a Criteo TSV file.")
-      if not os.path.isfile(path):
+      if path and not os.path.isfile(path):
         _fail(f"data.{key}", f"{path!r} does not exist; pass an existing .tsv or "
               ".tsv.gz file in the Criteo layout.")
+  elif data.eval_holdout:
+    _fail("data.eval_holdout", f"the {data.source} source has its own eval stream; "
+          "leave eval_holdout at 0.")
   if config.optim.dense.name not in DENSE_OPTIMIZERS:
     _fail("optim.dense.name", f"{config.optim.dense.name!r}; use one of "
           f"{tuple(DENSE_OPTIMIZERS)}.")
@@ -82,24 +97,67 @@ def make_mesh(config):
 
 
 def data_spec(config) -> data_lib.DataSpec:
-  if config.data.source == "criteo":
-    return data_lib.criteo_spec(list(config.data.table_sizes) or 100_000)
-  return data_lib.DataSpec.from_sizes(
-      config.data.num_dense, list(config.data.table_sizes),
-      bag_sizes=list(config.data.bag_sizes) or None)
+  try:
+    if config.data.source == "criteo":
+      return data_lib.criteo_spec(list(config.data.table_sizes) or 100_000)
+    return data_lib.DataSpec.from_sizes(
+        config.data.num_dense, list(config.data.table_sizes),
+        bag_sizes=list(config.data.bag_sizes) or None)
+  except ValueError as e:
+    raise ConfigError(f"config.data.table_sizes / bag_sizes: {e}") from None
+
+
+def describe_eval(config) -> str:
+  """Which examples the run evaluates on, for the log."""
+  data = config.data
+  if data.source != "criteo":
+    return (f"the {data.source} source's eval stream ({config.eval_batches} batches, drawn "
+            "apart from the training stream)")
+  if data.eval_holdout:
+    return (f"a held-out {data.eval_holdout:.1%} of the lines of {data.train_path} (chosen by "
+            f"a hash of the line number; training skips them), at most {config.eval_batches} "
+            "batches")
+  return f"{data.eval_path}, at most {config.eval_batches} batches"
+
+
+def _first_batch_or_fail(source, key: str, what: str, batch_size: int) -> None:
+  """Reads one batch and rewinds, so a file without a batch fails before training."""
+  state = source.get_state()
+  try:
+    next(source)
+  except StopIteration:
+    raise ConfigError(
+        f"config.{key}: {what} holds fewer than batch_size={batch_size} valid lines, not "
+        "one batch. Pass more data or a smaller --config.batch_size.") from None
+  source.set_state(state)
 
 
 def sources(config, spec):
-  """(train source, eval source), each this process's slice."""
+  """(train source, eval source), each this process's slice.
+
+  Raises:
+    ConfigError: a Criteo file (or the hold-out) holds no full batch.
+  """
   share = dict(process_index=jax.process_index(), process_count=jax.process_count())
-  if config.data.source == "criteo":
-    kw = dict(batch_size=config.batch_size, max_bad_lines=config.data.max_bad_lines, **share)
-    train = data_lib.CriteoReader(config.data.train_path, spec, num_epochs=None, **kw)
-    evaluation = data_lib.CriteoReader(config.data.eval_path, spec, num_epochs=1, **kw)
+  data = config.data
+  if data.source == "criteo":
+    kw = dict(batch_size=config.batch_size, **share,
+              max_bad_lines=None if data.max_bad_lines == -1 else data.max_bad_lines)
+    train = data_lib.CriteoReader(data.train_path, spec, num_epochs=None,
+                                  holdout=data.eval_holdout, split="train", **kw)
+    if data.eval_holdout:
+      evaluation = data_lib.CriteoReader(data.train_path, spec, num_epochs=1,
+                                         holdout=data.eval_holdout, split="holdout", **kw)
+      eval_key, eval_what = "data.eval_holdout", f"the hold-out of {data.train_path}"
+    else:
+      evaluation = data_lib.CriteoReader(data.eval_path, spec, num_epochs=1, **kw)
+      eval_key, eval_what = "data.eval_path", data.eval_path
+    _first_batch_or_fail(train, "data.train_path", data.train_path, config.batch_size)
+    _first_batch_or_fail(evaluation, eval_key, eval_what, config.batch_size)
     return train, evaluation
   kw = dict(batch_size=config.batch_size, seed=config.seed,
-            zipf_exponent=config.data.zipf_exponent,
-            signal_scale=config.data.signal_scale, **share)
+            zipf_exponent=data.zipf_exponent,
+            signal_scale=data.signal_scale, **share)
   train = data_lib.SyntheticSource(spec, split="train", **kw)
   evaluation = data_lib.SyntheticSource(spec, split="eval", num_batches=config.eval_batches, **kw)
   return train, evaluation
@@ -114,7 +172,26 @@ def _schedule(cfg, num_steps):
   raise ConfigError(f"schedule {cfg.schedule!r}; use 'constant' or 'warmup_cosine'.")
 
 
+def _on_mesh(module, mesh) -> None:
+  """Places the arrays of ``module`` that aren't on ``mesh`` there, replicated.
+
+  Dense parameters and optax state are created uncommitted on one device; a
+  jitted step returns them replicated on the mesh, so without this the
+  second step's inputs differ from the first's and ``train_step`` compiles
+  twice.
+  """
+  replicated = NamedSharding(mesh, P())
+  state = nnx.state(module)
+  unplaced = lambda x: not (isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding)
+                            and x.sharding.mesh == mesh)
+  moved = jax.jit(lambda t: t, out_shardings=replicated)(
+      jax.tree.map(lambda x: x if unplaced(x) else None, state))
+  nnx.update(module, jax.tree.map(lambda new, old: old if new is None else new, moved, state,
+                                  is_leaf=lambda x: x is None))
+
+
 def model_and_optimizer(config, spec, mesh):
+  """The model and its ``SparseAwareOptimizer``, every array on ``mesh``."""
   model = build_model(config.model, spec, mesh=mesh, batch_size=config.batch_size,
                       rngs=nnx.Rngs(config.seed))
   dense = config.optim.dense
@@ -122,4 +199,7 @@ def model_and_optimizer(config, spec, mesh):
   sparse = config.optim.sparse
   rule = SPARSE_OPTIMIZERS[sparse.name](
       learning_rate=_schedule(sparse, config.num_train_steps))
-  return model, optim.SparseAwareOptimizer(model, tx, rule)
+  optimizer = optim.SparseAwareOptimizer(model, tx, rule)
+  _on_mesh(model, mesh)
+  _on_mesh(optimizer, mesh)
+  return model, optimizer

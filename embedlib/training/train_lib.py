@@ -56,6 +56,9 @@ def evaluate(model, source, start_state, mesh, max_batches) -> dict:
     logits = eval_step(model, batch)
     acc.update(multihost_utils.process_allgather(batch["label"], tiled=True),
                logits=multihost_utils.process_allgather(logits, tiled=True))
+  if not acc.count:  # setup.sources checks for a batch; a NaN AUC must never pass as a result
+    raise setup.ConfigError("the eval data yielded no batch; check config.data.eval_path "
+                            "(or eval_holdout) and config.eval_batches.")
   return acc.result()
 
 
@@ -140,6 +143,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   spec = setup.data_spec(config)
   train_source, eval_source = setup.sources(config, spec)
   eval_start = eval_source.get_state()
+  log.info("eval data: %s", setup.describe_eval(config))
   model, optimizer = setup.model_and_optimizer(config, spec, mesh)
   log.info("mesh %s; embedding plan:\n%s", dict(mesh.shape), model.embeddings.plan)
 
