@@ -145,7 +145,7 @@ def _embedlib_step(kind, sizes, batch_size):
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
   from embedlib import optim  # pylint: disable=g-import-not-at-top
-  from train import setup, train_lib  # pylint: disable=g-import-not-at-top
+  from embedlib.training import setup, train_lib  # pylint: disable=g-import-not-at-top
 
   config = _config(sizes, batch_size)
   mesh = setup.make_mesh(config)
@@ -177,7 +177,7 @@ def _dense_step(sizes):
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
   from embedlib.models.blocks import MLP, dot_interaction  # pylint: disable=g-import-not-at-top
-  from train import train_lib  # pylint: disable=g-import-not-at-top
+  from embedlib.training import train_lib  # pylint: disable=g-import-not-at-top
 
   class DenseDLRM(nnx.Module):
 

@@ -31,6 +31,10 @@ def get_config(arg=None):
   config.data.signal_scale = 1.0
   config.data.train_path = ""
   config.data.eval_path = ""
+  # Criteo only: evaluate on this fraction of the training lines, held out
+  # from training, instead of on eval_path (set exactly one).
+  config.data.eval_holdout = 0.0
+  # Malformed Criteo lines to skip before stopping; -1 skips them all.
   config.data.max_bad_lines = 0
   config.data.prefetch = 2
 

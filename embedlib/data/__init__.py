@@ -13,7 +13,14 @@ thread, and ``to_global_batch`` puts a batch onto the mesh.
 (['dense', 'label', 'sparse'], (16, 4))
 """
 
-from embedlib.data.criteo import CRITEO_NUM_DENSE, CRITEO_NUM_SPARSE, BadLines, CriteoReader, criteo_spec
+from embedlib.data.criteo import (
+    CRITEO_NUM_DENSE,
+    CRITEO_NUM_SPARSE,
+    BadLines,
+    CriteoFormatError,
+    CriteoReader,
+    criteo_spec,
+)
 from embedlib.data.prefetch import Prefetcher, to_global_batch
 from embedlib.data.spec import PAD_ID, DataSpec, SparseFeature
 from embedlib.data.synthetic import SyntheticSource
@@ -25,6 +32,7 @@ __all__ = [
     "SyntheticSource",
     "CriteoReader",
     "BadLines",
+    "CriteoFormatError",
     "criteo_spec",
     "CRITEO_NUM_DENSE",
     "CRITEO_NUM_SPARSE",

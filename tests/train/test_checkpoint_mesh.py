@@ -16,7 +16,7 @@ from jax.sharding import AxisType
 from configs import quickstart
 from embedlib import checkpoint
 from embedlib import data as data_lib
-from train import setup, train_lib
+from embedlib.training import setup, train_lib
 
 
 def _mesh(n):

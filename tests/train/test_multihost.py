@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from train.writers import read_jsonl
+from embedlib.training.writers import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
