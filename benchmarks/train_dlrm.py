@@ -19,8 +19,8 @@ benchmark then asks each worker in turn for ``--steps`` steps, for
 examples/s min / median / max over the rounds, the worker's peak RSS, and
 the ratio of medians to TorchRec fused. Variants:
 
-- ``embedlib, 1 device``: ``train.train_lib.train_step`` (jitted, state
-  donated) on ``train.setup.model_and_optimizer`` for this model, called
+- ``embedlib, 1 device``: ``embedlib.training.train_lib.train_step`` (jitted, state
+  donated) on ``embedlib.training.setup.model_and_optimizer`` for this model, called
   through ``nnx.cached_partial`` as ``train_and_evaluate`` calls it (every
   JAX variant is), i.e.
   ``embedlib.models.DLRM`` on an ``EmbeddingCollection``,
