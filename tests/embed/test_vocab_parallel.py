@@ -191,3 +191,35 @@ def test_bf16_logits(mesh_name):
   tol = dict(rtol=2e-2, atol=32 * 2.0**-8)
   np.testing.assert_allclose(ref.host(g_emb.embedding[...])[:99], ref.host(want_table), **tol)
   np.testing.assert_allclose(ref.host(g_query), ref.host(want_query), **tol)
+
+
+@pytest.mark.parametrize("vocab", [99, 104])
+def test_vocab_parallel_step_lowers_for_cuda(vocab):
+  """Ahead of time, on an abstract H200 mesh: the loss's step builds for GPU.
+
+  The collectives its shard_maps write are all-reduces only (the loss's
+  per-token numbers, the table's data-parallel gradient); without
+  ``out_sharding``, attend's own all-gather of the logits would show here.
+  """
+  from embedlib.kernels import lowering
+
+  mesh = lowering.gpu_abstract_mesh((2, 4), ("data", "model"))
+  with lowering.lowering_context(mesh):
+    emb = nnx.eval_shape(lambda: embedlib.ShardedEmbed(
+        vocab, ref.FEATURES, mesh=mesh, sharding="vocab", rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(emb)
+  state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+  split = NamedSharding(mesh, P("data"))
+  query = jax.ShapeDtypeStruct((ref.TOKENS, ref.FEATURES), jnp.float32, sharding=split)
+  labels = jax.ShapeDtypeStruct((ref.TOKENS,), jnp.int32, sharding=split)
+
+  def step(s, q, y):
+    def loss(s, q):
+      logits = nnx.merge(graphdef, s).attend(q, out_sharding=P("data", "model"))
+      return embedlib.vocab_parallel_cross_entropy(logits, y, reduction="mean")
+
+    return jax.value_and_grad(loss, argnums=(0, 1))(s, q)
+
+  text = lowering.cuda_lowering_text(step, state, query, labels, mesh=mesh)
+  assert "all_reduce" in text
+  assert "all_gather" not in text and "all_to_all" not in text
