@@ -19,6 +19,7 @@ from embedlib import sharding as sharding_lib
 from embedlib import options
 from embedlib import invalid_ids as invalid_lib
 from embedlib import kernels
+from embedlib import logits as logits_lib
 from embedlib import strategies
 from embedlib import tape as tape_lib
 from embedlib.strategies import dedup
@@ -351,15 +352,49 @@ class ShardedEmbed(nnx.Module):
         self.promote_dtype((o,), dtype=self.dtype, inexact=False)[0] for o in out
     ), need
 
-  def attend(self, query, out_sharding=None) -> jax.Array:
+  def attend(self, query, out_sharding=None):
     """``query @ logical_table.T``: exactly ``num_embeddings`` logits.
+
+    An ``out_sharding`` that splits the last (vocabulary) dimension asks for
+    vocab-parallel logits, the input of ``vocab_parallel_cross_entropy``:
+
+    - on a vocab-sharded table split over exactly ``plan.table_axes`` (in
+      that order), each device keeps the logits of its own rows: no
+      all-gather or all-to-all of logits, no device ever holds a token's
+      whole row of logits (only the token dimension is then moved, if the
+      request splits it differently from the query);
+    - otherwise the logits are made as without ``out_sharding`` and each
+      device keeps its block: a hidden-sharded table sums its partial
+      logits (all-reduce) and a replicated one computes them whole, so
+      neither gathers, but each device holds all its tokens' logits on the
+      way; a vocab-sharded table asked for a split over other axes than
+      its own concatenates them first (all-gather or all-to-all).
+
+    When the split divides ``num_embeddings`` the result is a ``jax.Array``
+    laid out as asked, as ``nnx.Embed.attend`` gives it. When it doesn't
+    (50257 over 4), jax can't split an array unevenly, so the result is an
+    ``embedlib.VocabShardedLogits``: the logits padded to a multiple of the
+    split (as the table is) with ``shape`` the logical one; its padded
+    columns are never logits (``vocab_parallel_cross_entropy`` masks them,
+    ``unpadded()`` strips them).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from jax.sharding import PartitionSpec as P
+    >>> mesh = jax.make_mesh((4,), ("model",), devices=jax.devices()[:4])
+    >>> emb = ShardedEmbed(99, 8, mesh=mesh, sharding="vocab", rngs=nnx.Rngs(0))
+    >>> logits = emb.attend(jnp.ones((3, 8)), out_sharding=P(None, "model"))
+    >>> type(logits).__name__, logits.shape, logits.padded.shape
+    ('VocabShardedLogits', (3, 99), (3, 100))
 
     Args:
       query: ``[..., features]``; the leading dimension is the batch.
-      out_sharding: optional ``PartitionSpec`` or ``Sharding`` of the output.
+      out_sharding: optional ``PartitionSpec`` (on the module's mesh) or
+        ``NamedSharding`` of the output, one entry per output dimension.
 
     Returns:
-      ``[..., num_embeddings]`` logits.
+      ``[..., num_embeddings]`` logits, or a ``VocabShardedLogits`` of that
+      shape (above).
     """
     query = jnp.asarray(query)
     if query.shape[-1:] != (self.features,):
@@ -379,21 +414,40 @@ class ShardedEmbed(nnx.Module):
         (query, self.embedding[...]), dtype=self.dtype
     )
     flat = query.reshape(query.shape if query.ndim > 1 else (1,) + query.shape)
-    out = strategies.attend(table, flat, plan=self.plan, mesh=self.mesh)
-    out = out.reshape(query.shape[:-1] + (self.num_embeddings,))
-    return self._reshard(out, out_sharding)
+    sharding = None if out_sharding is None else self._named(out_sharding)
+    if sharding is not None and self._keeps_vocab_blocks(sharding, query.ndim):
+      out = strategies.attend_vocab_split(table, flat, plan=self.plan, mesh=self.mesh)
+    else:
+      out = strategies.attend(table, flat, plan=self.plan, mesh=self.mesh)
+    out = out.reshape(query.shape[:-1] + out.shape[-1:])
+    if not isinstance(sharding, NamedSharding):
+      return self._reshard(out, sharding)
+    return logits_lib.place_logits(out, self.num_embeddings, sharding, self.plan.name)
 
-  def _reshard(self, out, out_sharding):
-    if out_sharding is None:
-      return out
+  def _keeps_vocab_blocks(self, sharding, ndim):
+    """Whether ``attend`` can leave each rank its own rows' logits for ``sharding``."""
+    return (
+        self.mesh is not None
+        and self.plan.strategy == options.VOCAB
+        and isinstance(sharding, NamedSharding)
+        and logits_lib.vocab_axes_of(sharding, ndim, self.plan.name) == self.plan.table_axes
+    )
+
+  def _named(self, out_sharding):
+    """``out_sharding`` as a ``Sharding`` (a ``PartitionSpec`` is on the module's mesh)."""
     if isinstance(out_sharding, P):
       if self.mesh is None:
         raise ValueError(
             f"{self.plan.name}: out_sharding={out_sharding} needs a mesh; pass "
             "mesh= or a NamedSharding."
         )
-      out_sharding = NamedSharding(self.mesh, out_sharding)
-    return sharding_lib.place_always(out, out_sharding)
+      return NamedSharding(self.mesh, out_sharding)
+    return out_sharding
+
+  def _reshard(self, out, out_sharding):
+    if out_sharding is None:
+      return out
+    return sharding_lib.place_always(out, self._named(out_sharding))
 
 
 def _integers(ids, name):

@@ -68,7 +68,8 @@ def as_ids(x, num_embeddings: int):
       and host.dtype.itemsize == 8
       and not jax.config.jax_enable_x64
   ):
-    return jnp.asarray(np.where(valid_mask(host, num_embeddings), host, -1).astype(np.int32))
+    # Cast before the select, in numpy: -1 is no uint64 (numpy >= 2.5 raises).
+    return jnp.asarray(np.where(valid_mask(host, num_embeddings), host.astype(np.int32), np.int32(-1)))
   return jnp.asarray(host)
 
 
