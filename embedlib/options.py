@@ -8,7 +8,12 @@ literals.
 REPLICATED = "replicated"
 VOCAB = "vocab"
 HIDDEN = "hidden"
-STRATEGIES = (REPLICATED, VOCAB, HIDDEN)
+#: Rows split like ``VOCAB``; each id is sent to the rank owning its row and
+#: the row comes back (all-to-all at a static capacity per destination).
+ROUTED = "routed"
+STRATEGIES = (REPLICATED, VOCAB, HIDDEN, ROUTED)
+#: Layouts that split the table by rows (the same physical table and slots).
+ROW_SHARDED = (VOCAB, ROUTED)
 AUTO = "auto"
 
 #: Pooling combiners for multi-hot features (``combiner=``).
@@ -16,3 +21,9 @@ COMBINERS = ("sum", "mean", "sqrtn")
 
 #: Local lookup kernels (``kernel=``).
 KERNELS = ("auto", "xla", "pallas", "cpu")
+
+#: What a step does when a static capacity (``num_unique``, a route's
+#: ``route_capacity``) is too small: look it up another way, or raise.
+FALLBACK = "fallback"
+ERROR = "error"
+ON_OVERFLOW = (FALLBACK, ERROR)

@@ -15,6 +15,13 @@ from embedlib import options
 ID_BYTES = 4  # ids travel as int32
 
 
+#: The default route capacity holds the mean ids per destination plus this
+#: many standard deviations of a uniform spread of ids over the rows: with
+#: 64 ranks (4096 source-destination pairs) a step of uniform ids overflows
+#: (and takes the fallback) about once in ten.
+ROUTE_SLACK_SIGMAS = 4.0
+
+
 def padded_shape(num_embeddings, features, strategy, group_size):
   """Physical table shape: the sharded dimension rounded up to the group.
 
@@ -23,7 +30,7 @@ def padded_shape(num_embeddings, features, strategy, group_size):
   >>> padded_shape(1000, 100, "hidden", 8)
   (1000, 104)
   """
-  if strategy == options.VOCAB:
+  if strategy in options.ROW_SHARDED:
     return (math.ceil(num_embeddings / group_size) * group_size, features)
   if strategy == options.HIDDEN:
     return (num_embeddings, math.ceil(features / group_size) * group_size)
@@ -42,31 +49,101 @@ def table_bytes_per_device(padded, strategy, group_size, itemsize) -> int:
   return rows * cols * itemsize // group_size
 
 
+def route_ids(ids_per_device: int, rest_ranks: int) -> int:
+  """Ids one rank routes: its device's ids, split over the ranks holding the same ones.
+
+  >>> route_ids(1000, 1), route_ids(1000, 4), route_ids(7, 2)
+  (1000, 250, 4)
+  """
+  return math.ceil(ids_per_device / rest_ranks)
+
+
+def route_capacity(ids: int, shares, *, sigmas: float = ROUTE_SLACK_SIGMAS) -> int:
+  """Static ids per destination of a route: the mean plus ``sigmas`` deviations.
+
+  Each of a rank's ``ids`` goes to destination ``d`` with probability
+  ``shares[d]`` (its share of the rows, for uniform ids); the count sent to
+  ``d`` is binomial. The capacity is the largest over destinations of its
+  mean plus ``sigmas`` standard deviations, at least 1 and at most ``ids``
+  (which can never overflow).
+
+  Args:
+    ids: ids one rank routes (``route_ids``).
+    shares: per destination, the fraction of ids it owns (they sum to 1).
+    sigmas: the slack, in standard deviations.
+
+  Returns:
+    The capacity, in ids per destination.
+
+  >>> route_capacity(8192, [1 / 64] * 64)   # 128 ids per rank on average
+  173
+  >>> route_capacity(100, [1.0, 0.0])       # one owner: every id, no slack
+  100
+  """
+  worst = 0.0
+  for p in shares:
+    worst = max(worst, ids * p + sigmas * math.sqrt(ids * p * (1.0 - p)))
+  return int(min(ids, max(1, math.ceil(worst - 1e-9))))
+
+
+def uniform_route_capacity(ids_per_device: int, group: int, rest_ranks: int = 1) -> int:
+  """``route_capacity`` of a table split evenly over ``group`` ranks.
+
+  >>> uniform_route_capacity(8192, 64)
+  173
+  """
+  return route_capacity(route_ids(ids_per_device, rest_ranks), [1.0 / group] * group)
+
+
+def route_bytes(capacity: int, group: int, cols: int, itemsize: int) -> int:
+  """Bytes a rank receives in one route: ids out to owners and rows back.
+
+  Two tiled all-to-alls of ``group * capacity`` entries (ids, then rows), of
+  which ``(group - 1) / group`` cross devices, and the all-reduce of the
+  overflow count (one int32).
+
+  >>> route_bytes(173, 64, 64, 4)
+  2833747
+  """
+  flag = 2 * (group - 1) * ID_BYTES // group
+  return flag + (group - 1) * capacity * (ID_BYTES + cols * itemsize)
+
+
 def bytes_moved_per_lookup(
-    padded, strategy, *, tokens, data_shards, token_ranks, rest_ranks, itemsize
+    padded, strategy, *, ids_per_device, token_ranks, rest_ranks, itemsize,
+    capacity=None,
 ) -> int:
-  """Bytes one device receives for one lookup of ``tokens`` ids (global).
+  """Bytes one device receives for one lookup of ``ids_per_device`` ids.
 
   Args:
     padded: physical table shape ``(rows, cols)``.
-    strategy: ``"replicated" | "vocab" | "hidden"``.
-    tokens: ids per lookup over the whole mesh (the global batch).
-    data_shards: devices the tokens are split over.
+    strategy: ``"replicated" | "vocab" | "hidden" | "routed"``.
+    ids_per_device: ids each device looks up (its share of the batch).
     token_ranks: table ranks that hold different tokens (the token axes).
     rest_ranks: table ranks that hold the same tokens (ids replicated).
     itemsize: bytes per table element.
+    capacity: ids per destination of a routed lookup (default
+      ``uniform_route_capacity``).
 
   Returns:
     The estimate, in bytes.
 
-  >>> bytes_moved_per_lookup((1000, 64), "hidden", tokens=4096, data_shards=1,
+  >>> bytes_moved_per_lookup((1000, 64), "hidden", ids_per_device=4096,
   ...                        token_ranks=1, rest_ranks=8, itemsize=4)
   917504
   """
   if strategy == options.REPLICATED:
     return 0
   cols = padded[1]
-  local_tokens = math.ceil(tokens / data_shards)
+  local_tokens = ids_per_device
+  if strategy == options.ROUTED:
+    group = token_ranks * rest_ranks
+    if capacity is None:
+      capacity = uniform_route_capacity(local_tokens, group, rest_ranks)
+    moved = route_bytes(capacity, group, cols, itemsize)
+    if rest_ranks > 1:  # rows gathered back over the ranks sharing the ids
+      moved += (rest_ranks - 1) * route_ids(local_tokens, rest_ranks) * cols * itemsize
+    return moved
   group_tokens = local_tokens * token_ranks
   moved = (token_ranks - 1) * local_tokens * ID_BYTES  # ids all-gather
   if strategy == options.VOCAB:

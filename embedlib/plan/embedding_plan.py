@@ -23,6 +23,8 @@ REPLICATE_BELOW_BYTES = 1 << 20
 MIN_SHARD_WIDTH = 8
 #: Hidden sharding is dropped when it pads this much more than vocab would.
 MAX_EXTRA_PADDING = 0.10
+#: Ids per device per lookup assumed when the caller doesn't say.
+IDS_PER_DEVICE = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +48,29 @@ class EmbeddingPlan:
   mesh_shape: tuple[tuple[str, int], ...]
   padded_shape: tuple[int, int]
   itemsize: int
-  tokens: int
+  ids_per_device: int
   bytes_per_device: int
   bytes_moved_per_lookup: int
   reason: str
   name: str = "table"
+  route_capacity: int | None = None
+
+  @property
+  def tokens(self) -> int:
+    """Ids per lookup over the whole mesh (``ids_per_device`` per data shard)."""
+    return self.ids_per_device * self.data_shards
+
+  def capacity_for(self, ids: int) -> int:
+    """Ids per destination of a routed lookup of ``ids`` ids per device.
+
+    ``route_capacity`` when it was set, else ``cost.route_capacity`` of a
+    uniform spread over the group (the stated slack); never more than the
+    ids one rank routes (more slots would only move padding).
+    """
+    rest = mesh_axes.axes_size(dict(self.mesh_shape), self.rest_axes)
+    if self.route_capacity is None:
+      return cost.uniform_route_capacity(ids, self.group_size, rest)
+    return min(self.route_capacity, cost.route_ids(ids, rest))
 
   @property
   def logical_shape(self) -> tuple[int, int]:
@@ -84,7 +104,7 @@ class EmbeddingPlan:
   def table_spec(self) -> tuple:
     """Per-dimension mesh axes of the physical table (flax ``out_sharding``)."""
     split = self.table_axes or None
-    if self.strategy == options.VOCAB:
+    if self.strategy in options.ROW_SHARDED:
       return (split, None)
     if self.strategy == options.HIDDEN:
       return (None, split)
@@ -93,7 +113,7 @@ class EmbeddingPlan:
   @property
   def shard_shape(self) -> tuple[int, int]:
     rows, cols = self.padded_shape
-    if self.strategy == options.VOCAB:
+    if self.strategy in options.ROW_SHARDED:
       return (rows // self.group_size, cols)
     if self.strategy == options.HIDDEN:
       return (rows, cols // self.group_size)
@@ -112,7 +132,9 @@ class EmbeddingPlan:
         f"  shard shape     {self.shard_shape[0]} x {self.shard_shape[1]}",
         f"  bytes/device    {_human(self.bytes_per_device)}",
         f"  moved/lookup    {_human(self.bytes_moved_per_lookup)} per device"
-        f" for {self.tokens} ids",
+        f" for {self.ids_per_device} ids per device",
+        *([f"  route capacity  {self.capacity_for(self.ids_per_device)} ids per "
+           f"destination"] if self.strategy == options.ROUTED else []),
         f"  reason          {self.reason}",
     ])
 
@@ -136,8 +158,47 @@ def _check_size(value, what: str, name: str) -> int:
   return int(value)
 
 
-def _choose(num_embeddings, features, group, itemsize, tied, replicate_below):
-  """The auto rule: returns (strategy, reason)."""
+def sharded_candidates(num_embeddings, features, group):
+  """The sharded layouts ``auto`` weighs for a table, and why hidden isn't one.
+
+  Hidden needs at least ``MIN_SHARD_WIDTH`` columns a rank and not much
+  more padding than rows would take; rows (routed, vocab) fit any table.
+
+  >>> sharded_candidates(1000, 4, 8)
+  (['routed', 'vocab'], 'width per rank (1 of 4) too narrow for a hidden split (< 8)')
+  """
+  candidates = [options.ROUTED, options.VOCAB]
+  rows, cols = cost.padded_shape(num_embeddings, features, options.HIDDEN, group)
+  vrows, _ = cost.padded_shape(num_embeddings, features, options.VOCAB, group)
+  extra = (cols / features - 1) - (vrows / num_embeddings - 1)
+  if cols // group < MIN_SHARD_WIDTH:
+    return candidates, (f"width per rank ({cols // group} of {features}) too narrow for a "
+                        f"hidden split (< {MIN_SHARD_WIDTH})")
+  if extra > MAX_EXTRA_PADDING:
+    return candidates, f"far less padding by rows ({100 * extra:.0f}% more for hidden)"
+  return [options.HIDDEN] + candidates, None
+
+
+def cheapest(candidates, moved, why_not=None, per="lookup"):
+  """``(strategy, reason)``: the candidate moving the fewest bytes (ties: the earlier).
+
+  ``moved(strategy)`` gives each candidate's bytes per device.
+  """
+  costs = {s: moved(s) for s in candidates}
+  best = min(candidates, key=lambda s: costs[s])
+  others = ", ".join(f"{s} {_human(costs[s])}" for s in candidates if s != best)
+  reason = f"moves the fewest bytes per {per} ({_human(costs[best])}; {others})"
+  return best, reason + (f"; {why_not}" if why_not else "")
+
+
+def _choose(num_embeddings, features, group, itemsize, tied, replicate_below, moved):
+  """The auto rule: returns (strategy, reason).
+
+  ``moved(strategy)`` is the bytes a lookup of that layout moves per device.
+  Replicate what is small, keep tied tables in vocab rows (their logits),
+  and otherwise take the sharded layout that moves the fewest bytes among
+  those that fit: hidden needs columns to split, routed and vocab rows.
+  """
   table = num_embeddings * features * itemsize
   if group == 1:
     return options.REPLICATED, "the table group has one device"
@@ -155,22 +216,8 @@ def _choose(num_embeddings, features, group, itemsize, tied, replicate_below):
     return options.HIDDEN, (
         f"vocabulary ({num_embeddings}) smaller than the table group ({group})"
     )
-  rows, cols = cost.padded_shape(num_embeddings, features, options.HIDDEN, group)
-  if cols // group < MIN_SHARD_WIDTH:
-    return options.VOCAB, (
-        f"width per rank ({cols // group} of {features}) too narrow for a "
-        f"hidden split (< {MIN_SHARD_WIDTH})"
-    )
-  vrows, _ = cost.padded_shape(num_embeddings, features, options.VOCAB, group)
-  extra = (cols / features - 1) - (vrows / num_embeddings - 1)
-  if extra > MAX_EXTRA_PADDING:
-    return options.VOCAB, (
-        f"far less padding by rows ({100 * extra:.0f}% more for hidden)"
-    )
-  return options.HIDDEN, (
-      "lookup-only table wide enough to split by columns: moves the fewest "
-      "bytes (each rank sends only its slice of each row)"
-  )
+  candidates, why_not = sharded_candidates(num_embeddings, features, group)
+  return cheapest(candidates, moved, why_not)
 
 
 def plan_embedding(
@@ -183,7 +230,8 @@ def plan_embedding(
     data_axes=None,
     tied: bool = False,
     param_dtype=np.float32,
-    tokens: int = 4096,
+    ids_per_device: int = IDS_PER_DEVICE,
+    route_capacity: int | None = None,
     replicate_below_bytes: int = REPLICATE_BELOW_BYTES,
     name: str = "table",
 ) -> EmbeddingPlan:
@@ -194,14 +242,17 @@ def plan_embedding(
     features: embedding width (columns of the logical table).
     mesh: a ``Mesh``, an ``AbstractMesh``, a ``{axis: size}`` dict, or None
       for one device.
-    sharding: ``"auto" | "replicated" | "vocab" | "hidden"``.
+    sharding: ``"auto" | "replicated" | "vocab" | "hidden" | "routed"``.
     table_axes: mesh axes the table is split over (default: the non-data
       axes, or all axes when every axis is a data axis).
     data_axes: mesh axes the ids' leading dimension is split over (default:
       axes named like ``data``, ``batch``, ``replica``).
     tied: the table is also the output layer (``attend``): prefer vocab.
     param_dtype: dtype of the stored table, for the byte counts.
-    tokens: ids per lookup over the whole mesh, for the traffic estimate.
+    ids_per_device: ids each device looks up per step (its share of the
+      batch, bags flattened), for the traffic estimates and the auto choice.
+    route_capacity: ids per destination of a routed lookup; None derives it
+      from the ids per rank with the slack of ``cost.route_capacity``.
     replicate_below_bytes: ``auto`` replicates tables up to this size.
     name: the table's name in messages.
 
@@ -212,7 +263,9 @@ def plan_embedding(
   >>> p.strategy, p.padded_shape, p.token_axes
   ('hidden', (1000000, 104), ('batch',))
   >>> print(p.reason)
-  lookup-only table wide enough to split by columns: moves the fewest bytes (each rank sends only its slice of each row)
+  moves the fewest bytes per lookup (196.00 KiB; routed 259.61 KiB, vocab 1.38 MiB)
+  >>> plan_embedding(10_000_000, 128, mesh={"batch": 64}, ids_per_device=8192).strategy
+  'routed'
   """
   num_embeddings = _check_size(num_embeddings, "num_embeddings", name)
   features = _check_size(features, "features", name)
@@ -230,16 +283,32 @@ def plan_embedding(
   )
   itemsize = np.dtype(param_dtype).itemsize
   group = mesh_axes.axes_size(shape, table)
+  ids_per_device = _check_size(ids_per_device, "ids_per_device", name)
+  token_ranks = mesh_axes.axes_size(shape, [a for a in table if a in data])
+  if route_capacity is not None:
+    route_capacity = _check_capacity(route_capacity, group, name)
+
+  def moved(strategy):
+    return cost.bytes_moved_per_lookup(
+        cost.padded_shape(num_embeddings, features, strategy, group),
+        strategy,
+        ids_per_device=ids_per_device,
+        token_ranks=token_ranks,
+        rest_ranks=group // token_ranks,
+        itemsize=itemsize,
+        capacity=None if route_capacity is None else min(
+            route_capacity, cost.route_ids(ids_per_device, group // token_ranks)),
+    )
+
   if sharding == options.AUTO:
     strategy, reason = _choose(
-        num_embeddings, features, group, itemsize, tied, replicate_below_bytes
+        num_embeddings, features, group, itemsize, tied, replicate_below_bytes, moved
     )
   else:
     strategy, reason = sharding, f"sharding={sharding!r} was requested"
   if strategy == options.REPLICATED:
-    table, group = (), 1
+    table, group, token_ranks = (), 1, 1
   padded = cost.padded_shape(num_embeddings, features, strategy, group)
-  token_ranks = mesh_axes.axes_size(shape, [a for a in table if a in data])
   return EmbeddingPlan(
       num_embeddings=num_embeddings,
       features=features,
@@ -249,19 +318,28 @@ def plan_embedding(
       mesh_shape=tuple(shape.items()),
       padded_shape=padded,
       itemsize=itemsize,
-      tokens=tokens,
+      ids_per_device=ids_per_device,
       bytes_per_device=cost.table_bytes_per_device(
           padded, strategy, group, itemsize
       ),
-      bytes_moved_per_lookup=cost.bytes_moved_per_lookup(
-          padded,
-          strategy,
-          tokens=tokens,
-          data_shards=mesh_axes.axes_size(shape, data),
-          token_ranks=token_ranks,
-          rest_ranks=group // token_ranks,
-          itemsize=itemsize,
-      ),
+      bytes_moved_per_lookup=moved(strategy) if group > 1 else 0,
       reason=reason,
       name=name,
+      route_capacity=route_capacity,
   )
+
+
+def _check_capacity(capacity, group: int, name: str) -> int:
+  """A route capacity must hold at least one id per destination."""
+  if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+    raise TypeError(
+        f"{name}: route_capacity must be an int (ids per destination rank), got "
+        f"{capacity!r}."
+    )
+  if capacity < 1:
+    raise ValueError(
+        f"{name}: route_capacity={capacity} can't hold one id per destination "
+        f"(the table group has {group} ranks); pass route_capacity >= 1, or "
+        f"None to size it from the ids per device."
+    )
+  return int(capacity)

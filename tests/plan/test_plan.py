@@ -29,8 +29,11 @@ def test_default_axes(mesh, table_axes, data_axes):
         (50257, 768, TP, {}, "hidden", "fewest bytes"),
         (50257, 768, TP, {"tied": True}, "vocab", "tied"),
         (1_000_000, 100, RECSYS, {}, "hidden", "fewest bytes"),  # seed 000's width
-        (1_000_000, 3, RECSYS, {}, "vocab", "too narrow"),
-        (1_000_000, 1, RECSYS, {}, "vocab", "too narrow"),  # Wide & Deep's width 1
+        (1_000_000, 3, RECSYS, {}, "routed", "too narrow"),
+        (1_000_000, 1, RECSYS, {}, "routed", "too narrow"),  # Wide & Deep's width 1
+        # The issue's table: 64 ranks of 8192 ids each; hidden has 2 columns a rank.
+        (10_000_000, 128, {"batch": 64}, {"ids_per_device": 8192}, "routed", "fewest bytes"),
+        (10_000_000, 128, {"batch": 8}, {"ids_per_device": 8192}, "hidden", "fewest bytes"),
         (4, 1 << 20, RECSYS, {}, "hidden", "smaller than the table group"),
         (99, 16, TP, {}, "replicated", "small table"),
         (1_000_000, 64, {"batch": 1}, {}, "replicated", "one device"),
@@ -64,7 +67,7 @@ def test_token_axes_come_first():
 
 
 def test_hidden_moves_fewer_bytes_than_vocab():
-  kw = dict(mesh=TP, tokens=4096)
+  kw = dict(mesh=TP, ids_per_device=2048)
   vocab = plan_embedding(50257, 768, sharding="vocab", **kw)
   hidden = plan_embedding(50257, 768, sharding="hidden", **kw)
   replicated = plan_embedding(50257, 768, sharding="replicated", **kw)
@@ -73,6 +76,22 @@ def test_hidden_moves_fewer_bytes_than_vocab():
   # all-gather of [2048 tokens, 192 cols] from 3 other ranks
   assert hidden.bytes_moved_per_lookup == 3 * 2048 * 192 * 4
   assert cost.ID_BYTES == 4
+
+
+@pytest.mark.parametrize("devices", [8, 16, 64])
+def test_routed_moves_about_the_rows_a_device_needs(devices):
+  """The issue's table: vocab receives a row for every id of the group, routed about its own."""
+  kw = dict(mesh={"batch": devices}, ids_per_device=8192)
+  routed = plan_embedding(10_000_000, 128, sharding="routed", **kw)
+  vocab = plan_embedding(10_000_000, 128, sharding="vocab", **kw)
+  needed = 8192 * 128 * 4
+  assert routed.bytes_moved_per_lookup <= 1.5 * needed
+  assert vocab.bytes_moved_per_lookup >= (devices - 1) * needed
+  capacity = routed.capacity_for(8192)
+  assert 8192 / devices < capacity < 1.5 * 8192 / devices
+  assert routed.bytes_moved_per_lookup == cost.route_bytes(capacity, devices, 128, 4)
+  pinned = plan_embedding(10_000_000, 128, sharding="routed", route_capacity=300, **kw)
+  assert pinned.capacity_for(8192) == 300 and "route capacity  300" in str(pinned)
 
 
 def test_summary_prints_every_field():
@@ -95,6 +114,8 @@ def test_summary_prints_every_field():
          ["more than once"]),
         ((8, 8), {"mesh": TP, "table_axes": 3}, TypeError, ["table_axes"]),
         ((8, 8), {"mesh": [2, 4]}, TypeError, ["jax.make_mesh"]),
+        ((8, 8), {"mesh": RECSYS, "sharding": "routed", "route_capacity": 0}, ValueError,
+         ["route_capacity=0", "one id per destination", "8 ranks", "route_capacity >= 1"]),
     ],
 )
 def test_errors_name_the_thing_and_the_fix(args, kwargs, error, words):
