@@ -84,7 +84,7 @@ class ShardedEmbed(nnx.Module):
     features: embedding width.
     mesh: a ``Mesh`` or ``AbstractMesh``; None takes the one set with
       ``jax.set_mesh``, or one device when there is none.
-    sharding: ``"auto" | "replicated" | "vocab" | "hidden"``.
+    sharding: ``"auto" | "replicated" | "vocab" | "hidden" | "routed"``.
     table_axes: mesh axes the table is split over (see ``plan_embedding``).
     data_axes: mesh axes the ids' leading dimension is split over.
     tied: the table is also the output layer (``attend``); auto picks vocab.
@@ -93,6 +93,13 @@ class ShardedEmbed(nnx.Module):
     invalid_ids: ``"zero"`` (default) or ``"error"``.
     name: the table's name in plans and error messages.
     replicate_below_bytes: ``auto`` replicates tables up to this size.
+    ids_per_device: ids one device looks up per call, for the plan's costs
+      and ``auto``'s choice (see ``plan_embedding``).
+    route_capacity: ids per destination of a routed lookup; None sizes it
+      from each call's ids (``EmbeddingPlan.capacity_for``).
+    on_overflow: a routed call with more ids for one owner than the
+      capacity takes the vocab path (``"fallback"``, the same result) or
+      raises (``"error"``, under ``jit`` through ``checkify``).
     dtype: dtype of the outputs (default: ``param_dtype``).
     param_dtype: dtype of the stored table.
     embedding_init: initializer, called with the logical shape.
@@ -115,6 +122,9 @@ class ShardedEmbed(nnx.Module):
       invalid_ids: str = invalid_lib.ZERO,
       name: str = "embedding",
       replicate_below_bytes: int | None = None,
+      ids_per_device: int | None = None,
+      route_capacity: int | None = None,
+      on_overflow: str = dedup.FALLBACK,
       dtype: tp.Any = None,
       param_dtype: tp.Any = jnp.float32,
       embedding_init: tp.Callable = default_embed_init,
@@ -127,6 +137,10 @@ class ShardedEmbed(nnx.Module):
           f"{name}: invalid_ids={invalid_ids!r}; use one of {invalid_lib.MODES}."
       )
     kernels.resolve_kernel(kernel)  # fail early on an unknown kernel name
+    if on_overflow not in dedup.OVERFLOW_MODES:
+      raise ValueError(
+          f"{name}: on_overflow={on_overflow!r}; use one of {dedup.OVERFLOW_MODES}."
+      )
     if "out_sharding" in embedding_metadata:
       raise ValueError(
           f"{name}: embedding_metadata sets 'out_sharding', but ShardedEmbed "
@@ -136,6 +150,8 @@ class ShardedEmbed(nnx.Module):
     extra = {}
     if replicate_below_bytes is not None:
       extra["replicate_below_bytes"] = replicate_below_bytes
+    if ids_per_device is not None:
+      extra["ids_per_device"] = ids_per_device
     self.plan = plan_embedding(
         num_embeddings,
         features,
@@ -146,9 +162,11 @@ class ShardedEmbed(nnx.Module):
         tied=tied,
         param_dtype=param_dtype,
         name=name,
+        route_capacity=route_capacity,
         **extra,
     )
     self.mesh = mesh
+    self.on_overflow = on_overflow
     self.num_embeddings = self.plan.num_embeddings
     self.features = self.plan.features
     self.kernel = kernel
@@ -266,7 +284,7 @@ class ShardedEmbed(nnx.Module):
     return self._reshard(out, out_sharding)
 
   def lookup_requests(self, requests, *, num_unique: int | None = None,
-                      on_overflow: str = dedup.FALLBACK) -> tuple:
+                      on_overflow: str | None = None) -> tuple:
     """Several lookups of this table at once, optionally with id dedup.
 
     The path every lookup of the table takes (``__call__``, ``bag`` and
@@ -281,7 +299,8 @@ class ShardedEmbed(nnx.Module):
         requests) up once, at most this many (see
         ``embedlib.strategies.dedup``).
       on_overflow: ``"fallback"`` or ``"error"``, for a shard holding more
-        than ``num_unique`` distinct ids.
+        than ``num_unique`` distinct ids or a rank routing more ids to one
+        owner than the route capacity; None takes the module's.
 
     Returns:
       One output per request: ``ids.shape + (features,)`` unpooled,
@@ -291,14 +310,16 @@ class ShardedEmbed(nnx.Module):
     requests = tuple(
         Request(self._sanitize(ids), r.weights, r.combiner) for ids, r in zip(raw, requests)
     )
+    on_overflow = on_overflow or self.on_overflow
     if eager_on_mesh(self.mesh, requests, self.embedding[...]):
-      out, need = _eager_requests(self, requests, num_unique, on_overflow)
+      out, overflow = _eager_requests(self, requests, num_unique, on_overflow)
     else:
-      out, need = self._lookup_requests(requests, num_unique, on_overflow)
+      out, overflow = self._lookup_requests(requests, num_unique, on_overflow)
     # Traced checks come after the lookups, whose shard_maps they would
     # otherwise precede (see strategies.sharded.no_context_mesh).
-    if num_unique is not None and on_overflow == dedup.ERROR:
-      dedup.check_capacity(need, num_unique, self.plan.name)
+    if on_overflow == dedup.ERROR:
+      for what, (need, capacity) in overflow.items():
+        dedup.check_capacity(need, capacity, self.plan.name, what)
     if self.invalid_ids == invalid_lib.ERROR:
       for ids in raw:
         if isinstance(ids, jax.core.Tracer):
@@ -332,13 +353,9 @@ class ShardedEmbed(nnx.Module):
     bag = functools.partial(kernels.bag, kernel=self.kernel)
     run = dict(plan=self.plan, mesh=self.mesh, gather=gather, bag=bag,
                check_vma=kernels.shard_map_check_vma(self.kernel))
-    need = None
-    if num_unique is None:
-      out = strategies.lookup_requests(table, requests, **run)
-    else:
-      out, need = dedup.lookup_requests(
-          table, requests, capacity=num_unique, on_overflow=on_overflow, **run
-      )
+    out, overflow = strategies.lookup_requests(
+        table, requests, num_unique=num_unique, on_overflow=on_overflow, **run
+    )
     tape = tape_lib.active()
     if tape is not None:
       # Outside the dedup lax.cond: a tape records traced ids, which must not
@@ -350,7 +367,7 @@ class ShardedEmbed(nnx.Module):
       )
     return tuple(
         self.promote_dtype((o,), dtype=self.dtype, inexact=False)[0] for o in out
-    ), need
+    ), overflow
 
   def attend(self, query, out_sharding=None):
     """``query @ logical_table.T``: exactly ``num_embeddings`` logits.

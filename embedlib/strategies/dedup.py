@@ -24,6 +24,7 @@ from jax.experimental import checkify
 from jax.sharding import PartitionSpec as P
 
 from embedlib import _compat
+from embedlib import options
 from embedlib import sharding as sharding_lib
 from embedlib.kernels import reference
 from embedlib.strategies import sharded
@@ -134,9 +135,9 @@ def rebuild(rows, inverse, coefs, *, plan, mesh, gather, bag, check_vma=True):
   )
 
 
-FALLBACK = "fallback"
-ERROR = "error"
-OVERFLOW_MODES = (FALLBACK, ERROR)
+FALLBACK = options.FALLBACK
+ERROR = options.ERROR
+OVERFLOW_MODES = options.ON_OVERFLOW
 
 
 def as_2d(ids):
@@ -204,21 +205,36 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, capacity: int,
   return lax.cond(need > capacity, without_dedup, with_dedup, table, unique, inverse, coefs), need
 
 
-def check_capacity(need, capacity: int, name: str) -> None:
-  """Raises (or, traced, checks with ``checkify``) that ``need <= capacity``."""
-  or_fallback = "or on_overflow='fallback' to look such batches up without dedup"
+_WHAT = {
+    "num_unique": "a data shard holds {need} distinct ids, more than num_unique={cap}",
+    "route_capacity": "a rank sends {need} ids to one owner, more than route_capacity={cap}",
+}
+
+
+def check_capacity(need, capacity: int, name: str, what: str = "num_unique") -> None:
+  """Raises (or, traced, checks with ``checkify``) that ``need <= capacity``.
+
+  Args:
+    need: the count a step needed (int32 scalar, concrete or traced).
+    capacity: the static capacity it had.
+    name: the table, for the message.
+    what: ``"num_unique"`` (dedup) or ``"route_capacity"`` (routed lookup).
+  """
+  or_fallback = (
+      "or on_overflow='fallback' to look such batches up without dedup"
+      if what == "num_unique" else
+      "or on_overflow='fallback' to look such batches up by the vocab path"
+  )
   if isinstance(need, jax.core.Tracer):
     checkify.check(
         need <= capacity,
-        f"table {name!r}: a data shard holds {{need}} distinct ids, more than "
-        f"num_unique={capacity}; pass num_unique={{{{{name!r}: N}}}} with N at "
-        f"least that count, {or_fallback}.",
+        f"table {name!r}: " + _WHAT[what].format(need="{need}", cap=capacity)
+        + f"; pass {what}={{{{{name!r}: N}}}} with N at least that count, {or_fallback}.",
         need=need,
     )
     return
-  if int(need) > capacity:
+  if int(need) > int(capacity):
     raise ValueError(
-        f"table {name!r}: a data shard holds {int(need)} distinct ids, more "
-        f"than num_unique={capacity}; pass num_unique={{{name!r}: {int(need)}}} "
-        f"(or more), {or_fallback}."
+        f"table {name!r}: " + _WHAT[what].format(need=int(need), cap=int(capacity))
+        + f"; pass {what}={{{name!r}: {int(need)}}} (or more), {or_fallback}."
     )

@@ -16,12 +16,16 @@ from jax.sharding import PartitionSpec as P
 from embedlib import _compat
 from embedlib import sharding as sharding_lib
 from embedlib import options
-from embedlib.strategies import hidden, replicated, vocab
+from embedlib.strategies import hidden, replicated, routed, vocab
+from embedlib.strategies.request import Request
 
+# Routed tables share vocab's layout: attend, and the lookups of a step whose
+# route overflows, are vocab's.
 _STRATEGIES = {
     options.REPLICATED: replicated,
     options.VOCAB: vocab,
     options.HIDDEN: hidden,
+    options.ROUTED: vocab,
 }
 
 
@@ -81,6 +85,10 @@ def lookup(table, ids, *, plan, mesh, gather, check_vma=True):
   Returns:
     ``ids.shape + (plan.features,)``.
   """
+  if _routes(plan, mesh):
+    (out,), _, _ = routed_requests(table, (Request(ids),), plan=plan, mesh=mesh,
+                                   gather=gather, bag=None, check_vma=check_vma)
+    return out
   strategy = _STRATEGIES[plan.strategy]
   body = lambda t, i: strategy.lookup(t, i, plan=plan, gather=gather)
   out = _run(body, table, ids, plan=plan, mesh=mesh, fill=-1, check_vma=check_vma)
@@ -108,6 +116,10 @@ def lookup_bag(table, ids, weights=None, *, plan, mesh, bag, combiner="sum",
   Returns:
     ``[tokens, plan.features]``.
   """
+  if _routes(plan, mesh):
+    (out,), _, _ = routed_requests(table, (Request(ids, weights, combiner),), plan=plan,
+                                   mesh=mesh, gather=None, bag=bag, check_vma=check_vma)
+    return out
   strategy = _STRATEGIES[plan.strategy]
   run = lambda t, i, w: strategy.bag_lookup(
       t, i, w, plan=plan, bag=bag, combiner=combiner
@@ -130,6 +142,10 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True)
     One output per request: ``ids.shape + (plan.features,)`` unpooled,
     ``[batch, plan.features]`` pooled.
   """
+  if _routes(plan, mesh):
+    out, _, _ = routed_requests(table, requests, plan=plan, mesh=mesh, gather=gather,
+                                bag=bag, check_vma=check_vma)
+    return out
   return tuple(
       lookup_bag(table, r.ids, r.weights, plan=plan, mesh=mesh, bag=bag,
                  combiner=r.combiner, check_vma=check_vma)
@@ -137,6 +153,76 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True)
       lookup(table, r.ids, plan=plan, mesh=mesh, gather=gather, check_vma=check_vma)
       for r in requests
   )
+
+
+def _routes(plan, mesh) -> bool:
+  """Whether lookups of ``plan`` take the route (a routed table over several ranks)."""
+  return plan.strategy == options.ROUTED and mesh is not None and plan.group_size > 1
+
+
+def routed_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True,
+                    fallback=True):
+  """The requests of a routed table, routed together (``routed.lookup_requests``).
+
+  The route's capacity is ``plan.capacity_for`` the ids one device holds
+  over all ``requests`` (static: their shapes).
+
+  Args:
+    table: the physical table, ``plan.padded_shape``.
+    requests: ``Request`` s sharing the batch (leading) dimension, ids
+      ``-1`` for invalid.
+    plan: the table's ``EmbeddingPlan`` (``strategy == "routed"``).
+    mesh: the mesh, or None for one device.
+    gather: local row kernel.
+    bag: local pooled kernel.
+    check_vma: shard_map's type check (off for the Pallas interpreter).
+    fallback: on overflow, the vocab path (else only report it).
+
+  Returns:
+    ``(outputs, need, capacity)``: one output per request, as
+    ``lookup_requests`` gives them; the largest bucket any group needed
+    (int32 scalar); the capacity used.
+  """
+  if not _routes(plan, mesh):  # one owner: nothing to route
+    out = lookup_requests(table, requests, plan=plan, mesh=mesh, gather=gather, bag=bag,
+                          check_vma=check_vma)
+    return out, jnp.int32(0), 0
+  batch = requests[0].ids.shape[0]
+  per_device = sum(
+      -(-batch // plan.data_shards) * (r.ids.size // max(batch, 1)) for r in requests
+  )
+  capacity = plan.capacity_for(per_device)
+  spec = sharding_lib.leading_spec(requests[0].ids, mesh)
+  token_spec = P(plan.data_axes or None)
+  table_spec = P(*plan.table_spec)
+  ids = tuple(sharding_lib.place(sharding_lib.pad_tokens(r.ids, plan.data_shards, -1), mesh,
+                                 token_spec) for r in requests)
+  weights = tuple(
+      sharding_lib.place(sharding_lib.pad_tokens(r.weights, plan.data_shards, 0), mesh,
+                         token_spec)
+      for r in requests if r.weights is not None
+  )
+  table = sharding_lib.place(table, mesh, table_spec)
+
+  def body(table, ids, weights):
+    weights = iter(weights)
+    local = tuple(
+        Request(i, next(weights) if r.weights is not None else None, r.combiner)
+        for i, r in zip(ids, requests)
+    )
+    out, need = routed.lookup_requests(table, local, plan=plan, gather=gather, bag=bag,
+                                       capacity=capacity, fallback=fallback)
+    return out, need[None]
+
+  with no_context_mesh():
+    out, need = _compat.shard_map(
+        body, mesh=mesh, in_specs=(table_spec, token_spec, token_spec),
+        out_specs=((token_spec,) * len(requests), token_spec), check_vma=check_vma,
+    )(table, ids, weights)
+  out = tuple(
+      sharding_lib.restore_tokens(o, batch, mesh, spec)[..., : plan.features] for o in out
+  )
+  return out, jnp.max(need), capacity
 
 
 def attend(table, query, *, plan, mesh):

@@ -22,7 +22,7 @@ MESHES = {
     "2x4-replica": ((2, 4), ("replica", "batch"), ("batch",), None),
 }
 SIZES = [(1, 3), (7, 1), (99, 100), (51865, 3), (50257, 128), (7, 128)]
-STRATEGIES = ["replicated", "vocab", "hidden"]
+STRATEGIES = ["replicated", "vocab", "hidden", "routed"]
 
 
 def _cases():
@@ -60,7 +60,7 @@ def test_auto_axis_types(strategy):
   check_contract(emb, ids, query)
 
 
-@pytest.mark.parametrize("strategy", ["vocab", "hidden"])
+@pytest.mark.parametrize("strategy", ["vocab", "hidden", "routed"])
 def test_sharded_ids_stay_sharded(strategy):
   """Ids already split over the data axes go in and come out split."""
   import jax
