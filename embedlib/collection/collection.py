@@ -39,8 +39,8 @@ class EmbeddingCollection(nnx.Module):
   ...             "country": jnp.array([0, 19])})
   >>> {k: v.shape for k, v in out.items()}
   {'clicks': (2, 16), 'last_item': (2, 16), 'history': (2, 2, 16), 'country': (2, 4)}
-  >>> coll.plan["item"].plan.strategy
-  'vocab'
+  >>> coll.plan["item"].plan.strategy  # each shard's 8 distinct ids to their owners
+  'routed'
   >>> item = np.asarray(coll.tables["item"].logical_table())
   >>> bool(np.allclose(out["clicks"][0], (item[1] + item[2]) / 2))
   True
@@ -73,7 +73,12 @@ class EmbeddingCollection(nnx.Module):
       (``kernels.resolve_kernel``).
     num_unique: dedup capacity per data shard: an int for every table, a
       ``{table: capacity}`` dict, or None (no dedup).
-    on_overflow: ``"fallback" | "error"`` (see above).
+    route_capacity: ids per destination of the routed tables' lookups: an
+      int for every table, a ``{table: capacity}`` dict, or None to size
+      each from its call's ids (``EmbeddingPlan.capacity_for``).
+    on_overflow: ``"fallback" | "error"`` (see above), for ``num_unique``
+      and for the route: a rank with more ids for one owner than the route
+      capacity falls back to the vocab path for that step, or raises.
     batch_size: samples per step, for the plan's traffic estimates only.
     replicate_below_bytes: the per-table auto rule's replication threshold.
     replicate_budget_bytes: replicate tables together up to this many bytes
@@ -93,6 +98,7 @@ class EmbeddingCollection(nnx.Module):
       data_axes=None,
       kernel: str = "auto",
       num_unique: int | Mapping[str, int] | None = None,
+      route_capacity: int | Mapping[str, int] | None = None,
       on_overflow: str = FALLBACK,
       batch_size: int = 4096,
       replicate_below_bytes: int | None = None,
@@ -107,9 +113,12 @@ class EmbeddingCollection(nnx.Module):
       raise ValueError(f"on_overflow={on_overflow!r}; use one of {OVERFLOW_MODES}.")
     mesh = sharding_lib.current_mesh() if mesh is None else mesh
     self.num_unique = _capacities(num_unique, tables)
+    self.route_capacity = _capacities(route_capacity, tables, "route_capacity",
+                                      "ids per destination rank")
     self.plan = planner.plan_collection(
         tables, features, mesh=mesh, table_axes=table_axes, data_axes=data_axes,
         param_dtype=param_dtype, batch_size=batch_size, num_unique=self.num_unique,
+        route_capacity=self.route_capacity,
         replicate_below_bytes=replicate_below_bytes,
         replicate_budget_bytes=replicate_budget_bytes,
     )
@@ -125,7 +134,8 @@ class EmbeddingCollection(nnx.Module):
       embeds[spec.name] = ShardedEmbed(
           spec.num_embeddings, spec.features, mesh=mesh, sharding=p.strategy,
           table_axes=p.table_axes or None, data_axes=p.data_axes, kernel=kernel,
-          name=spec.name, dtype=dtype, param_dtype=param_dtype,
+          ids_per_device=p.ids_per_device, route_capacity=p.route_capacity,
+          on_overflow=on_overflow, name=spec.name, dtype=dtype, param_dtype=param_dtype,
           embedding_init=spec.initializer, rngs=rngs,
       )
       assert embeds[spec.name].plan.padded_shape == p.padded_shape, spec.name
@@ -216,23 +226,24 @@ def _request(spec: FeatureSpec, bags: inputs_lib.Bags) -> Request:
   return Request(bags.ids, bags.weights, spec.combiner)
 
 
-def _capacities(num_unique, tables) -> dict[str, int]:
+def _capacities(capacity, tables, what="num_unique",
+                unit="unique ids per data shard") -> dict[str, int]:
+  """``{table: capacity}`` from an int for every table, a dict, or None."""
   names = [t.name for t in tables]
-  if num_unique is None:
+  if capacity is None:
     return {}
-  if not isinstance(num_unique, Mapping):
-    num_unique = {n: num_unique for n in names}
+  if not isinstance(capacity, Mapping):
+    capacity = {n: capacity for n in names}
   out = {}
-  for name, cap in num_unique.items():
+  for name, cap in capacity.items():
     if name not in names:
       raise ValueError(
-          f"num_unique names table {name!r}, which is not in the collection "
+          f"{what} names table {name!r}, which is not in the collection "
           f"(tables: {tuple(names)})."
       )
     if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
       raise ValueError(
-          f"table {name!r}: num_unique must be an int >= 1 (unique ids per data "
-          f"shard), got {cap!r}."
+          f"table {name!r}: {what} must be an int >= 1 ({unit}), got {cap!r}."
       )
     out[name] = int(cap)
   return out

@@ -21,7 +21,7 @@ import numpy as np
 from embedlib import options
 from embedlib.collection.specs import FeatureSpec, TableSpec
 from embedlib.plan import EmbeddingPlan, cost, mesh_axes, plan_embedding
-from embedlib.plan.embedding_plan import _human
+from embedlib.plan.embedding_plan import _human, cheapest, sharded_candidates
 
 
 def _ranks(plan: EmbeddingPlan) -> tuple[int, int]:
@@ -39,14 +39,15 @@ def _gather_bytes(plan: EmbeddingPlan, n: int) -> int:
   if plan.strategy == options.REPLICATED:
     return 0
   token_ranks, rest_ranks = _ranks(plan)
+  per_device = math.ceil(n / plan.data_shards)
   return cost.bytes_moved_per_lookup(
       plan.padded_shape,
       plan.strategy,
-      tokens=n,
-      data_shards=plan.data_shards,
+      ids_per_device=per_device,
       token_ranks=token_ranks,
       rest_ranks=rest_ranks,
       itemsize=plan.itemsize,
+      capacity=plan.capacity_for(per_device) if plan.strategy == options.ROUTED else None,
   )
 
 
@@ -70,6 +71,9 @@ def estimate_bytes_moved(plan, bags, *, batch_size, num_unique=None) -> int:
   1863680
   >>> estimate_bytes_moved(p, [(8, False)], batch_size=1024, num_unique=512)
   931840
+  >>> r = plan_embedding(1 << 20, 64, mesh={"batch": 8}, sharding="routed")
+  >>> estimate_bytes_moved(r, [(8, False)], batch_size=1024)  # 1024 ids a rank, to owners
+  311227
 
   Dedup pays when a shard's unique ids are fewer than the rows it would
   otherwise receive: for pooled features, fewer than its samples.
@@ -79,6 +83,10 @@ def estimate_bytes_moved(plan, bags, *, batch_size, num_unique=None) -> int:
   if num_unique is not None:
     # One lookup of each shard's unique ids; pooling happens after, locally.
     return _gather_bytes(plan, num_unique * plan.data_shards)
+  if plan.strategy == options.ROUTED:
+    # Every feature's ids in one route, a row back for each (pooled after).
+    local = math.ceil(batch_size / plan.data_shards)
+    return _gather_bytes(plan, plan.data_shards * local * sum(b for b, _ in bags))
   moved = 0
   for bag, pooled in bags:
     ids = batch_size * bag
@@ -126,7 +134,7 @@ class CollectionPlan:
   EmbeddingCollection plan: 2 tables, mesh batch=8, 1024 samples per step
   table  strategy    padded shape  bytes/device  moved/step  moved/step dedup  reason
   small  replicated  100 x 8       3.12 KiB      0 B         -                 small table ...
-  big    hidden      1048576 x 64  32.00 MiB     42.00 KiB   -                 lookup-only ...
+  big    hidden      1048576 x 64  32.00 MiB     42.00 KiB   -                 moves the fewest ...
   total                            32.00 MiB     42.00 KiB
   """
 
@@ -193,6 +201,7 @@ def plan_collection(
     param_dtype=np.float32,
     batch_size: int = 4096,
     num_unique: Mapping[str, int] | None = None,
+    route_capacity: Mapping[str, int] | None = None,
     replicate_below_bytes: int | None = None,
     replicate_budget_bytes: int | None = None,
 ) -> CollectionPlan:
@@ -208,6 +217,8 @@ def plan_collection(
     param_dtype: dtype of the stored tables.
     batch_size: samples per step over the whole mesh, for the estimates.
     num_unique: dedup capacity per data shard, by table name.
+    route_capacity: ids per destination of routed tables, by table name
+      (default: from each call's ids, ``EmbeddingPlan.capacity_for``).
     replicate_below_bytes: the per-table auto rule's threshold.
     replicate_budget_bytes: replicate auto tables, most traffic saved per
       byte first, until their copies fill this many bytes per device; the
@@ -217,6 +228,10 @@ def plan_collection(
     A ``CollectionPlan``.
   """
   num_unique = dict(num_unique or {})
+  route_capacity = dict(route_capacity or {})
+  shape = mesh_axes.mesh_shape(mesh)
+  _, data = mesh_axes.resolve_axes(shape, table_axes, data_axes)
+  local_batch = math.ceil(batch_size / mesh_axes.axes_size(shape, data))
   common = dict(
       mesh=mesh, table_axes=table_axes, data_axes=data_axes,
       param_dtype=param_dtype,
@@ -225,10 +240,24 @@ def plan_collection(
     common["replicate_below_bytes"] = replicate_below_bytes
 
   def plan(t, **kw):
-    tokens = batch_size * sum(b for b, _ in _bags(features, t.name))
-    return plan_embedding(
-        t.num_embeddings, t.features, name=t.name, tokens=tokens, **{**common, **kw}
+    ids = local_batch * sum(b for b, _ in _bags(features, t.name))
+    p = plan_embedding(
+        t.num_embeddings, t.features, name=t.name, ids_per_device=max(ids, 1),
+        route_capacity=route_capacity.get(t.name), **{**common, **kw}
     )
+    if kw.get("sharding", options.AUTO) != options.AUTO or p.strategy == options.REPLICATED:
+      return p
+    if p.num_embeddings < p.group_size:
+      return p
+    # Weigh the layouts by this table's features, not by rows per id: a
+    # pooled feature moves one pooled row per sample on vocab and hidden.
+    candidates, why_not = sharded_candidates(t.num_embeddings, t.features, p.group_size)
+    costed = {s: plan(t, **{**kw, "sharding": s}) for s in candidates}
+    moved = lambda s: estimate_bytes_moved(
+        costed[s], _bags(features, t.name), batch_size=batch_size,
+        num_unique=num_unique.get(t.name))
+    best, reason = cheapest(candidates, moved, why_not, per="step")
+    return dataclasses.replace(costed[best], reason=reason)
 
   plans = {}
   if replicate_budget_bytes is not None:

@@ -2,7 +2,7 @@
 
 One small collection covers every feature form at once (each combiner,
 weights, padding and invalid ids, ragged input, single-hot, sequence, shared
-tables, mixed and non-dividing widths, all three strategies); the tests run
+tables, mixed and non-dividing widths, all four strategies); the tests run
 it over the product of meshes and dedup modes. Tolerance: f32 sums of at
 most 8 rows computed in another order, so 1e-5 relative.
 """
@@ -24,6 +24,7 @@ TABLES = (
     TableSpec("items", 50, 8, sharding="vocab"),
     TableSpec("users", 37, 12, sharding="hidden"),  # 12 columns pad on 8 ranks
     TableSpec("small", 9, 4, sharding="replicated"),
+    TableSpec("tags", 45, 8, sharding="routed"),
 )
 FEATURES = (
     FeatureSpec("clicks", "items"),  # sum, padded bags
@@ -32,6 +33,8 @@ FEATURES = (
     FeatureSpec("user", "users", combiner=None, max_ids_per_sample=1),  # single-hot row
     FeatureSpec("history", "users", combiner=None),  # sequence
     FeatureSpec("country", "small", max_ids_per_sample=1),  # weighted single-hot sum
+    FeatureSpec("tags", "tags", combiner="mean"),  # weighted, routed with "tag_seq"
+    FeatureSpec("tag_seq", "tags", combiner=None),
 )
 BATCH = 6  # divides neither 4 nor 8: batch padding on every sharded mesh
 
@@ -50,11 +53,14 @@ def make_inputs(seed=0):
       "user": ids(37, (BATCH,)),
       "history": ids(37, (BATCH, 3)),
       "country": ids(9, (BATCH,)),
+      "tags": ids(45, (BATCH, 4)),
+      "tag_seq": ids(45, (BATCH, 2)),
   }
   weights = {
       "views": rng.uniform(0.5, 2.0, (BATCH, 3)).astype(np.float32),
       "bio": rng.uniform(0.5, 2.0, (int(lengths.sum()) + 2,)).astype(np.float32),
       "country": rng.uniform(0.5, 2.0, (BATCH,)).astype(np.float32),
+      "tags": rng.uniform(0.5, 2.0, (BATCH, 4)).astype(np.float32),
   }
   return inputs, weights
 
@@ -186,7 +192,7 @@ def test_unique_counts_size_the_capacity():
                           np.asarray(inputs["views"])[BATCH // 2:]], axis=1)
   second = len({int(i) for i in items.ravel() if 0 <= i < 50})
   assert counts["items"] == max(first, second)
-  assert set(counts) == {"items", "users", "small"}
+  assert set(counts) == {"items", "users", "small", "tags"}
 
 
 def test_overflow_error_names_table_and_capacity():
@@ -214,7 +220,7 @@ def test_overflow_error_names_table_and_capacity():
 
 def test_tables_are_sharded_params_like_sharded_embed():
   coll = build("8", "off")
-  assert [t.name for t in coll.plan.tables] == ["items", "users", "small"]
+  assert [t.name for t in coll.plan.tables] == ["items", "users", "small", "tags"]
   users = coll.tables["users"].embedding
   assert isinstance(users, nnx.Param)
   assert users.shape == (37, 16)  # 12 columns padded to the 8 ranks

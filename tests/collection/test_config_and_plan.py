@@ -69,7 +69,7 @@ def test_plan_prints_one_row_per_table_and_sums_memory():
   feats = [FeatureSpec("a", "tiny"), FeatureSpec("b", "wide", max_ids_per_sample=8),
            FeatureSpec("c", "tall", max_ids_per_sample=4), FeatureSpec("d", "tall", combiner=None)]
   plan = plan_collection(tables, feats, mesh={"batch": 8}, batch_size=512, num_unique={"tall": 64})
-  assert [t.plan.strategy for t in plan.tables] == ["replicated", "hidden", "vocab"]
+  assert [t.plan.strategy for t in plan.tables] == ["replicated", "hidden", "routed"]
   assert plan["tall"].features == ("c", "d")
   assert plan.bytes_per_device == sum(t.plan.bytes_per_device for t in plan.tables)
   # Dedup replaces the per-feature traffic of "tall" in the total.
