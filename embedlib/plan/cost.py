@@ -153,5 +153,6 @@ def bytes_moved_per_lookup(
   else:
     width = cols // (token_ranks * rest_ranks)
     moved += (rest_ranks - 1) * group_tokens * width * itemsize  # all-gather
-    moved += (token_ranks - 1) * local_tokens * width * itemsize  # all-to-all
+    # all-to-all of the columns gathered over the rest ranks
+    moved += (token_ranks - 1) * local_tokens * width * rest_ranks * itemsize
   return moved
