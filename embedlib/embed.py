@@ -445,7 +445,7 @@ class ShardedEmbed(nnx.Module):
     """Whether ``attend`` can leave each rank its own rows' logits for ``sharding``."""
     return (
         self.mesh is not None
-        and self.plan.strategy == options.VOCAB
+        and self.plan.strategy in options.ROW_SHARDED
         and isinstance(sharding, NamedSharding)
         and logits_lib.vocab_axes_of(sharding, ndim, self.plan.name) == self.plan.table_axes
     )

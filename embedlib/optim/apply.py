@@ -60,6 +60,7 @@ from embedlib import options
 from embedlib import invalid_ids as invalid_lib
 from embedlib import kernels
 from embedlib.optim import fused_cpu
+from embedlib.optim import route as route_lib
 from embedlib.optim import rules as rules_lib
 from embedlib.strategies import collectives
 
@@ -78,7 +79,7 @@ def slot_spec(slot: rules_lib.Slot, plan) -> tuple:
   """
   if slot.kind == rules_lib.TABLE:
     return plan.table_spec
-  if plan.strategy == options.VOCAB:
+  if plan.strategy in options.ROW_SHARDED:
     return (plan.table_axes,)
   return (None,)
 
@@ -310,7 +311,7 @@ def _shard_origin(table, plan):
   """This rank's first global row (vocab) and first logical column (hidden); 0 otherwise."""
   rows_here, cols_here = table.shape
   rank = collectives.group_rank(plan.table_axes)
-  first_row = rank * rows_here if plan.strategy == options.VOCAB else 0
+  first_row = rank * rows_here if plan.strategy in options.ROW_SHARDED else 0
   first_col = rank * cols_here if plan.strategy == options.HIDDEN else 0
   return first_row, first_col
 
@@ -447,16 +448,33 @@ def apply_row_grads(
   lr = sharding_lib.place(lr, mesh, P())
   step = sharding_lib.place(step, mesh, P())
 
+  # Input distribution: all-gather every rank's pairs over the data axes, or
+  # route each distinct id's summed gradient to its owner where that moves
+  # fewer bytes (``route.py``).
+  local_ids = sum(i.shape[0] for i in ids_in) // plan.data_shards
+  capacity = plan.capacity_for(local_ids)
+  routes = route_lib.pays(plan, local_ids, plan.features, grads_in[0].dtype.itemsize)
+
   def body(table, slots, ids, grads, lr, step):
-    if plan.data_axes:
-      # "invarying": every rank then holds the same ids and gradients, so
-      # data-parallel replicas of a shard compute the same new rows.
-      gather = lambda x: lax.all_gather(
-          x, plan.data_axes, axis=0, tiled=True, to="invarying"
-      )
-      ids, grads = map(gather, ids), map(gather, grads)
-    ids, grads = jnp.concatenate(list(ids)), jnp.concatenate(list(grads))
-    return _local_update(rule, table, slots, ids, grads, lr, step, plan=plan)
+    update = lambda i, g: _local_update(rule, table, slots, i, g, lr, step, plan=plan)
+
+    def gathered():
+      i, g = ids, grads
+      if plan.data_axes:
+        # "invarying": every rank then holds the same ids and gradients, so
+        # data-parallel replicas of a shard compute the same new rows.
+        gather = lambda x: lax.all_gather(
+            x, plan.data_axes, axis=0, tiled=True, to="invarying"
+        )
+        i, g = map(gather, i), map(gather, g)
+      return update(jnp.concatenate(list(i)), jnp.concatenate(list(g)))
+
+    if not routes:
+      return gathered()
+    return route_lib.update_owned(
+        jnp.concatenate(list(ids)), jnp.concatenate(list(grads)), plan=plan,
+        rows_per_rank=table.shape[0], capacity=capacity, update=update, fallback=gathered,
+    )
 
   return _compat.shard_map(
       body,

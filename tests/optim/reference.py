@@ -24,7 +24,7 @@ for _n in (1, 2, 4, 8):
     LAYOUTS.append(((_n,), (axes.BATCH,), _s, None, None))
 for _s in options.STRATEGIES:
   LAYOUTS.append(((2, 4), (axes.DATA, axes.MODEL), _s, None, None))
-for _s in (options.VOCAB, options.HIDDEN):
+for _s in (options.VOCAB, options.HIDDEN, options.ROUTED):
   LAYOUTS.append(((2, 4), (axes.DATA, axes.MODEL), _s, (axes.DATA, axes.MODEL), None))
 
 
