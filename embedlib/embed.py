@@ -22,7 +22,7 @@ from embedlib import kernels
 from embedlib import logits as logits_lib
 from embedlib import strategies
 from embedlib import tape as tape_lib
-from embedlib.strategies import dedup
+from embedlib.strategies import dedup, rowmap
 from embedlib.strategies.request import Request
 from embedlib.plan import plan_embedding
 
@@ -100,6 +100,9 @@ class ShardedEmbed(nnx.Module):
     on_overflow: a routed call with more ids for one owner than the
       capacity takes the vocab path (``"fallback"``, the same result) or
       raises (``"error"``, under ``jit`` through ``checkify``).
+    placement: a ``plan.placement.Placement``: the table is a stack of
+      tables, each placed whole on a device, on a host's devices or on all
+      (the collection builds these); ``num_embeddings`` is their sum.
     dtype: dtype of the outputs (default: ``param_dtype``).
     param_dtype: dtype of the stored table.
     embedding_init: initializer, called with the logical shape.
@@ -125,6 +128,7 @@ class ShardedEmbed(nnx.Module):
       ids_per_device: int | None = None,
       route_capacity: int | None = None,
       on_overflow: str = dedup.FALLBACK,
+      placement=None,
       dtype: tp.Any = None,
       param_dtype: tp.Any = jnp.float32,
       embedding_init: tp.Callable = default_embed_init,
@@ -163,6 +167,7 @@ class ShardedEmbed(nnx.Module):
         param_dtype=param_dtype,
         name=name,
         route_capacity=route_capacity,
+        placement=placement,
         **extra,
     )
     self.mesh = mesh
@@ -188,6 +193,11 @@ class ShardedEmbed(nnx.Module):
   def _physical(self, table):
     """Pads a logical table and lays it out as the plan says."""
     rows, cols = self.plan.padded_shape
+    if self.plan.placement is not None:  # a stack: rows where the placement puts them
+      place = functools.partial(rowmap.to_physical, plan=self.plan)
+      if isinstance(table, jax.core.Tracer) or not sharding_lib.has_devices(self.mesh):
+        return sharding_lib.place_always(place(table), self._sharding())
+      return jax.jit(place, out_shardings=self._sharding())(table)
     pad = ((0, rows - table.shape[0]), (0, cols - table.shape[1]))
     if self.mesh is None:
       return jnp.pad(table, pad) if any(p for _, p in pad) else table
@@ -202,11 +212,11 @@ class ShardedEmbed(nnx.Module):
     padding, the rows or columns are gathered to strip it.
     """
     table = self.embedding[...]
-    if self.plan.padded_shape == self.plan.logical_shape:
+    if self.plan.padded_shape == self.plan.logical_shape and self.plan.placement is None:
       return table
     if self.mesh is not None:
       table = sharding_lib.place_always(table, NamedSharding(self.mesh, P()))
-    return table[: self.num_embeddings, : self.features]
+    return rowmap.to_logical(table, self.plan)
 
   def load_table(self, table) -> None:
     """Sets the parameter from a logical ``(num_embeddings, features)`` table.
@@ -307,9 +317,7 @@ class ShardedEmbed(nnx.Module):
       ``[batch, features]`` pooled, in ``dtype``.
     """
     raw = [_integers(r.ids, self.plan.name) for r in requests]
-    requests = tuple(
-        Request(self._sanitize(ids), r.weights, r.combiner) for ids, r in zip(raw, requests)
-    )
+    requests = tuple(r.replace(ids=self._sanitize(ids)) for ids, r in zip(raw, requests))
     on_overflow = on_overflow or self.on_overflow
     if eager_on_mesh(self.mesh, requests, self.embedding[...]):
       out, overflow = _eager_requests(self, requests, num_unique, on_overflow)

@@ -14,6 +14,11 @@ ROUTED = "routed"
 STRATEGIES = (REPLICATED, VOCAB, HIDDEN, ROUTED)
 #: Layouts that split the table by rows (the same physical table and slots).
 ROW_SHARDED = (VOCAB, ROUTED)
+#: Collection placements: a table whole on one device, or split over the
+#: devices of one host, inside a stack of tables of its width (routed).
+TABLE_WISE = "table"
+TABLE_ROW_WISE = "table_row"
+PLACEMENTS = (TABLE_WISE, TABLE_ROW_WISE)
 AUTO = "auto"
 
 #: Pooling combiners for multi-hot features (``combiner=``).

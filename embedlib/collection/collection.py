@@ -5,6 +5,7 @@ from __future__ import annotations
 import typing as tp
 from collections.abc import Mapping, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -13,6 +14,7 @@ from embedlib import kernels
 from embedlib import sharding as sharding_lib
 from embedlib.collection import inputs as inputs_lib
 from embedlib.collection import planner
+from embedlib.collection import stacks as stacks_lib
 from embedlib.collection.specs import FeatureSpec, TableSpec, validate
 from embedlib.embed import ShardedEmbed
 from embedlib.strategies import Request
@@ -103,6 +105,9 @@ class EmbeddingCollection(nnx.Module):
       batch_size: int = 4096,
       replicate_below_bytes: int | None = None,
       replicate_budget_bytes: int | None = None,
+      table_batched: bool = False,
+      devices_per_host: int | None = None,
+      device_memory_bytes: int | None = None,
       dtype: tp.Any = None,
       param_dtype: tp.Any = jnp.float32,
       rngs: nnx.Rngs,
@@ -115,12 +120,15 @@ class EmbeddingCollection(nnx.Module):
     self.num_unique = _capacities(num_unique, tables)
     self.route_capacity = _capacities(route_capacity, tables, "route_capacity",
                                       "ids per destination rank")
+    if devices_per_host is None and mesh is not None and sharding_lib.has_devices(mesh):
+      devices_per_host = _devices_per_host(mesh)
     self.plan = planner.plan_collection(
         tables, features, mesh=mesh, table_axes=table_axes, data_axes=data_axes,
         param_dtype=param_dtype, batch_size=batch_size, num_unique=self.num_unique,
         route_capacity=self.route_capacity,
         replicate_below_bytes=replicate_below_bytes,
-        replicate_budget_bytes=replicate_budget_bytes,
+        replicate_budget_bytes=replicate_budget_bytes, table_batched=table_batched,
+        devices_per_host=devices_per_host, device_memory_bytes=device_memory_bytes,
     )
     self.table_specs = tables
     self.feature_specs = features
@@ -130,6 +138,8 @@ class EmbeddingCollection(nnx.Module):
     self.dtype = dtype
     embeds = {}
     for spec, table_plan in zip(tables, self.plan.tables):
+      if table_plan.stack is not None:
+        continue
       p = table_plan.plan
       embeds[spec.name] = ShardedEmbed(
           spec.num_embeddings, spec.features, mesh=mesh, sharding=p.strategy,
@@ -140,6 +150,31 @@ class EmbeddingCollection(nnx.Module):
       )
       assert embeds[spec.name].plan.padded_shape == p.padded_shape, spec.name
     self.tables = nnx.Dict(embeds)
+    specs = {t.name: t for t in tables}
+    stacks = {}
+    for s in self.plan.stacks:
+      p = s.plan
+      stacks[s.name] = ShardedEmbed(
+          p.num_embeddings, p.features, mesh=mesh, sharding=p.strategy,
+          table_axes=p.table_axes, data_axes=p.data_axes, kernel=kernel,
+          ids_per_device=p.ids_per_device, route_capacity=p.route_capacity,
+          on_overflow=on_overflow, name=s.name, placement=p.placement, dtype=dtype,
+          param_dtype=param_dtype, embedding_init=_stacked_init([specs[m] for m in s.members]),
+          rngs=rngs,
+      )
+    self.stacks = nnx.Dict(stacks)
+
+  def logical_table(self, name: str):
+    """Table ``name``'s logical ``[num_embeddings, features]`` rows, wherever it lives."""
+    if name in self.tables:
+      return self.tables[name].logical_table()
+    for s in self.plan.stacks:
+      if name in s.members:
+        start = s.plan.placement.start(name)
+        rows = dict(s.plan.placement.members)[name]
+        return self.stacks[s.name].logical_table()[start:start + rows]
+    raise KeyError(f"no table {name!r} in the collection; tables: "
+                   f"{[t.name for t in self.table_specs]}.")
 
   # -- lookups -----------------------------------------------------------
 
@@ -160,14 +195,31 @@ class EmbeddingCollection(nnx.Module):
     """
     bags = self._bags(inputs, dict(weights or {}))
     out = {}
-    for spec in self.table_specs:
-      feats = self._features_of(spec.name)
-      rows = self.tables[spec.name].lookup_requests(
-          [_request(f, bags[f.name]) for f in feats],
-          num_unique=self.num_unique.get(spec.name), on_overflow=self.on_overflow,
+    for name, module, requests in self._lookups(bags):
+      rows = module.lookup_requests(
+          [r for _, r in requests], num_unique=self.num_unique.get(name),
+          on_overflow=self.on_overflow,
       )
-      out.update(zip((f.name for f in feats), rows))
+      out.update(zip((f for f, _ in requests), rows))
     return {f.name: out[f.name] for f in self.feature_specs}
+
+  def _lookups(self, bags):
+    """``(name, module, [(feature, Request)])`` per table of its own and per stack."""
+    for spec in self.table_specs:
+      if spec.name in self.tables:
+        yield spec.name, self.tables[spec.name], [
+            (f.name, _request(f, bags[f.name])) for f in self._features_of(spec.name)]
+    for s in self.plan.stacks:
+      placement = s.plan.placement
+      requests = []
+      for member in s.members:
+        start = placement.start(member)
+        for f in self._features_of(member):
+          r = _request(f, bags[f.name])
+          # The member's rows follow the earlier members' in the stack.
+          ids = jnp.where(r.ids >= 0, r.ids + start, -1)
+          requests.append((f.name, r.replace(ids=ids, member=member)))
+      yield s.name, self.stacks[s.name], requests
 
   def unique_counts(self, inputs: Mapping[str, tp.Any]) -> dict[str, int]:
     """The dedup capacity each table needs for ``inputs``: distinct ids per shard.
@@ -181,10 +233,8 @@ class EmbeddingCollection(nnx.Module):
     """
     bags = self._bags(inputs, {})
     return {
-        spec.name: self.tables[spec.name].distinct_ids_per_shard(
-            [_request(f, bags[f.name]) for f in self._features_of(spec.name)]
-        )
-        for spec in self.table_specs
+        name: module.distinct_ids_per_shard([r for _, r in requests])
+        for name, module, requests in self._lookups(bags)
     }
 
   def _features_of(self, table: str) -> list[FeatureSpec]:
@@ -226,10 +276,30 @@ def _request(spec: FeatureSpec, bags: inputs_lib.Bags) -> Request:
   return Request(bags.ids, bags.weights, spec.combiner)
 
 
+def _stacked_init(specs):
+  """The initializer of a stack: each member's own, one after the other."""
+
+  def init(key, shape, dtype):
+    keys = jax.random.split(key, len(specs))
+    return jnp.concatenate(
+        [s.initializer(k, (s.num_embeddings, shape[1]), dtype) for k, s in zip(keys, specs)])
+
+  return init
+
+
+def _devices_per_host(mesh) -> int | None:
+  """Devices of one process in the mesh's device order (None when hosts interleave)."""
+  procs = [d.process_index for d in mesh.devices.reshape(-1)]
+  per_host = procs.count(procs[0])
+  blocks = [procs[i:i + per_host] for i in range(0, len(procs), per_host)]
+  return per_host if all(len(set(b)) == 1 for b in blocks) else None
+
+
 def _capacities(capacity, tables, what="num_unique",
                 unit="unique ids per data shard") -> dict[str, int]:
-  """``{table: capacity}`` from an int for every table, a dict, or None."""
+  """``{table or stack: capacity}`` from an int for every one, a dict, or None."""
   names = [t.name for t in tables]
+  names += sorted({stacks_lib.stack_name(t.features) for t in tables} - set(names))
   if capacity is None:
     return {}
   if not isinstance(capacity, Mapping):

@@ -20,7 +20,8 @@ import numpy as np
 
 from embedlib import options
 from embedlib.collection.specs import FeatureSpec, TableSpec
-from embedlib.plan import EmbeddingPlan, cost, mesh_axes, plan_embedding
+from embedlib.collection import stacks as stacks_lib
+from embedlib.plan import EmbeddingPlan, cost, mesh_axes, placement, plan_embedding
 from embedlib.plan.embedding_plan import _human, cheapest, sharded_candidates
 
 
@@ -115,10 +116,22 @@ class TablePlan:
   num_unique: int | None
   bytes_moved: int
   bytes_moved_dedup: int | None
+  name_: str | None = None
+  stack: str | None = None
+  placed: str = ""
 
   @property
   def name(self) -> str:
-    return self.plan.name
+    return self.name_ or self.plan.name
+
+  @property
+  def kind(self) -> str:
+    """The table's layout: its plan's strategy, or its placement in a stack."""
+    if self.stack is None:
+      return self.plan.strategy
+    p = self.plan.placement
+    kind = p.kinds[[m for m, _ in p.members].index(self.name)]
+    return options.ROUTED if kind == placement.ROW else kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +154,7 @@ class CollectionPlan:
   tables: tuple[TablePlan, ...]
   batch_size: int
   mesh_shape: tuple[tuple[str, int], ...]
+  stacks: tuple[stacks_lib.StackPlan, ...] = ()
 
   def __getitem__(self, name: str) -> TablePlan:
     for t in self.tables:
@@ -148,16 +162,27 @@ class CollectionPlan:
         return t
     raise KeyError(f"no table {name!r} in the plan; tables: {[t.name for t in self.tables]}.")
 
+  def stack(self, name: str) -> stacks_lib.StackPlan:
+    for s in self.stacks:
+      if s.name == name:
+        return s
+    raise KeyError(f"no stack {name!r} in the plan; stacks: {[s.name for s in self.stacks]}.")
+
+  @property
+  def _apart(self):
+    """Tables with a layout of their own, and the stacks."""
+    return [t for t in self.tables if t.stack is None] + list(self.stacks)
+
   @property
   def bytes_per_device(self) -> int:
-    return sum(t.plan.bytes_per_device for t in self.tables)
+    return sum(t.plan.bytes_per_device for t in self._apart)
 
   @property
   def bytes_moved(self) -> int:
-    """Per device per step, with dedup where a table has a capacity."""
+    """Per device per step, with dedup where a table or stack has a capacity."""
     return sum(
         t.bytes_moved if t.bytes_moved_dedup is None else t.bytes_moved_dedup
-        for t in self.tables
+        for t in self._apart
     )
 
   def __str__(self) -> str:
@@ -166,11 +191,21 @@ class CollectionPlan:
             "moved/step dedup", "reason")
     rows = [head]
     for t in self.tables:
+      if t.stack is not None:
+        rows.append((t.name, t.kind, f"in {t.stack}", "", "", "", t.placed))
+        continue
       dedup = "-" if t.bytes_moved_dedup is None else _human(t.bytes_moved_dedup)
       rows.append((
-          t.name, t.plan.strategy,
+          t.name, t.kind,
           f"{t.plan.padded_shape[0]} x {t.plan.padded_shape[1]}",
           _human(t.plan.bytes_per_device), _human(t.bytes_moved), dedup, t.plan.reason,
+      ))
+    for s in self.stacks:
+      dedup = "-" if s.bytes_moved_dedup is None else _human(s.bytes_moved_dedup)
+      rows.append((
+          s.name, s.plan.strategy, f"{s.plan.padded_shape[0]} x {s.plan.padded_shape[1]}",
+          _human(s.plan.bytes_per_device), _human(s.bytes_moved), dedup,
+          f"{len(s.members)} table{'s' if len(s.members) > 1 else ''}, one route per step",
       ))
     total = ("total", "", "", _human(self.bytes_per_device), _human(self.bytes_moved), "", "")
     rows.append(total)
@@ -182,6 +217,9 @@ class CollectionPlan:
     for r in rows:
       cells = [c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]
       lines.append("  ".join(cells).rstrip())
+    for s in self.stacks:
+      lines.append(f"{s.name} placement ({s.plan.placement.rows_per_rank} rows per device):")
+      lines.extend(f"  {line}" for line in s.plan.placement.describe())
     return "\n".join(lines)
 
 
@@ -204,6 +242,9 @@ def plan_collection(
     route_capacity: Mapping[str, int] | None = None,
     replicate_below_bytes: int | None = None,
     replicate_budget_bytes: int | None = None,
+    table_batched: bool = False,
+    devices_per_host: int | None = None,
+    device_memory_bytes: int | None = None,
 ) -> CollectionPlan:
   """Plans every table of a collection (see the module docstring).
 
@@ -223,6 +264,14 @@ def plan_collection(
     replicate_budget_bytes: replicate auto tables, most traffic saved per
       byte first, until their copies fill this many bytes per device; the
       rest are sharded. None keeps the per-table rule.
+    table_batched: every routed table joins the stack of its width (one
+      route per width per step), auto tables too small to split placed
+      whole on one device (see ``stacks``); tables asked for ``"table"``
+      or ``"table_row"`` are stacked either way.
+    devices_per_host: devices of one host, for ``"table_row"`` (default:
+      the whole group is one host).
+    device_memory_bytes: raise if some device's shards and stack blocks
+      need more than this.
 
   Returns:
     A ``CollectionPlan``.
@@ -280,22 +329,66 @@ def plan_collection(
             ),
         )
       plans[t.name] = p
+  for t in tables:
+    if t.name in plans:
+      continue
+    if t.sharding in options.PLACEMENTS:
+      p = plan(t, sharding=options.ROUTED)
+      if p.group_size < 2:
+        p = dataclasses.replace(plan(t, sharding=options.REPLICATED), reason=(
+            f"sharding={t.sharding!r} on a one-device group: the whole table on it"))
+      plans[t.name] = p
+    else:
+      plans[t.name] = plan(t, sharding=t.sharding)
+  kinds = {}
+  for t in tables:
+    kind = stacks_lib.stack_kind(t, plans[t.name], table_batched=table_batched)
+    if kind is not None:
+      kinds[t.name] = kind
+  ids = {t.name: local_batch * sum(b for b, _ in _bags(features, t.name)) for t in tables}
+  plan_stacks = lambda kinds: stacks_lib.plan_stacks(
+      tables, features, kinds, ids, mesh=mesh, table_axes=table_axes, data_axes=data_axes,
+      param_dtype=param_dtype, devices_per_host=devices_per_host, num_unique=num_unique,
+      route_capacity=route_capacity)
+  stacks = plan_stacks(kinds)
+  moved = lambda stacks: sum(s.bytes_moved for s in stacks)
+  # Small auto tables table-wise where their stack then moves no more: all of
+  # them at once (they may balance each other), then one at a time.
+  small = [t.name for t in tables
+           if kinds.get(t.name) == placement.ROW and stacks_lib.small(t, plans[t.name])]
+  for names in [small] + [[n] for n in small]:
+    tried = dict(kinds, **{n: options.TABLE_WISE for n in names})
+    if names and tried != kinds:
+      other = plan_stacks(tried)
+      if moved(other) <= moved(stacks):
+        kinds, stacks = tried, other
+  stack_of = {m: s for s in stacks for m in s.members}
   out = []
   for t in tables:
-    p = plans.get(t.name) or plan(t, sharding=t.sharding)
+    names = tuple(f.name for f in features if f.table == t.name)
+    if t.name in stack_of:
+      s = stack_of[t.name]
+      out.append(TablePlan(plan=s.plan, features=names, num_unique=None, bytes_moved=0,
+                           bytes_moved_dedup=None, name_=t.name, stack=s.name,
+                           placed=stacks_lib.placed_on(s, t.name)))
+      continue
+    p = plans[t.name]
     bags = _bags(features, t.name)
     cap = num_unique.get(t.name)
     out.append(TablePlan(
         plan=p,
-        features=tuple(f.name for f in features if f.table == t.name),
+        features=names,
         num_unique=cap,
         bytes_moved=estimate_bytes_moved(p, bags, batch_size=batch_size),
         bytes_moved_dedup=None if cap is None else estimate_bytes_moved(
             p, bags, batch_size=batch_size, num_unique=cap
         ),
     ))
+  stacks_lib.check_memory([t.plan for t in out if t.stack is None], stacks,
+                          device_memory_bytes)
   return CollectionPlan(
       tables=tuple(out),
+      stacks=tuple(stacks),
       batch_size=batch_size,
       mesh_shape=tuple(mesh_axes.mesh_shape(mesh).items()),
   )

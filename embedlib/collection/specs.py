@@ -53,8 +53,14 @@ class TableSpec:
     num_embeddings: vocabulary size; ids lie in ``[0, num_embeddings)``.
     features: embedding width.
     initializer: ``init(key, shape, dtype)`` for the logical table.
-    sharding: ``"auto" | "replicated" | "vocab" | "hidden"``; ``auto`` lets
-      the collection's planner choose.
+    sharding: ``"auto" | "replicated" | "vocab" | "hidden" | "routed"``, or
+      a placement in a stack of tables of its width: ``"table"`` (whole on
+      one device) or ``"table_row"`` (split over one host's devices);
+      ``auto`` lets the collection's planner choose.
+    device: for ``"table"``, the device (rank in the table group) to put it
+      on; None lets the planner balance the devices.
+    host: for ``"table_row"``, the host whose devices hold it; None lets
+      the planner choose.
   """
 
   name: str
@@ -62,6 +68,8 @@ class TableSpec:
   features: int
   initializer: tp.Callable = default_embed_init
   sharding: str = options.AUTO
+  device: int | None = None
+  host: int | None = None
 
   def __post_init__(self):
     _name(self.name, "TableSpec")
@@ -75,9 +83,20 @@ class TableSpec:
           f"{owner}: initializer must be callable as init(key, shape, dtype), "
           f"got {self.initializer!r}; e.g. jax.nn.initializers.normal(0.01)."
       )
-    choices = (options.AUTO,) + options.STRATEGIES
+    choices = (options.AUTO,) + options.STRATEGIES + options.PLACEMENTS
     if self.sharding not in choices:
       raise ValueError(f"{owner}: sharding={self.sharding!r}; use one of {choices}.")
+    for field, kind in (("device", options.TABLE_WISE), ("host", options.TABLE_ROW_WISE)):
+      value = getattr(self, field)
+      if value is None:
+        continue
+      if self.sharding != kind:
+        raise ValueError(
+            f"{owner}: {field}={value} pins a {kind!r} placement, but sharding="
+            f"{self.sharding!r}; pass sharding={kind!r} with it, or drop {field}."
+        )
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{owner}: {field} must be an int >= 0, got {value!r}.")
 
 
 @dataclasses.dataclass(frozen=True)

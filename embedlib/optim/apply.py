@@ -62,7 +62,7 @@ from embedlib import kernels
 from embedlib.optim import fused_cpu
 from embedlib.optim import route as route_lib
 from embedlib.optim import rules as rules_lib
-from embedlib.strategies import collectives
+from embedlib.strategies import collectives, rowmap
 
 
 def slot_spec(slot: rules_lib.Slot, plan) -> tuple:
@@ -428,7 +428,7 @@ def apply_row_grads(
         f"{sorted(specs)}; build them with init_slots(rule, plan, mesh)."
     )
   if mesh is None:
-    ids = jnp.concatenate([i for i, _ in pairs])
+    ids = jnp.concatenate([rowmap.physical_ids(i, plan) for i, _ in pairs])
     grads = jnp.concatenate([g for _, g in pairs])
     return _local_update(rule, table, slots, ids, grads, lr, step, plan=plan)
 
@@ -457,6 +457,8 @@ def apply_row_grads(
 
   def body(table, slots, ids, grads, lr, step):
     update = lambda i, g: _local_update(rule, table, slots, i, g, lr, step, plan=plan)
+    # A stack's ids are its logical rows; updates go to the physical ones.
+    ids = [rowmap.physical_ids(i, plan) for i in ids]
 
     def gathered():
       i, g = ids, grads

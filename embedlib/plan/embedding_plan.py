@@ -16,6 +16,7 @@ import numpy as np
 from embedlib import options
 from embedlib.plan import cost
 from embedlib.plan import mesh_axes
+from embedlib.plan import placement as placement_lib
 
 #: Tables at most this big (bytes) are replicated by ``sharding="auto"``.
 REPLICATE_BELOW_BYTES = 1 << 20
@@ -54,6 +55,7 @@ class EmbeddingPlan:
   reason: str
   name: str = "table"
   route_capacity: int | None = None
+  placement: placement_lib.Placement | None = None
 
   @property
   def tokens(self) -> int:
@@ -68,9 +70,21 @@ class EmbeddingPlan:
     ids one rank routes (more slots would only move padding).
     """
     rest = mesh_axes.axes_size(dict(self.mesh_shape), self.rest_axes)
-    if self.route_capacity is None:
-      return cost.uniform_route_capacity(ids, self.group_size, rest)
-    return min(self.route_capacity, cost.route_ids(ids, rest))
+    if self.route_capacity is not None:
+      return min(self.route_capacity, cost.route_ids(ids, rest))
+    if self.placement is not None:  # members in the proportions planned
+      total = sum(self.placement.ids) or 1
+      return self.capacity_for_members({
+          name: -(-ids * n // total) for (name, _), n in zip(self.placement.members,
+                                                           self.placement.ids)
+      })
+    return cost.uniform_route_capacity(ids, self.group_size, rest)
+
+  def capacity_for_members(self, ids_by_member) -> int:
+    """``capacity_for`` a stack's step: ids per device of each member table."""
+    if self.route_capacity is not None:
+      return min(self.route_capacity, sum(ids_by_member.values()))
+    return self.placement.capacity(ids_by_member)
 
   @property
   def logical_shape(self) -> tuple[int, int]:
@@ -136,6 +150,8 @@ class EmbeddingPlan:
         *([f"  route capacity  {self.capacity_for(self.ids_per_device)} ids per "
            f"destination"] if self.strategy == options.ROUTED else []),
         f"  reason          {self.reason}",
+        *([f"  placement       {line}" for line in self.placement.describe()]
+          if self.placement is not None else []),
     ])
 
 
@@ -234,6 +250,7 @@ def plan_embedding(
     route_capacity: int | None = None,
     replicate_below_bytes: int = REPLICATE_BELOW_BYTES,
     name: str = "table",
+    placement: placement_lib.Placement | None = None,
 ) -> EmbeddingPlan:
   """Decides how a ``(num_embeddings, features)`` table is laid out on a mesh.
 
@@ -255,6 +272,9 @@ def plan_embedding(
       from the ids per rank with the slack of ``cost.route_capacity``.
     replicate_below_bytes: ``auto`` replicates tables up to this size.
     name: the table's name in messages.
+    placement: for a stack of tables (``placement.place``): where each
+      member's rows live; the table is then routed, its logical rows the
+      members' one after the other.
 
   Returns:
     An ``EmbeddingPlan``.
@@ -300,7 +320,11 @@ def plan_embedding(
             route_capacity, cost.route_ids(ids_per_device, group // token_ranks)),
     )
 
-  if sharding == options.AUTO:
+  if placement is not None:
+    _check_placement(placement, num_embeddings, group, sharding, name)
+    strategy, reason = options.ROUTED, "a stack of tables: " + ", ".join(
+        f"{m} ({k})" for (m, _), k in zip(placement.members, placement.kinds))
+  elif sharding == options.AUTO:
     strategy, reason = _choose(
         num_embeddings, features, group, itemsize, tied, replicate_below_bytes, moved
     )
@@ -309,7 +333,9 @@ def plan_embedding(
   if strategy == options.REPLICATED:
     table, group, token_ranks = (), 1, 1
   padded = cost.padded_shape(num_embeddings, features, strategy, group)
-  return EmbeddingPlan(
+  if placement is not None:
+    padded = (group * placement.rows_per_rank, features)
+  plan = EmbeddingPlan(
       num_embeddings=num_embeddings,
       features=features,
       strategy=strategy,
@@ -326,7 +352,28 @@ def plan_embedding(
       reason=reason,
       name=name,
       route_capacity=route_capacity,
+      placement=placement,
   )
+  if placement is None:
+    return plan
+  return dataclasses.replace(plan, bytes_moved_per_lookup=cost.bytes_moved_per_lookup(
+      padded, strategy, ids_per_device=ids_per_device, token_ranks=token_ranks,
+      rest_ranks=group // token_ranks, itemsize=itemsize,
+      capacity=plan.capacity_for(ids_per_device)))
+
+
+def _check_placement(placement, num_embeddings, group, sharding, name):
+  if sharding not in (options.AUTO, options.ROUTED):
+    raise ValueError(
+        f"{name}: a stack of tables (placement=) is routed; pass sharding='routed' "
+        f"or 'auto', not {sharding!r}."
+    )
+  if placement.group != group or placement.num_embeddings != num_embeddings:
+    raise ValueError(
+        f"{name}: the placement is for {placement.num_embeddings} rows on "
+        f"{placement.group} devices, the table has {num_embeddings} rows on a group "
+        f"of {group}; plan the placement for this table and mesh."
+    )
 
 
 def _check_capacity(capacity, group: int, name: str) -> int:

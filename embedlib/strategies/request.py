@@ -22,11 +22,14 @@ class Request:
     combiner: ``"sum" | "mean" | "sqrtn"`` pools the bag axis into
       ``[batch, features]``; None returns the rows unpooled,
       ``ids.shape + (features,)``.
+    member: for a stack of tables, the member table the ids read (their
+      rows are already the stack's), which sizes the route; else None.
   """
 
   ids: tp.Any
   weights: tp.Any = None
   combiner: str | None = struct.field(pytree_node=False, default=None)
+  member: str | None = struct.field(pytree_node=False, default=None)
 
   @property
   def pooled(self) -> bool:

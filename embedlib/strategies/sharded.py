@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 from embedlib import _compat
 from embedlib import sharding as sharding_lib
 from embedlib import options
-from embedlib.strategies import hidden, replicated, routed, vocab
+from embedlib.strategies import hidden, replicated, routed, rowmap, vocab
 from embedlib.strategies.request import Request
 
 # Routed tables share vocab's layout: attend, and the lookups of a step whose
@@ -188,10 +188,14 @@ def routed_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True,
                           check_vma=check_vma)
     return out, jnp.int32(0), 0
   batch = requests[0].ids.shape[0]
-  per_device = sum(
-      -(-batch // plan.data_shards) * (r.ids.size // max(batch, 1)) for r in requests
-  )
-  capacity = plan.capacity_for(per_device)
+  local = lambda r: -(-batch // plan.data_shards) * (r.ids.size // max(batch, 1))
+  if plan.placement is not None and all(r.member is not None for r in requests):
+    ids_by_member = {}
+    for r in requests:
+      ids_by_member[r.member] = ids_by_member.get(r.member, 0) + local(r)
+    capacity = plan.capacity_for_members(ids_by_member)
+  else:
+    capacity = plan.capacity_for(sum(local(r) for r in requests))
   spec = sharding_lib.leading_spec(requests[0].ids, mesh)
   token_spec = P(plan.data_axes or None)
   table_spec = P(*plan.table_spec)
@@ -206,8 +210,10 @@ def routed_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True,
 
   def body(table, ids, weights):
     weights = iter(weights)
+    # A stack's logical rows to the physical rows its placement gives them.
     local = tuple(
-        Request(i, next(weights) if r.weights is not None else None, r.combiner)
+        Request(rowmap.physical_ids(i, plan), next(weights) if r.weights is not None else None,
+                r.combiner)
         for i, r in zip(ids, requests)
     )
     out, need = routed.lookup_requests(table, local, plan=plan, gather=gather, bag=bag,

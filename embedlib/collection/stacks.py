@@ -1,0 +1,189 @@
+"""Stacks: the tables of one width placed table-wise, table-row-wise or row-wise together.
+
+A table asked for ``sharding="table"`` (whole on one device) or
+``"table_row"`` (split over one host's devices), and, with
+``table_batched=True``, every routed table, joins the stack of its width:
+one routed ``ShardedEmbed`` whose rows ``plan.placement`` lays out
+(``embedlib.plan.placement``). A stack's lookups of all its tables take one
+route per step. With ``table_batched``, an auto table too small to split
+(fewer than ``MIN_ROWS_PER_RANK`` rows a rank) is tried table-wise and kept
+there if its stack then moves no more bytes. (With a static capacity per
+destination it rarely does: a table's every lookup on one device raises
+that device's bucket above the others'.)
+
+Also the memory check: every device must hold its tables' shards and its
+block of every stack within ``device_memory_bytes``. Pure Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+from embedlib import options
+from embedlib.collection.specs import FeatureSpec, TableSpec
+from embedlib.plan import EmbeddingPlan, cost, mesh_axes, placement, plan_embedding
+from embedlib.plan.embedding_plan import _human
+
+#: With ``table_batched``, auto tables with fewer rows a rank than this are
+#: placed whole on one device: splitting them saves no memory worth having.
+MIN_ROWS_PER_RANK = 256
+
+
+def stack_name(features: int) -> str:
+  """The name of the stack of tables ``features`` wide.
+
+  >>> stack_name(16)
+  'stack_16'
+  """
+  return f"stack_{features}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StackPlan:
+  """One stack: its routed plan (with the placement) and its traffic.
+
+  Attributes:
+    name: ``stack_<features>``.
+    plan: the stack's ``EmbeddingPlan`` (``plan.placement`` places each
+      member table).
+    features: the features reading its tables.
+    num_unique: dedup capacity per data shard, or None.
+    bytes_moved: bytes per device per step, every member in one route.
+    bytes_moved_dedup: the same with dedup at ``num_unique``, or None.
+  """
+
+  name: str
+  plan: EmbeddingPlan
+  features: tuple[str, ...]
+  num_unique: int | None
+  bytes_moved: int
+  bytes_moved_dedup: int | None
+
+  @property
+  def members(self) -> tuple[str, ...]:
+    return tuple(m for m, _ in self.plan.placement.members)
+
+
+def stack_kind(spec: TableSpec, plan: EmbeddingPlan, *, table_batched: bool) -> str | None:
+  """The placement kind of ``spec`` in its stack, or None for a table of its own."""
+  if plan.group_size < 2:
+    return None
+  if spec.sharding in options.PLACEMENTS:
+    return spec.sharding
+  if not table_batched or plan.strategy != options.ROUTED:
+    return None
+  return placement.ROW
+
+
+def small(spec: TableSpec, plan: EmbeddingPlan) -> bool:
+  """Whether an auto table is too small to be worth splitting by rows."""
+  return (spec.sharding == options.AUTO
+          and spec.num_embeddings < MIN_ROWS_PER_RANK * plan.group_size)
+
+
+def traffic(plan: EmbeddingPlan, ids_by_member: Mapping[str, int], num_unique=None) -> int:
+  """Bytes per device of one route of a stack (ids per device by member)."""
+  token = mesh_axes.axes_size(dict(plan.mesh_shape), plan.token_axes)
+  if num_unique is None:
+    ids = sum(ids_by_member.values())
+    capacity = plan.capacity_for_members(dict(ids_by_member))
+  else:
+    ids, capacity = num_unique, plan.capacity_for(num_unique)
+  return cost.bytes_moved_per_lookup(
+      plan.padded_shape, options.ROUTED, ids_per_device=ids, token_ranks=token,
+      rest_ranks=plan.group_size // token, itemsize=plan.itemsize, capacity=capacity)
+
+
+def plan_stacks(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], kinds, ids, *,
+                mesh, table_axes, data_axes, param_dtype, devices_per_host,
+                num_unique: Mapping[str, int], route_capacity: Mapping[str, int]):
+  """One ``StackPlan`` per width among the tables with a placement kind.
+
+  Args:
+    tables: the ``TableSpec`` s.
+    features: the ``FeatureSpec`` s.
+    kinds: table name -> placement kind (tables without one stay apart).
+    ids: table name -> ids per device per step.
+    mesh, table_axes, data_axes, param_dtype: as for ``plan_embedding``.
+    devices_per_host: devices of one host, for ``"table_row"``.
+    num_unique, route_capacity: by stack name.
+
+  Returns:
+    The ``StackPlan`` s, one per width, in the order the widths first appear.
+  """
+  widths = []
+  for t in tables:
+    if t.name in kinds and t.features not in widths:
+      widths.append(t.features)
+  out = []
+  for width in widths:
+    name = stack_name(width)
+    members = [t for t in tables if t.name in kinds and t.features == width]
+    shape = mesh_axes.mesh_shape(mesh)
+    axes, _ = mesh_axes.resolve_axes(shape, table_axes, data_axes, name=name)
+    placed = placement.place(
+        [placement.Member(t.name, t.num_embeddings, max(ids[t.name], 1), kinds[t.name],
+                          device=t.device, host=t.host) for t in members],
+        group=mesh_axes.axes_size(shape, axes), devices_per_host=devices_per_host, name=name)
+    plan = plan_embedding(
+        placed.num_embeddings, width, mesh=mesh, sharding=options.ROUTED,
+        table_axes=table_axes, data_axes=data_axes, param_dtype=param_dtype,
+        ids_per_device=max(1, sum(ids[t.name] for t in members)),
+        route_capacity=route_capacity.get(name), name=name, placement=placed)
+    by_member = {t.name: max(ids[t.name], 1) for t in members}
+    cap = num_unique.get(name)
+    out.append(StackPlan(
+        name=name, plan=plan,
+        features=tuple(f.name for f in features if f.table in by_member),
+        num_unique=cap,
+        bytes_moved=traffic(plan, by_member),
+        bytes_moved_dedup=None if cap is None else traffic(plan, by_member, cap),
+    ))
+  return out
+
+
+def placed_on(stack: StackPlan, table: str) -> str:
+  """Where a member lives, in words: ``device 3``, ``devices 0-3``, ``all devices``."""
+  devices = stack.plan.placement.devices(table)
+  if len(devices) == stack.plan.group_size and len(devices) > 1:
+    return "all devices"
+  if len(devices) == 1:
+    return f"device {devices[0]}"
+  return f"devices {devices[0]}-{devices[-1]}"
+
+
+def check_memory(table_plans: Sequence, stacks: Sequence[StackPlan], budget: int | None) -> None:
+  """Raises when some device can't hold its share of every table and stack."""
+  if budget is None or not (table_plans or stacks):
+    return
+  group = max([s.plan.group_size for s in stacks] + [1])
+  per_device = [sum(t.bytes_per_device for t in table_plans)] * group
+  biggest = [None] * group
+  for s in stacks:
+    p = s.plan.placement
+    row_bytes = s.plan.padded_shape[1] * s.plan.itemsize
+    for d in range(group):
+      per_device[d] += p.rows_per_rank * row_bytes
+      held = [(n * share, m) for (m, n), share in
+              zip(p.members, (p.shares(m)[d] for m, _ in p.members)) if share > 0]
+      if held:
+        rows, member = max(held)
+        if biggest[d] is None or rows * row_bytes > biggest[d][0]:
+          biggest[d] = (rows * row_bytes, member, s.name)
+  worst = max(range(group), key=lambda d: per_device[d])
+  if per_device[worst] <= budget:
+    return
+  if biggest[worst] is not None:
+    size, member, stack = biggest[worst]
+    culprit = (f"table {member!r} puts {_human(int(size))} of stack {stack!r} there; "
+               f"shard it by rows (sharding='routed') or pin it elsewhere (device=)")
+  else:
+    name = max(table_plans, key=lambda t: t.bytes_per_device).name
+    culprit = f"table {name!r} is the largest shard there; shard it over more devices"
+  raise ValueError(
+      f"the placement doesn't fit device memory: device {worst} needs "
+      f"{_human(per_device[worst])}, more than device_memory_bytes={budget} "
+      f"({_human(budget)}); {culprit}, or raise device_memory_bytes."
+  )

@@ -1,0 +1,196 @@
+"""Table-wise, table-row-wise and row-wise tables in stacks: the reference, the planner, errors.
+
+Stacked tables are checked as every layout is: each feature's output and
+each table's gradient against the unsharded reference
+(``tests/collection/reference.py``) on its logical table. Tolerance: f32
+sums of a few rows in another order, 1e-5 relative.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from embedlib import EmbeddingCollection, FeatureSpec, TableSpec
+from embedlib.collection import plan_collection
+from embedlib.plan import placement
+from embedlib.strategies import rowmap
+from tests.collection import reference
+
+TABLES = (
+    TableSpec("big", 3000, 8, sharding="routed"),  # row-wise, in the stack with table_batched
+    TableSpec("mid", 300, 8, sharding="table_row"),
+    TableSpec("a", 50, 8, sharding="table"),
+    TableSpec("b", 40, 8, sharding="table", device=3),
+    TableSpec("c", 30, 4, sharding="table"),  # a stack of its own width
+    TableSpec("small", 20, 8),  # auto: replicated
+)
+FEATURES = (
+    FeatureSpec("f_big", "big", combiner="mean"),
+    FeatureSpec("f_big_seq", "big", combiner=None),
+    FeatureSpec("f_mid", "mid", combiner=None),
+    FeatureSpec("f_a", "a", max_ids_per_sample=1),
+    FeatureSpec("f_b", "b", combiner="sqrtn"),
+    FeatureSpec("f_c", "c"),
+    FeatureSpec("f_small", "small"),
+)
+BATCH = 12
+
+
+def make_inputs(seed=0):
+  rng = np.random.default_rng(seed)
+  rows = {t.name: t.num_embeddings for t in TABLES}
+  shape = {"f_big": (BATCH, 3), "f_big_seq": (BATCH, 2), "f_mid": (BATCH, 2), "f_a": (BATCH,),
+           "f_b": (BATCH, 3), "f_c": (BATCH, 2), "f_small": (BATCH, 2)}
+  inputs = {f.name: rng.integers(-1, rows[f.table] + 2, shape[f.name]) for f in FEATURES}
+  weights = {"f_big": rng.uniform(0.5, 2.0, shape["f_big"]).astype(np.float32)}
+  return inputs, weights
+
+
+MESHES = {
+    "8": lambda: (jax.make_mesh((8,), ("batch",)), {"devices_per_host": 4}),
+    "4x2_all": lambda: (jax.make_mesh((4, 2), ("data", "model")),
+                        {"table_axes": ("data", "model")}),
+    "2x4_tp": lambda: (jax.make_mesh((2, 4), ("data", "model")), {}),
+}
+
+
+def build(mesh_name, **kw):
+  mesh, extra = MESHES[mesh_name]()
+  return EmbeddingCollection(TABLES, FEATURES, mesh=mesh, table_batched=True,
+                             batch_size=BATCH, rngs=nnx.Rngs(0), **extra, **kw)
+
+
+def logical_tables(coll):
+  return {t.name: jnp.asarray(np.asarray(coll.logical_table(t.name))) for t in TABLES}
+
+
+def table_grads(coll, grads):
+  """Per table, the logical gradient: a stack's split by member."""
+  out = {}
+  for name in coll.tables:
+    out[name] = np.asarray(grads["tables"][name]["embedding"][...])
+  for s in coll.plan.stacks:
+    g = np.asarray(rowmap.to_logical(jnp.asarray(np.asarray(grads["stacks"][s.name]["embedding"][...])),
+                                     coll.stacks[s.name].plan))
+    for member, rows in s.plan.placement.members:
+      start = s.plan.placement.start(member)
+      out[member] = g[start:start + rows]
+  return out
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+@pytest.mark.parametrize("num_unique", [None, 64])
+def test_outputs_and_gradients_match_reference(mesh_name, num_unique):
+  coll = build(mesh_name, num_unique=num_unique and {"stack_8": num_unique})
+  assert {s.name for s in coll.plan.stacks} == {"stack_8", "stack_4"}
+  inputs, weights = make_inputs()
+  x = {k: jnp.asarray(v) for k, v in inputs.items()}
+  w = {k: jnp.asarray(v) for k, v in weights.items()}
+  tables = logical_tables(coll)
+  want = reference.collection(tables, FEATURES, inputs, weights)
+  rng = np.random.default_rng(2)
+  cot = {k: jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in want.items()}
+  loss = lambda out: sum(jnp.sum(out[k] * cot[k]) for k in cot)
+  graphdef, state = nnx.split(coll)
+  params = nnx.state(coll, nnx.Param)
+
+  def loss_and_out(params):
+    out = nnx.merge(graphdef, nnx.merge_state(state, params))(x, w)
+    return loss(out), out
+
+  (_, got), grads = jax.jit(jax.value_and_grad(loss_and_out, has_aux=True))(params)
+  for k in want:
+    np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-6,
+                               err_msg=k)
+  want_grads = jax.grad(lambda t: loss(reference.collection(t, FEATURES, inputs, weights)))(tables)
+  got_grads = table_grads(coll, grads)
+  for t in TABLES:
+    np.testing.assert_allclose(got_grads[t.name][:, : t.features], want_grads[t.name],
+                               rtol=1e-5, atol=1e-6, err_msg=t.name)
+    assert np.abs(want_grads[t.name]).sum() > 0, t.name
+
+
+def test_plan_places_and_prints_every_table():
+  coll = build("8")
+  plan = coll.plan
+  stack = plan.stack("stack_8")
+  assert stack.members == ("big", "mid", "a", "b")
+  p = stack.plan.placement
+  assert p.devices("big") == tuple(range(8))
+  assert p.devices("mid") in ((0, 1, 2, 3), (4, 5, 6, 7))  # one host of 4 devices
+  assert p.devices("b") == (3,)  # pinned
+  assert len(p.devices("a")) == 1
+  assert plan["a"].kind == "table" and plan["mid"].kind == "table_row"
+  assert plan["big"].kind == "routed" and plan["small"].kind == "replicated"
+  text = str(plan)
+  assert "stack_8 placement" in text and "device 3:" in text and ", b" in text
+  assert f"device {p.devices('a')[0]}" in text.split("\n")[3 + 1]  # the row of "a"
+  # Logical rows don't depend on the placement: the members one after the other.
+  assert p.num_embeddings == 3000 + 300 + 50 + 40 and p.start("b") == 3350
+
+
+def test_greedy_balances_lookups_and_rows():
+  members = [placement.Member(f"t{i}", 100, 64, "table") for i in range(8)]
+  members += [placement.Member("hot", 100, 512, "table")]
+  p = placement.place(members, group=4)
+  per_device = [[m for m, _ in p.members if p.devices(m) == (d,)] for d in range(4)]
+  hot = next(d for d in range(4) if "hot" in per_device[d])
+  assert len(per_device[hot]) == 1  # the hot table's device takes no other
+  assert sorted(len(m) for m in per_device) == [1, 2, 3, 3]
+  assert p.rows_per_rank == 300
+
+
+def test_table_batched_stacks_routed_tables_and_weighs_table_wise():
+  tables = [TableSpec("user", 1 << 16, 16), TableSpec("day", 700, 16), TableSpec("hour", 24, 16)]
+  feats = [FeatureSpec(t.name, t.name, max_ids_per_sample=1) for t in tables]
+  kw = dict(mesh={"batch": 8}, batch_size=4096, replicate_below_bytes=0)
+  plan = plan_collection(tables, feats, table_batched=True, **kw)
+  assert plan["day"].stack == plan["hour"].stack == plan["user"].stack == "stack_16"
+  alone = plan_collection(tables, feats, **kw)
+  assert not alone.stacks
+  assert plan.bytes_moved < alone.bytes_moved  # one route for the three
+  # Every lookup of "day" on one device would fill that device's bucket: the
+  # planner tried it and kept the rows split.
+  assert [plan[t.name].kind for t in tables] == ["routed", "routed", "routed"]
+  pinned = plan_collection([tables[0], TableSpec("day", 700, 16, sharding="table"), tables[2]],
+                           feats, table_batched=True, **kw)
+  assert pinned["day"].kind == "table"
+  assert pinned.bytes_moved > plan.bytes_moved
+  # Many light tables balance over the devices: table-wise then moves no more.
+  many = [TableSpec(f"t{i}", 100, 16) for i in range(16)]
+  light = plan_collection(many, [FeatureSpec(t.name, t.name, max_ids_per_sample=1)
+                                 for t in many], table_batched=True, **kw)
+  assert {light[t.name].kind for t in many} == {"table"}
+
+
+@pytest.mark.parametrize("tables, kwargs, match", [
+    ([TableSpec("country", 200, 8, sharding="table", device=9)], {},
+     r"table 'country': device=9 is not a device of the table group \(8 devices: 0..7\); "
+     r"pick one of those, or device=None"),
+    ([TableSpec("country", 200, 8, sharding="table_row", host=2)], {"devices_per_host": 4},
+     r"table 'country': host=2 is not a host of the table group \(2 hosts of 4 devices"),
+    ([TableSpec("big", 100_000, 64, sharding="table")], {"device_memory_bytes": 1 << 24},
+     r"doesn't fit device memory: device 0 needs 24.41 MiB, more than "
+     r"device_memory_bytes=16777216 \(16.00 MiB\); table 'big' puts 24.41 MiB of stack "
+     r"'stack_64' there; shard it by rows"),
+    ([TableSpec("big", 100_000, 64, sharding="vocab")], {"device_memory_bytes": 1 << 20},
+     r"device 0 needs 3.05 MiB.*table 'big' is the largest shard there"),
+    ([TableSpec("t", 200, 8, sharding="table")], {"devices_per_host": 3},
+     r"stack_8: devices_per_host=3 does not divide the table group of 8 devices"),
+])
+def test_bad_placements_name_the_table_the_number_and_the_fix(tables, kwargs, match):
+  feats = [FeatureSpec("f", tables[0].name)]
+  with pytest.raises(ValueError, match=match):
+    plan_collection(tables, feats, mesh={"batch": 8}, **kwargs)
+
+
+@pytest.mark.parametrize("spec, match", [
+    (dict(sharding="routed", device=2), r"table 't': device=2 pins a 'table' placement"),
+    (dict(sharding="table", device=-1), r"table 't': device must be an int >= 0, got -1"),
+    (dict(sharding="table", host=0), r"host=0 pins a 'table_row' placement"),
+])
+def test_pins_need_their_placement(spec, match):
+  with pytest.raises(ValueError, match=match):
+    TableSpec("t", 10, 4, **spec)
