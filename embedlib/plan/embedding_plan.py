@@ -246,11 +246,12 @@ def plan_embedding(
     data_axes=None,
     tied: bool = False,
     param_dtype=np.float32,
-    ids_per_device: int = IDS_PER_DEVICE,
+    ids_per_device: int | None = None,
     route_capacity: int | None = None,
     replicate_below_bytes: int = REPLICATE_BELOW_BYTES,
     name: str = "table",
     placement: placement_lib.Placement | None = None,
+    tokens: int | None = None,
 ) -> EmbeddingPlan:
   """Decides how a ``(num_embeddings, features)`` table is laid out on a mesh.
 
@@ -267,7 +268,8 @@ def plan_embedding(
     tied: the table is also the output layer (``attend``): prefer vocab.
     param_dtype: dtype of the stored table, for the byte counts.
     ids_per_device: ids each device looks up per step (its share of the
-      batch, bags flattened), for the traffic estimates and the auto choice.
+      batch, bags flattened), for the traffic estimates and the auto choice
+      (default ``IDS_PER_DEVICE``).
     route_capacity: ids per destination of a routed lookup; None derives it
       from the ids per rank with the slack of ``cost.route_capacity``.
     replicate_below_bytes: ``auto`` replicates tables up to this size.
@@ -275,6 +277,8 @@ def plan_embedding(
     placement: for a stack of tables (``placement.place``): where each
       member's rows live; the table is then routed, its logical rows the
       members' one after the other.
+    tokens: ids per lookup over the whole mesh, the older way to say
+      ``ids_per_device`` (divided over the data shards); give one or neither.
 
   Returns:
     An ``EmbeddingPlan``.
@@ -303,6 +307,16 @@ def plan_embedding(
   )
   itemsize = np.dtype(param_dtype).itemsize
   group = mesh_axes.axes_size(shape, table)
+  if tokens is not None:
+    if ids_per_device is not None:
+      raise ValueError(
+          f"{name}: pass ids_per_device (ids one device looks up) or tokens (ids over "
+          f"the whole mesh), not both."
+      )
+    tokens = _check_size(tokens, "tokens", name)
+    ids_per_device = -(-tokens // mesh_axes.axes_size(shape, data))
+  elif ids_per_device is None:
+    ids_per_device = IDS_PER_DEVICE
   ids_per_device = _check_size(ids_per_device, "ids_per_device", name)
   token_ranks = mesh_axes.axes_size(shape, [a for a in table if a in data])
   if route_capacity is not None:

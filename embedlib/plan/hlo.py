@@ -50,6 +50,11 @@ def _group_size(line: str) -> int:
   iota = re.search(r"replica_groups=\[(\d+),(\d+)\]", line)
   if iota:
     return int(iota.group(2))
+  # Newer XLA names mesh axes: replica_groups=mesh['data'=2,'model'=4] {'model'}
+  named = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+  if named:
+    sizes = {a: int(n) for a, n in re.findall(r"'([^']+)'=(\d+)", named.group(1))}
+    return math.prod(sizes[a] for a in re.findall(r"'([^']+)'", named.group(2)))
   pairs = re.search(r"source_target_pairs=\{(.*?)\}\}?", line)
   return 2 if pairs else 1
 
@@ -61,6 +66,8 @@ def collective_bytes(line: str) -> int:
   7168
   >>> collective_bytes("%r = f32[256,64]{1,0} reduce-scatter(%x), replica_groups=[1,8]<=[8]")
   458752
+  >>> collective_bytes("%a = s32[512]{0} all-gather(%b), replica_groups=mesh['d'=2,'b'=8] {'b'}")
+  1792
   """
   match = _OP.search(line)
   if not match:
@@ -82,8 +89,10 @@ def collective_bytes(line: str) -> int:
 def _computations(text: str) -> tuple[dict[str, list[str]], str]:
   comps, entry, current = {}, None, None
   for line in text.splitlines():
-    head = _COMPUTATION.match(line)
-    if head and "=" not in line.split("{")[0]:
+    # Headers start at column 0 (instructions are indented); a long
+    # parameter list may hold "/*index=5*/" comments.
+    head = None if line.startswith((" ", "\t")) else _COMPUTATION.match(line)
+    if head:
       current = head.group("name")
       comps[current] = []
       if head.group(1):

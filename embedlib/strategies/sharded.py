@@ -243,6 +243,7 @@ def attend(table, query, *, plan, mesh):
   Returns:
     ``[tokens, ..., num_embeddings]``.
   """
+  _no_stack(plan)
   pad_cols = plan.padded_shape[1] - query.shape[-1]
   if pad_cols:
     query = jnp.pad(query, [(0, 0)] * (query.ndim - 1) + [(0, pad_cols)])
@@ -272,6 +273,7 @@ def attend_vocab_split(table, query, *, plan, mesh):
     ``[tokens, ..., padded_vocab]``, laid out as ``vocab_split_spec``; the
     logits of padded rows are zero.
   """
+  _no_stack(plan)
   tokens = query.shape[0]
   token_spec = P(plan.data_axes or None)
   table_spec = P(*plan.table_spec)
@@ -288,6 +290,15 @@ def attend_vocab_split(table, query, *, plan, mesh):
     # (uneven) tokens, never the vocabulary.
     out = sharding_lib.place(out, mesh, P(None, *out_spec[1:]))[:tokens]
   return out
+
+
+def _no_stack(plan):
+  if plan.placement is not None:
+    raise ValueError(
+        f"{plan.name}: attend is not defined on a stack of tables (its logits would "
+        f"cover {len(plan.placement.members)} tables); attend with a table of its own "
+        f"(a TableSpec without a table placement)."
+    )
 
 
 def vocab_split_spec(plan, ndim: int) -> P:

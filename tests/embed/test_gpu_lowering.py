@@ -22,6 +22,11 @@ CASES = {
     "hidden-replica": ((2, 4), ("replica", "batch"), "hidden", ("batch",), None,
                        ["all_gather", "all_to_all"]),
     "replicated": ((8,), ("batch",), "replicated", None, None, []),
+    # The route, and in the same program the vocab path of an overflowing step.
+    "routed-tokens": ((8,), ("batch",), "routed", None, None,
+                      ["all_to_all", "all_gather", "reduce_scatter"]),
+    "routed-tp": ((2, 4), ("data", "model"), "routed", None, None,
+                  ["all_to_all", "all_gather", "all_reduce"]),
 }
 
 

@@ -23,6 +23,7 @@ CASES = {
     "hidden-tp": ((2, 4), ("data", "model"), "hidden"),
     "replicated": ((2, 4), ("data", "model"), "replicated"),
     "vocab-tokens": ((8,), ("batch",), "vocab"),
+    "routed-tokens": ((8,), ("batch",), "routed"),
 }
 
 
