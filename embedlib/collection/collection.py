@@ -170,11 +170,22 @@ class EmbeddingCollection(nnx.Module):
       return self.tables[name].logical_table()
     for s in self.plan.stacks:
       if name in s.members:
-        start = s.plan.placement.start(name)
-        rows = dict(s.plan.placement.members)[name]
-        return self.stacks[s.name].logical_table()[start:start + rows]
+        return self._members(s)[name]
     raise KeyError(f"no table {name!r} in the collection; tables: "
                    f"{[t.name for t in self.table_specs]}.")
+
+  def logical_tables(self) -> dict:
+    """Every table's logical rows by name (each stack read once)."""
+    out = {name: t.logical_table() for name, t in self.tables.items()}
+    for s in self.plan.stacks:
+      out.update(self._members(s))
+    return {t.name: out[t.name] for t in self.table_specs}
+
+  def _members(self, stack):
+    table = self.stacks[stack.name].logical_table()
+    placement = stack.plan.placement
+    return {m: table[placement.start(m):placement.start(m) + rows]
+            for m, rows in placement.members}
 
   # -- lookups -----------------------------------------------------------
 

@@ -4,8 +4,8 @@ A plain table's physical rows are its logical rows followed by padding. A
 stack of tables (``plan.placement``) puts runs of logical rows where the
 placement says (``placement.segments``): ids are mapped before a lookup,
 and the table and row slots are rebuilt in either order when loaded or
-saved. Runs are static: the maps are slices and a small ``searchsorted``,
-never an index array the size of the table.
+saved. The runs are static and few: each row finds its run with a
+``searchsorted`` over them, and no index table is stored in the program.
 """
 
 from __future__ import annotations
@@ -36,25 +36,23 @@ def physical_ids(ids, plan):
 def to_physical(x, plan):
   """``x`` of ``[num_embeddings, ...]`` logical rows laid out as ``[padded rows, ...]``.
 
-  Columns past ``x``'s are zero (hidden padding); so are padded rows.
+  Columns past ``x``'s are zero (hidden padding); so are padded rows. A
+  stack's rows are gathered by physical row (each finds its run with a
+  ``searchsorted``), which compiles and partitions as one gather however
+  many runs the placement has.
   """
   rows, cols = plan.padded_shape
-  col_pad = [(0, 0)] * (x.ndim - 1)
-  if x.ndim == 2:
-    col_pad = [(0, cols - x.shape[1])]
+  col_pad = [(0, cols - x.shape[1])] if x.ndim == 2 else []
   if plan.placement is None:
     return jnp.pad(x, [(0, rows - x.shape[0])] + col_pad)
-  per_rank = plan.placement.rows_per_rank
-  blocks = [[] for _ in range(plan.placement.group)]
-  for logical, n, physical in sorted(plan.placement.segments, key=lambda s: s[2]):
-    blocks[physical // per_rank].append(x[logical:logical + n])
-  parts = []
-  for block in blocks:
-    used = sum(b.shape[0] for b in block)
-    parts.extend(block)
-    if used < per_rank:
-      parts.append(jnp.zeros((per_rank - used,) + x.shape[1:], x.dtype))
-  return jnp.pad(jnp.concatenate(parts), [(0, 0)] + col_pad)
+  runs = np.asarray(sorted(plan.placement.segments, key=lambda s: s[2]), np.int32)
+  logical, length, physical = (jnp.asarray(runs[:, i]) for i in range(3))
+  p = jnp.arange(rows, dtype=jnp.int32)
+  run = jnp.clip(jnp.searchsorted(physical, p, side="right") - 1, 0, len(runs) - 1)
+  offset = p - physical[run]
+  source = jnp.where(offset < length[run], logical[run] + offset, x.shape[0])
+  out = x.at[source].get(mode="fill", fill_value=0)
+  return jnp.pad(out, [(0, 0)] + col_pad) if col_pad else out
 
 
 def to_logical(x, plan):
@@ -63,4 +61,5 @@ def to_logical(x, plan):
     x = x[:, : plan.features]
   if plan.placement is None:
     return x[: plan.num_embeddings]
-  return jnp.concatenate([x[p:p + n] for _, n, p in plan.placement.segments])
+  return jnp.take(x, physical_ids(jnp.arange(plan.num_embeddings, dtype=jnp.int32), plan),
+                  axis=0)
