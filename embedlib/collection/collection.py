@@ -130,6 +130,8 @@ class EmbeddingCollection(nnx.Module):
         replicate_budget_bytes=replicate_budget_bytes, table_batched=table_batched,
         devices_per_host=devices_per_host, device_memory_bytes=device_memory_bytes,
     )
+    for what, given in (("num_unique", num_unique), ("route_capacity", route_capacity)):
+      _check_stacked_keys(what, given, self.plan)
     self.table_specs = tables
     self.feature_specs = features
     self.mesh = mesh
@@ -285,6 +287,20 @@ def _request(spec: FeatureSpec, bags: inputs_lib.Bags) -> Request:
   if spec.is_sequence:
     return Request(bags.ids[:, 0] if bags.single_hot else bags.ids)
   return Request(bags.ids, bags.weights, spec.combiner)
+
+
+def _check_stacked_keys(what, given, plan):
+  """A capacity keyed by a table that lives in a stack belongs to the stack."""
+  if not isinstance(given, Mapping):
+    return
+  for s in plan.stacks:
+    for name in given:
+      if name in s.members:
+        raise ValueError(
+            f"{what} names table {name!r}, which lives in stack {s.name!r} with "
+            f"{', '.join(repr(m) for m in s.members)}: one route serves them all; pass "
+            f"{what}={{{s.name!r}: N}} instead."
+        )
 
 
 def _stacked_init(specs):

@@ -186,6 +186,18 @@ def test_bad_placements_name_the_table_the_number_and_the_fix(tables, kwargs, ma
     plan_collection(tables, feats, mesh={"batch": 8}, **kwargs)
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(route_capacity={"a": 8}), r"route_capacity names table 'a', which lives in stack "
+                                    r"'stack_8' .*pass route_capacity=\{'stack_8': N\}"),
+    (dict(num_unique={"b": 8}), r"num_unique names table 'b', which lives in stack 'stack_8'"),
+    (dict(route_capacity={"stack_8": 0}), r"table 'stack_8': route_capacity must be an int "
+                                          r">= 1 \(ids per destination rank\), got 0"),
+])
+def test_capacities_of_stacked_tables_name_the_stack(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    build("8", **kwargs)
+
+
 @pytest.mark.parametrize("spec, match", [
     (dict(sharding="routed", device=2), r"table 't': device=2 pins a 'table' placement"),
     (dict(sharding="table", device=-1), r"table 't': device must be an int >= 0, got -1"),
