@@ -1,0 +1,272 @@
+"""Past one host: bytes each device receives, and time, per layout on 8 to 64 devices.
+
+    python3 benchmarks/scale.py                   # 8, 16, 32, 64 simulated CPU devices
+    python3 benchmarks/scale.py --quick           # 8 and 16 devices, fewer repeats
+    python3 benchmarks/scale.py --devices 8 32    # some device counts
+
+Weak scaling: the batch per device is fixed, so each device needs the same
+rows at every device count. Two workloads on a ``batch`` mesh (data axes =
+table axes, the recommender layout):
+
+- ``sequence``: one 500,000 x 64 f32 table, 256 samples of 32 ids per
+  device (8,192 rows needed per device), unpooled;
+- ``criteo``: 26 single-hot tables of 12 to 200,000 rows (Criteo's
+  cardinalities / 50), 64 wide, 512 samples per device.
+
+Layouts: every table ``vocab`` (today's row split: ids all-gathered, rows
+reduce-scattered), ``hidden``, ``routed`` (ids to the row's owner, rows
+back), for ``criteo`` also ``stacked`` (``table_batched=True``: the 26
+tables in one routed stack, one route per step, small ones placed by the
+planner), and ``auto`` (``sharding="auto"``; for ``criteo`` also
+``auto, table_batched``). Ids are uniform over each table's rows.
+
+For each device count (one subprocess each, ``XLA_FLAGS`` forcing the
+simulated devices) and layout: the bytes one device receives per lookup,
+read from the compiled HLO's collectives (``embedlib.plan.hlo``), beside
+the planner's estimate; their ratio to the bytes of the rows a device
+needs; and the median ms of a jitted lookup and of a sparse train step
+(``SparseAwareOptimizer``, row-wise AdaGrad), interleaved. Every layout's
+lookup is checked equal to ``jnp.take`` on its logical table before it is
+timed. A layout whose vocab-sized temporaries would not fit the host
+(``--max-temp-gib``) is compiled for its bytes but not run.
+
+The simulated devices share this machine's cores: times show the
+overheads of each layout's collectives, not a speed-up, and grow with the
+device count. Targets checked (exit 1 if one fails): routed (for
+``criteo``, the stack) moves at most 1.5x the rows a device needs at every
+device count; at least 10x fewer bytes than vocab at 64 devices; ``auto``
+never moves more than 2x the cheapest layout. Never asserts a time.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+#: Criteo's 26 categorical cardinalities (the Kaggle set), divided by 50.
+CRITEO_ROWS = tuple(max(12, n // 50) for n in (
+    1460, 583, 10_131_227, 2_202_608, 305, 24, 12_517, 633, 3, 93_145, 5_683, 8_351_593,
+    3_194, 27, 14_992, 5_461_306, 10, 5_652, 2_173, 4, 7_046_547, 18, 15, 286_181, 105,
+    142_572))
+CRITEO_CAP = 200_000
+SEQUENCE = dict(rows=500_000, features=64, samples=256, length=32)
+CRITEO = dict(features=64, samples=512)
+LAYOUTS = {
+    "sequence": ("vocab", "hidden", "routed", "auto"),
+    "criteo": ("vocab", "hidden", "routed", "stacked", "auto", "auto, table_batched"),
+}
+OWNER_ROUTED = {"sequence": "routed", "criteo": "stacked"}
+
+
+def _tables(layout):
+  from embedlib import FeatureSpec, TableSpec
+  sharding = {"stacked": "routed", "auto, table_batched": "auto"}.get(layout, layout)
+  tables = [TableSpec(f"C{i + 1}", min(n, CRITEO_CAP), CRITEO["features"], sharding=sharding)
+            for i, n in enumerate(CRITEO_ROWS)]
+  return tables, [FeatureSpec(t.name, t.name, max_ids_per_sample=1) for t in tables]
+
+
+def build(workload, layout, mesh, devices):
+  """``(module, inputs, rows needed per device in bytes, planned bytes)``."""
+  import jax
+  import numpy as np
+  from flax import nnx
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  import embedlib
+
+  rng = np.random.default_rng(0)
+  put = lambda x: jax.device_put(x, NamedSharding(mesh, P("batch")))
+  if workload == "sequence":
+    s = SEQUENCE
+    per_device = s["samples"] * s["length"]
+    emb = embedlib.ShardedEmbed(s["rows"], s["features"], mesh=mesh, sharding=layout,
+                                ids_per_device=per_device, rngs=nnx.Rngs(0))
+    ids = put(rng.integers(0, s["rows"], (devices * s["samples"], s["length"]), dtype=np.int32))
+    return emb, ids, per_device * s["features"] * 4, emb.plan.bytes_moved_per_lookup
+  tables, features = _tables(layout)
+  batch = devices * CRITEO["samples"]
+  coll = embedlib.EmbeddingCollection(
+      tables, features, mesh=mesh, batch_size=batch, rngs=nnx.Rngs(0),
+      table_batched=layout in ("stacked", "auto, table_batched"))
+  ids = {t.name: put(rng.integers(0, t.num_embeddings, batch, dtype=np.int32)) for t in tables}
+  needed = len(tables) * CRITEO["samples"] * CRITEO["features"] * 4
+  return coll, ids, needed, coll.plan.bytes_moved
+
+
+def check(workload, module, ids):
+  """The lookup equals ``jnp.take`` on the logical tables (exactly); returns the error."""
+  import numpy as np
+  from flax import nnx
+  out = nnx.jit(lambda m, x: m(x))(module, ids)
+  if workload == "sequence":
+    want = np.asarray(module.logical_table())[np.asarray(ids)]
+    return float(np.max(np.abs(np.asarray(out) - want)))
+  tables = {k: np.asarray(v) for k, v in module.logical_tables().items()}
+  return max(float(np.max(np.abs(np.asarray(out[k]) - tables[k][np.asarray(ids[k])])))
+             for k in ids)
+
+
+def vocab_temp_bytes(workload, devices):
+  """Host bytes of the vocab layout's reduce-scatter buffers over all devices."""
+  if workload == "sequence":
+    rows = SEQUENCE["samples"] * SEQUENCE["length"]
+  else:
+    rows = CRITEO["samples"] * len(CRITEO_ROWS)
+  return devices * devices * rows * 64 * 4
+
+
+def measure(devices, args):
+  """One device count: a JSON line per layout."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  import embedlib
+  from embedlib import optim
+  from embedlib.plan import hlo
+  sys.path.insert(0, HERE)
+  from timing import interleaved
+
+  assert len(jax.devices()) == devices, jax.devices()
+  mesh = jax.make_mesh((devices,), ("batch",))
+  for workload in args.workloads:
+    cases, rows = {}, []
+    for layout in LAYOUTS[workload]:
+      module, ids, needed, planned = build(workload, layout, mesh, devices)
+      graphdef, state = nnx.split(module)
+      lookup = jax.jit(lambda s, x, g=graphdef: nnx.merge(g, s)(x))
+      moved = hlo.bytes_moved(lookup.lower(state, ids).compile().as_text())
+      row = dict(workload=workload, devices=devices, layout=layout, moved=moved,
+                 planned=planned, needed=needed)
+      if workload == "criteo" and layout.startswith("auto"):
+        kinds = [t.kind for t in module.plan.tables]
+        row["chose"] = ", ".join(f"{kinds.count(k)} {k}" for k in sorted(set(kinds)))
+      if layout == "vocab" and vocab_temp_bytes(workload, devices) > args.max_temp_gib * 2**30:
+        row["skipped"] = f"{vocab_temp_bytes(workload, devices) / 2**30:.1f} GiB of temporaries"
+        rows.append(row)
+        continue
+      row["error"] = check(workload, module, ids)
+      if row["error"] != 0:
+        print(json.dumps(row), flush=True)
+        raise SystemExit(f"{workload}, {layout}: lookup differs from jnp.take by {row['error']}")
+      opt = optim.SparseAwareOptimizer(module, None, optim.RowWiseAdagrad(0.1))
+
+      @nnx.jit
+      def step(m, o, x):
+        loss_fn = lambda m: sum(jnp.mean(v ** 2) for v in jax.tree.leaves(m(x)))
+        loss, grads = optim.value_and_grad(loss_fn)(m)
+        o.update(m, grads)
+        return loss
+
+      jax.block_until_ready(step(module, opt, ids))  # compiles (the tape's first trace)
+      cases[f"{layout} lookup"] = (lookup, (state, ids))
+      cases[f"{layout} step"] = (step, (module, opt, ids))
+      rows.append(row)
+    times = interleaved(cases, args.repeats)
+    for row in rows:
+      for kind in ("lookup", "step"):
+        key = f"{row['layout']} {kind}"
+        if key in times:
+          row[f"{kind}_ms"] = statistics.median(times[key])
+      print(json.dumps(row), flush=True)
+
+
+def _human(n):
+  for unit in ("B", "KiB", "MiB", "GiB"):
+    if n < 1024 or unit == "GiB":
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+    n /= 1024
+
+
+def report(rows):
+  """Prints the table and the targets; returns the failed targets."""
+  print("\nbytes one device receives per lookup (compiled HLO), and median ms; the simulated "
+        "devices share this machine's CPU cores, so times show overheads, not speed-ups")
+  head = ("workload", "devices", "layout", "moved (HLO)", "planned", "x rows needed",
+          "vocab / it", "lookup ms", "step ms", "auto chose")
+  lines = [head]
+  vocab = {(r["workload"], r["devices"]): r["moved"] for r in rows if r["layout"] == "vocab"}
+  for r in rows:
+    ms = lambda k: f"{r[k]:.1f}" if k in r else "not run"
+    lines.append((r["workload"], str(r["devices"]), r["layout"], _human(r["moved"]),
+                  _human(r["planned"]), f"{r['moved'] / r['needed']:.2f}",
+                  f"{vocab[r['workload'], r['devices']] / max(r['moved'], 1):.1f}",
+                  ms("lookup_ms"), ms("step_ms"), r.get("chose", "")))
+  widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+  for line in lines:
+    print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+  for r in rows:
+    if "skipped" in r:
+      print(f"{r['workload']}, {r['devices']} devices, {r['layout']}: compiled, not run "
+            f"({r['skipped']} on this host)")
+  failed = []
+  by = {(r["workload"], r["devices"], r["layout"]): r for r in rows}
+  for (workload, devices, layout), r in sorted(by.items()):
+    if layout == OWNER_ROUTED[workload]:
+      ratio = r["moved"] / r["needed"]
+      ok = ratio <= 1.5
+      print(f"target: {workload}, {devices} devices, {layout} moves {ratio:.2f}x the rows "
+            f"a device needs (<= 1.5): {'ok' if ok else 'FAILED'}")
+      failed += [] if ok else [f"{workload}-{devices}-ratio"]
+      if devices == 64:
+        fewer = vocab[workload, devices] / r["moved"]
+        ok = fewer >= 10
+        print(f"target: {workload}, 64 devices, vocab / {layout} = {fewer:.1f}x (>= 10): "
+              f"{'ok' if ok else 'FAILED'}")
+        failed += [] if ok else [f"{workload}-64-vocab"]
+    if layout.startswith("auto"):
+      cheapest = min(x["moved"] for (w, d, _), x in by.items() if (w, d) == (workload, devices))
+      ok = r["moved"] <= 2 * max(cheapest, 1)
+      print(f"target: {workload}, {devices} devices, {layout} moves {r['moved'] / max(cheapest, 1):.2f}x "
+            f"the cheapest layout (<= 2): {'ok' if ok else 'FAILED'}")
+      failed += [] if ok else [f"{workload}-{devices}-{layout}"]
+  return failed
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--devices", type=int, nargs="+", default=None)
+  parser.add_argument("--workloads", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+  parser.add_argument("--repeats", type=int, default=None)
+  parser.add_argument("--quick", action="store_true", help="8 and 16 devices, 2 repeats")
+  parser.add_argument("--max-temp-gib", type=float, default=3.0,
+                      help="don't run a layout needing more host memory than this")
+  parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  args.repeats = args.repeats or (2 if args.quick else 5)
+  if args.worker is not None:
+    measure(args.worker, args)
+    return 0
+  devices = args.devices or ([8, 16] if args.quick else [8, 16, 32, 64])
+  import jax  # only for the versions
+  print(f"jax {jax.__version__}; {os.cpu_count()} CPU cores shared by every simulated device; "
+        f"load average {os.getloadavg()[0]:.1f}")
+  rows = []
+  for n in devices:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+               # One device's thread may wait minutes for the others on shared cores:
+               # XLA's default 40 s rendezvous timeout would abort the run.
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={n} "
+               "--xla_cpu_collective_call_terminate_timeout_seconds=1800")
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(n), "--repeats",
+           str(args.repeats), "--max-temp-gib", str(args.max_temp_gib), "--workloads",
+           *args.workloads]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    got = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    rows += got
+    print(f"{n} devices: {len(got)} layouts measured", flush=True)
+    if result.returncode != 0:
+      print(result.stderr[-3000:])
+      return 1
+  failed = report(rows)
+  print("all targets met" if not failed else f"targets failed: {failed}")
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

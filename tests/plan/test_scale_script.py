@@ -1,0 +1,48 @@
+"""``benchmarks/scale.py`` checks its three targets on the rows it measured.
+
+The measurement itself (one subprocess per device count, minutes each) is
+run by hand; here its report is fed rows that meet each target and rows
+that miss it by a little, and must say which.
+"""
+
+import pytest
+
+from tests import benchmark_scripts
+
+NEEDED = 1000
+
+
+def rows(devices=64, routed=1400, vocab=20_000, auto=2500):
+  out = []
+  for workload, owner in (("sequence", "routed"), ("criteo", "stacked")):
+    for layout, moved in (("vocab", vocab), (owner, routed), ("hidden", 3000), ("auto", auto)):
+      out.append(dict(workload=workload, devices=devices, layout=layout, moved=moved,
+                      planned=moved, needed=NEEDED, lookup_ms=1.0, step_ms=2.0))
+  return out
+
+
+@pytest.fixture(scope="module")
+def scale():
+  return benchmark_scripts.load("scale")
+
+
+def test_rows_meeting_every_target_pass(scale, capsys):
+  assert scale.report(rows()) == []
+  out = capsys.readouterr().out
+  assert "share this machine's CPU cores" in out
+  targets = [line for line in out.splitlines() if line.startswith("target:")]
+  assert len(targets) == 2 * 3 and all(line.endswith(": ok") for line in targets)
+
+
+@pytest.mark.parametrize("kw, failed", [
+    (dict(routed=1501), ["criteo-64-ratio", "sequence-64-ratio"]),
+    (dict(vocab=13_999), ["criteo-64-vocab", "sequence-64-vocab"]),
+    (dict(auto=2801), ["criteo-64-auto", "sequence-64-auto"]),
+])
+def test_a_missed_target_is_named(scale, kw, failed, capsys):
+  assert sorted(scale.report(rows(**kw))) == failed
+  assert "FAILED" in capsys.readouterr().out
+
+
+def test_the_vocab_target_applies_at_64_devices_only(scale):
+  assert scale.report(rows(devices=32, vocab=5000)) == []
