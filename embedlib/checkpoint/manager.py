@@ -240,7 +240,13 @@ class Checkpointer:
     """
     metadata = self._manager.item_metadata(step)
     saved = getattr(metadata["state"], "tree", metadata["state"])
-    if saved is None or metadata["tables"] is None:
+    path = os.path.join(self.directory, str(step))
+    if isinstance(saved, dict) and "tables" in saved:
+      raise CheckpointMismatchError(
+          f"the checkpoint at {path} was written by an earlier embedlib, which kept each "
+          "table whole inside its 'state' item; this one writes tables shard by shard into "
+          "'tables/'. Resume it with the embedlib that wrote it, or use a new --workdir.")
+    if saved is None or metadata.get("tables") is None:
       raise ValueError(f"checkpoint {step} has no readable metadata")
     logical_shapes = {k: jax.ShapeDtypeStruct(v.logical_shape, v.array.dtype)
                       for k, v in tables.items()}

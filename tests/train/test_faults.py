@@ -18,6 +18,8 @@ import subprocess
 import sys
 import urllib.parse
 
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from configs import quickstart
@@ -143,6 +145,21 @@ def test_checkpoint_of_another_model_config_is_an_error_not_corruption(finished_
                      r"float32\[100, 16\] in the checkpoint, float32\[200, 16\] in the model"):
     train_lib.train_and_evaluate(config, str(workdir))
   assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6"]  # nothing moved
+
+
+def test_checkpoint_of_the_earlier_whole_table_format_is_named_not_set_aside(tmp_path):
+  directory = tmp_path / "run" / "checkpoints"
+  old = ocp.CheckpointManager(str(directory), options=ocp.CheckpointManagerOptions(create=True))
+  old.save(3, args=ocp.args.Composite(
+      state=ocp.args.StandardSave({"dense": {}, "tables": {"f0": np.zeros((100, 16))}}),
+      data=ocp.args.JsonSave({"position": 3})))
+  old.wait_until_finished()
+  old.close()
+  with pytest.raises(checkpoint.CheckpointMismatchError,
+                     match=r"checkpoints/3 was written by an earlier embedlib, which kept each "
+                     r"table whole .* or use a new --workdir"):
+    train_lib.train_and_evaluate(_smoke(), str(tmp_path / "run"))
+  assert os.listdir(directory) == ["3"]
 
 
 # -- SIGTERM and SIGINT ------------------------------------------------------------
