@@ -106,10 +106,16 @@ def leading_spec(x, mesh):
 def pad_tokens(x, multiple: int, fill):
   """Pads the leading (token) dimension of ``x`` up to a multiple of ``multiple``.
 
+  An empty batch gets one padding token per shard: XLA rejects collectives
+  (``all_gather``) over a zero-size dimension, and ``restore_tokens``
+  strips the padding again.
+
   >>> pad_tokens(jnp.array([1, 2, 3]), 2, -1).tolist()
   [1, 2, 3, -1]
+  >>> pad_tokens(jnp.zeros((0, 2), jnp.int32), 2, -1).tolist()
+  [[-1, -1], [-1, -1]]
   """
-  pad = -x.shape[0] % multiple
+  pad = -x.shape[0] % multiple if x.shape[0] else multiple
   if not pad:
     return x
   return jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)

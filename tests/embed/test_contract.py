@@ -84,3 +84,29 @@ def test_pallas_kernel_in_interpret_mode(mesh_name, strategy):
   emb = build(99, 100, make_mesh(shape, names), sharding=strategy, kernel="pallas",
               table_axes=table_axes, data_axes=data_axes)
   check_contract(emb, *random_case(99, 100, batch=11))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("mesh_name", ["8-tokens", "4x2-mixed", "2x4-tp"])
+def test_empty_batch(mesh_name, strategy):
+  """An empty batch looks up nothing and gets no gradient, token-sharded meshes too.
+
+  The token-sharded layouts all-gather ids over the group; XLA rejects a
+  collective over a zero-size dimension, so an empty batch used to fail to
+  lower (found by tests/test_properties.py).
+  """
+  from flax import nnx
+
+  shape, names, table_axes, data_axes = MESHES[mesh_name]
+  emb = build(37, 12, make_mesh(shape, names), sharding=strategy,
+              table_axes=table_axes, data_axes=data_axes)
+  ids = np.zeros((0, 3), np.int32)
+  assert emb(ids).shape == (0, 3, 12)
+  assert emb.bag(ids, combiner="mean").shape == (0, 12)
+  assert emb.attend(np.zeros((0, 12), np.float32)).shape == (0, 37)
+
+  def loss(m, i):
+    return jnp.sum(m(i)) + jnp.sum(m.bag(i)) + jnp.sum(m.attend(jnp.zeros((0, 12))))
+
+  grads = nnx.jit(nnx.grad(loss))(emb, jnp.asarray(ids))
+  assert not np.asarray(grads.embedding[...]).any()
