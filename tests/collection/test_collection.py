@@ -246,3 +246,32 @@ def test_sparse_optimizer_row_gradients_match_dense_gradients():
       np.add.at(acc[:, : grads.shape[1]], ids[keep], grads[keep])
     want = np.asarray(dense["tables"][spec.name]["embedding"][...])
     np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-6, err_msg=spec.name)
+
+
+@pytest.mark.parametrize("dedup", ["fits", "overflow"])
+def test_dedup_features_split_differently(dedup):
+  """Features of one table whose ids arrive split differently, dedup on.
+
+  On Explicit axes each output takes its own ids' batch split. The dedup path
+  gave every output the first feature's split, so its ``lax.cond`` with the
+  fallback failed to trace (branches of different types) when a feature's
+  ids were already split over the data axes and another's weren't (found by
+  tests/test_properties.py).
+  """
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  mesh = jax.make_mesh((4,), ("batch",), devices=jax.devices()[:4])
+  feats = (FeatureSpec("clicks", "items"), FeatureSpec("views", "items", combiner=None))
+  coll = EmbeddingCollection(TABLES[:1], feats, mesh=mesh, num_unique=DEDUP[dedup],
+                             rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(4)
+  inputs = {"clicks": rng.integers(-1, 52, (8, 3)), "views": rng.integers(-1, 52, (8, 2))}
+  x = {"clicks": inputs["clicks"],
+       "views": jax.device_put(inputs["views"], NamedSharding(mesh, P("batch")))}
+  got = coll(x)
+  want = reference.collection(logical_tables(coll), feats, inputs, {})
+  for name in want:
+    np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-5,
+                               atol=1e-6, err_msg=name)
+  assert got["clicks"].sharding.spec[0] is None
+  assert got["views"].sharding.spec[0] == "batch"
