@@ -85,6 +85,23 @@ def place_always(x, sharding):
   return jax.jit(lambda y: y, out_shardings=sharding)(x)
 
 
+def unsplit(x):
+  """``x`` whole on every device when it is split over Explicit mesh axes.
+
+  For arrays read across their whole length (a ragged batch's ``cumsum``
+  of lengths, and the gather of values at those offsets), which JAX
+  refuses on an array split over Explicit axes. Anything else (numpy, an
+  unsplit array, Auto axes) is returned unchanged.
+  """
+  sharding = getattr(jax.typeof(x), "sharding", None)
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is None or mesh.empty or all(s is None for s in sharding.spec):
+    return x
+  if not is_explicit(mesh, mesh.axis_names):
+    return x
+  return _compat.reshard(x, _sharding.NamedSharding(mesh, P()))
+
+
 def leading_spec(x, mesh):
   """The mesh axes ``x``'s leading dimension is split over, on Explicit axes.
 

@@ -275,3 +275,32 @@ def test_dedup_features_split_differently(dedup):
                                atol=1e-6, err_msg=name)
   assert got["clicks"].sharding.spec[0] is None
   assert got["views"].sharding.spec[0] == "batch"
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_ragged_input_split_over_the_mesh(jit):
+  """Ragged values, lengths and weights already split over Explicit data axes.
+
+  Bag offsets are a cumsum over the whole batch, which JAX refuses on an
+  array split over Explicit axes (a raw ShardingTypeError before; found by
+  tests/test_properties.py): the collection gathers them first.
+  """
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  mesh = jax.make_mesh((4,), ("batch",), devices=jax.devices()[:4])
+  feats = (FeatureSpec("bio", "users", combiner="mean", max_ids_per_sample=3),)
+  coll = EmbeddingCollection(TABLES[1:2], feats, mesh=mesh, rngs=nnx.Rngs(0))
+  values = np.array([3, 36, 5, 40, -1, 7, 7, 0])  # 40 and -1: padding
+  lengths = np.array([1, 2, 0, 1, 1, 0, 3, 0])
+  weights = np.linspace(0.5, 2.0, 8).astype(np.float32)
+  put = lambda a: jax.device_put(a, NamedSharding(mesh, P("batch")))
+  x, w = {"bio": Ragged(put(values), put(lengths))}, {"bio": put(weights)}
+  if jit:
+    fn, state = apply(coll, x, w)
+    got = jax.jit(fn)(state, x, w)
+  else:
+    got = coll(x, w)
+  want = reference.collection(logical_tables(coll), feats, {"bio": (values, lengths)},
+                              {"bio": weights})
+  np.testing.assert_allclose(np.asarray(got["bio"]), np.asarray(want["bio"]), rtol=1e-5,
+                             atol=1e-6)
