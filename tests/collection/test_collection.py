@@ -304,3 +304,32 @@ def test_ragged_input_split_over_the_mesh(jit):
                               {"bio": weights})
   np.testing.assert_allclose(np.asarray(got["bio"]), np.asarray(want["bio"]), rtol=1e-5,
                              atol=1e-6)
+
+
+def test_overflow_error_under_jit_with_several_tables():
+  """``on_overflow="error"`` under jit + checkify in a collection of several tables.
+
+  JAX's checkify can't carry a check past a later ``shard_map``: each
+  table's capacity check used to follow its own lookup, so the next table's
+  lookup broke tracing (a raw ``TypeError: select cases must have the same
+  shapes``; found by tests/test_properties.py). The checks now run after
+  every table's lookups.
+  """
+  mesh = jax.make_mesh((4,), ("batch",), devices=jax.devices()[:4])
+  feats = (FeatureSpec("clicks", "items"), FeatureSpec("history", "users", combiner=None))
+  coll = EmbeddingCollection(TABLES[:2], feats, mesh=mesh, num_unique=3,
+                             on_overflow="error", rngs=nnx.Rngs(0))
+  ok = {"clicks": jnp.array([[1, 2, 2]] * 8), "history": jnp.array([[3, -1]] * 8)}
+  over = {"clicks": jnp.arange(24).reshape(8, 3), "history": ok["history"]}
+  fn, state = apply(coll, ok, {})
+  checked = checkify.checkify(jax.jit(fn))
+  err, out = checked(state, ok, {})
+  assert jax.device_get(err).get() is None
+  want = reference.collection(logical_tables(coll), feats, ok, {})
+  for name in want:
+    np.testing.assert_allclose(np.asarray(out[name]), np.asarray(want[name]), rtol=1e-5,
+                               atol=1e-6, err_msg=name)
+  err, _ = checked(state, over, {})
+  assert "table 'items'" in jax.device_get(err).get()
+  with pytest.raises(ValueError, match="table 'items'"):
+    coll(over)
