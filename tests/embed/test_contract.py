@@ -110,3 +110,26 @@ def test_empty_batch(mesh_name, strategy):
 
   grads = nnx.jit(nnx.grad(loss))(emb, jnp.asarray(ids))
   assert not np.asarray(grads.embedding[...]).any()
+
+
+@pytest.mark.parametrize("strategy", ["vocab", "hidden"])
+@pytest.mark.parametrize("mesh_name", ["8-tokens", "2-tp"])
+def test_pallas_bags_of_width_zero(mesh_name, strategy):
+  """Weighted bags with no slots pool to zeros with the Pallas kernel too.
+
+  A Pallas bag call on zero-size blocks failed to compile inside shard_map
+  (a raw XLA 'func.call op expected at least one operand ... GlobalToLocalShape';
+  found by tests/test_properties.py); such bags take the XLA bag.
+  """
+  from flax import nnx
+
+  shape, names, table_axes, data_axes = MESHES[mesh_name]
+  emb = build(37, 12, make_mesh(shape, names), sharding=strategy, kernel="pallas",
+              table_axes=table_axes, data_axes=data_axes)
+  ids, weights = np.zeros((3, 0), np.int32), np.ones((3, 0), np.float32)
+  for combiner in ("sum", "mean"):
+    out = emb.bag(ids, weights, combiner=combiner)
+    assert out.shape == (3, 12) and not np.asarray(out).any()
+  grads = nnx.jit(nnx.grad(lambda m, i, w: jnp.sum(m.bag(i, w))))(
+      emb, jnp.asarray(ids), jnp.asarray(weights))
+  assert not np.asarray(grads.embedding[...]).any()
