@@ -217,7 +217,8 @@ class EmbeddingCollection(nnx.Module):
 def _request(spec: FeatureSpec, bags: inputs_lib.Bags) -> Request:
   """A feature's lookup: pooled bags, or rows (single-hot rows as ``[batch]``)."""
   if spec.is_sequence:
-    return Request(bags.ids[:, 0] if bags.single_hot else bags.ids)
+    # squeeze, not [:, 0]: JAX fails an eager empty gather on an Explicit mesh.
+    return Request(jnp.squeeze(bags.ids, 1) if bags.single_hot else bags.ids)
   return Request(bags.ids, bags.weights, spec.combiner)
 
 

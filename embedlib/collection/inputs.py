@@ -106,6 +106,8 @@ def to_bags(spec: FeatureSpec, x, weights, num_embeddings: int) -> Bags:
           values, lengths, spec.max_ids_per_sample, weights
       )
     except ValueError as e:
+      if not str(e).startswith("ragged_to_padded:"):
+        raise  # not a message of ours: never pass JAX's errors off as the feature's
       raise ValueError(f"{owner}: {e}") from None
     ids, weights = padded if weights is not None else (padded, None)
   else:

@@ -333,3 +333,25 @@ def test_overflow_error_under_jit_with_several_tables():
   assert "table 'items'" in jax.device_get(err).get()
   with pytest.raises(ValueError, match="table 'items'"):
     coll(over)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["replicated", "split"])
+def test_empty_ragged_batch_on_an_explicit_mesh(split):
+  """An empty ragged batch whose arrays live on an Explicit mesh pools to nothing.
+
+  Converting it to bags gathered values at an empty set of offsets, which
+  JAX fails eagerly on an Explicit mesh; the collection passed that raw
+  error off as the feature's own (found by tests/test_properties.py).
+  """
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  mesh = jax.make_mesh((8,), ("batch",))
+  feats = (FeatureSpec("bio", "users", combiner="sqrtn", max_ids_per_sample=3),
+           FeatureSpec("user", "users", combiner=None, max_ids_per_sample=1))
+  coll = EmbeddingCollection(TABLES[1:2], feats, mesh=mesh, rngs=nnx.Rngs(0))
+  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
+  lengths = put(np.zeros((0,), np.int32), P("batch") if split else P())
+  values, weights = put(np.array([4, 5]), P()), put(np.ones(2, np.float32), P())
+  out = coll({"bio": (values, lengths), "user": put(np.zeros((0,), np.int32), P())},
+             {"bio": weights})
+  assert out["bio"].shape == (0, 12) and out["user"].shape == (0, 12)
