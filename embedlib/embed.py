@@ -266,7 +266,7 @@ class ShardedEmbed(nnx.Module):
     return self._reshard(out, out_sharding)
 
   def lookup_requests(self, requests, *, num_unique: int | None = None,
-                      on_overflow: str = dedup.FALLBACK) -> tuple:
+                      on_overflow: str = dedup.FALLBACK, checks: list | None = None) -> tuple:
     """Several lookups of this table at once, optionally with id dedup.
 
     The path every lookup of the table takes (``__call__``, ``bag`` and
@@ -282,6 +282,11 @@ class ShardedEmbed(nnx.Module):
         ``embedlib.strategies.dedup``).
       on_overflow: ``"fallback"`` or ``"error"``, for a shard holding more
         than ``num_unique`` distinct ids.
+      checks: None runs this call's checks (``invalid_ids="error"``, dedup
+        overflow) after its lookups; a list receives them instead, as
+        callables, for a caller with more lookups to run them after its
+        last one: a traced check must follow every ``shard_map`` of the
+        jitted function (see ``strategies.sharded.no_context_mesh``).
 
     Returns:
       One output per request: ``ids.shape + (features,)`` unpooled,
@@ -297,12 +302,17 @@ class ShardedEmbed(nnx.Module):
       out, need = self._lookup_requests(requests, num_unique, on_overflow)
     # Traced checks come after the lookups, whose shard_maps they would
     # otherwise precede (see strategies.sharded.no_context_mesh).
+    deferred = []
     if num_unique is not None and on_overflow == dedup.ERROR:
-      dedup.check_capacity(need, num_unique, self.plan.name)
+      deferred.append(functools.partial(dedup.check_capacity, need, num_unique, self.plan.name))
     if self.invalid_ids == invalid_lib.ERROR:
-      for ids in raw:
-        if isinstance(ids, jax.core.Tracer):
-          invalid_lib.check(ids, self.num_embeddings, self.plan.name)
+      deferred += [functools.partial(invalid_lib.check, ids, self.num_embeddings, self.plan.name)
+                   for ids in raw if isinstance(ids, jax.core.Tracer)]
+    if checks is None:
+      for check in deferred:
+        check()
+    else:
+      checks.extend(deferred)
     return out
 
   def distinct_ids_per_shard(self, requests) -> int:

@@ -257,6 +257,8 @@ def bag(
   _check_operands("bag", table, ids)
   reference.check_combiner(combiner)
   check_bag_shapes(ids, weights)
-  if resolve_kernel(kernel) in ("xla", "cpu"):  # no C++ bag kernel: the XLA bag
+  # No C++ bag kernel: the XLA bag. Bags of width 0 too (every bag empty,
+  # zeros): a Pallas call on zero-size blocks doesn't compile inside shard_map.
+  if resolve_kernel(kernel) in ("xla", "cpu") or ids.shape[-1] == 0:
     return bag_xla(table, ids, weights, combiner=combiner)
   return _bag_ad(table, ids, weights, combiner, resolve_interpret(interpret))
