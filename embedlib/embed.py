@@ -240,7 +240,7 @@ class ShardedEmbed(nnx.Module):
 
     Args:
       ids: int ``[batch, bag]``, padded with ``-1`` (any invalid id is
-        padding).
+        padding; with ``invalid_ids="error"`` only ``-1`` is).
       weights: optional float ``[batch, bag]`` per-id weights.
       combiner: ``"sum" | "mean" | "sqrtn"`` over each bag's valid ids.
       out_sharding: optional ``PartitionSpec`` or ``Sharding`` of the output.
@@ -294,7 +294,8 @@ class ShardedEmbed(nnx.Module):
     """
     raw = [_integers(r.ids, self.plan.name) for r in requests]
     requests = tuple(
-        Request(self._sanitize(ids), r.weights, r.combiner) for ids, r in zip(raw, requests)
+        Request(self._sanitize(ids, r.pooled), r.weights, r.combiner)
+        for ids, r in zip(raw, requests)
     )
     if eager_on_mesh(self.mesh, requests, self.embedding[...]):
       out, need = _eager_requests(self, requests, num_unique, on_overflow)
@@ -306,8 +307,9 @@ class ShardedEmbed(nnx.Module):
     if num_unique is not None and on_overflow == dedup.ERROR:
       deferred.append(functools.partial(dedup.check_capacity, need, num_unique, self.plan.name))
     if self.invalid_ids == invalid_lib.ERROR:
-      deferred += [functools.partial(invalid_lib.check, ids, self.num_embeddings, self.plan.name)
-                   for ids in raw if isinstance(ids, jax.core.Tracer)]
+      deferred += [functools.partial(invalid_lib.check, ids, self.num_embeddings,
+                                     self.plan.name, padding=r.pooled)
+                   for ids, r in zip(raw, requests) if isinstance(ids, jax.core.Tracer)]
     if checks is None:
       for check in deferred:
         check()
@@ -325,14 +327,15 @@ class ShardedEmbed(nnx.Module):
     )
     return int(_max_unique(ids, plan=self.plan, mesh=self.mesh))
 
-  def _sanitize(self, ids):
+  def _sanitize(self, ids, pooled=False):
     """Ids of any integer dtype as int32, ``-1`` for every invalid id.
 
-    Raises at once for invalid concrete ids under ``invalid_ids="error"``;
-    traced ones are checked after the lookup (``lookup_requests``).
+    Raises at once for invalid concrete ids under ``invalid_ids="error"``
+    (``-1`` in a pooled bag is padding, not an error); traced ones are
+    checked after the lookup (``lookup_requests``).
     """
     if self.invalid_ids == invalid_lib.ERROR and not isinstance(ids, jax.core.Tracer):
-      invalid_lib.check(ids, self.num_embeddings, self.plan.name)
+      invalid_lib.check(ids, self.num_embeddings, self.plan.name, padding=pooled)
     return invalid_lib.sanitize(invalid_lib.as_ids(ids, self.num_embeddings),
                                 self.num_embeddings)
 
