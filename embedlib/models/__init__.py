@@ -3,5 +3,6 @@
 from embedlib.models.blocks import MLP, CrossNetwork, dot_interaction
 from embedlib.models.dlrm import DLRM
 from embedlib.models.factory import build_model
+from embedlib.models.multi_hash_embed import MultiHashEmbed
 
-__all__ = ["DLRM", "MLP", "CrossNetwork", "build_model", "dot_interaction"]
+__all__ = ["DLRM", "MLP", "CrossNetwork", "MultiHashEmbed", "build_model", "dot_interaction"]
