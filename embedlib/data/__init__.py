@@ -22,6 +22,9 @@ from embedlib.data.criteo import (
     criteo_spec,
 )
 from embedlib.data.multi_hash import MultiHash, hash_collisions
+from embedlib.data.planted_ranking import PlantedRankingSource
+from embedlib.data.planted_retrieval import PlantedRetrievalSource
+from embedlib.data.sequences import ACTIONS, SequenceSpec, action_multi_hot
 from embedlib.data.prefetch import Prefetcher, to_global_batch
 from embedlib.data.spec import PAD_ID, DataSpec, SparseFeature
 from embedlib.data.synthetic import SyntheticSource
@@ -37,6 +40,11 @@ __all__ = [
     "criteo_spec",
     "MultiHash",
     "hash_collisions",
+    "ACTIONS",
+    "SequenceSpec",
+    "PlantedRankingSource",
+    "PlantedRetrievalSource",
+    "action_multi_hot",
     "CRITEO_NUM_DENSE",
     "CRITEO_NUM_SPARSE",
     "Prefetcher",
