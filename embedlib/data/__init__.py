@@ -24,7 +24,7 @@ from embedlib.data.criteo import (
 from embedlib.data.multi_hash import MultiHash, hash_collisions
 from embedlib.data.planted_ranking import PlantedRankingSource
 from embedlib.data.planted_retrieval import PlantedRetrievalSource
-from embedlib.data.sequences import ACTIONS, SequenceSpec, action_multi_hot
+from embedlib.data.sequences import ACTIONS, BadBatchError, SequenceSpec, action_multi_hot
 from embedlib.data.prefetch import Prefetcher, to_global_batch
 from embedlib.data.spec import PAD_ID, DataSpec, SparseFeature
 from embedlib.data.synthetic import SyntheticSource
@@ -45,6 +45,7 @@ __all__ = [
     "PlantedRankingSource",
     "PlantedRetrievalSource",
     "action_multi_hot",
+    "BadBatchError",
     "CRITEO_NUM_DENSE",
     "CRITEO_NUM_SPARSE",
     "Prefetcher",

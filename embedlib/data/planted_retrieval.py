@@ -88,6 +88,10 @@ class PlantedRetrievalSource(PlantedStream):
     }
     return batch, probs
 
+  def catalogue(self) -> np.ndarray:
+    """Each item's author, int32 ``[num_items]``: the features the corpus is embedded from."""
+    return self.world.item_author
+
   def oracle_top_k(self, topic_probs: np.ndarray, k: int) -> np.ndarray:
     """The ``k`` items of highest ``P(item | history)``, int32 ``[B, k]``, best first.
 

@@ -42,6 +42,10 @@ RETRIEVAL = "retrieval"
 KINDS = (RANKING, RETRIEVAL)
 
 
+class BadBatchError(ValueError):
+  """A request batch out of its spec; the message names the field and the fix."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SequenceSpec:
   """Sizes of request batches: vocabularies, history and candidate lengths, actions.
@@ -114,25 +118,25 @@ class SequenceSpec:
     >>> spec.check_batch(bad)
     Traceback (most recent call last):
     ...
-    ValueError: batch["candidate_item"] has id 10 outside [0, 10) (config.data.num_items=10); raise config.data.num_items ...
+    embedlib.data.sequences.BadBatchError: batch["candidate_item"] has id 10 outside [0, 10) (config.data.num_items=10); raise config.data.num_items ...
 
     Args:
       batch: a request batch (module docstring).
       kind: ``"ranking"`` or ``"retrieval"``.
     """
     if kind not in KINDS:
-      raise ValueError(f"kind={kind!r}; use one of {KINDS}.")
+      raise BadBatchError(f"kind={kind!r}; use one of {KINDS}.")
     keys = {"user", "history_item", "history_author", "history_actions"}
     keys |= {"candidate_item", "candidate_author", "labels"} if kind == RANKING else {
         "item", "author"}
     missing = sorted(keys - set(batch))
     if missing:
-      raise ValueError(f"a {kind} batch lacks {missing}; see embedlib.data.sequences.")
+      raise BadBatchError(f"a {kind} batch lacks {missing}; see embedlib.data.sequences.")
     user = np.asarray(batch["user"])
     b = user.shape[0] if user.ndim == 1 else -1
     _check_shape("user", user, (b,), "[batch] raw user ids")
     if user.dtype.kind not in "iu" or (user.dtype.kind == "i" and (user < 0).any()):
-      raise ValueError(f'batch["user"] must hold integer ids >= 0, got {user.dtype} '
+      raise BadBatchError(f'batch["user"] must hold integer ids >= 0, got {user.dtype} '
                        f"{user.min() if user.size else ''}; map missing users to an id of their own.")
     self._check_list("history", batch, b, self.history_len, "history_len")
     if kind == RANKING:
@@ -148,7 +152,7 @@ class SequenceSpec:
   def _check_list(self, prefix, batch, b, length, length_key):
     items = np.asarray(batch[f"{prefix}_item"])
     if items.ndim == 2 and items.shape[0] == b and items.shape[1] > length:
-      raise ValueError(
+      raise BadBatchError(
           f'batch["{prefix}_item"] holds {items.shape[1]} {prefix} entries per request, more '
           f"than config.data.{length_key}={length}; keep the newest {length} (truncate it) "
           f"or raise config.data.{length_key}.")
@@ -170,7 +174,7 @@ def action_multi_hot(action_lists, num_actions: int, field: str = "history_actio
   >>> action_multi_hot(np.array([[5]]), 3)
   Traceback (most recent call last):
   ...
-  ValueError: history_actions: action index 5 at [0, 0] is past num_actions=3 ...
+  embedlib.data.sequences.BadBatchError: history_actions: action index 5 at [0, 0] is past num_actions=3 ...
 
   Args:
     action_lists: int ``[..., max_actions]``, each entry an action index or -1.
@@ -181,7 +185,7 @@ def action_multi_hot(action_lists, num_actions: int, field: str = "history_actio
   bad = np.argwhere((lists >= num_actions) | (lists < PAD_ID))
   if bad.size:
     where = tuple(int(i) for i in bad[0])
-    raise ValueError(
+    raise BadBatchError(
         f"{field}: action index {int(lists[where])} at {list(where)} is past "
         f"num_actions={num_actions} (indices lie in [0, {num_actions}), -1 pads); add the "
         "action to config.data.actions or drop it from the data.")
@@ -196,14 +200,14 @@ def _check_shape(field, array, shape, what, config_key=None):
   expected = tuple(s if s >= 0 else n for s, n in zip(shape, array.shape))
   if array.shape != expected or len(shape) != array.ndim:
     hint = f" (config.{config_key})" if config_key else ""
-    raise ValueError(f'batch["{field}"] must be {what}{hint}, shape {list(shape)}, '
+    raise BadBatchError(f'batch["{field}"] must be {what}{hint}, shape {list(shape)}, '
                      f"got {list(array.shape)}.")
 
 
 def _check_binary(field, array):
   array = np.asarray(array)
   if not np.isin(array, (0, 1)).all():
-    raise ValueError(f'batch["{field}"] must hold 0/1 values (multi-hot); threshold or '
+    raise BadBatchError(f'batch["{field}"] must hold 0/1 values (multi-hot); threshold or '
                      "one-hot encode them first (embedlib.data.action_multi_hot).")
 
 
@@ -211,11 +215,11 @@ def _check_ids(field, ids, shape, size, size_key, padded=True):
   ids = np.asarray(ids)
   _check_shape(field, ids, shape, "int ids" + (", right-padded with -1" if padded else ""))
   if ids.dtype.kind not in "iu":
-    raise ValueError(f'batch["{field}"] must hold integer ids, got {ids.dtype}.')
+    raise BadBatchError(f'batch["{field}"] must hold integer ids, got {ids.dtype}.')
   low = PAD_ID if padded else 0
   bad = ids[(ids < low) | (ids >= size)]
   if bad.size:
-    raise ValueError(
+    raise BadBatchError(
         f'batch["{field}"] has id {int(bad[0])} outside [{max(low, 0)}, {size}) '
         f"(config.data.{size_key}={size}); raise config.data.{size_key} or map the ids "
         "into the vocabulary" + (" (-1 pads)." if padded else "."))

@@ -86,13 +86,17 @@ class StreamingFrequency(nnx.Module):
   Items are hashed into ``num_buckets``; per bucket, ``last`` is the step it
   was last seen and ``gap`` an exponential average (rate ``alpha``) of the
   steps between sightings. An item's frequency per step is ``1 / gap``.
+  An item seen ``c`` times in one batch counts as ``c`` arrivals in that
+  step (the gap since its last step, divided by ``c``): without this, every
+  item of a batch would look at most once a step, and popular items, which
+  repeat within a batch, would be under-corrected.
 
   >>> from flax import nnx
   >>> f = StreamingFrequency(64, alpha=0.5)
-  >>> for _ in range(4):
+  >>> for _ in range(8):
   ...   log_q = f.update(jnp.array([1, 1, 2]))
-  >>> int(f.step[...]), log_q.shape
-  (4, (3,))
+  >>> bool(log_q[0] > log_q[2]), int(f.step[...])   # item 1 arrives twice as often
+  (True, 8)
 
   Args:
     num_buckets: size of the hashed arrays.
@@ -116,10 +120,12 @@ class StreamingFrequency(nnx.Module):
     return (h % jnp.uint32(self.num_buckets)).astype(jnp.int32)
 
   def update(self, ids: jax.Array) -> jax.Array:
-    """Records one step's items; returns their ``log q`` (``-log gap``), ``[B]``."""
+    """Records one step's items ``[B]``; returns their ``log q`` (``-log gap``), ``[B]``."""
     t = self.step[...] + 1.0
     h = self.bucket(ids)
-    gap = (1.0 - self.alpha) * self.gap[...][h] + self.alpha * (t - self.last[...][h])
+    count = (h[:, None] == h[None, :]).sum(axis=1).astype(jnp.float32)
+    gap = ((1.0 - self.alpha) * self.gap[...][h]
+           + self.alpha * (t - self.last[...][h]) / count)
     # Repeated ids write the same value: each is computed from the old state.
     self.gap[...] = self.gap[...].at[h].set(gap)
     self.last[...] = self.last[...].at[h].set(t)

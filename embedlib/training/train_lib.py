@@ -34,7 +34,7 @@ def evaluate(model, source, start_state, mesh, max_batches, task=None) -> dict:
   source.set_state(start_state)
   batches = (data_lib.to_global_batch(task.featurize(b), mesh)
              for b in itertools.islice(source, max_batches))
-  return task.evaluate(model, batches, mesh)
+  return task.evaluate(model, batches, mesh, source)
 
 
 def _progress(total, start):

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from embedlib.training.tasks.base import ConfigError, Task
 from embedlib.training.tasks.ctr import CTRTask
+from embedlib.training.tasks.ranking import RankingTask
+from embedlib.training.tasks.retrieval import RetrievalTask
 
-_TASKS = {cls.name: cls for cls in (CTRTask,)}
+_TASKS = {cls.name: cls for cls in (CTRTask, RankingTask, RetrievalTask)}
 
 
 def task_name(config) -> str:
@@ -34,4 +36,5 @@ def make_task(config) -> Task:
   return _TASKS[name].from_config(config)
 
 
-__all__ = ["ConfigError", "CTRTask", "Task", "make_task", "task_name"]
+__all__ = ["ConfigError", "CTRTask", "RankingTask", "RetrievalTask", "Task", "make_task",
+           "task_name"]

@@ -66,7 +66,8 @@ class Task:
     factory.
   - ``oracle(eval_source)``: the planted optimum's metrics on the eval set
     (``oracle_*`` keys, logged beside the model's), or ``{}``.
-  - ``evaluate(model, batches, mesh)``: metrics over global eval batches.
+  - ``evaluate(model, batches, mesh, source)``: metrics over global eval
+    batches (``source``: the eval source they come from).
   - ``log_scalars(model)``: scalars read off the model at each logging
     step, written beside the loss (``{}`` for none).
 
@@ -116,5 +117,5 @@ class Task:
   def predict(self, model, batch):
     raise NotImplementedError
 
-  def evaluate(self, model, batches, mesh) -> dict:
+  def evaluate(self, model, batches, mesh, source) -> dict:
     raise NotImplementedError

@@ -127,9 +127,9 @@ class CTRTask(base.Task):
   def predict(self, model, batch):
     return model(batch["dense"], batch["sparse"])
 
-  def evaluate(self, model, batches, mesh) -> dict:
+  def evaluate(self, model, batches, mesh, source) -> dict:
     """AUC and log-loss over the eval batches (every process's rows)."""
-    del mesh
+    del mesh, source
     acc = metrics.StreamingMetrics()
     for batch in batches:
       logits = steps.eval_step(model, batch)
