@@ -7,6 +7,8 @@ compares the eval step's outputs with the 8-device model's, to 1e-5
 
 import logging
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -121,3 +123,35 @@ def test_bad_config_fails_before_the_workdir_naming_the_key(tmp_path, module, ke
   with pytest.raises(setup.ConfigError, match=match):
     train_lib.train_and_evaluate(config, str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(smoke_run, tmp_path):
+  """2 processes x 4 CPU devices reproduce the one-process smoke run's first 6 steps (1e-4)."""
+  from tests.train import test_multihost as multihost  # pylint: disable=import-outside-toplevel
+
+  task, _, single, _ = smoke_run
+  config_file = {"ranking": "configs/ranker.py:smoke", "retrieval": "configs/two_tower.py:smoke"}
+  port = multihost._free_port()
+  procs = [
+      subprocess.Popen(
+          [sys.executable, "-m", "train", "--config", config_file[task],
+           f"--workdir={tmp_path}", f"--coordinator_address=127.0.0.1:{port}",
+           "--num_processes=2", f"--process_id={i}"],
+          cwd=multihost.ROOT, env=multihost._env(4), stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE, text=True)
+      for i in range(2)
+  ]
+  outputs = [p.communicate(timeout=600) for p in procs]
+  for p, (_, err) in zip(procs, outputs):
+    assert p.returncode == 0, err[-3000:]
+  one = [r for r in read_jsonl(single / "train.jsonl") if r["step"] <= 6]
+  two = read_jsonl(tmp_path / "train.jsonl")
+  assert [r["step"] for r in two] == [r["step"] for r in one] == [2, 4, 6]
+  np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], rtol=1e-4)
+  one = [r for r in read_jsonl(single / "eval.jsonl") if r["step"] <= 6]
+  two = read_jsonl(tmp_path / "eval.jsonl")
+  assert [r["step"] for r in two] == [3, 6]
+  for key in METRICS[task]:
+    np.testing.assert_allclose([r[key] for r in two], [r[key] for r in one], rtol=1e-4,
+                               atol=1e-6, err_msg=key)
