@@ -65,16 +65,16 @@ def get_config(arg=None):
 
   config.optim = ml_collections.ConfigDict()
   config.optim.dense = ml_collections.ConfigDict(dict(
-      name="adam", learning_rate=2e-3, schedule="warmup_cosine", warmup_steps=100))
+      name="adam", learning_rate=3e-3, schedule="warmup_cosine", warmup_steps=100))
   config.optim.sparse = ml_collections.ConfigDict(dict(
-      name="rowwise_adagrad", learning_rate=0.1, schedule="constant", warmup_steps=0))
+      name="rowwise_adagrad", learning_rate=0.2, schedule="constant", warmup_steps=0))
 
   config.batch_size = 256
-  config.num_train_steps = 1500
+  config.num_train_steps = 1200
   config.log_every = 100
-  config.eval_every = 500
+  config.eval_every = 400
   config.eval_batches = 8
-  config.checkpoint_every = 500
+  config.checkpoint_every = 400
   config.max_checkpoints = 2
 
   if arg == "smoke":

@@ -76,16 +76,16 @@ def get_config(arg=None):
 
   config.optim = ml_collections.ConfigDict()
   config.optim.dense = ml_collections.ConfigDict(dict(
-      name="adam", learning_rate=2e-3, schedule="warmup_cosine", warmup_steps=100))
+      name="adam", learning_rate=3e-3, schedule="warmup_cosine", warmup_steps=100))
   config.optim.sparse = ml_collections.ConfigDict(dict(
-      name="rowwise_adagrad", learning_rate=0.1, schedule="constant", warmup_steps=0))
+      name="rowwise_adagrad", learning_rate=0.2, schedule="constant", warmup_steps=0))
 
   config.batch_size = 1024
-  config.num_train_steps = 1000
+  config.num_train_steps = 1600
   config.log_every = 100
-  config.eval_every = 500
+  config.eval_every = 800
   config.eval_batches = 4
-  config.checkpoint_every = 500
+  config.checkpoint_every = 800
   config.max_checkpoints = 2
 
   if arg == "smoke":
