@@ -12,7 +12,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
@@ -155,6 +154,20 @@ def train_and_evaluate(config, workdir: str) -> dict:
     ckpt.close()
 
 
+def one_step_in_flight() -> bool:
+  """Whether to finish each step before dispatching the next: on several CPU devices.
+
+  XLA:CPU runs the collectives of every simulated device on one shared
+  thread pool, and a participant waiting at a collective holds its thread.
+  With two programs in flight (the next step dispatched before this one
+  ends), the waiting participants of one can take every thread the other's
+  last participant needs, and both stop (XLA aborts the process after its
+  collective timeout). The CPU cores are shared by those devices anyway, so
+  little overlap is lost; accelerators keep their queue.
+  """
+  return jax.default_backend() == "cpu" and jax.local_device_count() > 1
+
+
 def _plans(model) -> str:
   """The plan of every table: the collection's table, or one line per ``ShardedEmbed``."""
   embeddings = getattr(model, "embeddings", None)
@@ -183,12 +196,15 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
   # The ctr task is the default step's (its compiled program is shared with
   # callers of ``train_step(model, optimizer, batch)``).
   static = {} if isinstance(task, tasks.CTRTask) else {"task": task}
+  sync = one_step_in_flight()
   result = _last_eval(workdir, start)
   saved, step = start, start
   losses, timed, paused, tic = [], 0, 0.0, time.perf_counter()
   try:
     for step in range(start + 1, config.num_train_steps + 1):
       loss = step_fn(next(prefetch), **static)
+      if sync:
+        jax.block_until_ready(loss)
       losses.append(loss)
       if step == start + 1:
         jax.block_until_ready(loss)
@@ -200,7 +216,8 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
       if bar is not None:
         bar.update(1)
       if step % config.log_every == 0 or step == config.num_train_steps:
-        mean_loss = float(jnp.mean(jnp.stack(losses)))
+        # On the host: a device program here would run beside the steps in flight.
+        mean_loss = float(np.mean(jax.device_get(losses)))
         scalars = {"loss": mean_loss, **task.log_scalars(model)}
         if timed:
           elapsed = time.perf_counter() - tic - paused

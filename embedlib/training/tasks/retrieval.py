@@ -164,7 +164,8 @@ class RetrievalTask(base.Task):
     authors = np.where(ids < n, item_authors[np.minimum(ids, n - 1)], -1).astype(np.int32)
     split = NamedSharding(mesh, P(mesh.axis_names))
     place = lambda x: jax.make_array_from_callback(x.shape, split, lambda i: x[i])
-    parts = [_candidates(model, place(rows[s:s + chunk]), place(authors[s:s + chunk]))
+    parts = [jax.block_until_ready(
+        _candidates(model, place(rows[s:s + chunk]), place(authors[s:s + chunk])))
              for s in range(0, padded, chunk)]
     return jax.numpy.concatenate(parts) if len(parts) > 1 else parts[0]
 
@@ -172,7 +173,8 @@ class RetrievalTask(base.Task):
     corpus = self.corpus(model, mesh, source.catalogue())
     acc = metrics.RetrievalMetrics(self.recall_ks)
     for batch in batches:
-      _, top = _top_k(_users(model, batch), corpus, k=self.recall_ks[-1], mesh=mesh,
+      users = jax.block_until_ready(_users(model, batch))  # one program in flight: train_lib
+      _, top = _top_k(users, corpus, k=self.recall_ks[-1], mesh=mesh,
                       axes=tuple(mesh.axis_names), num_valid=self.spec.num_items)
       acc.update(np.asarray(top.addressable_data(0)), requests.gather(batch["item_id"]))
     if not acc.count:
