@@ -14,7 +14,11 @@ simulated devices, and finds each eval request's top 100 exactly; recall@
 
     python -m train --config configs/two_tower.py --workdir runs/two_tower
 
-Expected: MEASURED_TIME on 2 CPU cores; MEASURED_METRIC.
+Expected: about 3.5 minutes on 2 CPU cores (measured: 3 min 37 s with the
+cores shared, load average 16-19); final recall@1 / @10 / @100 0.033 /
+0.127 / 0.291 against the planted optimum's 0.039 / 0.156 / 0.391 (86%,
+82% and 74% of it). ``--config.task.log_q=batch`` reaches 0.033 / 0.068 /
+0.117, ``=none`` 0.000 / 0.001 / 0.029.
 Variants: ``configs/two_tower.py:smoke`` (a few steps on a small
 catalogue, used by the tests), ``:trunk`` (the transformer user tower).
 """
