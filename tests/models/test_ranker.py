@@ -101,3 +101,7 @@ def test_isolation_and_logits_hold_on_a_sharded_mesh(ranker_and_batch):
   perm = [4, 3, 2, 1, 0]
   np.testing.assert_allclose(np.asarray(_forward(sharded, _candidates(batch, perm))),
                              on_mesh[:, perm], **TOL)
+  removed = np.asarray(_forward(sharded, _candidates(batch, [-1, 1, -1, 3, 4])))
+  np.testing.assert_allclose(removed[:, [1, 3, 4]], on_mesh[:, [1, 3, 4]], **TOL)
+  added = _candidates(batch, [0, 1, 2, 3, 4, 0, 2, 2])  # 8 candidates: repeats of others
+  np.testing.assert_allclose(np.asarray(_forward(sharded, added))[:, :5], on_mesh, **TOL)
