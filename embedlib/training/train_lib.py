@@ -19,7 +19,8 @@ from jax.experimental import multihost_utils
 from embedlib import checkpoint, optim
 from embedlib import data as data_lib
 from embedlib.training import setup, tasks
-from embedlib.training.steps import eval_step, loss_fn, train_step
+# eval_step and loss_fn are re-exported: callers of the single-task loop import them here.
+from embedlib.training.steps import eval_step, loss_fn, train_step  # noqa: F401
 from embedlib.training.signals import StopSignals
 from embedlib.training.writers import MetricWriter, read_jsonl
 
@@ -89,13 +90,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   The task (``config.task.name``: ``ctr``, ``ranking`` or ``retrieval``; see
   ``embedlib.training.tasks``) owns the data, the model, the loss and the
-  eval metrics; everything else here is the same for each. Resumes from the newest checkpoint in ``workdir`` that restores (one that
-  doesn't is moved into ``checkpoints/corrupt/`` with a warning); a workdir
-  that already holds the final checkpoint returns at once. Writes
-  ``eval.jsonl`` (one object per eval: ``step``, the task's metrics, e.g.
-  ``auc`` and ``logloss`` for ``ctr``, and the planted optimum's as
-  ``oracle_*`` for a planted source), ``train.jsonl`` (``loss``,
-  ``examples_per_sec``, and the task's ``log_scalars``) and TensorBoard event files under
+  eval metrics; everything else here is the same for each. Resumes from the
+  newest checkpoint in ``workdir`` that restores (one that doesn't is moved
+  into ``checkpoints/corrupt/`` with a warning); a workdir that already
+  holds the final checkpoint returns at once. Writes ``eval.jsonl`` (one
+  object per eval: ``step``, the task's metrics, e.g. ``auc`` and
+  ``logloss`` for ``ctr``, and the planted optimum's as ``oracle_*`` for a
+  planted source), ``train.jsonl`` (``loss``, ``examples_per_sec``, and the
+  task's ``log_scalars``) and TensorBoard event files under
   ``tensorboard/train`` and ``tensorboard/eval``; after a resume, each step
   appears once in each. SIGTERM or SIGINT stops after the current step with
   a checkpoint (it returns normally).
@@ -157,13 +159,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
 def one_step_in_flight() -> bool:
   """Whether to finish each step before dispatching the next: on several CPU devices.
 
-  XLA:CPU runs the collectives of every simulated device on one shared
-  thread pool, and a participant waiting at a collective holds its thread.
-  With two programs in flight (the next step dispatched before this one
-  ends), the waiting participants of one can take every thread the other's
-  last participant needs, and both stop (XLA aborts the process after its
-  collective timeout). The CPU cores are shared by those devices anyway, so
-  little overlap is lost; accelerators keep their queue.
+  XLA:CPU runs the in-process collectives of the simulated devices on a
+  shared thread pool, where a participant waiting at a collective holds its
+  thread. With the next step (or the loss mean) dispatched behind a running
+  step, two-tower runs stopped in a collective with participants missing,
+  and XLA aborted them after its collective timeout; finishing each step
+  first, the same runs completed. The simulated devices share the CPU cores
+  anyway, so little overlap is lost; accelerators keep their queue.
   """
   return jax.default_backend() == "cpu" and jax.local_device_count() > 1
 
