@@ -1,7 +1,8 @@
 """Turning a config into the pieces of a run: mesh, data, model, optimizer.
 
-Every check of the config happens here, before anything is written to the
-workdir, so a bad config or a missing data file leaves no half-made run.
+Every check of the config happens here or in its task (``tasks``), before
+anything is written to the workdir, so a bad config or a missing data file
+leaves no half-made run.
 """
 
 from __future__ import annotations
