@@ -20,6 +20,7 @@ import ml_collections
 def get_config(arg=None):
   config = ml_collections.ConfigDict()
   config.seed = 0
+  config.task = ml_collections.ConfigDict(dict(name="ctr"))
   config.mesh_shape = (-1,)
   config.mesh_axes = ("batch",)
 
