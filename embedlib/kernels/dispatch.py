@@ -1,15 +1,26 @@
-"""Public lookups: kernel choice (``xla`` / ``pallas`` / ``cpu`` / ``auto``) and autodiff.
+"""Public lookups: which kernel runs on which platform, and autodiff.
 
-``kernel="xla"`` runs the pure-jnp gather reference (differentiated by jax's
-own rules) and `bag_xla` (the bag reference's sums, slot by slot, with a
-hand-written backward). ``kernel="cpu"`` runs the C++ gather of
-`gather_cpu` (the reference's gradient) and `bag_xla` for bags.
-``kernel="pallas"`` runs the Triton kernels; a
-``pallas_call`` has no autodiff, so each lookup is a ``jax.custom_vjp`` whose
-backward is the deterministic Pallas segment sum of `backward`. The target
-platform is read at trace time from the abstract mesh in context when it
-names a device (so lowering for CUDA under an abstract GPU mesh picks the
-compiled kernels on a CPU machine), else from ``jax.default_backend()``.
+A ``kernel=`` option names a family; `plan` turns it into one
+implementation per platform (CPU, CUDA, any other), and `gather` / `bag`
+stage all of them with ``lax.platform_dependent`` (`platforms.by_platform`),
+so the platform a program is *lowered* for picks its kernel, whatever
+machine traced it. Implementations:
+
+- ``"xla"``: the pure-jnp gather reference (differentiated by jax) and
+  `bag_xla` (the reference's sums slot by slot, a hand-written backward);
+- ``"cpu"``: the C++ gather of `gather_cpu` (the reference's gradient),
+  `bag_xla` for bags;
+- ``"triton"``: the Triton Pallas kernels, compiled (CUDA only, through
+  `platforms.on_gpu`) or run by the Pallas interpreter (``"triton-interpret"``,
+  any platform); a ``pallas_call`` has no autodiff, so each lookup is a
+  ``jax.custom_vjp`` whose backward is the deterministic segment sum of
+  `backward`.
+
+Options: ``"xla"`` everywhere; ``"cpu"`` is the C++ gather on CPU and XLA
+elsewhere; ``"pallas"`` (and ``"triton"``) the compiled kernel on CUDA and
+the interpreter on CPU (``interpret=True`` / ``False`` forces one of them on
+every platform); ``"auto"`` the compiled kernel on CUDA, the C++ gather on
+CPU where its library builds (`cpu_library.available`), XLA elsewhere.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import jax.numpy as jnp
 
 from embedlib import options
 from embedlib.kernels import cpu_library
+from embedlib.kernels import platforms
 from embedlib.kernels import reference
 from embedlib.kernels.backward import segment_sum_rows
 from embedlib.kernels.bag_pallas import bag_pallas, check_bag_shapes
@@ -30,10 +42,15 @@ from embedlib.kernels.gather_pallas import gather_pallas
 from embedlib.sharding import sum_to_varying_of
 
 _GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+#: Implementations `plan` chooses from.
+XLA, CPU, TRITON, TRITON_INTERPRET = "xla", "cpu", "triton", "triton-interpret"
 
 
 def target_platform() -> str:
-  """Platform being traced for: the abstract mesh's device if set, else the default backend.
+  """The platform a trace is most likely for: the abstract mesh's device if set, else the default backend.
+
+  Only for reporting (`resolve_kernel`): the lookups themselves choose per
+  lowering platform.
 
   >>> target_platform()
   'cpu'
@@ -45,72 +62,77 @@ def target_platform() -> str:
   return jax.default_backend()
 
 
-def resolve_kernel(kernel: str) -> str:
-  """Maps a ``kernel`` option to ``"xla"``, ``"pallas"`` or ``"cpu"``.
-
-  ``"auto"`` is ``"pallas"`` when tracing for a GPU, ``"cpu"`` (the C++
-  gather of `gather_cpu`) when tracing for the CPU and its library is
-  available (`cpu_library.available`), and ``"xla"`` otherwise (XLA's CPU
-  gather beats an interpreted Pallas kernel by orders of magnitude).
-
-  Args:
-    kernel: one of ``options.KERNELS``.
-
-  Returns:
-    ``"xla"``, ``"pallas"`` or ``"cpu"``.
-
-  Raises:
-    ValueError: for any other name, or ``"cpu"`` when tracing for another
-      platform.
-
-  >>> resolve_kernel("pallas"), resolve_kernel("xla")
-  ('pallas', 'xla')
-  """
+def check_kernel(kernel: str) -> None:
+  """Raises ValueError unless ``kernel`` is one of ``options.KERNELS``."""
   if kernel not in options.KERNELS:
     raise ValueError(
         f"kernel={kernel!r} is not a lookup kernel; use one of {options.KERNELS} "
-        "('auto' picks 'pallas' on GPU, 'cpu' on CPU where its C++ library "
-        "builds, and 'xla' elsewhere)."
+        "('auto' picks the Pallas kernels on GPU, the C++ gather on CPU where "
+        "its library builds, and XLA elsewhere)."
     )
-  platform = target_platform()
-  if kernel == "auto":
-    if platform in _GPU_PLATFORMS:
-      return "pallas"
-    return "cpu" if platform == "cpu" and cpu_library.available() else "xla"
-  if kernel == "cpu" and platform != "cpu":
-    raise ValueError(
-        f"kernel='cpu' is the CPU's C++ gather, but this lookup is traced for "
-        f"{platform!r}; use kernel='auto' (or 'pallas' on GPU, 'xla' anywhere)."
-    )
-  return kernel
 
 
-def resolve_interpret(interpret: bool | None) -> bool:
-  """``interpret=None`` means the Pallas interpreter when tracing for the CPU.
+def plan(kernel: str, interpret: bool | None = None) -> dict[str, str]:
+  """The implementation each platform runs for a ``kernel`` option.
 
-  >>> resolve_interpret(None), resolve_interpret(False)
-  (True, False)
+  Args:
+    kernel: one of ``options.KERNELS``.
+    interpret: None (the interpreter on CPU, compiled on GPU), True (the
+      interpreter everywhere) or False (compiled everywhere: CUDA only).
+
+  Returns:
+    ``{"cpu": impl, "gpu": impl, "default": impl}``; the GPU entry is what
+    CUDA runs, the default what any other platform runs.
+
+  >>> plan("auto")["gpu"], plan("xla")["cpu"], plan("pallas")["cpu"]
+  ('triton', 'xla', 'triton-interpret')
   """
+  check_kernel(kernel)
+  if kernel == "xla":
+    return {"cpu": XLA, "gpu": XLA, "default": XLA}
+  cpu_gather = CPU if cpu_library.available() else XLA
+  if kernel == "cpu":
+    return {"cpu": cpu_gather, "gpu": XLA, "default": XLA}
+  if kernel == "auto":
+    return {"cpu": cpu_gather, "gpu": TRITON, "default": XLA}
+  compiled, interpreted = TRITON, TRITON_INTERPRET
   if interpret is None:
-    return target_platform() == "cpu"
-  return bool(interpret)
+    return {"cpu": interpreted, "gpu": compiled, "default": XLA}
+  chosen = interpreted if interpret else compiled
+  return {"cpu": chosen, "gpu": chosen, "default": chosen}
+
+
+def resolve_kernel(kernel: str, platform: str | None = None) -> str:
+  """The implementation ``kernel`` runs on ``platform`` (default: `target_platform`).
+
+  Also the check of a kernel name (``ShardedEmbed`` calls it to fail early).
+
+  >>> resolve_kernel("pallas", "cuda"), resolve_kernel("xla")
+  ('triton', 'xla')
+  """
+  chosen = plan(kernel)
+  platform = target_platform() if platform is None else platform
+  if platform == "cpu":
+    return chosen["cpu"]
+  return chosen["gpu"] if platform in _GPU_PLATFORMS else chosen["default"]
 
 
 def shard_map_check_vma(kernel: str = "auto", interpret: bool | None = None) -> bool:
   """The ``check_vma`` to give a ``jax.shard_map`` whose body calls these lookups.
 
-  False exactly when the lookup will run the Pallas *interpreter*: jax's
-  interpreter evaluates the kernel body with ordinary primitives, and those
-  reject the kernel's own index arithmetic (not varying) meeting a sharded
-  table (varying) -- the error text itself suggests ``check_vma=False``
-  (seen on jax 0.10.2 and 0.12). Compiled kernels, and CUDA lowering, work
-  with ``check_vma=True``, and the kernels declare their outputs' varying
-  axes for it.
+  False exactly when some platform's branch runs the Pallas *interpreter*
+  on the Triton kernels: it evaluates the kernel body with ordinary
+  primitives, and those reject the kernel's own index arithmetic (not
+  varying) meeting a sharded table (varying) -- the error text itself
+  suggests ``check_vma=False`` (seen on jax 0.10.2 and 0.12). The program
+  holds every platform's branch, so the answer is the same whichever
+  platform it is lowered for. Compiled kernels work with ``check_vma=True``
+  and declare their outputs' varying axes for it.
 
-  >>> shard_map_check_vma("xla"), shard_map_check_vma("pallas", interpret=True)
-  (True, False)
+  >>> shard_map_check_vma("xla"), shard_map_check_vma("pallas"), shard_map_check_vma("auto")
+  (True, False, True)
   """
-  return not (resolve_kernel(kernel) == "pallas" and resolve_interpret(interpret))
+  return TRITON_INTERPRET not in plan(kernel, interpret).values()
 
 
 def _check_operands(name: str, table: jax.Array, ids: jax.Array) -> None:
@@ -125,31 +147,55 @@ def _check_operands(name: str, table: jax.Array, ids: jax.Array) -> None:
     )
 
 
+def _compiled(fn, interpret: bool, name: str):
+  """``fn`` as is for the interpreter; lowered for CUDA alone when compiled."""
+  if interpret:
+    return fn
+  return lambda *args: platforms.on_gpu(fn, *args, name=name)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _gather_ad(table, ids, interpret):
-  return gather_pallas(table, ids, interpret=interpret)
+  return _triton_gather(table, ids, interpret)
+
+
+def _triton_gather(table, ids, interpret):
+  fn = lambda t, i: gather_pallas(t, i, interpret=interpret)
+  return _compiled(fn, interpret, "embedlib_gather")(table, ids)
 
 
 def _gather_fwd(table, ids, interpret):
-  return gather_pallas(table, ids, interpret=interpret), (table, ids)
+  return _triton_gather(table, ids, interpret), (table, ids)
+
+
+def _triton_segment_sum(grads, src, ids, num_embeddings, coef, dtype, interpret):
+  def fn(grads, src, ids, *coef):
+    return segment_sum_rows(grads, src, ids, num_embeddings, coef=coef[0] if coef else None,
+                            dtype=dtype, interpret=interpret)
+
+  operands = (grads, src, ids) + (() if coef is None else (coef,))
+  return _compiled(fn, interpret, "embedlib_segment_sum")(*operands)
 
 
 def _gather_bwd(interpret, res, g):
   table, ids = res
   features = table.shape[1]
   flat = ids.reshape(-1)
-  grad = segment_sum_rows(
-      g.reshape(-1, features),
-      jnp.arange(flat.shape[0], dtype=jnp.int32),
-      flat,
-      table.shape[0],
-      dtype=table.dtype,
-      interpret=interpret,
+  grad = _triton_segment_sum(
+      g.reshape(-1, features), jnp.arange(flat.shape[0], dtype=jnp.int32), flat,
+      table.shape[0], None, table.dtype, interpret,
   )
   return sum_to_varying_of(grad, table), None
 
 
 _gather_ad.defvjp(_gather_fwd, _gather_bwd)
+
+_GATHERS = {
+    XLA: reference.gather_reference,
+    CPU: gather_cpu,
+    TRITON: lambda t, i: _gather_ad(t, i, False),
+    TRITON_INTERPRET: lambda t, i: _gather_ad(t, i, True),
+}
 
 
 def gather(table: jax.Array, ids: jax.Array, *, kernel: str = "auto", interpret: bool | None = None):
@@ -160,8 +206,8 @@ def gather(table: jax.Array, ids: jax.Array, *, kernel: str = "auto", interpret:
       inside ``jax.shard_map``).
     ids: int array of any shape; ids outside ``[0, num_embeddings)`` read
       zeros.
-    kernel: ``"auto"``, ``"xla"``, ``"pallas"`` or ``"cpu"`` (see `resolve_kernel`).
-    interpret: Pallas interpreter on/off; None means on when tracing for CPU.
+    kernel: one of ``options.KERNELS`` (see `plan`).
+    interpret: Pallas interpreter on (True), off (False) or on CPU only (None).
 
   Returns:
     ``ids.shape + (features,)`` in ``table.dtype``. Differentiable w.r.t.
@@ -175,21 +221,28 @@ def gather(table: jax.Array, ids: jax.Array, *, kernel: str = "auto", interpret:
   [[0.0, 0.0], [2.0, 2.0], [0.0, 0.0]]
   """
   _check_operands("gather", table, ids)
-  resolved = resolve_kernel(kernel)
-  if resolved == "xla":
-    return reference.gather_reference(table, ids)
-  if resolved == "cpu":
-    return gather_cpu(table, ids)
-  return _gather_ad(table, ids, resolve_interpret(interpret))
+  chosen = plan(kernel, interpret)
+  return platforms.by_platform(
+      table, ids, **{p: _GATHERS[impl] for p, impl in chosen.items()}
+  )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _bag_ad(table, ids, weights, combiner, interpret):
-  return bag_pallas(table, ids, weights, combiner=combiner, interpret=interpret)
+  return _triton_bag(table, ids, weights, combiner, interpret)
+
+
+def _triton_bag(table, ids, weights, combiner, interpret):
+  def fn(table, ids, *weights):
+    return bag_pallas(table, ids, weights[0] if weights else None, combiner=combiner,
+                      interpret=interpret)
+
+  operands = (table, ids) + (() if weights is None else (weights,))
+  return _compiled(fn, interpret, "embedlib_bag")(*operands)
 
 
 def _bag_fwd(table, ids, weights, combiner, interpret):
-  out = bag_pallas(table, ids, weights, combiner=combiner, interpret=interpret)
+  out = _triton_bag(table, ids, weights, combiner, interpret)
   return out, (table, ids, weights)
 
 
@@ -198,14 +251,9 @@ def _bag_bwd(combiner, interpret, res, g):
   num_embeddings = table.shape[0]
   batch, bag_size = ids.shape
   coef = reference.bag_coefficients(ids, weights, num_embeddings, combiner)
-  table_grad = segment_sum_rows(
-      g,
-      jnp.arange(batch * bag_size, dtype=jnp.int32) // max(bag_size, 1),
-      ids.reshape(-1),
-      num_embeddings,
-      coef=coef.reshape(-1),
-      dtype=table.dtype,
-      interpret=interpret,
+  table_grad = _triton_segment_sum(
+      g, jnp.arange(batch * bag_size, dtype=jnp.int32) // max(bag_size, 1), ids.reshape(-1),
+      num_embeddings, coef.reshape(-1), table.dtype, interpret,
   )
   weights_grad = None
   if weights is not None:
@@ -217,6 +265,13 @@ def _bag_bwd(combiner, interpret, res, g):
 
 
 _bag_ad.defvjp(_bag_fwd, _bag_bwd)
+
+
+def _bag_impl(impl: str, combiner: str):
+  """``f(table, ids, weights)`` of implementation ``impl`` (no C++ bag: XLA's)."""
+  if impl in (XLA, CPU):
+    return lambda t, i, w: bag_xla(t, i, w, combiner=combiner)
+  return lambda t, i, w: _bag_ad(t, i, w, combiner, impl == TRITON_INTERPRET)
 
 
 def bag(
@@ -241,8 +296,8 @@ def bag(
       `ragged_to_padded`.
     weights: optional float ``[batch, bag]``.
     combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"``.
-    kernel: ``"auto"``, ``"xla"``, ``"pallas"`` or ``"cpu"`` (see `resolve_kernel`).
-    interpret: Pallas interpreter on/off; None means on when tracing for CPU.
+    kernel: one of ``options.KERNELS`` (see `plan`).
+    interpret: Pallas interpreter on (True), off (False) or on CPU only (None).
 
   Returns:
     ``[batch, features]`` in ``table.dtype``. Differentiable w.r.t. ``table``
@@ -257,6 +312,9 @@ def bag(
   _check_operands("bag", table, ids)
   reference.check_combiner(combiner)
   check_bag_shapes(ids, weights)
-  if resolve_kernel(kernel) in ("xla", "cpu"):  # no C++ bag kernel: the XLA bag
-    return bag_xla(table, ids, weights, combiner=combiner)
-  return _bag_ad(table, ids, weights, combiner, resolve_interpret(interpret))
+  chosen = plan(kernel, interpret)
+  branches = {}
+  for platform, impl in chosen.items():
+    same = next((b for p, b in branches.items() if chosen[p] == impl), None)
+    branches[platform] = same or _bag_impl(impl, combiner)
+  return platforms.by_platform(table, ids, weights, **branches)

@@ -58,7 +58,6 @@ from embedlib import _compat
 from embedlib import sharding as sharding_lib
 from embedlib import options
 from embedlib import invalid_ids as invalid_lib
-from embedlib import kernels
 from embedlib.optim import fused_cpu
 from embedlib.optim import rules as rules_lib
 from embedlib.strategies import collectives
@@ -284,10 +283,9 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
   """Dedup and update on one rank: every array here is this rank's shard.
 
   On CPU, where ``fused_cpu`` supports the rule, one fused C++ call;
-  elsewhere the XLA ops of ``_xla_local_update``. The platform is the one
-  the lookups dispatch on (``kernels.target_platform``: an abstract GPU
-  mesh in context means CUDA); ``lax.platform_dependent`` then keeps the
-  C++ call out of any lowering for another platform all the same.
+  elsewhere the XLA ops of ``_xla_local_update``. The choice is staged with
+  ``lax.platform_dependent``, so the platform the step is lowered for picks
+  it, whatever machine traced the step.
 
   Args:
     table: ``plan.shard_shape``.
@@ -296,7 +294,7 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
     grads: ``[n, features]``, their row gradients.
   """
   xla = lambda: _xla_local_update(rule, table, slots, ids, grads, lr, step, plan=plan)
-  if kernels.target_platform() != "cpu" or not fused_cpu.supports(rule, table, slots):
+  if not fused_cpu.supports(rule, table, slots):
     return xla()
   first_row, first_col = _shard_origin(table, plan)
   fused = lambda: fused_cpu.update(

@@ -32,7 +32,7 @@ def test_sharded_embed_lowers_for_cuda_with_pallas_and_collectives(case):
   with lowering.lowering_context(mesh):
     emb = nnx.eval_shape(lambda: embedlib.ShardedEmbed(
         1000, 100, mesh=mesh, sharding=strategy, table_axes=table_axes,
-        data_axes=data_axes, kernel="pallas", rngs=nnx.Rngs(0)))
+        data_axes=data_axes, kernel="auto", rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(emb)
   abstract_state = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)

@@ -51,7 +51,7 @@ def test_sparse_step_lowers_for_cuda(case):
   mesh = lowering.gpu_abstract_mesh(shape, names)
 
   def build():
-    emb = embedlib.ShardedEmbed(1000, 100, mesh=mesh, sharding=strategy, kernel="pallas",
+    emb = embedlib.ShardedEmbed(1000, 100, mesh=mesh, sharding=strategy, kernel="auto",
                                 rngs=nnx.Rngs(0))
     return emb, optim.SparseAwareOptimizer(emb, None, optim.RowWiseAdagrad(0.1))
 
@@ -75,7 +75,7 @@ def test_collection_sparse_step_lowers_for_cuda():
         [TableSpec("item", 3000, 64), TableSpec("country", 20, 16)],
         [FeatureSpec("clicks", "item", combiner="sum"),
          FeatureSpec("country", "country", max_ids_per_sample=1)],
-        mesh=mesh, kernel="pallas", replicate_below_bytes=0, rngs=nnx.Rngs(0))
+        mesh=mesh, kernel="auto", replicate_below_bytes=0, rngs=nnx.Rngs(0))
     return coll, optim.SparseAwareOptimizer(coll, None, optim.RowWiseAdagrad(0.1))
 
   graphdef, state = abstract_state(build, mesh)
