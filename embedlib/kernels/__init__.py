@@ -2,8 +2,9 @@
 
 Each lookup has a pure-jnp reference (the specification, and the ``xla``
 gather; the ``xla`` bag, `bag_xla`, sums the same terms slot by slot), a
-Triton Pallas kernel that runs in interpret mode on CPU, a deterministic
-Pallas backward behind ``jax.custom_vjp``, a C++ gather for the CPU
+Pallas GPU kernel (Mosaic GPU, and Triton for jax 0.10) that also runs in
+interpret mode on CPU, a deterministic Pallas backward behind
+``jax.custom_vjp``, a C++ gather for the CPU
 (`gather_cpu`, built on first use by `cpu_library`), and a dispatcher
 (``kernel=`` one of ``options.KERNELS``) that stages each platform's kernel
 in the program (`platforms`), so lowering picks it. Strategies call these on local shards
@@ -21,6 +22,7 @@ from embedlib.kernels.dispatch import (
     bag,
     check_kernel,
     gather,
+    pallas_backend,
     plan,
     resolve_kernel,
     shard_map_check_vma,
@@ -43,6 +45,7 @@ __all__ = [
     "check_kernel",
     "gather",
     "gather_reference",
+    "pallas_backend",
     "plan",
     "ragged_to_padded",
     "resolve_kernel",

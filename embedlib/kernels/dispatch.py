@@ -10,17 +10,26 @@ machine traced it. Implementations:
   `bag_xla` (the reference's sums slot by slot, a hand-written backward);
 - ``"cpu"``: the C++ gather of `gather_cpu` (the reference's gradient),
   `bag_xla` for bags;
-- ``"triton"``: the Triton Pallas kernels, compiled (CUDA only, through
-  `platforms.on_gpu`) or run by the Pallas interpreter (``"triton-interpret"``,
-  any platform); a ``pallas_call`` has no autodiff, so each lookup is a
-  ``jax.custom_vjp`` whose backward is the deterministic segment sum of
-  `backward`.
+- ``"mosaic"``: the Mosaic GPU kernels (`gather_mosaic`, `bag_mosaic`,
+  `backward_mosaic`), compiled (CUDA only, through `platforms.on_gpu`) or
+  run by Mosaic GPU's interpreter (``"mosaic-interpret"``, jax >= 0.11);
+- ``"triton"``: the Triton Pallas kernels, compiled or run by the Pallas
+  interpreter (``"triton-interpret"``, any platform).
+
+A kernel has no autodiff, so each Pallas lookup is a ``jax.custom_vjp``
+whose backward is a deterministic segment sum (no colliding scatter-add).
+A table the Mosaic kernels do not take (rows not whole 16-byte units,
+`mosaic.supports`) runs the XLA ops instead, as does a shape listed in
+`gpu_choice` for ``"auto"``.
 
 Options: ``"xla"`` everywhere; ``"cpu"`` is the C++ gather on CPU and XLA
-elsewhere; ``"pallas"`` (and ``"triton"``) the compiled kernel on CUDA and
-the interpreter on CPU (``interpret=True`` / ``False`` forces one of them on
-every platform); ``"auto"`` the compiled kernel on CUDA, the C++ gather on
-CPU where its library builds (`cpu_library.available`), XLA elsewhere.
+elsewhere; ``"mosaic"`` and ``"triton"`` name a Pallas backend, compiled on
+CUDA and interpreted on CPU (``interpret=True`` / ``False`` forces one of
+them on every platform; jax 0.10 has no Mosaic interpreter, so its CPU runs
+XLA there); ``"pallas"`` is the backend of this jax (`pallas_backend`:
+Mosaic GPU from jax 0.11, where JAX deprecates Triton; Triton on 0.10);
+``"auto"`` is ``"pallas"`` compiled on CUDA, the C++ gather on CPU where
+its library builds (`cpu_library.available`), and XLA elsewhere.
 """
 
 from __future__ import annotations
@@ -32,18 +41,37 @@ import jax.numpy as jnp
 
 from embedlib import options
 from embedlib.kernels import cpu_library
+from embedlib.kernels import gpu_choice
+from embedlib.kernels import mosaic
 from embedlib.kernels import platforms
 from embedlib.kernels import reference
 from embedlib.kernels.backward import segment_sum_rows
+from embedlib.kernels.backward_mosaic import segment_sum_mosaic
+from embedlib.kernels.bag_mosaic import bag_mosaic
 from embedlib.kernels.bag_pallas import bag_pallas, check_bag_shapes
 from embedlib.kernels.bag_xla import bag_xla
 from embedlib.kernels.gather_cpu import gather_cpu
+from embedlib.kernels.gather_mosaic import gather_mosaic
 from embedlib.kernels.gather_pallas import gather_pallas
 from embedlib.sharding import sum_to_varying_of
 
 _GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 #: Implementations `plan` chooses from.
-XLA, CPU, TRITON, TRITON_INTERPRET = "xla", "cpu", "triton", "triton-interpret"
+XLA, CPU = "xla", "cpu"
+MOSAIC, MOSAIC_INTERPRET = "mosaic", "mosaic-interpret"
+#: The compiled Mosaic kernels in a program whose CPU branch interprets them:
+#: they declare the interpreter's ordered effect (`platforms.on_gpu`).
+MOSAIC_ORDERED = "mosaic-ordered"
+TRITON, TRITON_INTERPRET = "triton", "triton-interpret"
+
+
+def pallas_backend() -> str:
+  """What ``kernel="pallas"`` names on this jax: ``"mosaic"`` (jax >= 0.11), else ``"triton"``.
+
+  Keyed on Mosaic GPU's interpreter, which arrived with the deprecation of
+  the Triton backend: without it the CPU could not run the Mosaic kernels.
+  """
+  return MOSAIC if mosaic.has_interpreter() else TRITON
 
 
 def target_platform() -> str:
@@ -84,8 +112,8 @@ def plan(kernel: str, interpret: bool | None = None) -> dict[str, str]:
     ``{"cpu": impl, "gpu": impl, "default": impl}``; the GPU entry is what
     CUDA runs, the default what any other platform runs.
 
-  >>> plan("auto")["gpu"], plan("xla")["cpu"], plan("pallas")["cpu"]
-  ('triton', 'xla', 'triton-interpret')
+  >>> plan("auto")["gpu"] == pallas_backend(), plan("xla")["cpu"]
+  (True, 'xla')
   """
   check_kernel(kernel)
   if kernel == "xla":
@@ -94,9 +122,14 @@ def plan(kernel: str, interpret: bool | None = None) -> dict[str, str]:
   if kernel == "cpu":
     return {"cpu": cpu_gather, "gpu": XLA, "default": XLA}
   if kernel == "auto":
-    return {"cpu": cpu_gather, "gpu": TRITON, "default": XLA}
-  compiled, interpreted = TRITON, TRITON_INTERPRET
+    return {"cpu": cpu_gather, "gpu": pallas_backend(), "default": XLA}
+  compiled = pallas_backend() if kernel == "pallas" else kernel
+  interpreted = compiled + "-interpret"
+  if compiled == MOSAIC and not mosaic.has_interpreter():
+    interpreted = XLA  # jax 0.10: no Mosaic GPU interpreter
   if interpret is None:
+    if interpreted == MOSAIC_INTERPRET:
+      compiled = MOSAIC_ORDERED
     return {"cpu": interpreted, "gpu": compiled, "default": XLA}
   chosen = interpreted if interpret else compiled
   return {"cpu": chosen, "gpu": chosen, "default": chosen}
@@ -107,7 +140,7 @@ def resolve_kernel(kernel: str, platform: str | None = None) -> str:
 
   Also the check of a kernel name (``ShardedEmbed`` calls it to fail early).
 
-  >>> resolve_kernel("pallas", "cuda"), resolve_kernel("xla")
+  >>> resolve_kernel("triton", "cuda"), resolve_kernel("xla")
   ('triton', 'xla')
   """
   chosen = plan(kernel)
@@ -126,10 +159,11 @@ def shard_map_check_vma(kernel: str = "auto", interpret: bool | None = None) -> 
   varying) meeting a sharded table (varying) -- the error text itself
   suggests ``check_vma=False`` (seen on jax 0.10.2 and 0.12). The program
   holds every platform's branch, so the answer is the same whichever
-  platform it is lowered for. Compiled kernels work with ``check_vma=True``
+  platform it is lowered for. Compiled kernels, and Mosaic GPU's
+  interpreter (which runs its own simulation), work with ``check_vma=True``
   and declare their outputs' varying axes for it.
 
-  >>> shard_map_check_vma("xla"), shard_map_check_vma("pallas"), shard_map_check_vma("auto")
+  >>> shard_map_check_vma("xla"), shard_map_check_vma("triton"), shard_map_check_vma("auto")
   (True, False, True)
   """
   return TRITON_INTERPRET not in plan(kernel, interpret).values()
@@ -147,11 +181,16 @@ def _check_operands(name: str, table: jax.Array, ids: jax.Array) -> None:
     )
 
 
-def _compiled(fn, interpret: bool, name: str):
-  """``fn`` as is for the interpreter; lowered for CUDA alone when compiled."""
-  if interpret:
+def _compiled(fn, interpret, name: str):
+  """``fn`` as is for the interpreter; lowered for CUDA alone when compiled.
+
+  ``interpret``: True, False, or ``MOSAIC_ORDERED`` (compiled, declaring the
+  interpreter's ordered effect).
+  """
+  if interpret is True:
     return fn
-  return lambda *args: platforms.on_gpu(fn, *args, name=name)
+  ordered = interpret == MOSAIC_ORDERED
+  return lambda *args: platforms.on_gpu(fn, *args, name=name, ordered=ordered)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -190,12 +229,82 @@ def _gather_bwd(interpret, res, g):
 
 _gather_ad.defvjp(_gather_fwd, _gather_bwd)
 
+
+def _mosaic(fn, mode, name):
+  return _compiled(fn, mode, name)
+
+
+# ``mode`` of the Mosaic custom_vjps: True (interpreted), False (compiled) or
+# MOSAIC_ORDERED (compiled, beside the interpreter).
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _mosaic_gather_ad(table, ids, mode):
+  fn = lambda t, i: gather_mosaic(t, i, interpret=mode is True)
+  return _mosaic(fn, mode, "embedlib_gather_mosaic")(table, ids)
+
+
+def _mosaic_gather_fwd(table, ids, mode):
+  return _mosaic_gather_ad(table, ids, mode), (table, ids)
+
+
+def _mosaic_segment_sum(grads, src, ids, num_embeddings, coef, dtype, mode):
+  def fn(grads, src, ids, coef):
+    return segment_sum_mosaic(grads, src, ids, num_embeddings, coef=coef, dtype=dtype,
+                              interpret=mode is True)
+
+  if coef is None:
+    coef = jnp.ones(ids.shape, jnp.float32)
+  return _mosaic(fn, mode, "embedlib_segment_sum_mosaic")(grads, src, ids, coef)
+
+
+def _mosaic_gather_bwd(interpret, res, g):
+  table, ids = res
+  flat = ids.reshape(-1)
+  grad = _mosaic_segment_sum(
+      g.reshape(-1, table.shape[1]), jnp.arange(flat.shape[0], dtype=jnp.int32), flat,
+      table.shape[0], None, table.dtype, interpret,
+  )
+  return sum_to_varying_of(grad, table), None
+
+
+_mosaic_gather_ad.defvjp(_mosaic_gather_fwd, _mosaic_gather_bwd)
+
+
+def _shape_checked(pallas_fn, kind):
+  """``pallas_fn``, or the XLA ops for a table the Mosaic kernels do not take."""
+
+  def run(table, ids, *rest):
+    if not mosaic.supports(table.shape, table.dtype):
+      return _XLA[kind](table, ids, *rest)
+    return pallas_fn(table, ids, *rest)
+
+  return run
+
+
+def _auto_checked(pallas_fn, kind):
+  """``pallas_fn``, or the XLA ops where `gpu_choice` lists the shape as faster in XLA."""
+
+  def run(table, ids, *rest):
+    if gpu_choice.prefers_xla(kind, table.shape, table.dtype, ids.shape):
+      return _XLA[kind](table, ids, *rest)
+    return pallas_fn(table, ids, *rest)
+
+  return run
+
+
 _GATHERS = {
     XLA: reference.gather_reference,
     CPU: gather_cpu,
     TRITON: lambda t, i: _gather_ad(t, i, False),
     TRITON_INTERPRET: lambda t, i: _gather_ad(t, i, True),
+    MOSAIC: lambda t, i: _mosaic_gather_ad(t, i, False),
+    MOSAIC_ORDERED: lambda t, i: _mosaic_gather_ad(t, i, MOSAIC_ORDERED),
+    MOSAIC_INTERPRET: lambda t, i: _mosaic_gather_ad(t, i, True),
 }
+for _impl in (MOSAIC, MOSAIC_ORDERED, MOSAIC_INTERPRET):
+  _GATHERS[_impl] = _shape_checked(_GATHERS[_impl], "gather")
+_AUTO_GATHER = _auto_checked(_GATHERS[pallas_backend()], "gather")
 
 
 def gather(table: jax.Array, ids: jax.Array, *, kernel: str = "auto", interpret: bool | None = None):
@@ -222,9 +331,10 @@ def gather(table: jax.Array, ids: jax.Array, *, kernel: str = "auto", interpret:
   """
   _check_operands("gather", table, ids)
   chosen = plan(kernel, interpret)
-  return platforms.by_platform(
-      table, ids, **{p: _GATHERS[impl] for p, impl in chosen.items()}
-  )
+  branches = {p: _GATHERS[impl] for p, impl in chosen.items()}
+  if kernel == "auto":
+    branches["gpu"] = _AUTO_GATHER
+  return platforms.by_platform(table, ids, **branches)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -267,11 +377,53 @@ def _bag_bwd(combiner, interpret, res, g):
 _bag_ad.defvjp(_bag_fwd, _bag_bwd)
 
 
-def _bag_impl(impl: str, combiner: str):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _mosaic_bag_ad(table, ids, weights, combiner, mode):
+  coef = reference.bag_coefficients(ids, weights, table.shape[0], combiner)
+  fn = lambda t, i, c: bag_mosaic(t, i, c, interpret=mode is True)
+  return _mosaic(fn, mode, "embedlib_bag_mosaic")(table, ids, coef)
+
+
+def _mosaic_bag_fwd(table, ids, weights, combiner, mode):
+  return _mosaic_bag_ad(table, ids, weights, combiner, mode), (table, ids, weights)
+
+
+def _mosaic_bag_bwd(combiner, interpret, res, g):
+  table, ids, weights = res
+  batch, bag_size = ids.shape
+  coef = reference.bag_coefficients(ids, weights, table.shape[0], combiner)
+  table_grad = _mosaic_segment_sum(
+      g, jnp.arange(batch * bag_size, dtype=jnp.int32) // max(bag_size, 1), ids.reshape(-1),
+      table.shape[0], coef.reshape(-1), table.dtype, interpret,
+  )
+  weights_grad = None
+  if weights is not None:
+    _, vjp = jax.vjp(lambda w: reference.bag_reference(table, ids, w, combiner=combiner), weights)
+    (weights_grad,) = vjp(g)
+  return sum_to_varying_of(table_grad, table), None, weights_grad
+
+
+_mosaic_bag_ad.defvjp(_mosaic_bag_fwd, _mosaic_bag_bwd)
+
+_XLA = {
+    "gather": reference.gather_reference,
+    "bag": lambda t, i, w, combiner: bag_xla(t, i, w, combiner=combiner),
+}
+
+
+def _bag_impl(impl: str, combiner: str, auto: bool = False):
   """``f(table, ids, weights)`` of implementation ``impl`` (no C++ bag: XLA's)."""
   if impl in (XLA, CPU):
     return lambda t, i, w: bag_xla(t, i, w, combiner=combiner)
-  return lambda t, i, w: _bag_ad(t, i, w, combiner, impl == TRITON_INTERPRET)
+  if impl in (TRITON, TRITON_INTERPRET):
+    fn = lambda t, i, w, combiner: _bag_ad(t, i, w, combiner, impl == TRITON_INTERPRET)
+  else:
+    mode = {MOSAIC: False, MOSAIC_ORDERED: MOSAIC_ORDERED, MOSAIC_INTERPRET: True}[impl]
+    fn = _shape_checked(
+        lambda t, i, w, combiner: _mosaic_bag_ad(t, i, w, combiner, mode), "bag")
+  if auto:
+    fn = _auto_checked(fn, "bag")
+  return lambda t, i, w: fn(t, i, w, combiner)
 
 
 def bag(
@@ -315,6 +467,7 @@ def bag(
   chosen = plan(kernel, interpret)
   branches = {}
   for platform, impl in chosen.items():
-    same = next((b for p, b in branches.items() if chosen[p] == impl), None)
-    branches[platform] = same or _bag_impl(impl, combiner)
+    auto = kernel == "auto" and platform == "gpu"
+    same = next((b for p, b in branches.items() if chosen[p] == impl and not auto), None)
+    branches[platform] = same or _bag_impl(impl, combiner, auto)
   return platforms.by_platform(table, ids, weights, **branches)

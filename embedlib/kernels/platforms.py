@@ -30,22 +30,36 @@ from jax.interpreters import mlir
 #: Platforms whose branch holds the compiled GPU kernels.
 GPU = "cuda"
 
-_on_gpu_p = jex_core.Primitive("embedlib_on_gpu")
+class _OnGpu(jex_core.Primitive):
+  # jax >= 0.12 calls a primitive "high" when a jaxpr parameter is (a Mosaic
+  # GPU kernel's is) and wants it rewritten first; this one is only lowered,
+  # by tracing its jaxpr again, which does that rewriting itself.
+  def is_high(self, *avals, **params) -> bool:
+    return False
+
+
+_on_gpu_p = _OnGpu("embedlib_on_gpu")
 _on_gpu_p.multiple_results = True
 
 
-@_on_gpu_p.def_abstract_eval
-def _abstract_eval(*args, jaxpr, name):
+def _ordered_effects():
+  from jax._src import callback  # the effect of ordered host callbacks
+
+  return {callback._OrderedIOEffect}
+
+
+@_on_gpu_p.def_effectful_abstract_eval
+def _abstract_eval(*args, jaxpr, name, ordered):
   del args, name
-  return jaxpr.out_avals
+  return jaxpr.out_avals, _ordered_effects() if ordered else set()
 
 
-def _run(*args, jaxpr, name):
-  del name
+def _run(*args, jaxpr, name, ordered):
+  del name, ordered
   return jex_core.jaxpr_as_fun(jaxpr)(*args)
 
 
-def _placeholder(ctx, *args, jaxpr, name):
+def _placeholder(ctx, *args, jaxpr, name, ordered):
   if len(ctx.module_context.platforms) < 2:
     raise ValueError(
         f"{name}: a compiled GPU kernel is being lowered for "
@@ -64,7 +78,7 @@ mlir.register_lowering(_on_gpu_p, mlir.lower_fun(_run, multiple_results=True), p
 mlir.register_lowering(_on_gpu_p, _placeholder)
 
 
-def on_gpu(fn: Callable, *args, name: str = "kernel"):
+def on_gpu(fn: Callable, *args, name: str = "kernel", ordered: bool = False):
   """``fn(*args)``, lowered for CUDA only (a placeholder on other platforms of the module).
 
   Args:
@@ -72,12 +86,15 @@ def on_gpu(fn: Callable, *args, name: str = "kernel"):
       compiled Pallas GPU kernel).
     *args: its arrays.
     name: named in the error raised when lowered for a single non-CUDA platform.
+    ordered: declare (and pass through) the ordered effect of host
+      callbacks: for a call in a ``platform_dependent`` beside Mosaic GPU's
+      interpreter.
 
   Returns:
     What ``fn`` returns.
   """
   jaxpr = jax.make_jaxpr(fn)(*args)
-  out = _on_gpu_p.bind(*args, jaxpr=jaxpr, name=name)
+  out = _on_gpu_p.bind(*args, jaxpr=jaxpr, name=name, ordered=ordered)
   tree = jax.tree.structure(jax.eval_shape(fn, *args))
   return jax.tree.unflatten(tree, out)
 

@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from embedlib import axes, kernels
-from embedlib.kernels import cpu_library, lowering
+from embedlib.kernels import cpu_library, lowering, mosaic
 from embedlib.kernels.gather_cpu import gather_cpu
 from embedlib.kernels.gather_pallas import gather_pallas, next_pow2
 
@@ -101,13 +101,21 @@ def test_gather_and_grad_inside_shard_map_vocab_parallel(kernel):
 
 def test_plan_gives_each_platform_its_kernel(monkeypatch):
   require_cpu_kernels()
-  assert kernels.plan("auto") == {"cpu": "cpu", "gpu": "triton", "default": "xla"}
-  assert kernels.plan("pallas") == {"cpu": "triton-interpret", "gpu": "triton", "default": "xla"}
-  assert set(kernels.plan("pallas", interpret=True).values()) == {"triton-interpret"}
-  assert set(kernels.plan("pallas", interpret=False).values()) == {"triton"}
+  backend = kernels.pallas_backend()   # mosaic from jax 0.11, triton on 0.10
+  assert backend == ("mosaic" if mosaic.has_interpreter() else "triton")
+  assert kernels.plan("auto") == {"cpu": "cpu", "gpu": backend, "default": "xla"}
+  assert kernels.plan("triton") == {"cpu": "triton-interpret", "gpu": "triton", "default": "xla"}
+  # The compiled Mosaic kernels beside their interpreter carry its ordered effect.
+  beside = "mosaic-ordered" if backend == "mosaic" else backend
+  assert kernels.plan("pallas") == {"cpu": backend + "-interpret", "gpu": beside,
+                                    "default": "xla"}
+  assert set(kernels.plan("pallas", interpret=True).values()) == {backend + "-interpret"}
+  assert set(kernels.plan("pallas", interpret=False).values()) == {backend}
+  # jax 0.10 has no Mosaic GPU interpreter: its CPU runs XLA's ops.
+  assert kernels.plan("mosaic")["cpu"] == ("mosaic-interpret" if backend == "mosaic" else "xla")
   assert kernels.plan("cpu") == {"cpu": "cpu", "gpu": "xla", "default": "xla"}
   assert kernels.resolve_kernel("auto") == "cpu"
-  assert kernels.resolve_kernel("auto", "cuda") == "triton"
+  assert kernels.resolve_kernel("auto", "cuda") == backend
   with pytest.raises(ValueError, match=r"kernel='mosaik'.*use one of \('auto', 'xla', 'pallas'"):
     kernels.resolve_kernel("mosaik")
   monkeypatch.setattr(cpu_library, "library", lambda: None)   # no compiler here
