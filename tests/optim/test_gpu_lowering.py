@@ -1,7 +1,7 @@
 """The sparse train step's GPU path builds: lowered for CUDA without a GPU.
 
-The whole step (Pallas lookup, row gradients, dedup, row-wise update inside
-``shard_map``, donated state) for a ``ShardedEmbed`` of every strategy and
+The whole step (Pallas lookup, row gradients, sorted dedup, row-wise update
+inside ``shard_map`` writing distinct rows only, donated state) for a ``ShardedEmbed`` of every strategy and
 for an ``EmbeddingCollection``, through an abstract H200 mesh
 (``embedlib.kernels.lowering``). Also the regression test for building
 slots on an ``AbstractMesh`` (``AbstractMesh.devices`` raises ValueError).
@@ -40,6 +40,13 @@ def abstract_state(build, mesh):
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
 
 
+def assert_no_colliding_scatter(text):
+  """Every scatter of the step writes distinct indices (no atomics on a GPU)."""
+  scatters = [line for line in text.splitlines() if "stablehlo.scatter" in line]
+  assert scatters, "the update writes its rows with scatters"
+  assert all("unique_indices = true" in line for line in scatters), scatters
+
+
 def lower_step(graphdef, state, inputs, loss_fn, mesh):
   def step(state, inputs):
     module, opt = nnx.merge(graphdef, state)
@@ -71,6 +78,7 @@ def test_sparse_step_lowers_for_cuda(case):
   assert "all_gather" in text, case                  # every rank sees the batch's ids
   assert "jax.buffer_donor" in text or "tf.aliasing_output" in text, case  # donated state
   assert "custom_call @embedlib_" not in text, case  # no fused CPU update (fused_cpu.py)
+  assert_no_colliding_scatter(text)                   # the sorted update (sorted_update.py)
 
 
 def test_collection_sparse_step_lowers_for_cuda():
@@ -92,3 +100,4 @@ def test_collection_sparse_step_lowers_for_cuda():
   text = lower_step(graphdef, state, features, loss, mesh)
   assert text.count(GPU_CALL) >= 2       # one pooled lookup per table
   assert "stablehlo.scatter" in text and "all_gather" in text
+  assert_no_colliding_scatter(text)
