@@ -17,7 +17,8 @@ machine traced it. Implementations:
   interpreter (``"triton-interpret"``, any platform).
 
 A kernel has no autodiff, so each Pallas lookup is a ``jax.custom_vjp``
-whose backward is a deterministic segment sum (no colliding scatter-add).
+whose backward is a deterministic segment sum, no colliding scatter-add
+(`pallas_ad`).
 A table the Mosaic kernels do not take (rows not whole 16-byte units,
 `mosaic.supports`) runs the XLA ops instead, as does a shape listed in
 `gpu_choice` for ``"auto"``.
@@ -43,17 +44,12 @@ from embedlib import options
 from embedlib.kernels import cpu_library
 from embedlib.kernels import gpu_choice
 from embedlib.kernels import mosaic
+from embedlib.kernels import pallas_ad
 from embedlib.kernels import platforms
 from embedlib.kernels import reference
-from embedlib.kernels.backward import segment_sum_rows
-from embedlib.kernels.backward_mosaic import segment_sum_mosaic
-from embedlib.kernels.bag_mosaic import bag_mosaic
-from embedlib.kernels.bag_pallas import bag_pallas, check_bag_shapes
+from embedlib.kernels.bag_pallas import check_bag_shapes
 from embedlib.kernels.bag_xla import bag_xla
 from embedlib.kernels.gather_cpu import gather_cpu
-from embedlib.kernels.gather_mosaic import gather_mosaic
-from embedlib.kernels.gather_pallas import gather_pallas
-from embedlib.sharding import sum_to_varying_of
 
 _GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 #: Implementations `plan` chooses from.
@@ -181,130 +177,52 @@ def _check_operands(name: str, table: jax.Array, ids: jax.Array) -> None:
     )
 
 
-def _compiled(fn, interpret, name: str):
-  """``fn`` as is for the interpreter; lowered for CUDA alone when compiled.
-
-  ``interpret``: True, False, or ``MOSAIC_ORDERED`` (compiled, declaring the
-  interpreter's ordered effect).
-  """
-  if interpret is True:
-    return fn
-  ordered = interpret == MOSAIC_ORDERED
-  return lambda *args: platforms.on_gpu(fn, *args, name=name, ordered=ordered)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _gather_ad(table, ids, interpret):
-  return _triton_gather(table, ids, interpret)
-
-
-def _triton_gather(table, ids, interpret):
-  fn = lambda t, i: gather_pallas(t, i, interpret=interpret)
-  return _compiled(fn, interpret, "embedlib_gather")(table, ids)
-
-
-def _gather_fwd(table, ids, interpret):
-  return _triton_gather(table, ids, interpret), (table, ids)
-
-
-def _triton_segment_sum(grads, src, ids, num_embeddings, coef, dtype, interpret):
-  def fn(grads, src, ids, *coef):
-    return segment_sum_rows(grads, src, ids, num_embeddings, coef=coef[0] if coef else None,
-                            dtype=dtype, interpret=interpret)
-
-  operands = (grads, src, ids) + (() if coef is None else (coef,))
-  return _compiled(fn, interpret, "embedlib_segment_sum")(*operands)
-
-
-def _gather_bwd(interpret, res, g):
-  table, ids = res
-  features = table.shape[1]
-  flat = ids.reshape(-1)
-  grad = _triton_segment_sum(
-      g.reshape(-1, features), jnp.arange(flat.shape[0], dtype=jnp.int32), flat,
-      table.shape[0], None, table.dtype, interpret,
-  )
-  return sum_to_varying_of(grad, table), None
-
-
-_gather_ad.defvjp(_gather_fwd, _gather_bwd)
-
-
-def _mosaic(fn, mode, name):
-  return _compiled(fn, mode, name)
-
-
-# ``mode`` of the Mosaic custom_vjps: True (interpreted), False (compiled) or
-# MOSAIC_ORDERED (compiled, beside the interpreter).
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _mosaic_gather_ad(table, ids, mode):
-  fn = lambda t, i: gather_mosaic(t, i, interpret=mode is True)
-  return _mosaic(fn, mode, "embedlib_gather_mosaic")(table, ids)
-
-
-def _mosaic_gather_fwd(table, ids, mode):
-  return _mosaic_gather_ad(table, ids, mode), (table, ids)
-
-
-def _mosaic_segment_sum(grads, src, ids, num_embeddings, coef, dtype, mode):
-  def fn(grads, src, ids, coef):
-    return segment_sum_mosaic(grads, src, ids, num_embeddings, coef=coef, dtype=dtype,
-                              interpret=mode is True)
-
-  if coef is None:
-    coef = jnp.ones(ids.shape, jnp.float32)
-  return _mosaic(fn, mode, "embedlib_segment_sum_mosaic")(grads, src, ids, coef)
-
-
-def _mosaic_gather_bwd(interpret, res, g):
-  table, ids = res
-  flat = ids.reshape(-1)
-  grad = _mosaic_segment_sum(
-      g.reshape(-1, table.shape[1]), jnp.arange(flat.shape[0], dtype=jnp.int32), flat,
-      table.shape[0], None, table.dtype, interpret,
-  )
-  return sum_to_varying_of(grad, table), None
-
-
-_mosaic_gather_ad.defvjp(_mosaic_gather_fwd, _mosaic_gather_bwd)
-
-
-def _shape_checked(pallas_fn, kind):
-  """``pallas_fn``, or the XLA ops for a table the Mosaic kernels do not take."""
-
-  def run(table, ids, *rest):
-    if not mosaic.supports(table.shape, table.dtype):
-      return _XLA[kind](table, ids, *rest)
-    return pallas_fn(table, ids, *rest)
-
-  return run
-
-
-def _auto_checked(pallas_fn, kind):
-  """``pallas_fn``, or the XLA ops where `gpu_choice` lists the shape as faster in XLA."""
-
-  def run(table, ids, *rest):
-    if gpu_choice.prefers_xla(kind, table.shape, table.dtype, ids.shape):
-      return _XLA[kind](table, ids, *rest)
-    return pallas_fn(table, ids, *rest)
-
-  return run
-
-
-_GATHERS = {
-    XLA: reference.gather_reference,
-    CPU: gather_cpu,
-    TRITON: lambda t, i: _gather_ad(t, i, False),
-    TRITON_INTERPRET: lambda t, i: _gather_ad(t, i, True),
-    MOSAIC: lambda t, i: _mosaic_gather_ad(t, i, False),
-    MOSAIC_ORDERED: lambda t, i: _mosaic_gather_ad(t, i, MOSAIC_ORDERED),
-    MOSAIC_INTERPRET: lambda t, i: _mosaic_gather_ad(t, i, True),
+#: Implementation -> (backend, mode) of `pallas_ad`.
+_PALLAS = {
+    TRITON: ("triton", pallas_ad.COMPILED),
+    TRITON_INTERPRET: ("triton", pallas_ad.INTERPRET),
+    MOSAIC: ("mosaic", pallas_ad.COMPILED),
+    MOSAIC_ORDERED: ("mosaic", pallas_ad.BESIDE_INTERPRETER),
+    MOSAIC_INTERPRET: ("mosaic", pallas_ad.INTERPRET),
 }
-for _impl in (MOSAIC, MOSAIC_ORDERED, MOSAIC_INTERPRET):
-  _GATHERS[_impl] = _shape_checked(_GATHERS[_impl], "gather")
-_AUTO_GATHER = _auto_checked(_GATHERS[pallas_backend()], "gather")
+_XLA = {
+    "gather": reference.gather_reference,
+    "bag": lambda t, i, w, combiner: bag_xla(t, i, w, combiner=combiner),
+}
+
+
+def _lookup(kind: str, impl: str, auto: bool = False):
+  """``f(table, ids, *rest)`` of implementation ``impl`` for ``kind`` ("gather" | "bag").
+
+  The Mosaic kernels fall back to XLA's ops for tables they do not take
+  (`mosaic.supports`); ``auto`` also for shapes `gpu_choice` lists.
+  """
+  if impl == CPU and kind == "gather":
+    return gather_cpu
+  if impl in (XLA, CPU):  # no C++ bag: XLA's
+    return _XLA[kind]
+  backend, mode = _PALLAS[impl]
+  pallas = (lambda t, i: pallas_ad.gather(t, i, backend, mode)) if kind == "gather" else (
+      lambda t, i, w, combiner: pallas_ad.bag(t, i, w, combiner, backend, mode))
+
+  def run(table, ids, *rest, **kw):
+    if backend == MOSAIC and not mosaic.supports(table.shape, table.dtype):
+      return _XLA[kind](table, ids, *rest, **kw)
+    if auto and gpu_choice.prefers_xla(kind, table.shape, table.dtype, ids.shape):
+      return _XLA[kind](table, ids, *rest, **kw)
+    return pallas(table, ids, *rest, **kw)
+
+  return run
+
+
+def _branches(kind: str, kernel: str, interpret: bool | None) -> dict:
+  """One function per platform (shared where the implementation is), for `platforms.by_platform`."""
+  chosen, made = plan(kernel, interpret), {}
+  for platform, impl in chosen.items():
+    auto = kernel == "auto" and platform == "gpu"
+    if (impl, auto) not in made:
+      made[impl, auto] = _lookup(kind, impl, auto)
+  return {p: made[impl, kernel == "auto" and p == "gpu"] for p, impl in chosen.items()}
 
 
 def gather(table: jax.Array, ids: jax.Array, *, kernel: str = "auto", interpret: bool | None = None):
@@ -330,100 +248,7 @@ def gather(table: jax.Array, ids: jax.Array, *, kernel: str = "auto", interpret:
   [[0.0, 0.0], [2.0, 2.0], [0.0, 0.0]]
   """
   _check_operands("gather", table, ids)
-  chosen = plan(kernel, interpret)
-  branches = {p: _GATHERS[impl] for p, impl in chosen.items()}
-  if kernel == "auto":
-    branches["gpu"] = _AUTO_GATHER
-  return platforms.by_platform(table, ids, **branches)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _bag_ad(table, ids, weights, combiner, interpret):
-  return _triton_bag(table, ids, weights, combiner, interpret)
-
-
-def _triton_bag(table, ids, weights, combiner, interpret):
-  def fn(table, ids, *weights):
-    return bag_pallas(table, ids, weights[0] if weights else None, combiner=combiner,
-                      interpret=interpret)
-
-  operands = (table, ids) + (() if weights is None else (weights,))
-  return _compiled(fn, interpret, "embedlib_bag")(*operands)
-
-
-def _bag_fwd(table, ids, weights, combiner, interpret):
-  out = _triton_bag(table, ids, weights, combiner, interpret)
-  return out, (table, ids, weights)
-
-
-def _bag_bwd(combiner, interpret, res, g):
-  table, ids, weights = res
-  num_embeddings = table.shape[0]
-  batch, bag_size = ids.shape
-  coef = reference.bag_coefficients(ids, weights, num_embeddings, combiner)
-  table_grad = _triton_segment_sum(
-      g, jnp.arange(batch * bag_size, dtype=jnp.int32) // max(bag_size, 1), ids.reshape(-1),
-      num_embeddings, coef.reshape(-1), table.dtype, interpret,
-  )
-  weights_grad = None
-  if weights is not None:
-    # The weight gradient needs <g[b], row[b, l]> per slot; XLA's fused
-    # gather-reduce of the reference is the simple, correct way to get it.
-    _, vjp = jax.vjp(lambda w: reference.bag_reference(table, ids, w, combiner=combiner), weights)
-    (weights_grad,) = vjp(g)
-  return sum_to_varying_of(table_grad, table), None, weights_grad
-
-
-_bag_ad.defvjp(_bag_fwd, _bag_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _mosaic_bag_ad(table, ids, weights, combiner, mode):
-  coef = reference.bag_coefficients(ids, weights, table.shape[0], combiner)
-  fn = lambda t, i, c: bag_mosaic(t, i, c, interpret=mode is True)
-  return _mosaic(fn, mode, "embedlib_bag_mosaic")(table, ids, coef)
-
-
-def _mosaic_bag_fwd(table, ids, weights, combiner, mode):
-  return _mosaic_bag_ad(table, ids, weights, combiner, mode), (table, ids, weights)
-
-
-def _mosaic_bag_bwd(combiner, interpret, res, g):
-  table, ids, weights = res
-  batch, bag_size = ids.shape
-  coef = reference.bag_coefficients(ids, weights, table.shape[0], combiner)
-  table_grad = _mosaic_segment_sum(
-      g, jnp.arange(batch * bag_size, dtype=jnp.int32) // max(bag_size, 1), ids.reshape(-1),
-      table.shape[0], coef.reshape(-1), table.dtype, interpret,
-  )
-  weights_grad = None
-  if weights is not None:
-    _, vjp = jax.vjp(lambda w: reference.bag_reference(table, ids, w, combiner=combiner), weights)
-    (weights_grad,) = vjp(g)
-  return sum_to_varying_of(table_grad, table), None, weights_grad
-
-
-_mosaic_bag_ad.defvjp(_mosaic_bag_fwd, _mosaic_bag_bwd)
-
-_XLA = {
-    "gather": reference.gather_reference,
-    "bag": lambda t, i, w, combiner: bag_xla(t, i, w, combiner=combiner),
-}
-
-
-def _bag_impl(impl: str, combiner: str, auto: bool = False):
-  """``f(table, ids, weights)`` of implementation ``impl`` (no C++ bag: XLA's)."""
-  if impl in (XLA, CPU):
-    return lambda t, i, w: bag_xla(t, i, w, combiner=combiner)
-  if impl in (TRITON, TRITON_INTERPRET):
-    fn = lambda t, i, w, combiner: _bag_ad(t, i, w, combiner, impl == TRITON_INTERPRET)
-  else:
-    mode = {MOSAIC: False, MOSAIC_ORDERED: MOSAIC_ORDERED, MOSAIC_INTERPRET: True}[impl]
-    fn = _shape_checked(
-        lambda t, i, w, combiner: _mosaic_bag_ad(t, i, w, combiner, mode), "bag")
-  if auto:
-    fn = _auto_checked(fn, "bag")
-  return lambda t, i, w: fn(t, i, w, combiner)
+  return platforms.by_platform(table, ids, **_branches("gather", kernel, interpret))
 
 
 def bag(
@@ -464,10 +289,7 @@ def bag(
   _check_operands("bag", table, ids)
   reference.check_combiner(combiner)
   check_bag_shapes(ids, weights)
-  chosen = plan(kernel, interpret)
-  branches = {}
-  for platform, impl in chosen.items():
-    auto = kernel == "auto" and platform == "gpu"
-    same = next((b for p, b in branches.items() if chosen[p] == impl and not auto), None)
-    branches[platform] = same or _bag_impl(impl, combiner, auto)
+  fns = _branches("bag", kernel, interpret)
+  bound = {id(fn): functools.partial(fn, combiner=combiner) for fn in fns.values()}
+  branches = {p: bound[id(fn)] for p, fn in fns.items()}
   return platforms.by_platform(table, ids, weights, **branches)
