@@ -102,6 +102,26 @@ def _segment_rows(grads, starts, ends, src, coef, *, interpret):
   return match_varying(out, starts, src, coef, grads)[0]
 
 
+def row_sums(grads: jax.Array, ids: jax.Array, num_embeddings: int, *,
+             interpret: bool = False) -> jax.Array:
+  """The summed gradient of each distinct valid id, in id order: the backward's reduction.
+
+  Args:
+    grads: ``[n, features]``, one gradient row per id.
+    ids: int ``[n]``; ids outside ``[0, num_embeddings)`` are dropped.
+    num_embeddings: rows of the table.
+    interpret: run in Mosaic GPU's interpreter (CPU, jax >= 0.11).
+
+  Returns:
+    float32 ``[n, features]``: row ``u`` sums the ``u``-th smallest distinct
+    id's rows; rows past the number of distinct ids are zero.
+  """
+  ids = ids.reshape(-1).astype(jnp.int32)
+  order, starts, ends, _, _ = segments(ids, num_embeddings)
+  return _segment_rows(grads, starts, ends, order, jnp.ones(ids.shape, jnp.float32),
+                       interpret=interpret)
+
+
 def segment_sum_mosaic(grads: jax.Array, src: jax.Array, ids: jax.Array, num_embeddings: int, *,
                        coef: jax.Array | None = None, dtype=None,
                        interpret: bool = False) -> jax.Array:
