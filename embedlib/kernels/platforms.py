@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.extend import core as jex_core
+from jax.interpreters import batching
 from jax.interpreters import mlir
 
 #: Platforms whose branch holds the compiled GPU kernels.
@@ -73,7 +74,26 @@ def _placeholder(ctx, *args, jaxpr, name, ordered):
   )(ctx, *args)
 
 
+def _batch(args, dims, **params):
+  # One call per element of the batch (lax.map): the wrapped kernel is
+  # traced for unbatched shapes, and not every Pallas GPU kernel can be
+  # vmapped. ``lax.platform_dependent`` traces every platform's branch, so
+  # a vmapped lookup reaches here on any machine.
+  mapped = [i for i, d in enumerate(dims) if d is not None]  # None: not batched
+  xs = [jnp.moveaxis(args[i], dims[i], 0) for i in mapped]
+
+  def one(x):
+    full = list(args)
+    for i, value in zip(mapped, x):
+      full[i] = value
+    return _on_gpu_p.bind(*full, **params)
+
+  outs = lax.map(one, xs)
+  return outs, [0] * len(outs)
+
+
 _on_gpu_p.def_impl(_run)
+batching.primitive_batchers[_on_gpu_p] = _batch
 mlir.register_lowering(_on_gpu_p, mlir.lower_fun(_run, multiple_results=True), platform=GPU)
 mlir.register_lowering(_on_gpu_p, _placeholder)
 

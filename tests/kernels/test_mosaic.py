@@ -143,3 +143,22 @@ def test_every_strategy_inside_shard_map_equals_xla(strategy, table_axes):
   got, want = (jax.tree.leaves(results[k][1]) for k in ("pallas", "xla"))
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_pallas_and_auto_use_mosaic_without_deprecation_warnings():
+  """jax >= 0.11 deprecates the Triton backend: kernel="pallas" and "auto" never touch it."""
+  import warnings
+
+  from embedlib.kernels import lowering
+
+  table, ids = table_of(128, jnp.float32), ids_of((4, 3))
+  S = jax.ShapeDtypeStruct
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", DeprecationWarning)
+    got = jax.jit(lambda t: kernels.bag(t, ids, kernel="pallas"))(table)
+    for kernel in ("pallas", "auto"):
+      text = lowering.cuda_lowering_text(
+          lambda t, i: kernels.bag(t, i, kernel=kernel), S(table.shape, table.dtype),
+          S(ids.shape, ids.dtype))
+      assert lowering.MOSAIC_GPU_CALL in text and lowering.TRITON_CALL not in text
+  np.testing.assert_allclose(got, kernels.bag_reference(table, ids), rtol=1e-6, atol=1e-6)
