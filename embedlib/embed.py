@@ -88,8 +88,9 @@ class ShardedEmbed(nnx.Module):
     table_axes: mesh axes the table is split over (see ``plan_embedding``).
     data_axes: mesh axes the ids' leading dimension is split over.
     tied: the table is also the output layer (``attend``); auto picks vocab.
-    kernel: local lookup, ``"auto" | "xla" | "pallas" | "cpu"``
-      (``kernels.resolve_kernel``: auto is Pallas on GPU, the C++ gather on CPU).
+    kernel: local lookup, one of ``options.KERNELS`` (``kernels.plan``:
+      auto is Pallas on GPU, the C++ gather on CPU, chosen per platform when
+      the program is lowered).
     invalid_ids: ``"zero"`` (default) or ``"error"``.
     name: the table's name in plans and error messages.
     replicate_below_bytes: ``auto`` replicates tables up to this size.

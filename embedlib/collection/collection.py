@@ -69,8 +69,8 @@ class EmbeddingCollection(nnx.Module):
       ``jax.set_mesh``, or one device.
     table_axes: mesh axes tables are split over (see ``plan_embedding``).
     data_axes: mesh axes the batch is split over.
-    kernel: local lookup kernel, ``"auto" | "xla" | "pallas" | "cpu"``
-      (``kernels.resolve_kernel``).
+    kernel: local lookup kernel, one of ``options.KERNELS`` (see
+      ``ShardedEmbed``).
     num_unique: dedup capacity per data shard: an int for every table, a
       ``{table: capacity}`` dict, or None (no dedup).
     on_overflow: ``"fallback" | "error"`` (see above).
