@@ -13,8 +13,13 @@ number, are held out of training for eval: ``config.data.eval_holdout``),
 or ``smoke`` for a tiny model whose paths are given with
 ``--config.data.train_path=...`` and ``--config.data.eval_path=...`` (or
 ``--config.data.eval_holdout=0.05``).
-Expected: on the full Criteo 1TB day files a GPU run reaches AUC ~0.80 after
-one epoch; on this 2-core CPU, about 10k examples/s (see benchmarks/).
+Expected: no full-data run has been measured with this config. The smoke
+variant checks the pipeline, not the model: on a 2,000-line file,
+
+    python -m train --config configs/dlrm_criteo.py:smoke \
+        --config.data.train_path=day.tsv --config.data.eval_holdout=0.05 --workdir /tmp/cr
+
+takes about 25 s on 2 CPU cores (measured: 24 s), most of it compiling.
 """
 
 import ml_collections

@@ -88,8 +88,9 @@ class ShardedEmbed(nnx.Module):
     table_axes: mesh axes the table is split over (see ``plan_embedding``).
     data_axes: mesh axes the ids' leading dimension is split over.
     tied: the table is also the output layer (``attend``); auto picks vocab.
-    kernel: local lookup, ``"auto" | "xla" | "pallas" | "cpu"``
-      (``kernels.resolve_kernel``: auto is Pallas on GPU, the C++ gather on CPU).
+    kernel: local lookup, one of ``options.KERNELS`` (``kernels.plan``:
+      auto is Pallas on GPU, the C++ gather on CPU, chosen per platform when
+      the program is lowered).
     invalid_ids: ``"zero"`` (default) or ``"error"``.
     name: the table's name in plans and error messages.
     replicate_below_bytes: ``auto`` replicates tables up to this size.
@@ -268,7 +269,7 @@ class ShardedEmbed(nnx.Module):
 
     Args:
       ids: int ``[batch, bag]``, padded with ``-1`` (any invalid id is
-        padding).
+        padding; with ``invalid_ids="error"`` only ``-1`` is).
       weights: optional float ``[batch, bag]`` per-id weights.
       combiner: ``"sum" | "mean" | "sqrtn"`` over each bag's valid ids.
       out_sharding: optional ``PartitionSpec`` or ``Sharding`` of the output.
@@ -294,7 +295,7 @@ class ShardedEmbed(nnx.Module):
     return self._reshard(out, out_sharding)
 
   def lookup_requests(self, requests, *, num_unique: int | None = None,
-                      on_overflow: str | None = None) -> tuple:
+                      on_overflow: str | None = None, checks: list | None = None) -> tuple:
     """Several lookups of this table at once, optionally with id dedup.
 
     The path every lookup of the table takes (``__call__``, ``bag`` and
@@ -311,13 +312,19 @@ class ShardedEmbed(nnx.Module):
       on_overflow: ``"fallback"`` or ``"error"``, for a shard holding more
         than ``num_unique`` distinct ids or a rank routing more ids to one
         owner than the route capacity; None takes the module's.
+      checks: None runs this call's checks (``invalid_ids="error"``, dedup
+        and route overflow) after its lookups; a list receives them instead, as
+        callables, for a caller with more lookups to run them after its
+        last one: a traced check must follow every ``shard_map`` of the
+        jitted function (see ``strategies.sharded.no_context_mesh``).
 
     Returns:
       One output per request: ``ids.shape + (features,)`` unpooled,
       ``[batch, features]`` pooled, in ``dtype``.
     """
     raw = [_integers(r.ids, self.plan.name) for r in requests]
-    requests = tuple(r.replace(ids=self._sanitize(ids)) for ids, r in zip(raw, requests))
+    requests = tuple(r.replace(ids=self._sanitize(ids, r.pooled))
+                     for ids, r in zip(raw, requests))
     on_overflow = on_overflow or self.on_overflow
     if eager_on_mesh(self.mesh, requests, self.embedding[...]):
       out, overflow = _eager_requests(self, requests, num_unique, on_overflow)
@@ -325,13 +332,19 @@ class ShardedEmbed(nnx.Module):
       out, overflow = self._lookup_requests(requests, num_unique, on_overflow)
     # Traced checks come after the lookups, whose shard_maps they would
     # otherwise precede (see strategies.sharded.no_context_mesh).
+    deferred = []
     if on_overflow == dedup.ERROR:
-      for what, (need, capacity) in overflow.items():
-        dedup.check_capacity(need, capacity, self.plan.name, what)
+      deferred += [functools.partial(dedup.check_capacity, need, capacity, self.plan.name, what)
+                   for what, (need, capacity) in overflow.items()]
     if self.invalid_ids == invalid_lib.ERROR:
-      for ids in raw:
-        if isinstance(ids, jax.core.Tracer):
-          invalid_lib.check(ids, self.num_embeddings, self.plan.name)
+      deferred += [functools.partial(invalid_lib.check, ids, self.num_embeddings,
+                                     self.plan.name, padding=r.pooled)
+                   for ids, r in zip(raw, requests) if isinstance(ids, jax.core.Tracer)]
+    if checks is None:
+      for check in deferred:
+        check()
+    else:
+      checks.extend(deferred)
     return out
 
   def distinct_ids_per_shard(self, requests) -> int:
@@ -344,14 +357,15 @@ class ShardedEmbed(nnx.Module):
     )
     return int(_max_unique(ids, plan=self.plan, mesh=self.mesh))
 
-  def _sanitize(self, ids):
+  def _sanitize(self, ids, pooled=False):
     """Ids of any integer dtype as int32, ``-1`` for every invalid id.
 
-    Raises at once for invalid concrete ids under ``invalid_ids="error"``;
-    traced ones are checked after the lookup (``lookup_requests``).
+    Raises at once for invalid concrete ids under ``invalid_ids="error"``
+    (``-1`` in a pooled bag is padding, not an error); traced ones are
+    checked after the lookup (``lookup_requests``).
     """
     if self.invalid_ids == invalid_lib.ERROR and not isinstance(ids, jax.core.Tracer):
-      invalid_lib.check(ids, self.num_embeddings, self.plan.name)
+      invalid_lib.check(ids, self.num_embeddings, self.plan.name, padding=pooled)
     return invalid_lib.sanitize(invalid_lib.as_ids(ids, self.num_embeddings),
                                 self.num_embeddings)
 

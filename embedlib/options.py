@@ -25,7 +25,7 @@ AUTO = "auto"
 COMBINERS = ("sum", "mean", "sqrtn")
 
 #: Local lookup kernels (``kernel=``).
-KERNELS = ("auto", "xla", "pallas", "cpu")
+KERNELS = ("auto", "xla", "pallas", "mosaic", "triton", "cpu")
 
 #: What a step does when a static capacity (``num_unique``, a route's
 #: ``route_capacity``) is too small: look it up another way, or raise.

@@ -19,9 +19,9 @@
 # `embedlib.training.train_and_evaluate` is everything behind
 # `python -m train --config configs/quickstart.py`: a small DLRM (8 embedding
 # tables, one of them multi-hot) on planted synthetic data whose best possible
-# AUC (the hidden model's, `oracle_auc`) is known. The full quickstart takes
-# 1-2 minutes on a 2-core CPU; set `EMBEDLIB_NOTEBOOK_SMOKE=1` for a few steps
-# (CI does).
+# AUC (the hidden model's, `oracle_auc`) is known. The full quickstart's time
+# and AUC are in the docstring of `configs/quickstart.py`; set
+# `EMBEDLIB_NOTEBOOK_SMOKE=1` for a few steps (CI does).
 #
 # Checkpoints hold logical, unpadded tables, so a run saved on 8 devices loads
 # onto 4 (with other padding) and looks up the same rows.

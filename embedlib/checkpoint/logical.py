@@ -1,51 +1,48 @@
-"""Training state in logical (unpadded) form, and back onto any mesh.
+"""Training state split for a checkpoint: dense arrays as they are, tables at logical shapes.
 
 A checkpoint must not depend on the layout it was saved from: a run saved on
-8 devices restores onto 4, 3 or 1, where padding and sharding differ. So the
-saved tree holds every table and every sparse optimizer slot at its logical
-shape (``num_embeddings`` rows, ``features`` columns), replicated, and the
-dense parameters and optax state as they are (their shapes never depend on
-the mesh). Loading pads and lays each array out for the new model.
+8 devices restores onto 4, 3 or 1, where padding and sharding differ. So
+every table and every sparse optimizer slot is stored at its logical shape
+(``num_embeddings`` rows, ``features`` columns), written and read shard by
+shard (``sharded.py``): no device ever holds a whole table. The dense
+parameters, optax state and step counters are stored as they are (their
+shapes never depend on the mesh).
 
 A stack of tables (an ``EmbeddingCollection``'s table-wise and
-table-row-wise placements) is saved member by member, under the key each
+table-row-wise placements) is stored member by member, under the name each
 member has as a table of its own in the same collection
-(``<collection>/tables/<name>``): a checkpoint restores across placements
-as across device counts.
+(``<collection>/tables/<name>``), each read from and written to the rows
+its placement gives it: a checkpoint restores across placements as across
+device counts.
 """
 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.experimental import multihost_utils
 
-from embedlib import sharding as sharding_lib
-from embedlib.optim import apply as apply_lib
+from embedlib.checkpoint.sharded import Logical, Stacked
 from embedlib.optim import row_grads
-from embedlib.strategies import rowmap
 
 
-def _unpad(x, logical_shape, mesh):
-  if x.shape == logical_shape:
-    return x
-  if mesh is not None:
-    x = sharding_lib.place_always(x, NamedSharding(mesh, P()))
-  return x[tuple(slice(0, n) for n in logical_shape)]
-
-
-def _slot_logical_shape(value, plan):
+def _slot_logical_shape(value, plan) -> tuple[int, ...]:
   rows, cols = plan.logical_shape
   return (rows,) if value.ndim == 1 else (rows, cols)
 
 
-def _pad_and_place(x, shape, spec, mesh):
-  x = jnp.pad(x, [(0, p - n) for n, p in zip(x.shape, shape)])
-  if mesh is None:
-    return x
-  return sharding_lib.place_always(x, NamedSharding(mesh, P(*spec)))
+def _host(x):
+  """A host copy of a dense (small) array, for orbax to write from process 0.
+
+  Handing orbax the replicated device arrays instead makes it slice each
+  into one piece per replica, compiling a program per array and device.
+  """
+  if not isinstance(x, jax.Array):
+    return np.asarray(x)
+  if x.is_fully_replicated:
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def member_key(stack_key: str, member: str) -> str:
@@ -57,35 +54,47 @@ def member_key(stack_key: str, member: str) -> str:
   return "/".join(stack_key.split("/")[:-2] + ["tables", member])
 
 
-def _parts(key, emb):
-  """``(logical key, first row, rows)`` of each table a module holds."""
+def _dense_tree(model, optimizer) -> dict:
+  keys = frozenset(optimizer.keys)
+  tree = {"dense": nnx.to_pure_dict(nnx.state(model, row_grads.NotTables(keys))),
+          "step": optimizer.step[...]}
+  if optimizer.dense is not None:
+    tree["dense_opt"] = nnx.to_pure_dict(nnx.state(optimizer.dense))
+  return tree
+
+
+def _stored(name: str, key: str, emb, array, shape) -> Logical | Stacked:
+  """``array`` (a table or slot of ``emb``) as stored: whole, or per stack member."""
   placement = emb.plan.placement
   if placement is None:
-    return [(key, 0, emb.plan.num_embeddings)]
-  return [(member_key(key, m), placement.start(m), rows) for m, rows in placement.members]
+    return Logical(array, tuple(shape))
+  members = {}
+  for member, rows in placement.members:
+    first = placement.start(member)
+    runs = tuple((l - first, n, p) for l, n, p in placement.segments
+                 if first <= l < first + rows)
+    stored_name = name.replace(key, member_key(key, member), 1)
+    members[stored_name] = Logical(array, (rows,) + tuple(shape[1:]), runs)
+  return Stacked(array, members)
 
 
-def _logical_rows(x, emb):
-  """A table or row slot of ``emb`` in logical rows (stacks: members in order)."""
-  if emb.plan.placement is None:
-    return _unpad(x, _slot_logical_shape(x, emb.plan) if x.ndim == 1 else emb.plan.logical_shape,
-                  emb.mesh)
-  if emb.mesh is not None:
-    x = sharding_lib.place_always(x, NamedSharding(emb.mesh, P()))
-  return rowmap.to_logical(x, emb.plan)
+def _sharded_items(model, optimizer, value) -> dict:
+  """``{name: Logical | Stacked}`` of every table and slot, ``value(variable)`` as the array."""
+  found = dict(row_grads.sparse_tables(model, optimizer.tables))
+  out = {}
+  for key, slots in zip(optimizer.keys, optimizer.slots):
+    emb = found[key]
+    name = f"tables/{key}"
+    out[name] = _stored(name, key, emb, value(emb.embedding), emb.plan.logical_shape)
+    for slot_name, slot in slots.items():
+      name = f"slots/{key}/{slot_name}"
+      out[name] = _stored(name, key, emb, value(slot),
+                          _slot_logical_shape(slot[...], emb.plan))
+  return out
 
 
-def _split(key, emb, x):
-  return {k: x[start:start + rows] for k, start, rows in _parts(key, emb)}
-
-
-def _joined(key, emb, tree):
-  parts = [tree[k] for k, _, _ in _parts(key, emb)]
-  return parts[0] if len(parts) == 1 else jnp.concatenate([jnp.asarray(p) for p in parts])
-
-
-def logical_state(model: nnx.Module, optimizer) -> dict:
-  """The layout-free training state of ``model`` and its optimizer.
+def split_state(model: nnx.Module, optimizer) -> tuple[dict, dict[str, Logical]]:
+  """The state to save, without copying or gathering anything.
 
   Args:
     model: an ``nnx.Module`` holding ``ShardedEmbed`` tables (directly or in
@@ -93,78 +102,38 @@ def logical_state(model: nnx.Module, optimizer) -> dict:
     optimizer: the ``SparseAwareOptimizer`` built for it.
 
   Returns:
-    ``{"dense", "tables", "slots", "dense_opt", "step"}``, a pytree of arrays.
+    ``(dense, sharded)``: ``dense`` is ``{"dense", "step", "dense_opt"}``, a
+    pytree of host (numpy) copies; ``sharded`` maps ``"tables/<key>"`` and
+    ``"slots/<key>/<slot>"`` (a stack's members by their own keys) to the
+    padded arrays and their logical shapes.
   """
-  found = dict(row_grads.sparse_tables(model, optimizer.tables))
-  keys = optimizer.keys
-  dense = nnx.state(model, row_grads.NotTables(frozenset(keys)))
-  tables, slot_tree = {}, {}
-  for k, slots in zip(keys, optimizer.slots):
-    emb = found[k]
-    tables.update(_split(k, emb, emb.logical_table()))
-    per_slot = {name: _split(k, emb, _logical_rows(v[...], emb)) for name, v in slots.items()}
-    for part, _, _ in _parts(k, emb):
-      slot_tree[part] = {name: split[part] for name, split in per_slot.items()}
-  tree = {
-      "dense": nnx.to_pure_dict(dense),
-      "tables": tables,
-      "slots": slot_tree,
-      "step": optimizer.step[...],
-  }
-  if optimizer.dense is not None:
-    tree["dense_opt"] = nnx.to_pure_dict(nnx.state(optimizer.dense))
-  return tree
+  items = _sharded_items(model, optimizer, lambda var: var[...])
+  sharded = {}
+  for name, item in items.items():
+    sharded.update(item.members if isinstance(item, Stacked) else {name: item})
+  return jax.tree.map(_host, _dense_tree(model, optimizer)), sharded
 
 
-def load_logical_state(model: nnx.Module, optimizer, tree: dict) -> None:
-  """Loads ``logical_state`` output into a model built for any mesh.
+def restore_targets(model: nnx.Module, optimizer) -> tuple[dict, dict]:
+  """``split_state``'s structure as ``ShapeDtypeStruct`` targets on ``model``'s layout.
 
-  Args:
-    model: a freshly built model (same config, any mesh).
-    optimizer: its ``SparseAwareOptimizer``.
-    tree: what ``logical_state`` returned (possibly on another mesh).
+  A stack's table and slots are ``Stacked`` targets, read from their members.
   """
-  found = dict(row_grads.sparse_tables(model, optimizer.tables))
-  keys = optimizer.keys
-  wanted = [part for k in keys for part, _, _ in _parts(k, found[k])]
-  missing = sorted(set(wanted) - set(tree["tables"]))
-  if missing:
-    raise ValueError(
-        f"checkpoint has no tables {missing}; it was saved from a different "
-        "model config (compare config.model and config.data with the run's)."
-    )
-  dense = nnx.state(model, row_grads.NotTables(frozenset(keys)))
-  nnx.replace_by_pure_dict(dense, tree["dense"])
-  nnx.update(model, dense)
-  for key, slots in zip(keys, optimizer.slots):
-    emb = found[key]
-    emb.load_table(_joined(key, emb, tree["tables"]))
-    for name, slot in optimizer.rule.slots().items():
-      value = _joined(key, emb, {k: jnp.asarray(tree["slots"][k][name], slot.dtype)
-                                 for k, _, _ in _parts(key, emb)})
-      spec = apply_lib.slot_spec(slot, emb.plan)
-      if emb.plan.placement is not None:
-        value = rowmap.to_physical(value, emb.plan)
-        slots[name][...] = sharding_lib.place_always(value, NamedSharding(emb.mesh, P(*spec)))
-        continue
-      slots[name][...] = _pad_and_place(
-          value, apply_lib.slot_shape(slot, emb.plan), spec, emb.mesh)
-  optimizer.step[...] = jnp.asarray(tree["step"], optimizer.step[...].dtype)
+  abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+  sharded = _sharded_items(model, optimizer, lambda var: abstract(var[...]))
+  return jax.tree.map(abstract, _dense_tree(model, optimizer)), sharded
+
+
+def load_state(model: nnx.Module, optimizer, dense: dict, sharded: dict) -> None:
+  """Puts restored arrays (on ``restore_targets``' layout) into the model and optimizer."""
+  state = nnx.state(model, row_grads.NotTables(frozenset(optimizer.keys)))
+  nnx.replace_by_pure_dict(state, dense["dense"])
+  nnx.update(model, state)
+  variables = _sharded_items(model, optimizer, lambda var: var)
+  for name, item in variables.items():
+    item.array.set_value(sharded[name])
+  optimizer.step.set_value(dense["step"])
   if optimizer.dense is not None:
     state = nnx.state(optimizer.dense)
-    nnx.replace_by_pure_dict(state, tree["dense_opt"])
+    nnx.replace_by_pure_dict(state, dense["dense_opt"])
     nnx.update(optimizer.dense, state)
-
-
-def abstract_like(tree, mesh=None):
-  """``ShapeDtypeStruct`` targets for restoring ``tree`` onto ``mesh``.
-
-  Every leaf is restored replicated on the new mesh (or on one device);
-  ``load_logical_state`` then lays tables and slots out as the new plans say.
-  """
-  if mesh is None:
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  else:
-    sharding = NamedSharding(mesh, P())
-  return jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)

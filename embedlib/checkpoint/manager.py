@@ -23,7 +23,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from embedlib.checkpoint import logical
+from embedlib.checkpoint import logical, sharded
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "tables": sharded.ShardedArraysHandler(),
                        "data": ocp.JsonCheckpointHandler()})
     self._pending = None  # step of a save whose outcome hasn't been checked
 
@@ -126,10 +127,11 @@ class Checkpointer:
       CheckpointSaveError: this save, or an earlier background one, failed.
     """
     self.wait()  # one save in flight at a time; surfaces an earlier failure first
-    state = logical.logical_state(model, optimizer)
+    dense, tables = logical.split_state(model, optimizer)
     try:
       self._manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)))
+          state=ocp.args.StandardSave(dense), tables=sharded.ShardedArraysSave(tables),
+          data=ocp.args.JsonSave(data_state)))
     except Exception as e:  # pylint: disable=broad-exception-caught
       raise self._save_error(step, e) from None
     self._pending = step
@@ -189,12 +191,7 @@ class Checkpointer:
     if step not in self.all_steps():
       raise FileNotFoundError(
           f"no checkpoint at step {step} in {self.directory}; it holds {self.all_steps()}.")
-    target = self._target(model, optimizer)
-    self._check_matches(step, target)
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
-    logical.load_logical_state(model, optimizer, restored["state"])
-    return restored["data"]
+    return self._restore(step, model, optimizer, logical.restore_targets(model, optimizer))
 
   def restore_newest(self, model, optimizer) -> tuple[int, dict] | None:
     """Restores the newest checkpoint that restores; ``(step, data state)`` or None.
@@ -207,20 +204,15 @@ class Checkpointer:
         another model config (nothing is moved).
       CheckpointRestoreError: there were checkpoints, and none restores.
     """
-    target = self._target(model, optimizer)
+    targets = logical.restore_targets(model, optimizer)
     steps = self.all_steps()
     for step in reversed(steps):
       try:
-        self._check_matches(step, target)
-        restored = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
+        return step, self._restore(step, model, optimizer, targets)
       except CheckpointMismatchError:
         raise
       except Exception as e:  # pylint: disable=broad-exception-caught
         self._set_aside(step, e)
-        continue
-      logical.load_logical_state(model, optimizer, restored["state"])
-      return step, restored["data"]
     if steps:
       raise CheckpointRestoreError(
           f"none of the checkpoints in {self.directory} (steps {steps}) restores; each was "
@@ -228,21 +220,38 @@ class Checkpointer:
           "start again from step 0, or move one back once it is repaired.")
     return None
 
-  def _target(self, model, optimizer):
-    mesh = next((e.mesh for _, e in logical.row_grads.sparse_tables(model, optimizer.tables)),
-                None)
-    return logical.abstract_like(logical.logical_state(model, optimizer), mesh)
+  def _restore(self, step, model, optimizer, targets) -> dict:
+    """Restores ``step`` into ``model``/``optimizer``; returns the data state.
 
-  def _check_matches(self, step, target) -> None:
+    The model is only changed once every array has been read.
+    """
+    dense, tables = targets
+    self._check_matches(step, dense, tables)
+    restored = self._manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(dense), tables=sharded.ShardedArraysRestore(tables),
+        data=ocp.args.JsonRestore()))
+    logical.load_state(model, optimizer, restored["state"], restored["tables"])
+    return restored["data"]
+
+  def _check_matches(self, step, dense, tables) -> None:
     """Raises ``CheckpointMismatchError`` if step's arrays aren't the model's.
 
     Unreadable metadata is corruption, not a mismatch: that error propagates.
     """
-    saved = self._manager.item_metadata(step)["state"]
-    tree = getattr(saved, "tree", saved)
-    if tree is None:
-      raise ValueError(f"checkpoint {step} has no readable state metadata")
-    problems = _metadata_mismatch(tree, target)
+    metadata = self._manager.item_metadata(step)
+    saved = getattr(metadata["state"], "tree", metadata["state"])
+    path = os.path.join(self.directory, str(step))
+    if isinstance(saved, dict) and "tables" in saved:
+      raise CheckpointMismatchError(
+          f"the checkpoint at {path} was written by an earlier embedlib, which kept each "
+          "table whole inside its 'state' item; this one writes tables shard by shard into "
+          "'tables/'. Resume it with the embedlib that wrote it, or use a new --workdir.")
+    if saved is None or metadata.get("tables") is None:
+      raise ValueError(f"checkpoint {step} has no readable metadata")
+    logical_shapes = {k: jax.ShapeDtypeStruct(v.logical_shape, v.array.dtype)
+                      for k, v in sharded.stored(tables).items()}
+    problems = (_metadata_mismatch(metadata["tables"], logical_shapes) +
+                _metadata_mismatch(saved, dense))
     if problems:
       shown = "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
       raise CheckpointMismatchError(

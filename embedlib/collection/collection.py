@@ -71,8 +71,8 @@ class EmbeddingCollection(nnx.Module):
       ``jax.set_mesh``, or one device.
     table_axes: mesh axes tables are split over (see ``plan_embedding``).
     data_axes: mesh axes the batch is split over.
-    kernel: local lookup kernel, ``"auto" | "xla" | "pallas" | "cpu"``
-      (``kernels.resolve_kernel``).
+    kernel: local lookup kernel, one of ``options.KERNELS`` (see
+      ``ShardedEmbed``).
     num_unique: dedup capacity per data shard: an int for every table, a
       ``{table: capacity}`` dict, or None (no dedup).
     route_capacity: ids per destination of the routed tables' lookups: an
@@ -207,13 +207,17 @@ class EmbeddingCollection(nnx.Module):
       features, in the order of the ``FeatureSpec`` s.
     """
     bags = self._bags(inputs, dict(weights or {}))
-    out = {}
+    out, checks = {}, []
     for name, module, requests in self._lookups(bags):
       rows = module.lookup_requests(
           [r for _, r in requests], num_unique=self.num_unique.get(name),
-          on_overflow=self.on_overflow,
+          on_overflow=self.on_overflow, checks=checks,
       )
       out.update(zip((f for f, _ in requests), rows))
+    # After every table's lookups: under checkify a traced check can't precede
+    # a later shard_map (another table's lookup).
+    for check in checks:
+      check()
     return {f.name: out[f.name] for f in self.feature_specs}
 
   def _lookups(self, bags):
@@ -285,7 +289,8 @@ class EmbeddingCollection(nnx.Module):
 def _request(spec: FeatureSpec, bags: inputs_lib.Bags) -> Request:
   """A feature's lookup: pooled bags, or rows (single-hot rows as ``[batch]``)."""
   if spec.is_sequence:
-    return Request(bags.ids[:, 0] if bags.single_hot else bags.ids)
+    # squeeze, not [:, 0]: JAX fails an eager empty gather on an Explicit mesh.
+    return Request(jnp.squeeze(bags.ids, 1) if bags.single_hot else bags.ids)
   return Request(bags.ids, bags.weights, spec.combiner)
 
 

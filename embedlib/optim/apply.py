@@ -41,7 +41,10 @@ On CPU, steps 2 and 3 are one fused C++ call per shard instead
 (``fused_cpu.py``: a hash of the ids in place of the three dedups, the
 same sums in the same order, the rule in place on the aliased table and
 slots), where its library builds and the rule and dtypes are ones it
-implements; the XLA ops here are what every other platform runs.
+implements, and the XLA ops here otherwise. Every other platform runs
+``sorted_update.py``: the dedups here sum with scatter-adds whose indices
+collide, which XLA:GPU runs as atomic adds; that one sorts, reduces each
+run of equal ids with a scan and writes each row once.
 """
 
 from __future__ import annotations
@@ -58,10 +61,10 @@ from embedlib import _compat
 from embedlib import sharding as sharding_lib
 from embedlib import options
 from embedlib import invalid_ids as invalid_lib
-from embedlib import kernels
 from embedlib.optim import fused_cpu
 from embedlib.optim import route as route_lib
 from embedlib.optim import rules as rules_lib
+from embedlib.optim import sorted_update
 from embedlib.strategies import collectives, rowmap
 
 
@@ -284,11 +287,12 @@ def dedup_marks(idx, grads, scratch):
 def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
   """Dedup and update on one rank: every array here is this rank's shard.
 
-  On CPU, where ``fused_cpu`` supports the rule, one fused C++ call;
-  elsewhere the XLA ops of ``_xla_local_update``. The platform is the one
-  the lookups dispatch on (``kernels.target_platform``: an abstract GPU
-  mesh in context means CUDA); ``lax.platform_dependent`` then keeps the
-  C++ call out of any lowering for another platform all the same.
+  On CPU, where ``fused_cpu`` supports the rule, one fused C++ call, else
+  the XLA ops of ``_xla_local_update``; on every other platform the sorted
+  update of ``sorted_update`` (no scatter-add with colliding indices, which
+  XLA:GPU runs as atomics). The choice is staged with
+  ``lax.platform_dependent``, so the platform the step is lowered for picks
+  it, whatever machine traced the step.
 
   Args:
     table: ``plan.shard_shape``.
@@ -296,15 +300,20 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
     ids: ``[n]`` int32, the whole batch's ids, ``-1`` invalid.
     grads: ``[n, features]``, their row gradients.
   """
+  origin = _shard_origin(table, plan)
   xla = lambda: _xla_local_update(rule, table, slots, ids, grads, lr, step, plan=plan)
-  if kernels.target_platform() != "cpu" or not fused_cpu.supports(rule, table, slots):
-    return xla()
-  first_row, first_col = _shard_origin(table, plan)
-  fused = lambda: fused_cpu.update(
-      rule, table, slots, ids, grads, lr, step,
-      first_row=first_row, first_col=first_col, features=plan.features,
-  )
-  return lax.platform_dependent(cpu=fused, default=xla)
+  by_sorting = lambda: sorted_update.local_update(
+      rule, table, slots, ids, grads, lr, step, plan=plan, origin=origin)
+  forced = sorted_update.forced()   # None outside tests and benchmarks
+  cpu, gpu = xla, (xla if forced is False else by_sorting)
+  if forced:
+    cpu = by_sorting
+  elif fused_cpu.supports(rule, table, slots):
+    cpu = lambda: fused_cpu.update(
+        rule, table, slots, ids, grads, lr, step,
+        first_row=origin[0], first_col=origin[1], features=plan.features,
+    )
+  return lax.platform_dependent(cpu=cpu, default=gpu)
 
 
 def _shard_origin(table, plan):
@@ -317,7 +326,7 @@ def _shard_origin(table, plan):
 
 
 def _xla_local_update(rule, table, slots, ids, grads, lr, step, *, plan):
-  """``_local_update`` in XLA ops: the path of every platform but CPU."""
+  """``_local_update`` in XLA ops: the CPU's path where the fused update does not apply."""
   rows_here, cols_here = table.shape
   offset, first_col = _shard_origin(table, plan)
   local = jnp.where(ids >= 0, ids - offset, -1)

@@ -182,7 +182,10 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, capacity: int,
       for r in requests
   )
   widths = [as_2d(r.ids).shape[1] for r in requests]
-  spec = sharding_lib.leading_spec(requests[0].ids, mesh) if mesh is not None else None
+  # Each output takes its own ids' batch split, as without dedup: the two
+  # lax.cond branches must agree when features arrive split differently.
+  specs = [sharding_lib.leading_spec(r.ids, mesh) if mesh is not None else None
+           for r in requests]
 
   def with_dedup(table, unique, inverse, coefs):
     rows = sharded.lookup(
@@ -192,7 +195,7 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, capacity: int,
     parts = [p[:, 0] if r.ids.ndim == 1 else p for p, r in zip(parts, requests)]
     out = rebuild(rows, parts, coefs, plan=plan, mesh=mesh, gather=gather, bag=bag,
                   check_vma=check_vma)
-    return tuple(sharding_lib.restore_tokens(o, batch, mesh, spec) for o in out)
+    return tuple(sharding_lib.restore_tokens(o, batch, mesh, spec) for o, spec in zip(out, specs))
 
   def without_dedup(table, unique, inverse, coefs):
     del unique, inverse, coefs

@@ -196,6 +196,9 @@ def routed_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True,
     capacity = plan.capacity_for_members(ids_by_member)
   else:
     capacity = plan.capacity_for(sum(local(r) for r in requests))
+  # An empty batch still sends its padding tokens (``pad_tokens``): XLA
+  # rejects an all_to_all over a zero-size buffer.
+  capacity = max(capacity, 1)
   spec = sharding_lib.leading_spec(requests[0].ids, mesh)
   token_spec = P(plan.data_axes or None)
   table_spec = P(*plan.table_spec)

@@ -19,6 +19,7 @@ from embedlib.training import setup, writers
 EXPECTED_ERRORS = (
     setup.ConfigError,
     data.CriteoFormatError,
+    data.BadBatchError,
     checkpoint.CheckpointSaveError,
     checkpoint.CheckpointMismatchError,
     checkpoint.CheckpointRestoreError,

@@ -1,12 +1,11 @@
 """Turning a config into the pieces of a run: mesh, data, model, optimizer.
 
-Every check of the config happens here, before anything is written to the
-workdir, so a bad config or a missing data file leaves no half-made run.
+Every check of the config happens here or in its task (``tasks``), before
+anything is written to the workdir, so a bad config or a missing data file
+leaves no half-made run.
 """
 
 from __future__ import annotations
-
-import os
 
 import jax
 import numpy as np
@@ -15,11 +14,10 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from embedlib import data as data_lib
 from embedlib import optim
-from embedlib.models import build_model
+from embedlib.training import tasks
+from embedlib.training.tasks.base import ConfigError, fail as _fail
 
-SOURCES = ("synthetic", "criteo")
 DENSE_OPTIMIZERS = {"adam": optax.adam, "adagrad": optax.adagrad, "sgd": optax.sgd}
 SPARSE_OPTIMIZERS = {
     "rowwise_adagrad": optim.RowWiseAdagrad,
@@ -28,44 +26,12 @@ SPARSE_OPTIMIZERS = {
 }
 
 
-class ConfigError(ValueError):
-  """A config value the run can't use; the message names the key and the fix."""
-
-
-def _fail(key: str, message: str):
-  raise ConfigError(f"config.{key}: {message}")
-
-
 def validate(config) -> None:
   """Checks values that ConfigDict's types can't; raises naming the key."""
   for key in ("batch_size", "num_train_steps", "log_every", "eval_every",
               "eval_batches", "checkpoint_every"):
     if config[key] < 1:
       _fail(key, f"must be >= 1, got {config[key]}.")
-  if config.data.source not in SOURCES:
-    _fail("data.source", f"{config.data.source!r}; use one of {SOURCES}.")
-  data = config.data
-  if data.max_bad_lines < -1:
-    _fail("data.max_bad_lines", f"must be >= 0, or -1 to skip every malformed line; got "
-          f"{data.max_bad_lines}.")
-  if not 0.0 <= data.eval_holdout < 1.0:
-    _fail("data.eval_holdout", f"must be a fraction in [0, 1); got {data.eval_holdout}.")
-  if data.source == "criteo":
-    if bool(data.eval_path) == bool(data.eval_holdout):
-      _fail("data.eval_path", "the criteo source evaluates on a file of its own "
-            "(data.eval_path) or on a held-out fraction of the training lines "
-            "(data.eval_holdout, e.g. 0.05): set exactly one, "
-            f"got eval_path={data.eval_path!r} and eval_holdout={data.eval_holdout}.")
-    for key in ("train_path", "eval_path"):
-      path = data[key]
-      if key == "train_path" and not path:
-        _fail(f"data.{key}", "the criteo source needs a path to a Criteo TSV file.")
-      if path and not os.path.isfile(path):
-        _fail(f"data.{key}", f"{path!r} does not exist; pass an existing .tsv or "
-              ".tsv.gz file in the Criteo layout.")
-  elif data.eval_holdout:
-    _fail("data.eval_holdout", f"the {data.source} source has its own eval stream; "
-          "leave eval_holdout at 0.")
   if config.optim.dense.name not in DENSE_OPTIMIZERS:
     _fail("optim.dense.name", f"{config.optim.dense.name!r}; use one of "
           f"{tuple(DENSE_OPTIMIZERS)}.")
@@ -75,6 +41,12 @@ def validate(config) -> None:
   if config.batch_size % jax.process_count():
     _fail("batch_size", f"{config.batch_size} must divide over "
           f"{jax.process_count()} processes.")
+  task(config).validate(config)
+
+
+def task(config) -> tasks.Task:
+  """The task ``config.task.name`` names (``ctr`` when the config has no ``task``)."""
+  return tasks.make_task(config)
 
 
 def make_mesh(config):
@@ -96,71 +68,23 @@ def make_mesh(config):
   return jax.make_mesh(tuple(shape), axes, axis_types=(AxisType.Auto,) * len(axes))
 
 
-def data_spec(config) -> data_lib.DataSpec:
-  try:
-    if config.data.source == "criteo":
-      return data_lib.criteo_spec(list(config.data.table_sizes) or 100_000)
-    return data_lib.DataSpec.from_sizes(
-        config.data.num_dense, list(config.data.table_sizes),
-        bag_sizes=list(config.data.bag_sizes) or None)
-  except ValueError as e:
-    raise ConfigError(f"config.data.table_sizes / bag_sizes: {e}") from None
+def data_spec(config):
+  """The dataset layout the task reads and the model is sized from."""
+  return task(config).data_spec(config)
 
 
 def describe_eval(config) -> str:
   """Which examples the run evaluates on, for the log."""
-  data = config.data
-  if data.source != "criteo":
-    return (f"the {data.source} source's eval stream ({config.eval_batches} batches, drawn "
-            "apart from the training stream)")
-  if data.eval_holdout:
-    return (f"a held-out {data.eval_holdout:.1%} of the lines of {data.train_path} (chosen by "
-            f"a hash of the line number; training skips them), at most {config.eval_batches} "
-            "batches")
-  return f"{data.eval_path}, at most {config.eval_batches} batches"
-
-
-def _first_batch_or_fail(source, key: str, what: str, batch_size: int) -> None:
-  """Reads one batch and rewinds, so a file without a batch fails before training."""
-  state = source.get_state()
-  try:
-    next(source)
-  except StopIteration:
-    raise ConfigError(
-        f"config.{key}: {what} holds fewer than batch_size={batch_size} valid lines, not "
-        "one batch. Pass more data or a smaller --config.batch_size.") from None
-  source.set_state(state)
+  return task(config).describe_eval(config)
 
 
 def sources(config, spec):
   """(train source, eval source), each this process's slice.
 
   Raises:
-    ConfigError: a Criteo file (or the hold-out) holds no full batch.
+    ConfigError: the data can't give a batch (e.g. a Criteo file without one).
   """
-  share = dict(process_index=jax.process_index(), process_count=jax.process_count())
-  data = config.data
-  if data.source == "criteo":
-    kw = dict(batch_size=config.batch_size, **share,
-              max_bad_lines=None if data.max_bad_lines == -1 else data.max_bad_lines)
-    train = data_lib.CriteoReader(data.train_path, spec, num_epochs=None,
-                                  holdout=data.eval_holdout, split="train", **kw)
-    if data.eval_holdout:
-      evaluation = data_lib.CriteoReader(data.train_path, spec, num_epochs=1,
-                                         holdout=data.eval_holdout, split="holdout", **kw)
-      eval_key, eval_what = "data.eval_holdout", f"the hold-out of {data.train_path}"
-    else:
-      evaluation = data_lib.CriteoReader(data.eval_path, spec, num_epochs=1, **kw)
-      eval_key, eval_what = "data.eval_path", data.eval_path
-    _first_batch_or_fail(train, "data.train_path", data.train_path, config.batch_size)
-    _first_batch_or_fail(evaluation, eval_key, eval_what, config.batch_size)
-    return train, evaluation
-  kw = dict(batch_size=config.batch_size, seed=config.seed,
-            zipf_exponent=data.zipf_exponent,
-            signal_scale=data.signal_scale, **share)
-  train = data_lib.SyntheticSource(spec, split="train", **kw)
-  evaluation = data_lib.SyntheticSource(spec, split="eval", num_batches=config.eval_batches, **kw)
-  return train, evaluation
+  return task(config).sources(config, spec)
 
 
 def _schedule(cfg, num_steps):
@@ -192,8 +116,10 @@ def _on_mesh(module, mesh) -> None:
 
 def model_and_optimizer(config, spec, mesh):
   """The model and its ``SparseAwareOptimizer``, every array on ``mesh``."""
-  model = build_model(config.model, spec, mesh=mesh, batch_size=config.batch_size,
-                      rngs=nnx.Rngs(config.seed))
+  try:
+    model = task(config).build_model(config, spec, mesh, nnx.Rngs(config.seed))
+  except ValueError as e:  # the factory names the config key and the fix
+    raise ConfigError(str(e)) from None
   dense = config.optim.dense
   tx = DENSE_OPTIMIZERS[dense.name](_schedule(dense, config.num_train_steps))
   sparse = config.optim.sparse

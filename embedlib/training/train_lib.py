@@ -12,15 +12,15 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from embedlib import checkpoint, metrics, optim
+from embedlib import checkpoint, optim
 from embedlib import data as data_lib
-from embedlib.training import setup
+from embedlib.training import setup, tasks
+# eval_step and loss_fn are re-exported: callers of the single-task loop import them here.
+from embedlib.training.steps import eval_step, loss_fn, train_step  # noqa: F401
 from embedlib.training.signals import StopSignals
 from embedlib.training.writers import MetricWriter, read_jsonl
 
@@ -28,38 +28,13 @@ from embedlib.training.writers import MetricWriter, read_jsonl
 log = logging.getLogger("embedlib.train")
 
 
-def loss_fn(model, batch):
-  """Mean sigmoid cross-entropy of the model's logits on a batch."""
-  logits = model(batch["dense"], batch["sparse"])
-  return optax.sigmoid_binary_cross_entropy(logits, batch["label"]).mean()
-
-
-@nnx.jit(donate_argnums=(0, 1))
-def train_step(model, optimizer, batch):
-  """One step: row gradients for the tables, dense gradients for the rest."""
-  loss, grads = optim.value_and_grad(loss_fn)(model, batch)
-  optimizer.update(model, grads)
-  return loss
-
-
-@nnx.jit
-def eval_step(model, batch):
-  return model(batch["dense"], batch["sparse"])
-
-
-def evaluate(model, source, start_state, mesh, max_batches) -> dict:
-  """AUC and log-loss over the eval set (every process's rows)."""
+def evaluate(model, source, start_state, mesh, max_batches, task=None) -> dict:
+  """``task``'s eval metrics (default: AUC and log-loss) over every process's rows."""
+  task = task or tasks.CTRTask()
   source.set_state(start_state)
-  acc = metrics.StreamingMetrics()
-  for batch in itertools.islice(source, max_batches):
-    batch = data_lib.to_global_batch(batch, mesh)
-    logits = eval_step(model, batch)
-    acc.update(multihost_utils.process_allgather(batch["label"], tiled=True),
-               logits=multihost_utils.process_allgather(logits, tiled=True))
-  if not acc.count:  # setup.sources checks for a batch; a NaN AUC must never pass as a result
-    raise setup.ConfigError("the eval data yielded no batch; check config.data.eval_path "
-                            "(or eval_holdout) and config.eval_batches.")
-  return acc.result()
+  batches = (data_lib.to_global_batch(task.featurize(b), mesh)
+             for b in itertools.islice(source, max_batches))
+  return task.evaluate(model, batches, mesh, source)
 
 
 def _progress(total, start):
@@ -111,14 +86,18 @@ def _stop_agreed(stop: StopSignals, step: int, log_every: int) -> bool:
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
-  """Trains ``config``'s model, evaluating and checkpointing in ``workdir``.
+  """Trains ``config``'s model on its task, evaluating and checkpointing in ``workdir``.
 
-  Resumes from the newest checkpoint in ``workdir`` that restores (one that
-  doesn't is moved into ``checkpoints/corrupt/`` with a warning); a workdir
-  that already holds the final checkpoint returns at once. Writes
-  ``eval.jsonl`` (one object per eval: ``step``, ``auc``, ``logloss``, and
-  ``oracle_auc`` for the synthetic source), ``train.jsonl`` (``loss``,
-  ``examples_per_sec``) and TensorBoard event files under
+  The task (``config.task.name``: ``ctr``, ``ranking`` or ``retrieval``; see
+  ``embedlib.training.tasks``) owns the data, the model, the loss and the
+  eval metrics; everything else here is the same for each. Resumes from the
+  newest checkpoint in ``workdir`` that restores (one that doesn't is moved
+  into ``checkpoints/corrupt/`` with a warning); a workdir that already
+  holds the final checkpoint returns at once. Writes ``eval.jsonl`` (one
+  object per eval: ``step``, the task's metrics, e.g. ``auc`` and
+  ``logloss`` for ``ctr``, and the planted optimum's as ``oracle_*`` for a
+  planted source), ``train.jsonl`` (``loss``, ``examples_per_sec``, and the
+  task's ``log_scalars``) and TensorBoard event files under
   ``tensorboard/train`` and ``tensorboard/eval``; after a resume, each step
   appears once in each. SIGTERM or SIGINT stops after the current step with
   a checkpoint (it returns normally).
@@ -139,19 +118,19 @@ def train_and_evaluate(config, workdir: str) -> dict:
   done = _finished(config, workdir)
   if done is not None:
     return done
+  task = setup.task(config)
   mesh = setup.make_mesh(config)
   spec = setup.data_spec(config)
   train_source, eval_source = setup.sources(config, spec)
   eval_start = eval_source.get_state()
   log.info("eval data: %s", setup.describe_eval(config))
   model, optimizer = setup.model_and_optimizer(config, spec, mesh)
-  log.info("mesh %s; embedding plan:\n%s", dict(mesh.shape), model.embeddings.plan)
+  log.info("mesh %s; embedding plan:\n%s", dict(mesh.shape), _plans(model))
 
-  oracle = None
-  if config.data.source == "synthetic":
-    oracle = eval_source.oracle_metrics()
-    log.info("planted oracle on the eval set: auc %.4f logloss %.4f",
-             oracle["auc"], oracle["logloss"])
+  oracle = task.oracle(eval_source)
+  eval_source.set_state(eval_start)
+  if oracle:
+    log.info("planted oracle on the eval set: %s", _line(oracle))
 
   os.makedirs(workdir, exist_ok=True)
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
@@ -165,37 +144,69 @@ def train_and_evaluate(config, workdir: str) -> dict:
       log.info("resumed from the checkpoint at step %d", start)
 
     def run_eval(step):
-      result = evaluate(model, eval_source, eval_start, mesh, config.eval_batches)
-      scalars = {"auc": result["auc"], "logloss": result["logloss"]}
-      if oracle is not None:
-        scalars["oracle_auc"] = oracle["auc"]
-      log.info("eval at step %d: %s", step, "  ".join(f"{k} {v:.4f}" for k, v in scalars.items()))
+      scalars = {**evaluate(model, eval_source, eval_start, mesh, config.eval_batches, task),
+                 **oracle}
+      log.info("eval at step %d: %s", step, _line(scalars))
       return {"step": step, **scalars}
 
     with StopSignals() as stop:
       return _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt,
-                   run_eval, stop)
+                   run_eval, stop, task)
   finally:
     ckpt.close()
 
 
-def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, run_eval, stop):
+def one_step_in_flight() -> bool:
+  """Whether to finish each step before dispatching the next: on several CPU devices.
+
+  XLA:CPU runs the in-process collectives of the simulated devices on a
+  shared thread pool, where a participant waiting at a collective holds its
+  thread. With the next step (or the loss mean) dispatched behind a running
+  step, two-tower runs stopped in a collective with participants missing,
+  and XLA aborted them after its collective timeout; finishing each step
+  first, the same runs completed. The simulated devices share the CPU cores
+  anyway, so little overlap is lost; accelerators keep their queue.
+  """
+  return jax.default_backend() == "cpu" and jax.local_device_count() > 1
+
+
+def _plans(model) -> str:
+  """The plan of every table: the collection's table, or one line per ``ShardedEmbed``."""
+  embeddings = getattr(model, "embeddings", None)
+  if embeddings is not None and hasattr(embeddings, "plan"):
+    return str(embeddings.plan)
+  return "\n".join(f"{key}: {emb.plan}" for key, emb in optim.sparse_tables(model))
+
+
+def _line(scalars: dict) -> str:
+  return "  ".join(f"{k} {v:.4f}" for k, v in scalars.items())
+
+
+def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, run_eval, stop,
+          task):
   """Steps ``start + 1 .. num_train_steps``; returns the last eval."""
   train_writer = MetricWriter(workdir, "train", resume_step=start)
   eval_writer = MetricWriter(workdir, "eval", resume_step=start)
   # Batches are put on the mesh in the prefetch thread, ahead of the step.
-  prefetch = data_lib.Prefetcher(train_source, buffer_size=config.data.prefetch,
-                                 transform=lambda b: data_lib.to_global_batch(b, mesh))
+  prefetch = data_lib.Prefetcher(
+      train_source, buffer_size=config.data.prefetch,
+      transform=lambda b: data_lib.to_global_batch(task.featurize(b), mesh))
   bar = _progress(config.num_train_steps, start)
-  # Flattening model and optimizer on every call costs ~15 ms of Python per
-  # step; cached_partial does it once.
+  # nnx.jit flattens its module arguments on every call; cached_partial does
+  # it once for the whole run.
   step_fn = nnx.cached_partial(train_step, model, optimizer)
+  # The ctr task is the default step's (its compiled program is shared with
+  # callers of ``train_step(model, optimizer, batch)``).
+  static = {} if isinstance(task, tasks.CTRTask) else {"task": task}
+  sync = one_step_in_flight()
   result = _last_eval(workdir, start)
   saved, step = start, start
   losses, timed, paused, tic = [], 0, 0.0, time.perf_counter()
   try:
     for step in range(start + 1, config.num_train_steps + 1):
-      loss = step_fn(next(prefetch))
+      loss = step_fn(next(prefetch), **static)
+      if sync:
+        jax.block_until_ready(loss)
       losses.append(loss)
       if step == start + 1:
         jax.block_until_ready(loss)
@@ -207,8 +218,9 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
       if bar is not None:
         bar.update(1)
       if step % config.log_every == 0 or step == config.num_train_steps:
-        mean_loss = float(jnp.mean(jnp.stack(losses)))
-        scalars = {"loss": mean_loss}
+        # On the host: a device program here would run beside the steps in flight.
+        mean_loss = float(np.mean(jax.device_get(losses)))
+        scalars = {"loss": mean_loss, **task.log_scalars(model)}
         if timed:
           elapsed = time.perf_counter() - tic - paused
           scalars["examples_per_sec"] = timed * config.batch_size / elapsed

@@ -59,7 +59,8 @@ def test_the_check_passes_then_every_case_is_timed(monkeypatch):
   sparse_step = benchmark_scripts.load("sparse_step")
   runs = recording_runs(sparse_step, monkeypatch)
   assert sparse_step.main(QUICK) == 0
-  cases = {sparse_step.SPARSE, sparse_step.DENSE}
+  # The sorted update (every other platform's) is timed beside the CPU's own.
+  cases = {sparse_step.SPARSE, sparse_step.DENSE, sparse_step.SPARSE_SORTED}
   if fused_cpu.enabled():
     cases.add(sparse_step.SPARSE_XLA)   # the XLA ops beside the fused CPU update
   assert [size for size, _ in runs] == [(100_000, 64), (1_000_000, 32)]

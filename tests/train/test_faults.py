@@ -16,13 +16,20 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.parse
 
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from configs import quickstart
 from embedlib import checkpoint
 from embedlib.training import events, train_lib
 from embedlib.training.writers import read_jsonl
+
+# A failed orbax read leaves tensorstore callbacks on a closed event loop;
+# the trainer's CLI filters them (embedlib/training/console.py).
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LONG = ["--config.num_train_steps=100000", "--config.log_every=1", "--config.eval_every=100000"]
@@ -73,10 +80,23 @@ def _delete(step_dir):
     os.remove(path)
 
 
+def _table_chunk(step_dir):
+  return step_dir / "tables" / urllib.parse.quote("tables/embeddings/tables/f0", safe="") / "3.0"
+
+
+def _truncate_chunk(step_dir):
+  path = _table_chunk(step_dir)
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
 CORRUPTIONS = {
-    "data file truncated": _truncate,
-    "data file deleted": _delete,
+    "dense data file truncated": _truncate,
+    "dense data files deleted": _delete,
+    "table chunk truncated": _truncate_chunk,
+    "table chunk deleted": lambda d: os.remove(_table_chunk(d)),
     "garbage array metadata": lambda d: (d / "state" / "_METADATA").write_text("{garbage"),
+    "garbage table index": lambda d: (d / "tables" / "arrays.json").write_text("[1, 2"),
     "garbage data position": lambda d: (d / "data" / "metadata").write_text("\x00\x01"),
 }
 
@@ -125,6 +145,21 @@ def test_checkpoint_of_another_model_config_is_an_error_not_corruption(finished_
                      r"float32\[100, 16\] in the checkpoint, float32\[200, 16\] in the model"):
     train_lib.train_and_evaluate(config, str(workdir))
   assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6"]  # nothing moved
+
+
+def test_checkpoint_of_the_earlier_whole_table_format_is_named_not_set_aside(tmp_path):
+  directory = tmp_path / "run" / "checkpoints"
+  old = ocp.CheckpointManager(str(directory), options=ocp.CheckpointManagerOptions(create=True))
+  old.save(3, args=ocp.args.Composite(
+      state=ocp.args.StandardSave({"dense": {}, "tables": {"f0": np.zeros((100, 16))}}),
+      data=ocp.args.JsonSave({"position": 3})))
+  old.wait_until_finished()
+  old.close()
+  with pytest.raises(checkpoint.CheckpointMismatchError,
+                     match=r"checkpoints/3 was written by an earlier embedlib, which kept each "
+                     r"table whole .* or use a new --workdir"):
+    train_lib.train_and_evaluate(_smoke(), str(tmp_path / "run"))
+  assert os.listdir(directory) == ["3"]
 
 
 # -- SIGTERM and SIGINT ------------------------------------------------------------
