@@ -26,8 +26,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from embedlib import options
+from embedlib.optim import sorted_update
 from embedlib.plan import cost, mesh_axes
-from embedlib.strategies import collectives, dedup, routed
+from embedlib.strategies import collectives, routed
 
 
 def outer_axes(plan) -> tuple[str, ...]:
@@ -65,11 +66,19 @@ def sum_duplicates(ids, grads):
   ([2, 4, -1, -1], [1.0, 2.0, 0.0, 0.0])
   """
   n = ids.shape[0]
-  unique, inverse, _ = dedup.unique_with_inverse(ids, n)
-  sums = jax.ops.segment_sum(
-      grads.astype(jnp.float32), jnp.where(inverse >= 0, inverse, n), num_segments=n
-  )
-  return unique, sums.astype(grads.dtype)
+  # Sorted runs summed by a scan, each written once: a segment_sum would
+  # scatter-add with colliding indices, which XLA:GPU runs as atomics.
+  none = jnp.iinfo(jnp.int32).max
+  iota = jnp.arange(n, dtype=jnp.int32)
+  key, position = lax.sort((jnp.where(ids >= 0, ids, none).astype(jnp.int32), iota),
+                           num_keys=1, is_stable=True)
+  sums, last = sorted_update.segmented_sums(key, grads.astype(jnp.float32)[position])
+  keep = last & (key != none)
+  slot = jnp.where(keep, jnp.cumsum(keep) - 1, n + iota)  # distinct, past the end if dropped
+  unique = jnp.full((n,), -1, jnp.int32).at[slot].set(key, mode="drop", unique_indices=True)
+  out = jnp.zeros((n, grads.shape[1]), jnp.float32).at[slot].set(
+      sums, mode="drop", unique_indices=True)
+  return unique, out.astype(grads.dtype)
 
 
 def _bucket(ids, grads, *, plan, rows_per_rank: int, capacity: int):
@@ -87,7 +96,9 @@ def _bucket(ids, grads, *, plan, rows_per_rank: int, capacity: int):
   send, slot, need = routed.bucketize(unique, rows_per_rank, group, capacity)
   slots = group * capacity
   send_grads = jnp.zeros((slots, sums.shape[1]), sums.dtype)
-  send_grads = send_grads.at[jnp.where(slot >= 0, slot, slots)].set(sums, mode="drop")
+  dropped = slots + jnp.arange(slot.shape[0], dtype=jnp.int32)  # distinct: no atomics on GPU
+  send_grads = send_grads.at[jnp.where(slot >= 0, slot, dropped)].set(
+      sums, mode="drop", unique_indices=True)
   return send, send_grads, lax.pmax(need, plan.table_axes + outer_axes(plan))
 
 

@@ -67,13 +67,16 @@ def bucketize(ids, rows_per_rank: int, group: int, capacity: int):
   starts = jnp.searchsorted(
       sorted_owner, jnp.arange(group + 1, dtype=jnp.int32), method="scan_unrolled"
   ).astype(jnp.int32)
-  place = jnp.zeros((n,), jnp.int32).at[perm].set(iota - starts[sorted_owner])
+  place = jnp.zeros((n,), jnp.int32).at[perm].set(iota - starts[sorted_owner],
+                                                   unique_indices=True)
   need = jnp.max(starts[1:] - starts[:-1])
   kept = (owner < group) & (place < capacity)
   slot = jnp.where(kept, owner * capacity + place, -1)
   local = ids - owner * rows_per_rank
   send = jnp.full((group * capacity,), -1, jnp.int32)
-  send = send.at[jnp.where(kept, slot, group * capacity)].set(local, mode="drop")
+  # Distinct indices, dropped ones each past the end: no atomics on a GPU.
+  send = send.at[jnp.where(kept, slot, group * capacity + iota)].set(
+      local, mode="drop", unique_indices=True)
   return send, slot, need
 
 
