@@ -478,14 +478,15 @@ def apply_row_grads(
             x, plan.data_axes, axis=0, tiled=True, to="invarying"
         )
         i, g = map(gather, i), map(gather, g)
-      return update(jnp.concatenate(list(i)), jnp.concatenate(list(g)))
+      return jnp.concatenate(list(i)), jnp.concatenate(list(g))
 
     if not routes:
-      return gathered()
-    return route_lib.update_owned(
+      return update(*gathered())
+    # One update after the route's cond, never one per branch: see route.py.
+    return update(*route_lib.routed_or_gathered(
         jnp.concatenate(list(ids)), jnp.concatenate(list(grads)), plan=plan,
-        rows_per_rank=table.shape[0], capacity=capacity, update=update, fallback=gathered,
-    )
+        rows_per_rank=table.shape[0], capacity=capacity, gathered=gathered,
+    ))
 
   return _compat.shard_map(
       body,

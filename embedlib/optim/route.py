@@ -17,6 +17,14 @@ The owner then dedups and updates as before (it may receive one id from
 several ranks). A step with more distinct ids for one owner than the
 capacity takes the all-gather instead, inside a ``lax.cond`` on the
 largest bucket anywhere, so no gradient is dropped.
+
+The ``lax.cond`` picks only what arrives, never the update: a cond whose
+branches update the table makes XLA copy the table and its slots (each
+branch needs an output buffer of its own, so the donated table can't be
+written in place). Both branches return one static size, the larger of the
+two routes, padded with ``-1`` ids, and one update follows the cond. The
+update then has the all-gather's ``[ids, features]`` temporaries; the
+route saves bytes moved, not the update's scratch.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from embedlib import options
+from embedlib import sharding as sharding_lib
 from embedlib.optim import sorted_update
 from embedlib.plan import cost, mesh_axes
 from embedlib.strategies import collectives, routed
@@ -116,8 +125,17 @@ def _exchange(send, send_grads, *, plan, rows_per_rank: int):
   return received, received_grads
 
 
-def update_owned(ids, grads, *, plan, rows_per_rank: int, capacity: int, update, fallback):
-  """The routed input distribution, then ``update`` on what arrived (inside ``shard_map``).
+def _pad(ids, grads, size: int):
+  """``ids`` and ``grads`` padded to ``size`` entries: ``-1`` ids, zero gradients."""
+  extra = size - ids.shape[0]
+  return (jnp.pad(ids, (0, extra), constant_values=-1),
+          jnp.pad(grads, ((0, extra), (0, 0))))
+
+
+def routed_or_gathered(ids, grads, *, plan, rows_per_rank: int, capacity: int, gathered):
+  """What this rank updates: the routed input distribution, or on overflow ``gathered()``.
+
+  Inside ``shard_map``.
 
   Args:
     ids: ``[n]`` int32 global rows, ``-1`` invalid: this rank's ids.
@@ -125,17 +143,29 @@ def update_owned(ids, grads, *, plan, rows_per_rank: int, capacity: int, update,
     plan: the table's ``EmbeddingPlan``.
     rows_per_rank: rows each rank owns.
     capacity: distinct ids per destination.
-    update: ``update(ids, grads) -> (table, slots)``, the local update.
-    fallback: ``fallback() -> (table, slots)``, the all-gather path, for a
+    gathered: ``gathered() -> (ids, grads)``, the all-gather path, for a
       step that overflows the capacity.
 
   Returns:
-    ``(table, slots)`` of this rank.
+    ``(ids [m], grads [m, features])``, ``-1`` padded to the larger of the
+    two paths' sizes, whichever path the step took.
   """
   send, send_grads, need = _bucket(ids, grads, plan=plan, rows_per_rank=rows_per_rank,
                                    capacity=capacity)
+  routed_fn = lambda: _exchange(send, send_grads, plan=plan, rows_per_rank=rows_per_rank)
+  shapes = [jax.eval_shape(f) for f in (routed_fn, gathered)]
+  size = max(i.shape[0] for i, _ in shapes)
+  # The gathered pairs are the same on every rank, the routed ones not: both
+  # typed as varying over every axis either varies over, as cond requires.
+  vary = frozenset().union(*(sharding_lib.varying_axes(x) for pair in shapes for x in pair))
 
-  def routed_update():
-    return update(*_exchange(send, send_grads, plan=plan, rows_per_rank=rows_per_rank))
+  def padded(fn):
+    cast = lambda x: _vary(x, vary)
+    return lambda: tuple(map(cast, _pad(*fn(), size)))
 
-  return lax.cond(need > capacity, fallback, routed_update)
+  return lax.cond(need > capacity, padded(gathered), padded(routed_fn))
+
+
+def _vary(x, axes):
+  missing = tuple(sorted(frozenset(axes) - sharding_lib.varying_axes(x)))
+  return lax.pcast(x, missing, to="varying") if missing else x

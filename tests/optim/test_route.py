@@ -6,6 +6,8 @@ every layout. Routing sums each rank's duplicates first, so sums are added
 in another order: float32, ``rtol=1e-5``.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,6 +81,23 @@ def test_routed_update_moves_less_than_the_all_gather(monkeypatch):
   capacity = emb.plan.capacity_for(local)
   assert routed == 7 * capacity * entry + 7  # two all-to-alls and the overflow count
   assert routed < gathered / 3
+
+
+def test_routed_update_never_copies_the_table(update_path):
+  # The overflow cond picks the arriving pairs, not the update: a cond around
+  # the update gave each branch its own output buffers, a copy of the donated
+  # table and slots every step.
+  emb, pairs = _setup("8-tokens", "routed", rows=100_000)
+  rule = optim.RowWiseAdagrad(0.1)
+  slots = optim.init_slots(rule, emb.plan, emb.mesh)
+  text = jax.jit(
+      lambda t, s, p: optim.apply_row_grads(rule, t, s, p, plan=emb.plan, mesh=emb.mesh, step=0),
+      donate_argnums=(0, 1),
+  ).lower(emb.embedding[...], slots, pairs).compile().as_text()
+  rows = emb.embedding.shape[0] // 8
+  assert "conditional(" in text  # the overflow fallback is there
+  copies = re.findall(rf"= f32\[{rows}(?:,16)?\]\S* copy\(", text)
+  assert not copies, copies
 
 
 def test_sum_duplicates():
