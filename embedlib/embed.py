@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from embedlib import sharding as sharding_lib
+from embedlib import table as table_lib
 from embedlib import options
 from embedlib import invalid_ids as invalid_lib
 from embedlib import kernels
@@ -23,7 +24,7 @@ from embedlib import strategies
 from embedlib import tape as tape_lib
 from embedlib.strategies import dedup
 from embedlib.strategies.request import Request
-from embedlib.plan import plan_embedding
+from embedlib.plan import check_shape, plan_embedding
 
 def eager_on_mesh(mesh, *values) -> bool:
   """Whether a module call should run as one cached jit: eager, on a concrete mesh.
@@ -40,12 +41,6 @@ def eager_on_mesh(mesh, *values) -> bool:
       and tape_lib.active() is None
       and not sharding_lib.any_tracer(*values)
   )
-
-
-@functools.cache
-def _pad_onto(pad, sharding):
-  """A jitted ``jnp.pad`` laid out as ``sharding``, one per padding and layout."""
-  return jax.jit(lambda table: jnp.pad(table, pad), out_shardings=sharding)
 
 
 class ShardedEmbed(nnx.Module):
@@ -72,6 +67,11 @@ class ShardedEmbed(nnx.Module):
   padded: padded rows and columns are zero, get no gradient and never reach
   an output; ``logical_table()`` is the unpadded table. Every layout gives
   the single-device ``jnp.take`` answer.
+
+  The table is drawn shard by shard: one jitted program calls
+  ``embedding_init`` with the logical shape and pads, each device drawing
+  only its own rows or columns (see ``embedlib.table``), with the values an
+  ``nnx.Embed`` with the same ``rngs`` draws.
 
   Differences from ``nnx.Embed``: an invalid id (negative or
   ``>= num_embeddings``) looks up zeros with zero gradient, where
@@ -131,6 +131,7 @@ class ShardedEmbed(nnx.Module):
           f"{name}: embedding_metadata sets 'out_sharding', but ShardedEmbed "
           "lays out its own table; choose it with sharding= and table_axes=."
       )
+    check_shape(num_embeddings, features, name)
     mesh = sharding_lib.current_mesh() if mesh is None else mesh
     extra = {}
     if replicate_below_bytes is not None:
@@ -154,58 +155,49 @@ class ShardedEmbed(nnx.Module):
     self.invalid_ids = invalid_ids
     self.param_dtype = param_dtype
     self.promote_dtype = promote_dtype
-    table = embedding_init(rngs.params(), self.plan.logical_shape, param_dtype)
+    table = table_lib.draw(embedding_init, rngs.params(), self.plan, mesh, param_dtype)
     metadata = dict(embedding_metadata)
     if mesh is not None:
       metadata.update(out_sharding=self.plan.table_spec, mesh=mesh)
-    self.embedding = nnx.Param(self._physical(table), **metadata)
+    self.embedding = nnx.Param(table, **metadata)
     self.dtype = dtype or self.embedding.dtype
 
   # -- the table ---------------------------------------------------------
 
   def _sharding(self):
-    return NamedSharding(self.mesh, P(*self.plan.table_spec))
+    return table_lib.physical_sharding(self.plan, self.mesh)
 
-  def _physical(self, table):
-    """Pads a logical table and lays it out as the plan says."""
-    rows, cols = self.plan.padded_shape
-    pad = ((0, rows - table.shape[0]), (0, cols - table.shape[1]))
-    if self.mesh is None:
-      return jnp.pad(table, pad) if any(p for _, p in pad) else table
-    if isinstance(table, jax.core.Tracer) or not sharding_lib.has_devices(self.mesh):
-      return sharding_lib.place_always(jnp.pad(table, pad), self._sharding())
-    return _pad_onto(pad, self._sharding())(table)
-
-  def logical_table(self) -> jax.Array:
+  def logical_table(self, *, replicated: bool = False) -> jax.Array:
     """The unpadded ``(num_embeddings, features)`` table.
 
-    Without padding this is the parameter itself (still sharded); with
-    padding, the rows or columns are gathered to strip it.
+    Kept split over the mesh: without padding it is the parameter itself;
+    with padding it is laid out by ``plan.logical_spec`` (the even split over
+    the most devices, since an array can't be split unevenly). No device
+    holds it whole unless no mesh axis divides either size, or
+    ``replicated=True`` gathers it onto every device.
     """
-    table = self.embedding[...]
-    if self.plan.padded_shape == self.plan.logical_shape:
-      return table
-    if self.mesh is not None:
-      table = sharding_lib.place_always(table, NamedSharding(self.mesh, P()))
-    return table[: self.num_embeddings, : self.features]
+    return table_lib.unpad(self.embedding[...], self.plan, self.mesh, replicated=replicated)
 
   def load_table(self, table) -> None:
     """Sets the parameter from a logical ``(num_embeddings, features)`` table.
+
+    ``table`` is a host array (numpy, ``np.memmap``, nested lists) or a jax
+    array; a host array is read one shard at a time, so the padded table is
+    never whole on one device (or the host) unless it is replicated. Values
+    are cast to ``param_dtype``.
 
     >>> from flax import nnx
     >>> emb = ShardedEmbed(3, 2, rngs=nnx.Rngs(0))
     >>> emb.load_table(jnp.arange(6.0).reshape(3, 2))
     >>> emb(jnp.array([2]))
     Array([[4., 5.]], dtype=float32)
+
+    Raises:
+      ValueError: a table of another shape, of a complex or non-numeric
+        dtype, or holding values that overflow ``param_dtype`` to inf.
     """
-    table = jnp.asarray(table)
-    if table.shape != self.plan.logical_shape:
-      raise ValueError(
-          f"{self.plan.name}: load_table got shape {table.shape}, expected the "
-          f"logical shape {self.plan.logical_shape} (num_embeddings, "
-          f"features), without padding."
-      )
-    self.embedding.set_value(self._physical(table.astype(self.param_dtype)))
+    table = table_lib.check_host_table(table, self.plan, self.param_dtype)
+    self.embedding.set_value(table_lib.load(table, self.plan, self.mesh, self.param_dtype))
 
   # -- lookups -----------------------------------------------------------
 
