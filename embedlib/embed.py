@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import typing as tp
 from types import MappingProxyType
@@ -15,6 +16,7 @@ from flax.nnx.nn.linear import default_embed_init
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from embedlib import annotations
 from embedlib import sharding as sharding_lib
 from embedlib import table as table_lib
 from embedlib import options
@@ -73,6 +75,15 @@ class ShardedEmbed(nnx.Module):
   only its own rows or columns (see ``embedlib.table``), with the values an
   ``nnx.Embed`` with the same ``rngs`` draws.
 
+  Sharding annotations written for ``nnx.Embed`` are read as the layout
+  request (see ``embedlib.annotations``): ``embedding_metadata=
+  {'out_sharding': spec}`` or ``embedding_init=nnx.with_partitioning(init,
+  axes)``, with mesh axes or logical names under ``nnx.logical_axis_rules``.
+  Mesh axes on the vocabulary dimension mean vocab sharding over them, on
+  the feature dimension hidden sharding, none ``"auto"``; ``sharding`` and
+  ``table_axes`` given too must agree with it. The parameter's
+  ``out_sharding`` is the physical spec.
+
   Differences from ``nnx.Embed``: an invalid id (negative or
   ``>= num_embeddings``) looks up zeros with zero gradient, where
   ``nnx.Embed`` returns NaN or wraps (see ``embedlib.invalid_ids``), and
@@ -94,9 +105,11 @@ class ShardedEmbed(nnx.Module):
     replicate_below_bytes: ``auto`` replicates tables up to this size.
     dtype: dtype of the outputs (default: ``param_dtype``).
     param_dtype: dtype of the stored table.
-    embedding_init: initializer, called with the logical shape.
+    embedding_init: initializer, called with the logical shape; may carry
+      a sharding annotation (``nnx.with_partitioning``).
     promote_dtype: as in ``nnx.Embed``.
-    embedding_metadata: extra ``nnx.Param`` metadata.
+    embedding_metadata: extra ``nnx.Param`` metadata; its ``out_sharding``
+      is read as a sharding annotation.
     rngs: random number generators; ``rngs.params()`` draws the table.
   """
 
@@ -126,13 +139,16 @@ class ShardedEmbed(nnx.Module):
           f"{name}: invalid_ids={invalid_ids!r}; use one of {invalid_lib.MODES}."
       )
     kernels.resolve_kernel(kernel)  # fail early on an unknown kernel name
-    if "out_sharding" in embedding_metadata:
-      raise ValueError(
-          f"{name}: embedding_metadata sets 'out_sharding', but ShardedEmbed "
-          "lays out its own table; choose it with sharding= and table_axes=."
-      )
-    check_shape(num_embeddings, features, name)
+    shape = check_shape(num_embeddings, features, name)
+    key = rngs.params()
+    box = annotations.init_box(embedding_init, key, shape, param_dtype, name=name)
+    found = annotations.find(embedding_metadata, box)
     mesh = sharding_lib.current_mesh() if mesh is None else mesh
+    request = annotations.read(
+        found, None if mesh is None else tuple(mesh.axis_names), name=name)
+    if mesh is None and request is not None:
+      mesh = request.mesh
+    sharding, table_axes = annotations.merge(sharding, table_axes, request, name=name)
     extra = {}
     if replicate_below_bytes is not None:
       extra["replicate_below_bytes"] = replicate_below_bytes
@@ -155,11 +171,13 @@ class ShardedEmbed(nnx.Module):
     self.invalid_ids = invalid_ids
     self.param_dtype = param_dtype
     self.promote_dtype = promote_dtype
-    table = table_lib.draw(embedding_init, rngs.params(), self.plan, mesh, param_dtype)
-    metadata = dict(embedding_metadata)
-    if mesh is not None:
-      metadata.update(out_sharding=self.plan.table_spec, mesh=mesh)
-    self.embedding = nnx.Param(table, **metadata)
+    table = table_lib.draw(embedding_init, key, self.plan, mesh, param_dtype,
+                           unwrap=annotations.unwrap)
+    metadata, box = annotations.param_metadata(
+        embedding_metadata, box, spec=self.plan.table_spec, mesh=mesh,
+        annotated=found is not None)
+    value = table if box is None else dataclasses.replace(box, raw_value=table)
+    self.embedding = nnx.Param(value, **metadata)
     self.dtype = dtype or self.embedding.dtype
 
   # -- the table ---------------------------------------------------------

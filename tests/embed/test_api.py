@@ -153,7 +153,6 @@ def test_invalid_ids_as_errors(mesh_shape):
         (dict(table_axes=("tensor",)), ValueError, "'tensor'.*\\('data', 'model'\\)"),
         (dict(kernel="cuda"), ValueError, "cuda"),
         (dict(invalid_ids="clip"), ValueError, "'clip'.*'zero'"),
-        (dict(embedding_metadata={"out_sharding": ("model", None)}), ValueError, "table_axes="),
     ],
 )
 def test_construction_errors(kwargs, error, pattern):

@@ -102,6 +102,12 @@ def test_drawn_under_set_mesh_and_inside_jit():
                              rtol=1e-6, atol=1e-7)
 
 
+def test_a_wrong_initializer_shape_is_named():
+  with pytest.raises(ValueError, match=r"item: embedding_init returned shape \(4, 3\)"):
+    embedlib.ShardedEmbed(3, 4, name="item", rngs=nnx.Rngs(0),
+                          embedding_init=lambda k, s, d: jnp.zeros(s[::-1], d))
+
+
 def test_collection_tables_are_drawn_the_same_way():
   mesh = _mesh()
   coll = embedlib.EmbeddingCollection(
