@@ -213,6 +213,11 @@ def param_metadata(embedding_metadata: Mapping, init_box, *, spec, mesh,
     metadata.update(out_sharding=spec, mesh=mesh)
     if not annotated:
       metadata.setdefault("linen_meta_type", PlainInLinen)
+    if "eager_sharding" not in metadata and "eager_sharding" not in getattr(
+        init_box, "metadata", {}):
+      # The table is already laid out as out_sharding says; flax's eager
+      # placement would copy it (a second table-sized buffer).
+      metadata["eager_sharding"] = False
   if init_box is not None and "out_sharding" in init_box.metadata and mesh is not None:
     init_box = dataclasses.replace(
         init_box, metadata={**init_box.metadata, "out_sharding": spec, "mesh": mesh})

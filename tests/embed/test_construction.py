@@ -90,6 +90,14 @@ def test_other_initializers_and_dtypes_keep_their_values():
       np.testing.assert_allclose(got, want, rtol=2e-2 if dtype == jnp.bfloat16 else 1e-6)
 
 
+def test_the_param_is_the_drawn_table_not_a_copy():
+  # flax's eager sharding would place the value again: a second table-sized
+  # buffer per table while a model is built.
+  emb = embedlib.ShardedEmbed(64, 16, mesh=_mesh(), sharding="vocab", rngs=nnx.Rngs(0))
+  assert emb.embedding.get_metadata()["eager_sharding"] is False
+  assert nnx.get_partition_spec(nnx.state(emb))["embedding"].get_value() == P("batch", None)
+
+
 def test_drawn_under_set_mesh_and_inside_jit():
   mesh = _mesh()
   with jax.set_mesh(mesh):
