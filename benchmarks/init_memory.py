@@ -121,7 +121,10 @@ def dlrm_worker() -> dict:
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
   from configs import dlrm_criteo  # pylint: disable=g-import-not-at-top
-  from train import setup  # pylint: disable=g-import-not-at-top
+  try:  # the run's set-up is embedlib.training's in trees that have it, else train/'s
+    from embedlib.training import setup  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    from train import setup  # pylint: disable=g-import-not-at-top
 
   baseline = _memory("VmRSS")
   config = dlrm_criteo.get_config()

@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 from flax.nnx.nn.linear import default_embed_init
 from jax.sharding import AxisType
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import embedlib
@@ -144,3 +145,16 @@ def test_logical_table_stays_split_unless_asked():
   assert unpadded.logical_table() is unpadded.embedding[...]
   odd = embedlib.ShardedEmbed(99, 7, mesh=mesh, sharding="vocab", rngs=nnx.Rngs(0))
   assert odd.logical_table().sharding.is_fully_replicated  # nothing divides 99 or 7
+
+
+def test_logical_table_of_a_padded_table_moves_shards_without_a_gather():
+  mesh = make_mesh((2, 4), ("data", "model"))
+  plan = plan_embedding(4099, 64, mesh=mesh, sharding="vocab")  # rows padded to 4100
+  physical = jax.ShapeDtypeStruct(plan.padded_shape, jnp.float32,
+                                  sharding=NamedSharding(mesh, P(*plan.table_spec)))
+  cut = jax.jit(lambda t: table_lib.unpad(t, plan, mesh))
+  memory = cut.lower(physical).compile().memory_analysis()
+  table = 4099 * 64 * 4
+  assert plan.logical_spec == (None, ("model",))
+  assert memory.output_size_in_bytes == table // 4
+  assert memory.temp_size_in_bytes + memory.output_size_in_bytes < table / 2
