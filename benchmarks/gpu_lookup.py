@@ -7,16 +7,20 @@ Run on a machine with one NVIDIA GPU::
 
 For 1M x 128 and 10M x 64 tables, float32 and bfloat16, uniform and Zipf(1.05)
 ids, it times a row gather of 65,536 ids and pooled ``sum`` bags of 16 and 64
-ids (65,536 ids in all: 4,096 and 1,024 bags). Beside each embedlib Pallas
-kernel it measures, in the same run, XLA (``jnp.take``; ``take`` +
-``segment_sum`` for bags, the ``vs xla`` base; and ``xla-slots``, embedlib's
-own ``kernel="xla"`` bag), ``torch.nn.functional.embedding`` /
-``embedding_bag`` on CUDA when torch imports, and a device-to-device copy of
-1 GiB (the bandwidth limit). Each timing runs the lookup ``--inner`` times in
-one jitted loop (so that a short lookup is not swamped by dispatch) and
-reports min / median / max per lookup over ``--repeats`` runs. It never
-asserts a time. On a machine without a GPU it says so, measures nothing and
-exits 0.
+ids (65,536 ids in all: 4,096 and 1,024 bags), and the backward's per-row
+reduction of 65,536 gradient rows. Side by side, in the same run: embedlib's
+Mosaic GPU kernels (``mosaic``), its Triton kernels (``triton``, while this
+jax has the backend), XLA (``jnp.take``; ``take`` + ``segment_sum`` for
+bags, the ``vs xla`` base; a scatter-add of rows for the backward) and
+``xla-slots`` (embedlib's own ``kernel="xla"`` bag), the sorted scan of the
+GPU sparse update for the backward (``sorted-scan``),
+``torch.nn.functional.embedding`` / ``embedding_bag`` on CUDA when torch
+imports, and a device-to-device copy of 1 GiB (the bandwidth limit). Each
+timing runs the operation ``--inner`` times in one jitted loop (so that a
+short one is not swamped by dispatch) and reports min / median / max per
+call over ``--repeats`` runs. It never asserts a time. On a machine without
+a GPU it says so, measures nothing and exits 0; ``--smoke`` runs the whole
+script at tiny sizes on any backend (the kernels interpreted on a CPU).
 """
 
 from __future__ import annotations
@@ -50,15 +54,18 @@ def make_ids(num_embeddings: int, n: int, distribution: str, seed: int = 0) -> n
   return ((ranks * 2_654_435_761) % num_embeddings).astype(np.int32)
 
 
-def timed_loop(op, inner: int):
-  """Jitted ``inner`` sequential calls of ``op(table, ids)``; each output fully materialised."""
+def timed_loop(op, inner: int, rows: int | None = None):
+  """Jitted ``inner`` sequential calls of ``op(table, ids)``; each output fully materialised.
+
+  ``rows``: the id range (default the table's rows).
+  """
 
   def run(table, ids):
     def body(i, acc):
       # Shifting valid ids keeps each call distinct (no hoisting) at a
       # negligible cost; the barrier stops XLA from fusing the lookup into
       # the one element read back, which would skip writing its output.
-      shifted = jnp.where(ids >= 0, (ids + i) % table.shape[0], ids)
+      shifted = jnp.where(ids >= 0, (ids + i) % (rows or table.shape[0]), ids)
       out = jax.lax.optimization_barrier(op(table, shifted))
       return acc + out.reshape(-1)[0].astype(jnp.float32)
 
@@ -124,8 +131,19 @@ def torch_ops():
   return timer
 
 
+def backends() -> list[str]:
+  """The Pallas backends to time: Mosaic GPU, and Triton while this jax has it."""
+  from jax.experimental.pallas import mosaic_gpu  # noqa: F401  (every supported jax)
+
+  try:
+    from jax.experimental.pallas import triton  # noqa: F401
+  except ImportError:
+    return ["mosaic"]
+  return ["mosaic", "triton"]
+
+
 def check(rows: int = 10_000, batch: int = 257, verbose: bool = True, references=None) -> bool:
-  """Compares every compiled kernel (and gradient) with its reference on the GPU.
+  """Compares every kernel of every backend (and gradient) with its reference on the GPU.
 
   The reference runs on the float32 copy of the table, so bf16 kernels are
   judged against the exact answer (to bf16 rounding, 2e-2 relative), not
@@ -153,7 +171,6 @@ def check(rows: int = 10_000, batch: int = 257, verbose: bool = True, references
     ids = jax.random.randint(key, (batch, 9), -3, vocab + 3)
     weights = jax.random.uniform(key, ids.shape, minval=0.1, maxval=2.0)
     tol = 1e-5 if dtype == "float32" else 2e-2
-    cases = {"gather": (kernels.gather(table, ids, kernel="pallas"), refs["gather"](exact, ids))}
     # A fixed cotangent (bags use its first slot): gradients linear in each use.
     cot = jax.random.normal(jax.random.PRNGKey(1), ids.shape + (features,))
     def g(fn, t):
@@ -163,17 +180,21 @@ def check(rows: int = 10_000, batch: int = 257, verbose: bool = True, references
 
       return jax.grad(loss)(t)
 
-    cases["gather grad"] = (
-        g(lambda t: kernels.gather(t, ids, kernel="pallas"), table),
-        g(lambda t: refs["gather"](t, ids), exact),
-    )
-    for combiner in ("sum", "mean", "sqrtn"):
-      for w in (None, weights):
-        name = f"bag {combiner}{'' if w is None else ' weighted'}"
-        pallas = lambda t: kernels.bag(t, ids, w, combiner=combiner, kernel="pallas")
-        ref = lambda t: refs["bag"](t, ids, w, combiner=combiner)
-        cases[name] = (pallas(table), ref(exact))
-        cases[name + " grad"] = (g(pallas, table), g(ref, exact))
+    cases = {}
+    for backend in backends():
+      cases[f"{backend} gather"] = (kernels.gather(table, ids, kernel=backend),
+                                    refs["gather"](exact, ids))
+      cases[f"{backend} gather grad"] = (
+          g(lambda t: kernels.gather(t, ids, kernel=backend), table),
+          g(lambda t: refs["gather"](t, ids), exact),
+      )
+      for combiner in ("sum", "mean", "sqrtn"):
+        for w in (None, weights):
+          name = f"{backend} bag {combiner}{'' if w is None else ' weighted'}"
+          pallas = lambda t: kernels.bag(t, ids, w, combiner=combiner, kernel=backend)
+          ref = lambda t: refs["bag"](t, ids, w, combiner=combiner)
+          cases[name] = (pallas(table), ref(exact))
+          cases[name + " grad"] = (g(pallas, table), g(ref, exact))
     for name, (got, want) in cases.items():
       got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
       # Normalised by the largest entry: sums with cancellation have entries
@@ -182,7 +203,7 @@ def check(rows: int = 10_000, batch: int = 257, verbose: bool = True, references
       good = err <= tol
       ok &= good
       if verbose or not good:
-        print(f"check {name:<24} {vocab}x{features} {dtype:<8} max err / max {err:.2e} "
+        print(f"check {name:<31} {vocab}x{features} {dtype:<8} max err / max {err:.2e} "
               f"{'ok' if good else 'MISMATCH'}")
   return ok
 
@@ -207,15 +228,17 @@ def main(argv=None, references=None) -> int:
   parser.add_argument("--check", action="store_true", help="compare kernels to references first")
   parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement")
   parser.add_argument("--inner", type=int, default=50, help="lookups per timed run")
+  parser.add_argument("--budget", type=float, default=None,
+                      help="seconds after which no new case starts (the GPU session's limit)")
   parser.add_argument("--smoke", action="store_true",
                       help="tiny sizes on any backend (Pallas interpreted on CPU): tests the "
                       "script itself; its numbers mean nothing")
   args = parser.parse_args(argv)
 
   backend = jax.default_backend()
-  tables, num_ids, copy_bytes = TABLES, NUM_IDS, COPY_BYTES
+  tables, num_ids, copy_bytes, distributions = TABLES, NUM_IDS, COPY_BYTES, DISTRIBUTIONS
   if args.smoke:
-    tables, num_ids, copy_bytes = ((1000, 100), (3000, 64)), 256, 1 << 20
+    tables, num_ids, copy_bytes, distributions = ((1000, 100),), 256, 1 << 20, ("zipf",)
     args.inner, args.repeats = 2, 2
     print("gpu_lookup --smoke: tiny sizes to exercise the script; the numbers are not measurements.")
   elif backend != "gpu":
@@ -237,25 +260,29 @@ def main(argv=None, references=None) -> int:
   print(f"\n{'case':<44} {'min us':>8} {'med us':>8} {'max us':>8} {'rowGB/s':>8} {'%copy':>7} {'vs xla':>6}")
 
   # interpret=None: compiled on the GPU, interpreted only in --smoke on a CPU.
-  pallas_gather = lambda t, i: kernels.gather(t, i, kernel="pallas")
-  pallas_bag = lambda t, i: kernels.bag(t, i, combiner="sum", kernel="pallas")
+  pallas = {b: (lambda t, i, b=b: kernels.gather(t, i, kernel=b),
+                lambda t, i, b=b: kernels.bag(t, i, combiner="sum", kernel=b)) for b in backends()}
   xla_gather = lambda t, i: jnp.take(t, i, axis=0)
+  started, skipped = time.monotonic(), 0
+  over = lambda: args.budget is not None and time.monotonic() - started > args.budget
   for rows, features in tables:
     for dtype in DTYPES:
+      if over():
+        skipped += 1
+        continue
       table = jax.random.normal(jax.random.PRNGKey(1), (rows, features), jnp.float32).astype(dtype)
       itemsize = jnp.dtype(dtype).itemsize
       rows_bytes = num_ids * features * itemsize
-      for dist in DISTRIBUTIONS:
+      for dist in distributions:
         ids_np = make_ids(rows, num_ids, dist)
         for bag in (None,) + BAG_SIZES:
           ids = jnp.asarray(ids_np if bag is None else ids_np.reshape(-1, bag))
           out_bytes = rows_bytes if bag is None else rows_bytes // bag
           moved = rows_bytes + out_bytes
           what = "gather" if bag is None else f"bag{bag}"
-          size = f"{rows / 1e6:g}M" if rows >= 10**6 else str(rows)
-          label = f"{what} {size}x{features} {'f32' if dtype == 'float32' else 'bf16'} {dist}"
-          ops = [("xla", xla_gather if bag is None else xla_bag),
-                 ("pallas", pallas_gather if bag is None else pallas_bag)]
+          label = f"{what} {shape_label(rows, features, dtype)} {dist}"
+          ops = [("xla", xla_gather if bag is None else xla_bag)]
+          ops += [(b, fns[0] if bag is None else fns[1]) for b, fns in pallas.items()]
           if bag is not None:  # the library's own XLA bag (kernels/bag_xla.py)
             ops.append(("xla-slots", lambda t, i: kernels.bag(t, i, kernel="xla")))
           results = {}
@@ -267,10 +294,59 @@ def main(argv=None, references=None) -> int:
           base = float(np.median(results["xla"]))
           for name, secs in results.items():
             print(fmt_row(f"{label} {name}", secs, rows_bytes, moved, copy_bw, base))
+        backward(table, make_ids(rows, num_ids, dist), f"{shape_label(rows, features, dtype)} {dist}",
+                 copy_bw, args)
       del table
-  print("\nrowGB/s: bytes of table rows read per second. %copy: (rows read + output written) "
-        "per second over the copy's (read + write). vs xla: XLA median time / this median time.")
+  if skipped:
+    print(f"\n--budget {args.budget:g} s reached: {skipped} table(s) not measured.")
+  print("\nrowGB/s: bytes of table rows read per second (backward: gradient rows read). %copy: "
+        "(rows read + output written) per second over the copy's (read + write). vs xla: XLA "
+        "median time / this median time.")
   return 0
+
+
+def shape_label(rows, features, dtype) -> str:
+  size = f"{rows / 1e6:g}M" if rows >= 10**6 else str(rows)
+  return f"{size}x{features} {'f32' if dtype == 'float32' else 'bf16'}"
+
+
+def backward(table, ids_np, label, copy_bw, args):
+  """Times the backward's reduction: one summed row per distinct id of ``ids_np``.
+
+  ``mosaic``: the Mosaic GPU kernel (`backward_mosaic.row_sums`); ``xla``:
+  a scatter-add of every gradient row into its distinct row's slot (what
+  XLA's own gather gradient does, with colliding indices); ``sorted-scan``:
+  the segmented scan of the GPU sparse update (`sorted_update`).
+  """
+  from embedlib.kernels import backward_mosaic, mosaic
+  from embedlib.optim import sorted_update
+
+  features = table.shape[1]
+  grads = jax.random.normal(jax.random.PRNGKey(2), (ids_np.shape[0], features)).astype(table.dtype)
+  ids = jnp.asarray(ids_np)
+
+  def xla_sums(g, i):
+    _, inverse = jnp.unique(i, size=i.shape[0], return_inverse=True)
+    return jnp.zeros(g.shape, jnp.float32).at[inverse.reshape(-1)].add(g.astype(jnp.float32))
+
+  def scan_sums(g, i):
+    keys, order = jax.lax.sort((i, jnp.arange(i.shape[0])), num_keys=1)
+    return sorted_update.segmented_sums(keys, g.astype(jnp.float32)[order])[0]
+
+  ops = [("xla", xla_sums), ("sorted-scan", scan_sums)]
+  on_cpu = jax.default_backend() == "cpu"   # --smoke: interpreted, where jax can
+  if not on_cpu or mosaic.has_interpreter():
+    row_sums = lambda g, i: backward_mosaic.row_sums(g, i, table.shape[0], interpret=on_cpu)
+    ops.insert(1, ("mosaic", row_sums))
+  uniq = len(np.unique(ids_np))
+  moved = grads.size * grads.dtype.itemsize + uniq * features * 4
+  results = {name: measure(timed_loop(op, args.inner, table.shape[0]), (grads, ids), args.inner,
+                           args.repeats)
+             for name, op in ops}
+  base = float(np.median(results["xla"]))
+  for name, secs in results.items():
+    print(fmt_row(f"backward {label} {name}", secs, grads.size * grads.dtype.itemsize, moved,
+                  copy_bw, base))
 
 
 if __name__ == "__main__":

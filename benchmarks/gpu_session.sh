@@ -1,25 +1,49 @@
 #!/usr/bin/env bash
-# The GPU benchmarks in one run on one NVIDIA GPU: the lookup kernels
-# (gpu_lookup.py), then the sparse train step (sparse_step.py), each checked
-# against its reference before it is timed.
+# The GPU benchmarks in one run on one NVIDIA GPU, meant to finish within
+# 5 minutes on an H200, each part checked against its reference before it is
+# timed:
+#   1. gpu_lookup.py --check: every kernel (Mosaic GPU, Triton) and gradient
+#      against its reference, then gather / bag GB/s and %-of-copy for Mosaic
+#      GPU, Triton and XLA side by side, and the backward's reduction;
+#   2. gpu_steps.py --check: the sparse update (GB/s), a sparse train step and
+#      a DLRM step, each against its XLA-op version;
+#   3. sparse_step.py --check --quick --no-peers: the sparse step against the
+#      dense optax step.
 #
-#   bash benchmarks/gpu_session.sh              # output also in $OUT/gpu_session.txt when $OUT is set
+#   bash benchmarks/gpu_session.sh            # output also in $OUT/gpu_session.txt when $OUT is set
+#   bash benchmarks/gpu_session.sh --smoke    # any backend, tiny sizes: tests the script itself
 #
-# Without a GPU it says so and exits 0, having measured nothing. Exits 1 if a
-# check fails (the timings after it are not run).
+# Without a GPU (and without --smoke) it says so and exits 0, having measured
+# nothing. Exits 1 if a check fails (the timings after it are not run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 log=${OUT:+$OUT/gpu_session.txt}
 log=${log:-/dev/null}
+smoke=()
+if [ "${1:-}" = "--smoke" ]; then
+  smoke=(--smoke)
+fi
 
 backend=$("$python" -c 'import jax; print(jax.default_backend())' 2>/dev/null)
-if [ "$backend" != "gpu" ]; then
+if [ "$backend" != "gpu" ] && [ ${#smoke[@]} -eq 0 ]; then
   echo "gpu_session: jax's default backend is '${backend:-unavailable}', not a GPU; nothing measured." | tee "$log"
   exit 0
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$log"
-"$python" benchmarks/gpu_lookup.py --check 2>&1 | tee -a "$log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
-"$python" benchmarks/sparse_step.py --check --no-peers 2>&1 | tee -a "$log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
+: > "$log"
+start=$SECONDS
+if [ "$backend" = "gpu" ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$log"
+fi
+run() {
+  echo "== $* (at $((SECONDS - start)) s)" | tee -a "$log"
+  "$python" "$@" 2>&1 | tee -a "$log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
+}
+# Lookups get the most time; each script stops starting cases past its budget.
+run benchmarks/gpu_lookup.py --check --repeats 5 --inner 20 --budget 150 "${smoke[@]}"
+run benchmarks/gpu_steps.py --check --repeats 5 --inner 10 "${smoke[@]}"
+if [ ${#smoke[@]} -eq 0 ]; then
+  run benchmarks/sparse_step.py --check --quick --no-peers --repeats 5
+fi
+echo "gpu_session: done in $((SECONDS - start)) s" | tee -a "$log"

@@ -32,8 +32,8 @@ also checked against the eager ``default_embed_init``. A build that differs
 is named and the script exits 1 without printing figures.
 
 ``--dlrm`` builds ``configs/dlrm_criteo.py``'s model and optimizer as
-``train/setup.py``'s ``model_and_optimizer`` does (26 tables of 1M x 64,
-row-wise AdaGrad) up to printing its plan, and reports the peak RSS against
+``embedlib.training.setup.model_and_optimizer`` does (26 tables of 1M x
+64, row-wise AdaGrad) up to printing its plan, and reports the peak RSS against
 the tables' bytes, and the constant: the RSS after imports.
 """
 
@@ -116,15 +116,12 @@ def build_worker(case: str, layout: str, rows: int, seed: int) -> dict:
 
 
 def dlrm_worker() -> dict:
-  """configs/dlrm_criteo.py's model and optimizer, built as train/setup.py builds them."""
+  """configs/dlrm_criteo.py's model and optimizer, as embedlib.training.setup builds them."""
   jax, _ = _setup()
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
   from configs import dlrm_criteo  # pylint: disable=g-import-not-at-top
-  try:  # the run's set-up is embedlib.training's in trees that have it, else train/'s
-    from embedlib.training import setup  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    from train import setup  # pylint: disable=g-import-not-at-top
+  from embedlib.training import setup  # pylint: disable=g-import-not-at-top
 
   baseline = _memory("VmRSS")
   config = dlrm_criteo.get_config()

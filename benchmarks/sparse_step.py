@@ -13,8 +13,13 @@ state donated: lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
 - sparse: ``embedlib.optim.value_and_grad`` + ``SparseAwareOptimizer`` with
   ``RowWiseAdagrad`` (row gradients, dedup, update of the touched rows); on
   CPU the update is the fused C++ call of ``embedlib/optim/fused_cpu.py``;
-- sparse, XLA ops (CPU only): the same step with the update in XLA ops, as
-  every other platform runs it;
+  on other platforms it is the sorted update of
+  ``embedlib/optim/sorted_update.py`` (no colliding scatter-add);
+- sparse, XLA ops: the same step with the update in ``apply.py``'s XLA ops
+  (the CPU's where the fused call does not apply; GPUs' before the sorted
+  update);
+- sparse, sorted (CPU only): the same step with the sorted update, as every
+  other platform runs it;
 - dense: ``nnx.value_and_grad`` + ``nnx.Optimizer(optax.adagrad)`` (a
   table-sized gradient, every row updated);
 - PyTorch columns, for scale, when ``.peers/`` is installed (each in its own
@@ -76,7 +81,7 @@ from flax import nnx  # noqa: E402
 
 import embedlib  # noqa: E402
 from embedlib import optim  # noqa: E402
-from embedlib.optim import fused_cpu  # noqa: E402
+from embedlib.optim import fused_cpu, sorted_update  # noqa: E402
 from timing import print_table  # noqa: E402
 from worker_protocol import default_env, missing_note, peak_rss_mib, start_or_note  # noqa: E402
 
@@ -90,6 +95,7 @@ PEERS = {  # column -> worker --variant
 }
 SPARSE, DENSE = "sparse row-wise AdaGrad", "dense nnx.Optimizer(adagrad)"
 SPARSE_XLA = "sparse row-wise AdaGrad, XLA ops"
+SPARSE_SORTED = "sparse row-wise AdaGrad, sorted (GPU update)"
 MiB = 1 << 20
 LR = 0.01
 
@@ -230,9 +236,16 @@ def check(vocab=10_000, width=64, n=8192, steps=3, label="", reference=dense_ada
   return ok
 
 
-def update_path(fused):
-  """``fused_cpu.use(fused)``, or no choice (the default path) for None."""
-  return contextlib.nullcontext() if fused is None else fused_cpu.use(fused)
+def update_path(path):
+  """The update a case traces: None (the platform's own), "xla" (the XLA ops) or "sorted"."""
+  if path is None:
+    return contextlib.nullcontext()
+  if path == "sorted":
+    return sorted_update.use(True)
+  stack = contextlib.ExitStack()
+  stack.enter_context(fused_cpu.use(False))
+  stack.enter_context(sorted_update.use(False))
+  return stack
 
 
 def settled_rounds(runs, repeats, seed=0):
@@ -290,12 +303,16 @@ def run(vocab, width, n, repeats, args):
   rows_bytes = n * width * 4
   steppers, memory = {}, {}
   cases = [(SPARSE, True, None), (DENSE, False, None)]
-  if jax.default_backend() == "cpu" and fused_cpu.enabled():
-    cases.insert(1, (SPARSE_XLA, True, False))   # the update every other platform runs
-  for name, sparse, fused in cases:
+  if jax.default_backend() != "cpu" or fused_cpu.enabled():
+    # The XLA ops: the update GPUs ran before the sorted one, and the CPU's
+    # where the fused one does not apply.
+    cases.insert(1, (SPARSE_XLA, True, "xla"))
+  if jax.default_backend() == "cpu":
+    cases.insert(2, (SPARSE_SORTED, True, "sorted"))   # what every other platform runs
+  for name, sparse, path in cases:
     step, state = build_step(vocab, width, sparse)
     # Compiled here, inside the path's context: a Compiled is never retraced.
-    with update_path(fused):
+    with update_path(path):
       compiled = step.lower(state, ids).compile()
     memory[name] = compiled.memory_analysis()
     steppers[name] = Stepper(compiled, state)
@@ -362,13 +379,14 @@ def main(argv=None, reference=dense_adagrad_step) -> int:
   print(f"jax {jax.__version__}, backend {backend} ({jax.devices()[0].device_kind}), "
         f"{jax.device_count()} device(s)")
   if args.check:
-    paths = [None]
+    # The platform's own update, then the others it can trace.
+    labels = {None: "", "xla": "XLA ops", "sorted": "sorted update"}
+    paths = [None, "xla", "sorted"] if backend == "cpu" else [None, "xla"]
     if backend == "cpu" and fused_cpu.enabled():
-      paths = [True, False]   # the fused C++ update, then the XLA ops
-    for fused in paths:
-      with update_path(fused):
-        label = "" if fused is None else ("fused CPU update" if fused else "XLA ops")
-        if not check(label=label, reference=reference):
+      labels[None] = "fused CPU update"
+    for path in paths:
+      with update_path(path):
+        if not check(label=labels[path], reference=reference):
           return 1
   for vocab, width in sizes:
     run(vocab, width, n, repeats, args)

@@ -19,8 +19,8 @@ benchmark then asks each worker in turn for ``--steps`` steps, for
 examples/s min / median / max over the rounds, the worker's peak RSS, and
 the ratio of medians to TorchRec fused. Variants:
 
-- ``embedlib, 1 device``: ``train.train_lib.train_step`` (jitted, state
-  donated) on ``train.setup.model_and_optimizer`` for this model, called
+- ``embedlib, 1 device``: ``embedlib.training.train_lib.train_step`` (jitted, state
+  donated) on ``embedlib.training.setup.model_and_optimizer`` for this model, called
   through ``nnx.cached_partial`` as ``train_and_evaluate`` calls it (every
   JAX variant is), i.e.
   ``embedlib.models.DLRM`` on an ``EmbeddingCollection``,
@@ -145,7 +145,7 @@ def _embedlib_step(kind, sizes, batch_size):
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
   from embedlib import optim  # pylint: disable=g-import-not-at-top
-  from train import setup, train_lib  # pylint: disable=g-import-not-at-top
+  from embedlib.training import setup, train_lib  # pylint: disable=g-import-not-at-top
 
   config = _config(sizes, batch_size)
   mesh = setup.make_mesh(config)
@@ -177,7 +177,7 @@ def _dense_step(sizes):
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
   from embedlib.models.blocks import MLP, dot_interaction  # pylint: disable=g-import-not-at-top
-  from train import train_lib  # pylint: disable=g-import-not-at-top
+  from embedlib.training import train_lib  # pylint: disable=g-import-not-at-top
 
   class DenseDLRM(nnx.Module):
 

@@ -8,10 +8,18 @@ The MLPerf-style DLRM layout: bottom MLP 13-512-256-64, 26 tables of width 64
         --workdir runs/criteo
 
 The argument is ``TRAIN_PATH[,EVAL_PATH]`` (plain or .gz TSV in the Criteo
-layout; with one path, eval reads the same file), or ``smoke`` for a tiny
-model whose paths are given with ``--config.data.train_path=...``.
-Expected: on the full Criteo 1TB day files a GPU run reaches AUC ~0.80 after
-one epoch; on this 2-core CPU, about 10k examples/s (see benchmarks/).
+layout; with one path, 5% of its lines, chosen by a hash of the line
+number, are held out of training for eval: ``config.data.eval_holdout``),
+or ``smoke`` for a tiny model whose paths are given with
+``--config.data.train_path=...`` and ``--config.data.eval_path=...`` (or
+``--config.data.eval_holdout=0.05``).
+Expected: no full-data run has been measured with this config. The smoke
+variant checks the pipeline, not the model: on a 2,000-line file,
+
+    python -m train --config configs/dlrm_criteo.py:smoke \
+        --config.data.train_path=day.tsv --config.data.eval_holdout=0.05 --workdir /tmp/cr
+
+takes about 25 s on 2 CPU cores (measured: 24 s), most of it compiling.
 """
 
 import ml_collections
@@ -56,5 +64,8 @@ def get_config(arg=None):
   elif arg:
     paths = arg.split(",")
     config.data.train_path = paths[0]
-    config.data.eval_path = paths[1] if len(paths) > 1 else paths[0]
+    if len(paths) > 1:
+      config.data.eval_path = paths[1]
+    else:
+      config.data.eval_holdout = 0.05
   return config

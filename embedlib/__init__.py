@@ -1,13 +1,16 @@
 """embedlib: sharded embedding tables and recommender models for Flax NNX.
 
 Layers, each importing only those above it in this list:
-``plan`` (pure Python) -> ``kernels`` -> ``strategies`` -> ``embed`` ->
+``plan`` (pure Python) -> ``kernels`` -> ``strategies`` -> ``embed``
+(with ``logits`` and ``losses``, its vocab-parallel output) ->
 ``collection`` -> ``optim`` -> ``models``, ``data``, ``metrics``,
 ``checkpoint`` -> ``train``.
 """
 
 from embedlib.collection import EmbeddingCollection, FeatureSpec, TableSpec
 from embedlib.embed import ShardedEmbed
+from embedlib.logits import VocabShardedLogits
+from embedlib.losses import vocab_parallel_cross_entropy
 from embedlib.optim import LazyAdam, RowWiseAdagrad, SparseAwareOptimizer, SparseSGD
 from embedlib.plan import EmbeddingPlan, plan_embedding
 
@@ -21,6 +24,8 @@ __all__ = [
     "SparseAwareOptimizer",
     "SparseSGD",
     "TableSpec",
+    "VocabShardedLogits",
     "plan_embedding",
+    "vocab_parallel_cross_entropy",
 ]
 __version__ = "0.1.0"

@@ -22,6 +22,7 @@ from embedlib import table as table_lib
 from embedlib import options
 from embedlib import invalid_ids as invalid_lib
 from embedlib import kernels
+from embedlib import logits as logits_lib
 from embedlib import strategies
 from embedlib import tape as tape_lib
 from embedlib.strategies import dedup
@@ -98,8 +99,9 @@ class ShardedEmbed(nnx.Module):
     table_axes: mesh axes the table is split over (see ``plan_embedding``).
     data_axes: mesh axes the ids' leading dimension is split over.
     tied: the table is also the output layer (``attend``); auto picks vocab.
-    kernel: local lookup, ``"auto" | "xla" | "pallas" | "cpu"``
-      (``kernels.resolve_kernel``: auto is Pallas on GPU, the C++ gather on CPU).
+    kernel: local lookup, one of ``options.KERNELS`` (``kernels.plan``:
+      auto is Pallas on GPU, the C++ gather on CPU, chosen per platform when
+      the program is lowered).
     invalid_ids: ``"zero"`` (default) or ``"error"``.
     name: the table's name in plans and error messages.
     replicate_below_bytes: ``auto`` replicates tables up to this size.
@@ -249,7 +251,7 @@ class ShardedEmbed(nnx.Module):
 
     Args:
       ids: int ``[batch, bag]``, padded with ``-1`` (any invalid id is
-        padding).
+        padding; with ``invalid_ids="error"`` only ``-1`` is).
       weights: optional float ``[batch, bag]`` per-id weights.
       combiner: ``"sum" | "mean" | "sqrtn"`` over each bag's valid ids.
       out_sharding: optional ``PartitionSpec`` or ``Sharding`` of the output.
@@ -275,7 +277,7 @@ class ShardedEmbed(nnx.Module):
     return self._reshard(out, out_sharding)
 
   def lookup_requests(self, requests, *, num_unique: int | None = None,
-                      on_overflow: str = dedup.FALLBACK) -> tuple:
+                      on_overflow: str = dedup.FALLBACK, checks: list | None = None) -> tuple:
     """Several lookups of this table at once, optionally with id dedup.
 
     The path every lookup of the table takes (``__call__``, ``bag`` and
@@ -291,6 +293,11 @@ class ShardedEmbed(nnx.Module):
         ``embedlib.strategies.dedup``).
       on_overflow: ``"fallback"`` or ``"error"``, for a shard holding more
         than ``num_unique`` distinct ids.
+      checks: None runs this call's checks (``invalid_ids="error"``, dedup
+        overflow) after its lookups; a list receives them instead, as
+        callables, for a caller with more lookups to run them after its
+        last one: a traced check must follow every ``shard_map`` of the
+        jitted function (see ``strategies.sharded.no_context_mesh``).
 
     Returns:
       One output per request: ``ids.shape + (features,)`` unpooled,
@@ -298,7 +305,8 @@ class ShardedEmbed(nnx.Module):
     """
     raw = [_integers(r.ids, self.plan.name) for r in requests]
     requests = tuple(
-        Request(self._sanitize(ids), r.weights, r.combiner) for ids, r in zip(raw, requests)
+        Request(self._sanitize(ids, r.pooled), r.weights, r.combiner)
+        for ids, r in zip(raw, requests)
     )
     if eager_on_mesh(self.mesh, requests, self.embedding[...]):
       out, need = _eager_requests(self, requests, num_unique, on_overflow)
@@ -306,12 +314,18 @@ class ShardedEmbed(nnx.Module):
       out, need = self._lookup_requests(requests, num_unique, on_overflow)
     # Traced checks come after the lookups, whose shard_maps they would
     # otherwise precede (see strategies.sharded.no_context_mesh).
+    deferred = []
     if num_unique is not None and on_overflow == dedup.ERROR:
-      dedup.check_capacity(need, num_unique, self.plan.name)
+      deferred.append(functools.partial(dedup.check_capacity, need, num_unique, self.plan.name))
     if self.invalid_ids == invalid_lib.ERROR:
-      for ids in raw:
-        if isinstance(ids, jax.core.Tracer):
-          invalid_lib.check(ids, self.num_embeddings, self.plan.name)
+      deferred += [functools.partial(invalid_lib.check, ids, self.num_embeddings,
+                                     self.plan.name, padding=r.pooled)
+                   for ids, r in zip(raw, requests) if isinstance(ids, jax.core.Tracer)]
+    if checks is None:
+      for check in deferred:
+        check()
+    else:
+      checks.extend(deferred)
     return out
 
   def distinct_ids_per_shard(self, requests) -> int:
@@ -324,14 +338,15 @@ class ShardedEmbed(nnx.Module):
     )
     return int(_max_unique(ids, plan=self.plan, mesh=self.mesh))
 
-  def _sanitize(self, ids):
+  def _sanitize(self, ids, pooled=False):
     """Ids of any integer dtype as int32, ``-1`` for every invalid id.
 
-    Raises at once for invalid concrete ids under ``invalid_ids="error"``;
-    traced ones are checked after the lookup (``lookup_requests``).
+    Raises at once for invalid concrete ids under ``invalid_ids="error"``
+    (``-1`` in a pooled bag is padding, not an error); traced ones are
+    checked after the lookup (``lookup_requests``).
     """
     if self.invalid_ids == invalid_lib.ERROR and not isinstance(ids, jax.core.Tracer):
-      invalid_lib.check(ids, self.num_embeddings, self.plan.name)
+      invalid_lib.check(ids, self.num_embeddings, self.plan.name, padding=pooled)
     return invalid_lib.sanitize(invalid_lib.as_ids(ids, self.num_embeddings),
                                 self.num_embeddings)
 
@@ -361,15 +376,49 @@ class ShardedEmbed(nnx.Module):
         self.promote_dtype((o,), dtype=self.dtype, inexact=False)[0] for o in out
     ), need
 
-  def attend(self, query, out_sharding=None) -> jax.Array:
+  def attend(self, query, out_sharding=None):
     """``query @ logical_table.T``: exactly ``num_embeddings`` logits.
+
+    An ``out_sharding`` that splits the last (vocabulary) dimension asks for
+    vocab-parallel logits, the input of ``vocab_parallel_cross_entropy``:
+
+    - on a vocab-sharded table split over exactly ``plan.table_axes`` (in
+      that order), each device keeps the logits of its own rows: no
+      all-gather or all-to-all of logits, no device ever holds a token's
+      whole row of logits (only the token dimension is then moved, if the
+      request splits it differently from the query);
+    - otherwise the logits are made as without ``out_sharding`` and each
+      device keeps its block: a hidden-sharded table sums its partial
+      logits (all-reduce) and a replicated one computes them whole, so
+      neither gathers, but each device holds all its tokens' logits on the
+      way; a vocab-sharded table asked for a split over other axes than
+      its own concatenates them first (all-gather or all-to-all).
+
+    When the split divides ``num_embeddings`` the result is a ``jax.Array``
+    laid out as asked, as ``nnx.Embed.attend`` gives it. When it doesn't
+    (50257 over 4), jax can't split an array unevenly, so the result is an
+    ``embedlib.VocabShardedLogits``: the logits padded to a multiple of the
+    split (as the table is) with ``shape`` the logical one; its padded
+    columns are never logits (``vocab_parallel_cross_entropy`` masks them,
+    ``unpadded()`` strips them).
+
+    >>> import jax, jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from jax.sharding import PartitionSpec as P
+    >>> mesh = jax.make_mesh((4,), ("model",), devices=jax.devices()[:4])
+    >>> emb = ShardedEmbed(99, 8, mesh=mesh, sharding="vocab", rngs=nnx.Rngs(0))
+    >>> logits = emb.attend(jnp.ones((3, 8)), out_sharding=P(None, "model"))
+    >>> type(logits).__name__, logits.shape, logits.padded.shape
+    ('VocabShardedLogits', (3, 99), (3, 100))
 
     Args:
       query: ``[..., features]``; the leading dimension is the batch.
-      out_sharding: optional ``PartitionSpec`` or ``Sharding`` of the output.
+      out_sharding: optional ``PartitionSpec`` (on the module's mesh) or
+        ``NamedSharding`` of the output, one entry per output dimension.
 
     Returns:
-      ``[..., num_embeddings]`` logits.
+      ``[..., num_embeddings]`` logits, or a ``VocabShardedLogits`` of that
+      shape (above).
     """
     query = jnp.asarray(query)
     if query.shape[-1:] != (self.features,):
@@ -389,21 +438,40 @@ class ShardedEmbed(nnx.Module):
         (query, self.embedding[...]), dtype=self.dtype
     )
     flat = query.reshape(query.shape if query.ndim > 1 else (1,) + query.shape)
-    out = strategies.attend(table, flat, plan=self.plan, mesh=self.mesh)
-    out = out.reshape(query.shape[:-1] + (self.num_embeddings,))
-    return self._reshard(out, out_sharding)
+    sharding = None if out_sharding is None else self._named(out_sharding)
+    if sharding is not None and self._keeps_vocab_blocks(sharding, query.ndim):
+      out = strategies.attend_vocab_split(table, flat, plan=self.plan, mesh=self.mesh)
+    else:
+      out = strategies.attend(table, flat, plan=self.plan, mesh=self.mesh)
+    out = out.reshape(query.shape[:-1] + out.shape[-1:])
+    if not isinstance(sharding, NamedSharding):
+      return self._reshard(out, sharding)
+    return logits_lib.place_logits(out, self.num_embeddings, sharding, self.plan.name)
 
-  def _reshard(self, out, out_sharding):
-    if out_sharding is None:
-      return out
+  def _keeps_vocab_blocks(self, sharding, ndim):
+    """Whether ``attend`` can leave each rank its own rows' logits for ``sharding``."""
+    return (
+        self.mesh is not None
+        and self.plan.strategy == options.VOCAB
+        and isinstance(sharding, NamedSharding)
+        and logits_lib.vocab_axes_of(sharding, ndim, self.plan.name) == self.plan.table_axes
+    )
+
+  def _named(self, out_sharding):
+    """``out_sharding`` as a ``Sharding`` (a ``PartitionSpec`` is on the module's mesh)."""
     if isinstance(out_sharding, P):
       if self.mesh is None:
         raise ValueError(
             f"{self.plan.name}: out_sharding={out_sharding} needs a mesh; pass "
             "mesh= or a NamedSharding."
         )
-      out_sharding = NamedSharding(self.mesh, out_sharding)
-    return sharding_lib.place_always(out, out_sharding)
+      return NamedSharding(self.mesh, out_sharding)
+    return out_sharding
+
+  def _reshard(self, out, out_sharding):
+    if out_sharding is None:
+      return out
+    return sharding_lib.place_always(out, self._named(out_sharding))
 
 
 def _integers(ids, name):

@@ -68,7 +68,8 @@ def as_ids(x, num_embeddings: int):
       and host.dtype.itemsize == 8
       and not jax.config.jax_enable_x64
   ):
-    return jnp.asarray(np.where(valid_mask(host, num_embeddings), host, -1).astype(np.int32))
+    # Cast before the select, in numpy: -1 is no uint64 (numpy >= 2.5 raises).
+    return jnp.asarray(np.where(valid_mask(host, num_embeddings), host.astype(np.int32), np.int32(-1)))
   return jnp.asarray(host)
 
 
@@ -85,10 +86,18 @@ def sanitize(ids, num_embeddings: int):
   return jnp.where(valid_mask(ids, num_embeddings), ids.astype(jnp.int32), -1)
 
 
-def check(ids, num_embeddings: int, name: str) -> None:
+def _allowed(ids, num_embeddings, padding):
+  valid = valid_mask(ids, num_embeddings)
+  if padding and np.iinfo(np.dtype(ids.dtype)).min < 0:
+    valid = valid | (ids == -1)
+  return valid
+
+
+def check(ids, num_embeddings: int, name: str, *, padding: bool = False) -> None:
   """Raises if any id is outside ``[0, num_embeddings)``.
 
   Host ids are checked in full precision; call it before ``as_ids``.
+  ``padding``: ``-1`` is a bag's padding, not an invalid id.
 
   >>> check(jnp.array([1, 7]), 5, "user_id")
   Traceback (most recent call last):
@@ -96,7 +105,7 @@ def check(ids, num_embeddings: int, name: str) -> None:
   IndexError: user_id: id 7 (at flat position 1) is outside [0, 5); ...
   """
   if isinstance(ids, jax.core.Tracer):
-    valid = valid_mask(ids, num_embeddings)
+    valid = _allowed(ids, num_embeddings, padding)
     # The first invalid id, by reductions only: indexing a sharded array
     # with a traced position needs its output sharding spelled out.
     flat, ok = ids.reshape(-1), valid.reshape(-1)
@@ -111,7 +120,7 @@ def check(ids, num_embeddings: int, name: str) -> None:
     )
     return
   flat = np.asarray(ids).reshape(-1)
-  bad = np.flatnonzero(~valid_mask(flat, num_embeddings))
+  bad = np.flatnonzero(~_allowed(flat, num_embeddings, padding))
   if bad.size:
     pos = int(bad[0])
     raise IndexError(

@@ -15,4 +15,4 @@ AUTO = "auto"
 COMBINERS = ("sum", "mean", "sqrtn")
 
 #: Local lookup kernels (``kernel=``).
-KERNELS = ("auto", "xla", "pallas", "cpu")
+KERNELS = ("auto", "xla", "pallas", "mosaic", "triton", "cpu")

@@ -85,6 +85,23 @@ def place_always(x, sharding):
   return jax.jit(lambda y: y, out_shardings=sharding)(x)
 
 
+def unsplit(x):
+  """``x`` whole on every device when it is split over Explicit mesh axes.
+
+  For arrays read across their whole length (a ragged batch's ``cumsum``
+  of lengths, and the gather of values at those offsets), which JAX
+  refuses on an array split over Explicit axes. Anything else (numpy, an
+  unsplit array, Auto axes) is returned unchanged.
+  """
+  sharding = getattr(jax.typeof(x), "sharding", None)
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is None or mesh.empty or all(s is None for s in sharding.spec):
+    return x
+  if not is_explicit(mesh, mesh.axis_names):
+    return x
+  return _compat.reshard(x, _sharding.NamedSharding(mesh, P()))
+
+
 def leading_spec(x, mesh):
   """The mesh axes ``x``'s leading dimension is split over, on Explicit axes.
 
@@ -106,10 +123,16 @@ def leading_spec(x, mesh):
 def pad_tokens(x, multiple: int, fill):
   """Pads the leading (token) dimension of ``x`` up to a multiple of ``multiple``.
 
+  An empty batch gets one padding token per shard: XLA rejects collectives
+  (``all_gather``) over a zero-size dimension, and ``restore_tokens``
+  strips the padding again.
+
   >>> pad_tokens(jnp.array([1, 2, 3]), 2, -1).tolist()
   [1, 2, 3, -1]
+  >>> pad_tokens(jnp.zeros((0, 2), jnp.int32), 2, -1).tolist()
+  [[-1, -1], [-1, -1]]
   """
-  pad = -x.shape[0] % multiple
+  pad = -x.shape[0] % multiple if x.shape[0] else multiple
   if not pad:
     return x
   return jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)

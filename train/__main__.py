@@ -1,19 +1,19 @@
 """``python -m train --config configs/quickstart.py --workdir runs/quickstart``.
 
-Flags, then one call into ``train.train_lib.train_and_evaluate``. Multi-host:
+Run from a checkout (``configs/`` and ``train/`` are not installed). Flags,
+then one call into ``embedlib.training.train_and_evaluate``. Multi-host:
 pass ``--coordinator_address``, ``--num_processes`` and ``--process_id`` (or
 ``--distributed`` to let ``jax.distributed.initialize()`` detect SLURM and
-the like); each process then reads its own slice of the data.
+the like); each process then reads its own slice of the data. An expected
+failure (a bad config or data file, a failed save) prints one line and
+exits 1; SIGTERM or SIGINT saves a checkpoint and exits 0.
 """
 
-import logging as std_logging
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
-
-from train import host_memory
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A configs/*.py file, optionally :variant.", lock_config=True)
@@ -23,45 +23,69 @@ _CPU_DEVICES = flags.DEFINE_integer(
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show INFO logs of jax and orbax.")
-_KEEP_FREED = flags.DEFINE_bool(
-    "keep_freed_host_memory", False,
-    "Opt-in: keep freed host memory for reuse (glibc mallopt), so XLA:CPU steps stop "
-    "faulting in their temporaries (about 20% faster DLRM steps on CPU). Experimental: "
-    "see train/host_memory.py.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show jax's and orbax's logs and tracebacks.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Call jax.distributed.initialize() with auto-detection.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _parse_flags(argv):
+  """absl's parsing, with a config error (a misspelt key, a bad variant) as one line."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    chain = [e]
+    while (chain[-1].__cause__ or chain[-1].__context__) is not None:
+      chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    texts = [x.args[0] for x in chain if x.args and isinstance(x.args[0], str)] or [str(e)]
+    text = next((t for t in texts if "Did you mean" in t), None)
+    if text is not None:  # ConfigDict's KeyError: "'key'\nDid you mean ...?"
+      key, hint = text.split("\n", 1)
+      flag = next((a.split("=")[0] for a in argv if a.startswith("--config.") and
+                   key.strip("'") in a), "--config")
+      text = f"{flag}: the config has no key {key}. {hint}"
+    else:
+      text = next((t for t in texts if "Traceback" not in t), texts[-1])
+    sys.exit("FATAL Flags parsing error: " + " ".join(text.split()))
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE.")
+  try:
+    config = _CONFIG.value
+    config.get("seed")  # config_flags defers a load failure to the first access
+  except OSError:
+    sys.exit(f"FATAL Flags parsing error: --config={flags.FLAGS['config'].config_filename.split(':')[0]}: "
+             "no such file. Pass a configs/*.py file, from the root of a checkout "
+             "(configs/ is not installed).")
   if _CPU_DEVICES.value and "xla_force_host_platform_device_count" not in os.environ.get(
       "XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={_CPU_DEVICES.value}")
-  if _KEEP_FREED.value:
-    host_memory.keep_freed_memory()
-  if not _VERBOSE.value:
-    logging.set_verbosity(logging.WARNING)
-  handler = std_logging.StreamHandler(sys.stderr)
-  handler.setFormatter(std_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-  train_log = std_logging.getLogger("embedlib.train")
-  train_log.addHandler(handler)
-  train_log.setLevel(std_logging.INFO)
-  train_log.propagate = False
   import jax  # pylint: disable=g-import-not-at-top  (after XLA_FLAGS)
 
+  from embedlib import training  # pylint: disable=g-import-not-at-top
+  from embedlib.training import console  # pylint: disable=g-import-not-at-top
+
+  log = console.setup_logging(_VERBOSE.value)
   if _COORDINATOR.value or _DISTRIBUTED.value:
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  from train.train_lib import train_and_evaluate  # pylint: disable=g-import-not-at-top
-
-  train_log.info("jax %s, %d processes, %d devices", jax.__version__, jax.process_count(),
-                 jax.device_count())
-  result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  train_log.info("final eval: %s", result)
+  log.info("jax %s, %d processes, %d devices", jax.__version__, jax.process_count(),
+           jax.device_count())
+  try:
+    result = training.train_and_evaluate(config, _WORKDIR.value)
+  except console.EXPECTED_ERRORS as e:
+    if _VERBOSE.value:
+      log.exception("traceback:")
+    log.error("error: %s", e)
+    sys.exit(1)
+  except KeyboardInterrupt as e:
+    log.error("stopped at once (%s); rerun to resume from the newest checkpoint in %s.",
+              e or "interrupted", os.path.join(_WORKDIR.value, "checkpoints"))
+    sys.exit(130)
+  log.info("final eval: %s", result or "none")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -1,6 +1,22 @@
-"""Checkpoints that store logical, unpadded tables and slots: restore on any mesh."""
+"""Checkpoints that store logical, unpadded tables and slots, shard by shard: restore on any mesh."""
 
-from embedlib.checkpoint.logical import abstract_like, load_logical_state, logical_state
-from embedlib.checkpoint.manager import Checkpointer
+from embedlib.checkpoint.logical import load_state, restore_targets, split_state
+from embedlib.checkpoint.manager import (
+    CheckpointMismatchError,
+    CheckpointRestoreError,
+    Checkpointer,
+    CheckpointSaveError,
+)
+from embedlib.checkpoint.sharded import Logical, ShardedArraysHandler
 
-__all__ = ["Checkpointer", "abstract_like", "load_logical_state", "logical_state"]
+__all__ = [
+    "CheckpointMismatchError",
+    "CheckpointRestoreError",
+    "CheckpointSaveError",
+    "Checkpointer",
+    "Logical",
+    "ShardedArraysHandler",
+    "load_state",
+    "restore_targets",
+    "split_state",
+]

@@ -1,48 +1,66 @@
-"""Training state in logical (unpadded) form, and back onto any mesh.
+"""Training state split for a checkpoint: dense arrays as they are, tables at logical shapes.
 
 A checkpoint must not depend on the layout it was saved from: a run saved on
-8 devices restores onto 4, 3 or 1, where padding and sharding differ. So the
-saved tree holds every table and every sparse optimizer slot at its logical
-shape (``num_embeddings`` rows, ``features`` columns), replicated, and the
-dense parameters and optax state as they are (their shapes never depend on
-the mesh). Loading pads and lays each array out for the new model.
+8 devices restores onto 4, 3 or 1, where padding and sharding differ. So
+every table and every sparse optimizer slot is stored at its logical shape
+(``num_embeddings`` rows, ``features`` columns), written and read shard by
+shard (``sharded.py``): no device ever holds a whole table. The dense
+parameters, optax state and step counters are stored as they are (their
+shapes never depend on the mesh).
 """
 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.experimental import multihost_utils
 
-from embedlib import sharding as sharding_lib
-from embedlib.optim import apply as apply_lib
+from embedlib.checkpoint.sharded import Logical
 from embedlib.optim import row_grads
 
 
-def _unpad(x, logical_shape, mesh):
-  if x.shape == logical_shape:
-    return x
-  if mesh is not None:
-    x = sharding_lib.place_always(x, NamedSharding(mesh, P()))
-  return x[tuple(slice(0, n) for n in logical_shape)]
-
-
-def _slot_logical_shape(value, plan):
+def _slot_logical_shape(value, plan) -> tuple[int, ...]:
   rows, cols = plan.logical_shape
   return (rows,) if value.ndim == 1 else (rows, cols)
 
 
-def _pad_and_place(x, shape, spec, mesh):
-  x = jnp.pad(x, [(0, p - n) for n, p in zip(x.shape, shape)])
-  if mesh is None:
-    return x
-  return sharding_lib.place_always(x, NamedSharding(mesh, P(*spec)))
+def _host(x):
+  """A host copy of a dense (small) array, for orbax to write from process 0.
+
+  Handing orbax the replicated device arrays instead makes it slice each
+  into one piece per replica, compiling a program per array and device.
+  """
+  if not isinstance(x, jax.Array):
+    return np.asarray(x)
+  if x.is_fully_replicated:
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def logical_state(model: nnx.Module, optimizer) -> dict:
-  """The layout-free training state of ``model`` and its optimizer.
+def _dense_tree(model, optimizer) -> dict:
+  keys = frozenset(optimizer.keys)
+  tree = {"dense": nnx.to_pure_dict(nnx.state(model, row_grads.NotTables(keys))),
+          "step": optimizer.step[...]}
+  if optimizer.dense is not None:
+    tree["dense_opt"] = nnx.to_pure_dict(nnx.state(optimizer.dense))
+  return tree
+
+
+def _sharded_variables(model, optimizer) -> dict:
+  """``{name: (nnx variable, logical shape)}`` of every table and slot."""
+  found = dict(row_grads.sparse_tables(model, optimizer.tables))
+  out = {}
+  for key, slots in zip(optimizer.keys, optimizer.slots):
+    emb = found[key]
+    out[f"tables/{key}"] = (emb.embedding, emb.plan.logical_shape)
+    for slot_name, slot in slots.items():
+      out[f"slots/{key}/{slot_name}"] = (slot, _slot_logical_shape(slot[...], emb.plan))
+  return out
+
+
+def split_state(model: nnx.Module, optimizer) -> tuple[dict, dict[str, Logical]]:
+  """The state to save, without copying or gathering anything.
 
   Args:
     model: an ``nnx.Module`` holding ``ShardedEmbed`` tables (directly or in
@@ -50,71 +68,32 @@ def logical_state(model: nnx.Module, optimizer) -> dict:
     optimizer: the ``SparseAwareOptimizer`` built for it.
 
   Returns:
-    ``{"dense", "tables", "slots", "dense_opt", "step"}``, a pytree of arrays.
+    ``(dense, sharded)``: ``dense`` is ``{"dense", "step", "dense_opt"}``, a
+    pytree of host (numpy) copies; ``sharded`` maps ``"tables/<key>"`` and
+    ``"slots/<key>/<slot>"`` to the padded arrays and their logical shapes.
   """
-  found = dict(row_grads.sparse_tables(model, optimizer.tables))
-  keys = optimizer.keys
-  dense = nnx.state(model, row_grads.NotTables(frozenset(keys)))
-  tree = {
-      "dense": nnx.to_pure_dict(dense),
-      "tables": {k: found[k].logical_table() for k in keys},
-      "slots": {
-          k: {
-              name: _unpad(v[...], _slot_logical_shape(v[...], found[k].plan), found[k].mesh)
-              for name, v in slots.items()
-          }
-          for k, slots in zip(keys, optimizer.slots)
-      },
-      "step": optimizer.step[...],
-  }
-  if optimizer.dense is not None:
-    tree["dense_opt"] = nnx.to_pure_dict(nnx.state(optimizer.dense))
-  return tree
+  sharded = {name: Logical(var[...], tuple(shape))
+             for name, (var, shape) in _sharded_variables(model, optimizer).items()}
+  return jax.tree.map(_host, _dense_tree(model, optimizer)), sharded
 
 
-def load_logical_state(model: nnx.Module, optimizer, tree: dict) -> None:
-  """Loads ``logical_state`` output into a model built for any mesh.
+def restore_targets(model: nnx.Module, optimizer) -> tuple[dict, dict[str, Logical]]:
+  """``split_state``'s structure as ``ShapeDtypeStruct`` targets on ``model``'s layout."""
+  abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+  sharded = {name: Logical(abstract(var[...]), tuple(shape))
+             for name, (var, shape) in _sharded_variables(model, optimizer).items()}
+  return jax.tree.map(abstract, _dense_tree(model, optimizer)), sharded
 
-  Args:
-    model: a freshly built model (same config, any mesh).
-    optimizer: its ``SparseAwareOptimizer``.
-    tree: what ``logical_state`` returned (possibly on another mesh).
-  """
-  found = dict(row_grads.sparse_tables(model, optimizer.tables))
-  keys = optimizer.keys
-  missing = sorted(set(keys) - set(tree["tables"]))
-  if missing:
-    raise ValueError(
-        f"checkpoint has no tables {missing}; it was saved from a different "
-        "model config (compare config.model and config.data with the run's)."
-    )
-  dense = nnx.state(model, row_grads.NotTables(frozenset(keys)))
-  nnx.replace_by_pure_dict(dense, tree["dense"])
-  nnx.update(model, dense)
-  for key, slots in zip(keys, optimizer.slots):
-    emb = found[key]
-    emb.load_table(tree["tables"][key])
-    for name, slot in optimizer.rule.slots().items():
-      value = jnp.asarray(tree["slots"][key][name], slot.dtype)
-      slots[name][...] = _pad_and_place(
-          value, apply_lib.slot_shape(slot, emb.plan), apply_lib.slot_spec(slot, emb.plan),
-          emb.mesh)
-  optimizer.step[...] = jnp.asarray(tree["step"], optimizer.step[...].dtype)
+
+def load_state(model: nnx.Module, optimizer, dense: dict, sharded: dict) -> None:
+  """Puts restored arrays (on ``restore_targets``' layout) into the model and optimizer."""
+  state = nnx.state(model, row_grads.NotTables(frozenset(optimizer.keys)))
+  nnx.replace_by_pure_dict(state, dense["dense"])
+  nnx.update(model, state)
+  for name, (var, _) in _sharded_variables(model, optimizer).items():
+    var.set_value(sharded[name])
+  optimizer.step.set_value(dense["step"])
   if optimizer.dense is not None:
     state = nnx.state(optimizer.dense)
-    nnx.replace_by_pure_dict(state, tree["dense_opt"])
+    nnx.replace_by_pure_dict(state, dense["dense_opt"])
     nnx.update(optimizer.dense, state)
-
-
-def abstract_like(tree, mesh=None):
-  """``ShapeDtypeStruct`` targets for restoring ``tree`` onto ``mesh``.
-
-  Every leaf is restored replicated on the new mesh (or on one device);
-  ``load_logical_state`` then lays tables and slots out as the new plans say.
-  """
-  if mesh is None:
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  else:
-    sharding = NamedSharding(mesh, P())
-  return jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)

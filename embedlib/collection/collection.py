@@ -69,8 +69,8 @@ class EmbeddingCollection(nnx.Module):
       ``jax.set_mesh``, or one device.
     table_axes: mesh axes tables are split over (see ``plan_embedding``).
     data_axes: mesh axes the batch is split over.
-    kernel: local lookup kernel, ``"auto" | "xla" | "pallas" | "cpu"``
-      (``kernels.resolve_kernel``).
+    kernel: local lookup kernel, one of ``options.KERNELS`` (see
+      ``ShardedEmbed``).
     num_unique: dedup capacity per data shard: an int for every table, a
       ``{table: capacity}`` dict, or None (no dedup).
     on_overflow: ``"fallback" | "error"`` (see above).
@@ -149,14 +149,19 @@ class EmbeddingCollection(nnx.Module):
       features, in the order of the ``FeatureSpec`` s.
     """
     bags = self._bags(inputs, dict(weights or {}))
-    out = {}
+    out, checks = {}, []
     for spec in self.table_specs:
       feats = self._features_of(spec.name)
       rows = self.tables[spec.name].lookup_requests(
           [_request(f, bags[f.name]) for f in feats],
           num_unique=self.num_unique.get(spec.name), on_overflow=self.on_overflow,
+          checks=checks,
       )
       out.update(zip((f.name for f in feats), rows))
+    # After every table's lookups: under checkify a traced check can't precede
+    # a later shard_map (another table's lookup).
+    for check in checks:
+      check()
     return {f.name: out[f.name] for f in self.feature_specs}
 
   def unique_counts(self, inputs: Mapping[str, tp.Any]) -> dict[str, int]:
@@ -212,7 +217,8 @@ class EmbeddingCollection(nnx.Module):
 def _request(spec: FeatureSpec, bags: inputs_lib.Bags) -> Request:
   """A feature's lookup: pooled bags, or rows (single-hot rows as ``[batch]``)."""
   if spec.is_sequence:
-    return Request(bags.ids[:, 0] if bags.single_hot else bags.ids)
+    # squeeze, not [:, 0]: JAX fails an eager empty gather on an Explicit mesh.
+    return Request(jnp.squeeze(bags.ids, 1) if bags.single_hot else bags.ids)
   return Request(bags.ids, bags.weights, spec.combiner)
 
 

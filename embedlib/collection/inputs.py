@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from embedlib import invalid_ids as invalid_lib
 from embedlib import kernels
+from embedlib import sharding as sharding_lib
 from embedlib.collection.specs import FeatureSpec, Ragged
 
 
@@ -79,7 +80,12 @@ def to_bags(spec: FeatureSpec, x, weights, num_embeddings: int) -> Bags:
     values = invalid_lib.as_ids(ragged[0], num_embeddings)
     if jnp.issubdtype(values.dtype, jnp.integer):
       values = invalid_lib.sanitize(values, num_embeddings)
-    lengths = jnp.asarray(ragged[1])
+    # Read across the whole batch (offsets are a cumsum of the lengths): a
+    # split over Explicit mesh axes would be refused by JAX.
+    values = sharding_lib.unsplit(values)
+    lengths = sharding_lib.unsplit(jnp.asarray(ragged[1]))
+    if weights is not None:
+      weights = sharding_lib.unsplit(jnp.asarray(weights))
     if spec.max_ids_per_sample is None:
       raise ValueError(
           f"{owner}: ragged ids need a static bag width; set "
@@ -100,6 +106,8 @@ def to_bags(spec: FeatureSpec, x, weights, num_embeddings: int) -> Bags:
           values, lengths, spec.max_ids_per_sample, weights
       )
     except ValueError as e:
+      if not str(e).startswith("ragged_to_padded:"):
+        raise  # not a message of ours: never pass JAX's errors off as the feature's
       raise ValueError(f"{owner}: {e}") from None
     ids, weights = padded if weights is not None else (padded, None)
   else:

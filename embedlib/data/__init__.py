@@ -1,4 +1,4 @@
-"""Data sources for embedlib: the batch format, planted synthetic data, Criteo TSV.
+"""Data sources for embedlib: the batch format, planted synthetic data, Criteo TSV, id hashing.
 
 Every source yields the batch dict documented in ``embedlib.data.spec`` (this
 process's rows only), keeps a resumable position (``get_state`` /
@@ -13,7 +13,18 @@ thread, and ``to_global_batch`` puts a batch onto the mesh.
 (['dense', 'label', 'sparse'], (16, 4))
 """
 
-from embedlib.data.criteo import CRITEO_NUM_DENSE, CRITEO_NUM_SPARSE, BadLines, CriteoReader, criteo_spec
+from embedlib.data.criteo import (
+    CRITEO_NUM_DENSE,
+    CRITEO_NUM_SPARSE,
+    BadLines,
+    CriteoFormatError,
+    CriteoReader,
+    criteo_spec,
+)
+from embedlib.data.multi_hash import MultiHash, hash_collisions
+from embedlib.data.planted_ranking import PlantedRankingSource
+from embedlib.data.planted_retrieval import PlantedRetrievalSource
+from embedlib.data.sequences import ACTIONS, BadBatchError, SequenceSpec, action_multi_hot
 from embedlib.data.prefetch import Prefetcher, to_global_batch
 from embedlib.data.spec import PAD_ID, DataSpec, SparseFeature
 from embedlib.data.synthetic import SyntheticSource
@@ -25,7 +36,16 @@ __all__ = [
     "SyntheticSource",
     "CriteoReader",
     "BadLines",
+    "CriteoFormatError",
     "criteo_spec",
+    "MultiHash",
+    "hash_collisions",
+    "ACTIONS",
+    "SequenceSpec",
+    "PlantedRankingSource",
+    "PlantedRetrievalSource",
+    "action_multi_hot",
+    "BadBatchError",
     "CRITEO_NUM_DENSE",
     "CRITEO_NUM_SPARSE",
     "Prefetcher",

@@ -11,11 +11,19 @@ Each line holds 40 tab-separated fields: the 0/1 label, 13 integer features
   so a model learns one embedding for absent values.
 * Batches have a fixed size: a last partial batch (per epoch) is dropped and
   counted in ``dropped_examples``.
-* Process ``p`` of ``n`` reads the lines whose 0-based index across all the
-  files is ``p (mod n)``; with no malformed lines, process batches ``k`` of all
-  processes together hold exactly the lines of the 1-process batch ``k``.
-* Malformed lines are reported as ``path:line: reason``; ``max_bad_lines``
-  chooses between skipping (up to a bound) and stopping at the first.
+* Process ``p`` of ``n`` reads the ``p (mod n)``-th lines of its split (all
+  lines, or the training or held-out share of them); with no malformed
+  lines, process batches ``k`` of all processes together hold exactly the
+  lines of the 1-process batch ``k``.
+* ``holdout`` sets aside a fraction of the lines for evaluation, chosen by a
+  hash of the line's index: ``split="train"`` skips them and
+  ``split="holdout"`` reads only them, so the two never share a line.
+* Malformed lines are reported as ``path:line: reason`` (logged, the first
+  ``MAX_REPORTED``) and counted once however many epochs read them;
+  ``max_bad_lines`` chooses between skipping (up to a bound) and stopping at
+  the first. A ``.gz`` file that is not gzip data is refused at
+  construction; one that is truncated or corrupt stops the reader at the
+  line where its data breaks.
 
 Lines are parsed with ``str.split`` and ``int``; nothing is evaluated or
 unpickled from the files.
@@ -25,7 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import logging
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -36,8 +46,14 @@ from embedlib.data.spec import DataSpec, SparseFeature
 CRITEO_NUM_DENSE = 13
 CRITEO_NUM_SPARSE = 26
 _NUM_FIELDS = 1 + CRITEO_NUM_DENSE + CRITEO_NUM_SPARSE
-#: How many malformed lines ``BadLines`` keeps for the report.
+#: How many malformed lines ``BadLines`` keeps for the report (and the reader logs).
 MAX_REPORTED = 10
+_GZIP_MAGIC = b"\x1f\x8b"
+#: Resolution of the hold-out fraction: a line is held out when its hash mod this is below it.
+_HOLDOUT_BUCKETS = 1 << 20
+_HOLDOUT_SALT = _hashing.derive_key("criteo", "holdout")
+
+log = logging.getLogger(__name__)
 
 
 def criteo_spec(num_embeddings: int | Sequence[int] = 100_000) -> DataSpec:
@@ -64,25 +80,34 @@ def criteo_spec(num_embeddings: int | Sequence[int] = 100_000) -> DataSpec:
 
 
 class CriteoFormatError(ValueError):
-  """A malformed line beyond the reader's ``max_bad_lines`` tolerance."""
+  """Criteo data that can't be read: a malformed line beyond ``max_bad_lines``, a
+  ``.gz`` file that isn't gzip or is truncated, or too few lines for a batch."""
 
 
 @dataclasses.dataclass
 class BadLines:
   """Malformed lines seen by this process: a total and the first few.
 
-  >>> bad = BadLines(); bad.add("a.tsv", 3, "label must be 0 or 1, got '2'")
+  >>> bad = BadLines()
+  >>> [bad.add("a.tsv", 3, "label must be 0 or 1, got '2'") for epoch in range(2)]
+  [True, False]
   >>> print(bad)
   1 malformed line(s); first: a.tsv:3: label must be 0 or 1, got '2'
   """
 
   count: int = 0
   first: list = dataclasses.field(default_factory=list)  # [(path, line, reason)]
+  _seen: set = dataclasses.field(default_factory=set, repr=False)
 
-  def add(self, path: str, line: int, reason: str) -> None:
+  def add(self, path: str, line: int, reason: str) -> bool:
+    """Counts a malformed line; False if it was counted before (a later epoch)."""
+    if (path, line) in self._seen:
+      return False
+    self._seen.add((path, line))
     self.count += 1
     if len(self.first) < MAX_REPORTED:
       self.first.append((path, line, reason))
+    return True
 
   def __str__(self) -> str:
     shown = "; ".join(f"{p}:{n}: {r}" for p, n, r in self.first)
@@ -106,9 +131,12 @@ def parse_line(text: str) -> tuple[int, list[int], list[int]]:
   ints = []
   for i, field in enumerate(fields[1 : 1 + CRITEO_NUM_DENSE]):
     try:
-      ints.append(int(field) if field else 0)
+      value = int(field) if field else 0
     except ValueError:
       raise ValueError(f"integer feature I{i + 1} is not an integer: {field!r}") from None
+    if not -(1 << 63) <= value < (1 << 63):
+      raise ValueError(f"integer feature I{i + 1} does not fit in 64 bits: {field!r}")
+    ints.append(value)
   cats = []
   for i, field in enumerate(fields[1 + CRITEO_NUM_DENSE :]):
     if not field:
@@ -147,9 +175,15 @@ class CriteoReader(Iterator[dict]):
     max_bad_lines: malformed lines to skip before raising; 0 (default) stops
       at the first, None skips all. ``bad_lines`` reports them either way.
     num_epochs: passes over the files, or None to repeat forever.
+    holdout: fraction of the lines, in ``[0, 1)``, held out for evaluation.
+    split: with ``holdout > 0``, ``"train"`` reads the other lines and
+      ``"holdout"`` the held-out ones.
 
   Raises:
     FileNotFoundError: at construction, naming a path that does not exist.
+    CriteoFormatError: at construction, for a ``.gz`` path that isn't gzip
+      data (or a gzip file without ``.gz``); while reading, as described in
+      the module docstring.
   """
 
   def __init__(
@@ -162,6 +196,8 @@ class CriteoReader(Iterator[dict]):
       process_count: int = 1,
       max_bad_lines: int | None = 0,
       num_epochs: int | None = 1,
+      holdout: float = 0.0,
+      split: str = "train",
   ):
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not paths:
@@ -173,6 +209,19 @@ class CriteoReader(Iterator[dict]):
             f"Criteo data file {path!r} does not exist (or is not a file); pass the path "
             "of a .tsv or .tsv.gz file in the Criteo layout."
         )
+      with open(path, "rb") as f:
+        gzipped = f.read(2) == _GZIP_MAGIC
+      if gzipped != path.endswith(".gz"):
+        raise CriteoFormatError(
+            f"{path} ends in .gz but is not gzip data; rename it without .gz if it is plain "
+            "TSV, or compress it with gzip." if path.endswith(".gz") else
+            f"{path} is gzip data; name it with a .gz suffix so that it is decompressed.")
+    if not 0.0 <= holdout < 1.0 or split not in ("train", "holdout"):
+      raise ValueError(
+          f"holdout={holdout!r}, split={split!r}: pass a holdout fraction in [0, 1) and "
+          "split='train' or 'holdout'.")
+    if split == "holdout" and holdout == 0.0:
+      raise ValueError("split='holdout' with holdout=0 reads nothing; pass holdout=0.05, say.")
     spec = criteo_spec() if spec is None else spec
     if spec.num_dense != CRITEO_NUM_DENSE or len(spec.features) != CRITEO_NUM_SPARSE or any(
         f.bag_size != 1 or f.num_embeddings < 2 for f in spec.features
@@ -191,6 +240,8 @@ class CriteoReader(Iterator[dict]):
     self.batch_size, self.local_batch_size = batch_size, batch_size // process_count
     self.process_index, self.process_count = process_index, process_count
     self.max_bad_lines, self.num_epochs = max_bad_lines, num_epochs
+    self.holdout, self.split = float(holdout), split
+    self._holdout_below = int(round(self.holdout * _HOLDOUT_BUCKETS))
     salts = [_hashing.derive_key("criteo", f.name) for f in spec.features]
     self._salts = np.array(salts, np.uint64)
     self._buckets = np.array([f.num_embeddings - 1 for f in spec.features], np.uint64)
@@ -248,7 +299,7 @@ class CriteoReader(Iterator[dict]):
         if self.num_epochs is not None and epoch >= self.num_epochs:
           raise StopIteration
         if whole_epoch:
-          raise ValueError(
+          raise CriteoFormatError(
               f"{self.paths} hold fewer than batch_size // process_count = "
               f"{self.local_batch_size} valid lines for process {self.process_index}; "
               "use a smaller batch_size or more data."
@@ -262,33 +313,54 @@ class CriteoReader(Iterator[dict]):
     self._state["position"] += 1
     return self._assemble(rows)
 
+  def _in_split(self, index: int) -> bool:
+    if not self._holdout_below:
+      return True
+    held_out = _hashing.mix_int(index ^ _HOLDOUT_SALT) % _HOLDOUT_BUCKETS < self._holdout_below
+    return held_out == (self.split == "holdout")
+
   def _read(self, epoch: int, start_line: int):
     """Yields ``(global line index, parsed)`` of this process's lines from ``start_line``."""
     del epoch  # every epoch reads the same lines in the same order
-    index = 0
+    index, kept = 0, 0  # lines seen, and lines of this split seen, across the files
     for path in self.paths:
       opener = gzip.open if path.endswith(".gz") else open
-      with opener(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-          index += 1
-          if index - 1 < start_line or (index - 1) % self.process_count != self.process_index:
-            continue
-          try:
-            parsed = parse_line(raw.decode("ascii"))
-          except (ValueError, UnicodeDecodeError) as e:
-            reason = "not ASCII text" if isinstance(e, UnicodeDecodeError) else str(e)
-            self._bad(path, number, reason)
-            continue
-          yield index - 1, parsed
+      number = 0
+      try:
+        with opener(path, "rb") as f:
+          for number, raw in enumerate(f, start=1):
+            index += 1
+            if not self._in_split(index - 1):
+              continue
+            kept += 1
+            if index - 1 < start_line or (kept - 1) % self.process_count != self.process_index:
+              continue
+            try:
+              parsed = parse_line(raw.decode("ascii"))
+            except (ValueError, UnicodeDecodeError) as e:
+              reason = "not ASCII text" if isinstance(e, UnicodeDecodeError) else str(e)
+              self._bad(path, number, reason)
+              continue
+            yield index - 1, parsed
+      except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise CriteoFormatError(
+            f"{path}:{number + 1}: the gzip data breaks off here ({e}); the file is truncated "
+            "or corrupt: download or compress it again.") from None
 
   def _bad(self, path: str, number: int, reason: str) -> None:
-    self.bad_lines.add(path, number, reason)
-    if self.max_bad_lines is not None and self.bad_lines.count > self.max_bad_lines:
+    if not self.bad_lines.add(path, number, reason):
+      return  # counted and logged on an earlier epoch
+    count, limit = self.bad_lines.count, self.max_bad_lines
+    if limit is not None and count > limit:
       raise CriteoFormatError(
-          f"{path}:{number}: {reason}. Fix or remove the line, or pass "
-          f"max_bad_lines=N to skip up to N malformed lines (None skips all); "
-          f"max_bad_lines={self.max_bad_lines}, malformed so far: {self.bad_lines.count}."
+          f"{path}:{number}: {reason}. Fix or remove the line, or allow up to N malformed "
+          f"lines with max_bad_lines=N (--config.data.max_bad_lines=N; -1 skips them all); "
+          f"max_bad_lines={limit}, malformed so far: {count}."
       )
+    if count <= MAX_REPORTED:
+      log.warning("%s:%d: %s; skipped (malformed line %d, max_bad_lines=%s)%s", path, number,
+                  reason, count, "none" if limit is None else limit,
+                  "; later ones are counted, not logged" if count == MAX_REPORTED else "")
 
   def _assemble(self, rows: list) -> dict:
     labels = np.array([r[0] for r in rows], np.float32)

@@ -13,7 +13,10 @@ A batch is a plain dict of numpy arrays, holding this process's rows only
     }
 
 Multi-hot bags are padded on the right with ``PAD_ID`` (-1); every other id
-lies in ``[0, num_embeddings)``. The dict's structure and shapes are the same
+lies in ``[0, num_embeddings)``. Ids are int32 whatever the table size (and
+whether or not jax runs with x64), so a table has at most ``MAX_ROWS`` =
+2**31 rows; the sources reduce raw ids (hashed 64-bit values) into the
+table before they leave the source. The dict's structure and shapes are the same
 for every batch of a source, so a jitted step never retraces. Feature order in
 ``"sparse"`` follows ``DataSpec.features``.
 """
@@ -27,6 +30,8 @@ import numpy as np
 
 #: Id that pads a multi-hot bag to its fixed ``bag_size``; looked up as nothing.
 PAD_ID = -1
+#: Most rows a table may have: its largest id, MAX_ROWS - 1, is int32's largest.
+MAX_ROWS = 2**31
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +63,11 @@ class SparseFeature:
         raise ValueError(
             f"SparseFeature {self.name!r}: {field} must be an int >= 1, got {value!r}."
         )
+    if self.num_embeddings > MAX_ROWS:
+      raise ValueError(
+          f"SparseFeature {self.name!r}: num_embeddings={self.num_embeddings} is more rows "
+          f"than int32 ids can address (at most {MAX_ROWS}); hash the feature into "
+          f"{MAX_ROWS} rows or fewer.")
 
 
 @dataclasses.dataclass(frozen=True)

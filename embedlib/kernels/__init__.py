@@ -2,10 +2,12 @@
 
 Each lookup has a pure-jnp reference (the specification, and the ``xla``
 gather; the ``xla`` bag, `bag_xla`, sums the same terms slot by slot), a
-Triton Pallas kernel that runs in interpret mode on CPU, a deterministic
-Pallas backward behind ``jax.custom_vjp``, a C++ gather for the CPU
+Pallas GPU kernel (Mosaic GPU, and Triton for jax 0.10) that also runs in
+interpret mode on CPU, a deterministic Pallas backward behind
+``jax.custom_vjp``, a C++ gather for the CPU
 (`gather_cpu`, built on first use by `cpu_library`), and a dispatcher
-(``kernel="auto" | "xla" | "pallas" | "cpu"``). Strategies call these on local shards
+(``kernel=`` one of ``options.KERNELS``) that stages each platform's kernel
+in the program (`platforms`), so lowering picks it. Strategies call these on local shards
 inside ``jax.shard_map``. Invalid ids (negative or ``>= num_embeddings``) read
 zero rows, count as bag padding and receive no gradient.
 
@@ -18,8 +20,10 @@ zero rows, count as bag padding and receive no gradient.
 
 from embedlib.kernels.dispatch import (
     bag,
+    check_kernel,
     gather,
-    resolve_interpret,
+    pallas_backend,
+    plan,
     resolve_kernel,
     shard_map_check_vma,
     target_platform,
@@ -38,10 +42,12 @@ __all__ = [
     "bag_coefficients",
     "bag_reference",
     "check_combiner",
+    "check_kernel",
     "gather",
     "gather_reference",
+    "pallas_backend",
+    "plan",
     "ragged_to_padded",
-    "resolve_interpret",
     "resolve_kernel",
     "shard_map_check_vma",
     "target_platform",

@@ -1,7 +1,7 @@
 """Ahead-of-time CUDA lowering on a machine without a GPU, on every supported jax.
 
 This is how tests prove that the GPU path builds: lowering a jitted function
-for ``("cuda",)`` runs the Pallas Triton lowering (and the collectives'
+for ``("cuda",)`` runs the Pallas GPU lowering (and the collectives'
 lowering) without any GPU, and the StableHLO text names the kernels:
 ``__gpu$xla.gpu.triton`` for a Triton ``pallas_call``, ``mosaic_gpu_v2`` for
 Mosaic GPU.
@@ -13,8 +13,10 @@ the target against the devices it traces with, so arguments must be abstract
 (checked), so these helpers use it on every version and callers never branch:
 `gpu_abstract_mesh` builds the mesh (give it to ``shard_map`` and to
 ``NamedSharding`` of the arguments) and `cuda_lowering_text` traces under it.
-Tracing under an abstract GPU mesh also makes ``kernel="auto"`` and
-``interpret=None`` pick the compiled Pallas path (see `dispatch`).
+The lookups choose their kernel per lowering platform (`dispatch`,
+`platforms`), so a CUDA lowering holds the compiled Pallas kernels whatever
+the trace context; the abstract GPU device is what lets jax >= 0.11 lower
+them at all.
 """
 
 from __future__ import annotations

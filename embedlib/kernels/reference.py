@@ -172,13 +172,16 @@ def ragged_to_padded(values, lengths, max_bag: int, weights=None):
   pos = starts[:, None] + slot[None, :]
   present = slot[None, :] < lengths[:, None]
   safe = jnp.clip(pos, 0, max(values.shape[0] - 1, 0))
-  if values.shape[0] == 0:
+  # Nothing to gather without values or bags. An empty gather of an array on
+  # an Explicit mesh also fails eagerly inside JAX (jax 0.10).
+  empty = values.shape[0] == 0 or pos.shape[0] == 0
+  if empty:
     ids = jnp.full(pos.shape, -1, values.dtype)
   else:
     ids = jnp.where(present, values[safe], -1).astype(values.dtype)
   if weights is None:
     return ids
   weights = jnp.asarray(weights)
-  if weights.shape[0] == 0:
+  if empty:
     return ids, jnp.zeros(pos.shape, weights.dtype)
   return ids, jnp.where(present, weights[safe], 0).astype(weights.dtype)

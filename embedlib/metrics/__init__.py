@@ -1,4 +1,5 @@
-"""Eval metrics for click models: exact AUC and log-loss, and a streaming accumulator.
+"""Eval metrics: exact AUC and log-loss for click models, per-action AUC and NDCG@K for
+rankers, recall@K for retrievers, each with an accumulator over eval batches.
 
 >>> from embedlib import metrics
 >>> metrics.auc([0, 1], [0.2, 0.7])
@@ -6,6 +7,8 @@
 """
 
 from embedlib.metrics.binary import auc, logloss
+from embedlib.metrics.ranking import RankingMetrics, RetrievalMetrics, ndcg_at_k
 from embedlib.metrics.streaming import StreamingMetrics
 
-__all__ = ["auc", "logloss", "StreamingMetrics"]
+__all__ = ["auc", "logloss", "ndcg_at_k", "RankingMetrics", "RetrievalMetrics",
+           "StreamingMetrics"]

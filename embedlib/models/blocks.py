@@ -10,7 +10,7 @@ from flax import nnx
 
 
 class MLP(nnx.Module):
-  """Dense layers with ReLU between them (none after the last).
+  """Dense layers with ReLU (or ``activation``) between them, none after the last.
 
   >>> from flax import nnx
   >>> mlp = MLP(13, (512, 256, 64), rngs=nnx.Rngs(0))
@@ -20,13 +20,14 @@ class MLP(nnx.Module):
   Args:
     in_features: width of the input.
     sizes: width of each layer, the last one being the output width.
-    final_activation: apply ReLU after the last layer too (a bottom MLP
-      feeding an interaction does, as in DLRM).
+    final_activation: apply the activation after the last layer too (a
+      bottom MLP feeding an interaction does, as in DLRM).
+    activation: the nonlinearity between layers (default ReLU).
     rngs: random number generators.
   """
 
   def __init__(self, in_features: int, sizes: Sequence[int], *,
-               final_activation: bool = False, rngs: nnx.Rngs):
+               final_activation: bool = False, activation=jax.nn.relu, rngs: nnx.Rngs):
     if not sizes:
       raise ValueError("MLP needs at least one layer size, e.g. sizes=(256, 64).")
     widths = (in_features,) + tuple(sizes)
@@ -34,13 +35,14 @@ class MLP(nnx.Module):
         nnx.Linear(a, b, rngs=rngs) for a, b in zip(widths[:-1], widths[1:])
     ])
     self.final_activation = final_activation
+    self.activation = activation
 
   def __call__(self, x: jax.Array) -> jax.Array:
     last = len(self.layers) - 1
     for i, layer in enumerate(self.layers):
       x = layer(x)
       if i < last or self.final_activation:
-        x = jax.nn.relu(x)
+        x = self.activation(x)
     return x
 
 

@@ -1,24 +1,59 @@
-"""The one place a config becomes a model (house rule 3)."""
+"""The one place a config becomes a model (house rule 3): one builder per family.
+
+- ``dlrm`` / ``dcn``: the DLRM family on an ``EmbeddingCollection``.
+- ``ranker``: the transformer ranker with candidate isolation.
+- ``two_tower``: two-tower retrieval.
+
+``hashers(model_config)`` gives the ``MultiHash`` functions a model's
+embeddings expect, so the data path hashes ids exactly as the model was
+built to read them.
+"""
 
 from __future__ import annotations
 
 from flax import nnx
 
 from embedlib.collection import FeatureSpec, TableSpec
+from embedlib.data.multi_hash import MultiHash
+from embedlib.data.sequences import SequenceSpec
 from embedlib.data.spec import DataSpec
+from embedlib.embed import ShardedEmbed
+from embedlib.models import two_tower as two_tower_lib
 from embedlib.models.dlrm import CROSS, DLRM, DOT
+from embedlib.models.multi_hash_embed import MultiHashEmbed
+from embedlib.models.ranker import RankerTrunk, TransformerRanker
 
 #: config.model.name -> interaction of the DLRM family.
 _FAMILY = {"dlrm": DOT, "dcn": CROSS}
+RANKER = "ranker"
+TWO_TOWER = "two_tower"
+#: The hashed entities of each sequence model (config.model.<entity>_hash).
+_HASHED = {RANKER: ("user",), TWO_TOWER: ("user", "item")}
+NAMES = tuple(_FAMILY) + (RANKER, TWO_TOWER)
 
 
-def build_model(model_config, data_spec: DataSpec, *, mesh=None,
-                batch_size: int = 4096, rngs: nnx.Rngs):
+def hashers(model_config) -> dict[str, MultiHash]:
+  """``{entity: MultiHash}`` for each hashed entity of the model (none for DLRM).
+
+  Raises:
+    ValueError: a hash setting can't work (names ``config.model.<entity>_hash``).
+  """
+  out = {}
+  for entity in _HASHED.get(model_config.name, ()):
+    cfg = model_config[f"{entity}_hash"]
+    out[entity] = MultiHash(cfg.num_buckets, cfg.num_hashes, cfg.seed,
+                            name=f"config.model.{entity}_hash")
+  return out
+
+
+def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
+                rngs: nnx.Rngs):
   """Builds the model named by ``model_config.name`` for a dataset layout.
 
-  One table per categorical feature, sized by the data spec; single-hot
-  features are declared with ``max_ids_per_sample=1``, multi-hot ones pool
-  with ``model_config.combiner``.
+  The DLRM family gets one table per categorical feature of a ``DataSpec``
+  (single-hot features declared with ``max_ids_per_sample=1``, multi-hot
+  ones pooled with ``model_config.combiner``); the sequence models are
+  sized by a ``SequenceSpec`` (``build_ranker``, ``build_two_tower``).
 
   >>> import ml_collections
   >>> from flax import nnx
@@ -31,7 +66,8 @@ def build_model(model_config, data_spec: DataSpec, *, mesh=None,
   'DLRM'
 
   Args:
-    model_config: ``name`` (``"dlrm" | "dcn"``), ``embed_dim``,
+    model_config: ``name`` (``"dlrm" | "dcn" | "ranker" | "two_tower"``); for
+      DLRM and DCN: ``embed_dim``,
       ``bottom_sizes`` (hidden layers; the bottom MLP ends in ``embed_dim``),
       ``top_sizes`` (ending in 1), ``combiner``, ``num_unique``,
       ``kernel``, ``cross_layers``, and optionally ``replicate_below_bytes``.
@@ -44,8 +80,17 @@ def build_model(model_config, data_spec: DataSpec, *, mesh=None,
     The model.
   """
   name = model_config.name
-  if name not in _FAMILY:
-    raise ValueError(f"config.model.name={name!r}; use one of {tuple(_FAMILY)}.")
+  if name not in NAMES:
+    raise ValueError(f"config.model.name={name!r}; use one of {NAMES}.")
+  if name in (RANKER, TWO_TOWER):
+    if not isinstance(data_spec, SequenceSpec):
+      raise ValueError(f"config.model.name={name!r} reads request batches (a SequenceSpec), "
+                       f"not {type(data_spec).__name__}; use the ranking or retrieval task.")
+    build = build_ranker if name == RANKER else build_two_tower
+    return build(model_config, data_spec, mesh=mesh, rngs=rngs)
+  if not isinstance(data_spec, DataSpec):
+    raise ValueError(f"config.model.name={name!r} reads click batches (a DataSpec); use the "
+                     "ctr task.")
   dim = model_config.embed_dim
   tables = [TableSpec(f.name, f.num_embeddings, dim) for f in data_spec.features]
   features = [
@@ -68,3 +113,82 @@ def build_model(model_config, data_spec: DataSpec, *, mesh=None,
       batch_size=batch_size,
       rngs=rngs,
   )
+
+
+def _tables(model_config, mesh):
+  """``ShardedEmbed`` keyword arguments shared by a model's tables."""
+  return dict(mesh=mesh, kernel=model_config.kernel,
+              replicate_below_bytes=model_config.get("replicate_below_bytes"))
+
+
+def _user(model_config, hasher, out_features, mesh, rngs):
+  cfg = model_config.user_hash
+  return MultiHashEmbed(hasher, cfg.features, combiner=cfg.combiner, out_features=out_features,
+                        name="user", rngs=rngs, **_tables(model_config, mesh))
+
+
+def _trunk(model_config, spec: SequenceSpec, items, authors, user, rngs):
+  return RankerTrunk(items=items, authors=authors, user=user, num_actions=spec.num_actions,
+                     history_len=spec.history_len, width=model_config.width,
+                     num_layers=model_config.num_layers, num_heads=model_config.num_heads,
+                     mlp_ratio=model_config.mlp_ratio,
+                     action_features=model_config.action_features,
+                     causal=model_config.causal, rngs=rngs)
+
+
+def build_ranker(model_config, spec: SequenceSpec, *, mesh=None, rngs: nnx.Rngs):
+  """``TransformerRanker``: item and author tables (ids), a multi-hash user embedding.
+
+  Config keys: ``width``, ``num_layers``, ``num_heads``, ``mlp_ratio``,
+  ``causal``, ``item_features``, ``author_features``, ``action_features``,
+  ``user_hash`` (``num_buckets``, ``num_hashes``, ``features``,
+  ``combiner``, ``seed``), ``kernel``, ``replicate_below_bytes``.
+  """
+  tables = _tables(model_config, mesh)
+  items = ShardedEmbed(spec.num_items, model_config.item_features, name="item", rngs=rngs,
+                       **tables)
+  authors = ShardedEmbed(spec.num_authors, model_config.author_features, name="author",
+                         rngs=rngs, **tables)
+  user = _user(model_config, hashers(model_config)["user"], model_config.width, mesh, rngs)
+  trunk = _trunk(model_config, spec, items, authors, user, rngs)
+  return TransformerRanker(trunk, rngs=rngs)
+
+
+def build_two_tower(model_config, spec: SequenceSpec, *, mesh=None, rngs: nnx.Rngs):
+  """``TwoTower``: multi-hash items (shared by the towers), author table, a user tower.
+
+  Config keys: ``user_tower`` (``"pooled" | "trunk"``), ``features`` (the
+  embedding width), ``tower_sizes`` (hidden widths of both MLPs),
+  ``temperature``, ``min_temperature``, ``max_temperature``,
+  ``learn_temperature``, ``item_hash`` and ``user_hash`` (as the ranker's
+  ``user_hash``), ``author_features``, ``action_features``, and for the
+  trunk tower the ranker's transformer keys.
+  """
+  if model_config.user_tower not in two_tower_lib.USER_TOWERS:
+    raise ValueError(f"config.model.user_tower={model_config.user_tower!r}; use one of "
+                     f"{two_tower_lib.USER_TOWERS}.")
+  two_tower_lib.check_temperature(model_config.temperature, model_config.min_temperature,
+                                  model_config.max_temperature)
+  tables = _tables(model_config, mesh)
+  found = hashers(model_config)
+  cfg = model_config.item_hash
+  items = MultiHashEmbed(found["item"], cfg.features, combiner=cfg.combiner, name="item",
+                         rngs=rngs, **tables)
+  authors = ShardedEmbed(spec.num_authors, model_config.author_features, name="author",
+                         rngs=rngs, **tables)
+  sizes = tuple(model_config.tower_sizes) + (model_config.features,)
+  if model_config.user_tower == two_tower_lib.TRUNK:
+    user = _user(model_config, found["user"], model_config.width, mesh, rngs)
+    tower = two_tower_lib.TrunkUserTower(
+        _trunk(model_config, spec, items, authors, user, rngs), model_config.features,
+        rngs=rngs)
+  else:
+    user = _user(model_config, found["user"], None, mesh, rngs)
+    tower = two_tower_lib.PooledUserTower(
+        items=items, authors=authors, user=user, num_actions=spec.num_actions, sizes=sizes,
+        action_features=model_config.action_features, rngs=rngs)
+  return two_tower_lib.TwoTower(
+      items=items, authors=authors, user_tower=tower, candidate_sizes=sizes,
+      temperature=model_config.temperature, min_temperature=model_config.min_temperature,
+      max_temperature=model_config.max_temperature,
+      learn_temperature=model_config.learn_temperature, mesh=mesh, rngs=rngs)

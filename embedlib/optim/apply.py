@@ -13,8 +13,8 @@ pairs for one table (one pair per lookup of it in the step), each rank:
    - by rows (``dedup_rows``), when the rank's shard has no more rows than
      the step has ids: the gradients are summed straight into their rows
      and the rule runs on every row of the shard, untouched ones gathered
-     as zeros and never written back (12 of the 26 Criteo tables of
-     ``benchmarks/train_dlrm.py``, batch 2048);
+     as zeros and never written back (the small tables of a recommender
+     batch);
    - by marks (``dedup_marks``), for larger shards when the rule has a
      slot (AdaGrad, LazyAdam): each id writes its position into its row of
      the slot, and the winner it reads back names its segment; no sort;
@@ -41,7 +41,10 @@ On CPU, steps 2 and 3 are one fused C++ call per shard instead
 (``fused_cpu.py``: a hash of the ids in place of the three dedups, the
 same sums in the same order, the rule in place on the aliased table and
 slots), where its library builds and the rule and dtypes are ones it
-implements; the XLA ops here are what every other platform runs.
+implements, and the XLA ops here otherwise. Every other platform runs
+``sorted_update.py``: the dedups here sum with scatter-adds whose indices
+collide, which XLA:GPU runs as atomic adds; that one sorts, reduces each
+run of equal ids with a scan and writes each row once.
 """
 
 from __future__ import annotations
@@ -58,9 +61,9 @@ from embedlib import _compat
 from embedlib import sharding as sharding_lib
 from embedlib import options
 from embedlib import invalid_ids as invalid_lib
-from embedlib import kernels
 from embedlib.optim import fused_cpu
 from embedlib.optim import rules as rules_lib
+from embedlib.optim import sorted_update
 from embedlib.strategies import collectives
 
 
@@ -144,8 +147,8 @@ def dedup(ids, grads):
   """Sums the gradients of equal ids: one row per distinct id.
 
   A single-operand sort of the ids and a binary search for each id's first
-  position in it: on CPU several times faster than ``jnp.unique`` with
-  ``return_inverse`` (a two-operand sort), and the same static size.
+  position in it: cheaper than ``jnp.unique`` with ``return_inverse`` (a
+  two-operand sort), with the same static size.
 
   Args:
     ids: ``[n]`` int32, ``-1`` for invalid ids.
@@ -242,8 +245,8 @@ def dedup_marks(idx, grads, scratch):
   Every id writes its position into its row of ``scratch`` (one scatter of
   ``n`` numbers; with repeated ids one write wins, whichever it is), then
   reads the row back: ids of one row all read the same winning position,
-  which becomes their segment. On CPU this is about 3.5 ms cheaper per
-  65,536 ids than the sort and binary search of ``dedup``. The marked rows
+  which becomes their segment: one scatter and one gather in place of
+  ``dedup``'s sort and binary search. The marked rows
   hold garbage until the caller rewrites them, which it must: each touched
   row is the first row of exactly one segment (its winner's) and gets its
   new slot values there.
@@ -283,11 +286,12 @@ def dedup_marks(idx, grads, scratch):
 def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
   """Dedup and update on one rank: every array here is this rank's shard.
 
-  On CPU, where ``fused_cpu`` supports the rule, one fused C++ call;
-  elsewhere the XLA ops of ``_xla_local_update``. The platform is the one
-  the lookups dispatch on (``kernels.target_platform``: an abstract GPU
-  mesh in context means CUDA); ``lax.platform_dependent`` then keeps the
-  C++ call out of any lowering for another platform all the same.
+  On CPU, where ``fused_cpu`` supports the rule, one fused C++ call, else
+  the XLA ops of ``_xla_local_update``; on every other platform the sorted
+  update of ``sorted_update`` (no scatter-add with colliding indices, which
+  XLA:GPU runs as atomics). The choice is staged with
+  ``lax.platform_dependent``, so the platform the step is lowered for picks
+  it, whatever machine traced the step.
 
   Args:
     table: ``plan.shard_shape``.
@@ -295,15 +299,20 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
     ids: ``[n]`` int32, the whole batch's ids, ``-1`` invalid.
     grads: ``[n, features]``, their row gradients.
   """
+  origin = _shard_origin(table, plan)
   xla = lambda: _xla_local_update(rule, table, slots, ids, grads, lr, step, plan=plan)
-  if kernels.target_platform() != "cpu" or not fused_cpu.supports(rule, table, slots):
-    return xla()
-  first_row, first_col = _shard_origin(table, plan)
-  fused = lambda: fused_cpu.update(
-      rule, table, slots, ids, grads, lr, step,
-      first_row=first_row, first_col=first_col, features=plan.features,
-  )
-  return lax.platform_dependent(cpu=fused, default=xla)
+  by_sorting = lambda: sorted_update.local_update(
+      rule, table, slots, ids, grads, lr, step, plan=plan, origin=origin)
+  forced = sorted_update.forced()   # None outside tests and benchmarks
+  cpu, gpu = xla, (xla if forced is False else by_sorting)
+  if forced:
+    cpu = by_sorting
+  elif fused_cpu.supports(rule, table, slots):
+    cpu = lambda: fused_cpu.update(
+        rule, table, slots, ids, grads, lr, step,
+        first_row=origin[0], first_col=origin[1], features=plan.features,
+    )
+  return lax.platform_dependent(cpu=cpu, default=gpu)
 
 
 def _shard_origin(table, plan):
@@ -316,7 +325,7 @@ def _shard_origin(table, plan):
 
 
 def _xla_local_update(rule, table, slots, ids, grads, lr, step, *, plan):
-  """``_local_update`` in XLA ops: the path of every platform but CPU."""
+  """``_local_update`` in XLA ops: the CPU's path where the fused update does not apply."""
   rows_here, cols_here = table.shape
   offset, first_col = _shard_origin(table, plan)
   local = jnp.where(ids >= 0, ids - offset, -1)

@@ -7,6 +7,19 @@ their only caller.
 """
 
 from embedlib.strategies.request import Request
-from embedlib.strategies.sharded import attend, lookup, lookup_bag, lookup_requests
+from embedlib.strategies.sharded import (
+    attend,
+    attend_vocab_split,
+    lookup,
+    lookup_bag,
+    lookup_requests,
+)
 
-__all__ = ["Request", "attend", "lookup", "lookup_bag", "lookup_requests"]
+__all__ = [
+    "Request",
+    "attend",
+    "attend_vocab_split",
+    "lookup",
+    "lookup_bag",
+    "lookup_requests",
+]

@@ -37,8 +37,8 @@ def unique_with_inverse(ids, capacity: int):
   A sort rather than ``jnp.unique(size=...)``: invalid ids (``-1``) must not
   use up capacity, and the count that detects overflow comes from the same
   sort. The sort has one operand (the ids) and each id finds its place by a
-  binary search, as ``optim.apply.dedup`` does: on CPU several times faster
-  than sorting the ids with their positions (``argsort``).
+  binary search, as ``optim.apply.dedup`` does: cheaper than sorting the
+  ids with their positions (``argsort``).
 
   Args:
     ids: int32 of any shape, ``-1`` for padding and invalid ids.
@@ -181,7 +181,10 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, capacity: int,
       for r in requests
   )
   widths = [as_2d(r.ids).shape[1] for r in requests]
-  spec = sharding_lib.leading_spec(requests[0].ids, mesh) if mesh is not None else None
+  # Each output takes its own ids' batch split, as without dedup: the two
+  # lax.cond branches must agree when features arrive split differently.
+  specs = [sharding_lib.leading_spec(r.ids, mesh) if mesh is not None else None
+           for r in requests]
 
   def with_dedup(table, unique, inverse, coefs):
     rows = sharded.lookup(
@@ -191,7 +194,7 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, capacity: int,
     parts = [p[:, 0] if r.ids.ndim == 1 else p for p, r in zip(parts, requests)]
     out = rebuild(rows, parts, coefs, plan=plan, mesh=mesh, gather=gather, bag=bag,
                   check_vma=check_vma)
-    return tuple(sharding_lib.restore_tokens(o, batch, mesh, spec) for o in out)
+    return tuple(sharding_lib.restore_tokens(o, batch, mesh, spec) for o, spec in zip(out, specs))
 
   def without_dedup(table, unique, inverse, coefs):
     del unique, inverse, coefs

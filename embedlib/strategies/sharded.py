@@ -158,3 +158,51 @@ def attend(table, query, *, plan, mesh):
   body = lambda t, q: strategy.attend(t, q, plan=plan)
   out = _run(body, table, query, plan=plan, mesh=mesh, fill=0)
   return out[..., : plan.num_embeddings]
+
+
+def attend_vocab_split(table, query, *, plan, mesh):
+  """``query @ table.T`` left split over the vocabulary as the table's rows are.
+
+  The vocab strategy without its output step: each rank keeps the logits of
+  its own rows (``vocab.local_logits``), so no device holds a token's whole
+  row of logits. Ranks along the token axes hold different tokens, so their
+  queries are gathered (the input step of every lookup); the logits' token
+  dimension stays split over the data axes outside the table group.
+
+  Args:
+    table: the physical table, ``plan.padded_shape``, ``plan.strategy ==
+      "vocab"``.
+    query: ``[tokens, ..., features]``.
+    plan: the table's ``EmbeddingPlan``.
+    mesh: the mesh the plan was made for (not None).
+
+  Returns:
+    ``[tokens, ..., padded_vocab]``, laid out as ``vocab_split_spec``; the
+    logits of padded rows are zero.
+  """
+  tokens = query.shape[0]
+  token_spec = P(plan.data_axes or None)
+  table_spec = P(*plan.table_spec)
+  out_spec = vocab_split_spec(plan, query.ndim)
+  query = sharding_lib.place(sharding_lib.pad_tokens(query, plan.data_shards, 0), mesh, token_spec)
+  table = sharding_lib.place(table, mesh, table_spec)
+  body = lambda t, q: vocab.local_logits(t, q, plan=plan)
+  with no_context_mesh():
+    out = _compat.shard_map(
+        body, mesh=mesh, in_specs=(table_spec, token_spec), out_specs=out_spec
+    )(table, query)
+  if out.shape[0] != tokens:
+    # Slicing a split dimension is not allowed on Explicit axes: gather the
+    # (uneven) tokens, never the vocabulary.
+    out = sharding_lib.place(out, mesh, P(None, *out_spec[1:]))[:tokens]
+  return out
+
+
+def vocab_split_spec(plan, ndim: int) -> P:
+  """Layout of ``attend_vocab_split``'s logits of rank ``ndim``.
+
+  The vocabulary over ``plan.table_axes``; the tokens over the data axes
+  outside the table group (the token axes' tokens were gathered).
+  """
+  outer = tuple(a for a in plan.data_axes if a not in plan.table_axes)
+  return P(outer or None, *(None,) * (ndim - 2), plan.table_axes)

@@ -3,7 +3,8 @@
 Lookup: ids to every rank of the group -> masked lookup of the rows this
 rank owns -> sum of the partial rows (psum, or psum_scatter when the ranks
 hold different tokens). Attend: logits for this rank's rows -> concatenated
-over the group. Padded rows (the vocab rounded up to the group) are never
+over the group, or left where they are for a vocab-parallel loss
+(``local_logits``). Padded rows (the vocab rounded up to the group) are never
 looked up, so they never reach an output or receive a gradient.
 """
 
@@ -69,7 +70,7 @@ def bag_lookup(table, ids, weights, *, plan, bag, combiner):
 
 
 def attend(table, query, *, plan):
-  """Vocab-sharded ``query @ table.T``.
+  """Vocab-sharded ``query @ table.T``, every rank's tokens with the whole vocabulary.
 
   Args:
     table: ``[padded_vocab / group, features]``.
@@ -79,6 +80,24 @@ def attend(table, query, *, plan):
   Returns:
     ``[tokens, ..., padded_vocab]``; the caller drops the padded logits.
   """
-  query = collectives.gather_tokens(query, plan.token_axes)
-  logits = query @ table.T
+  logits = local_logits(table, query, plan=plan)
   return collectives.concat_slices(logits, plan.token_axes, plan.rest_axes)
+
+
+def local_logits(table, query, *, plan):
+  """This rank's vocabulary block of the logits: attend without its output step.
+
+  What a vocab-parallel loss consumes: no rank ever holds more than its own
+  rows' logits. The logits of padded rows are zero (padded rows are).
+
+  Args:
+    table: ``[padded_vocab / group, features]``, this rank's rows.
+    query: ``[tokens, ..., features]`` local to this rank.
+    plan: the table's ``EmbeddingPlan``.
+
+  Returns:
+    ``[group_tokens, ..., padded_vocab / group]``: the tokens of every rank
+    along ``plan.token_axes`` (gathered), this rank's block of columns.
+  """
+  query = collectives.gather_tokens(query, plan.token_axes)
+  return query @ table.T

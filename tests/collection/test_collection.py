@@ -246,3 +246,112 @@ def test_sparse_optimizer_row_gradients_match_dense_gradients():
       np.add.at(acc[:, : grads.shape[1]], ids[keep], grads[keep])
     want = np.asarray(dense["tables"][spec.name]["embedding"][...])
     np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-6, err_msg=spec.name)
+
+
+@pytest.mark.parametrize("dedup", ["fits", "overflow"])
+def test_dedup_features_split_differently(dedup):
+  """Features of one table whose ids arrive split differently, dedup on.
+
+  On Explicit axes each output takes its own ids' batch split. The dedup path
+  gave every output the first feature's split, so its ``lax.cond`` with the
+  fallback failed to trace (branches of different types) when a feature's
+  ids were already split over the data axes and another's weren't (found by
+  tests/test_properties.py).
+  """
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  mesh = jax.make_mesh((4,), ("batch",), devices=jax.devices()[:4])
+  feats = (FeatureSpec("clicks", "items"), FeatureSpec("views", "items", combiner=None))
+  coll = EmbeddingCollection(TABLES[:1], feats, mesh=mesh, num_unique=DEDUP[dedup],
+                             rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(4)
+  inputs = {"clicks": rng.integers(-1, 52, (8, 3)), "views": rng.integers(-1, 52, (8, 2))}
+  x = {"clicks": inputs["clicks"],
+       "views": jax.device_put(inputs["views"], NamedSharding(mesh, P("batch")))}
+  got = coll(x)
+  want = reference.collection(logical_tables(coll), feats, inputs, {})
+  for name in want:
+    np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), rtol=1e-5,
+                               atol=1e-6, err_msg=name)
+  assert got["clicks"].sharding.spec[0] is None
+  assert got["views"].sharding.spec[0] == "batch"
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_ragged_input_split_over_the_mesh(jit):
+  """Ragged values, lengths and weights already split over Explicit data axes.
+
+  Bag offsets are a cumsum over the whole batch, which JAX refuses on an
+  array split over Explicit axes (a raw ShardingTypeError before; found by
+  tests/test_properties.py): the collection gathers them first.
+  """
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  mesh = jax.make_mesh((4,), ("batch",), devices=jax.devices()[:4])
+  feats = (FeatureSpec("bio", "users", combiner="mean", max_ids_per_sample=3),)
+  coll = EmbeddingCollection(TABLES[1:2], feats, mesh=mesh, rngs=nnx.Rngs(0))
+  values = np.array([3, 36, 5, 40, -1, 7, 7, 0])  # 40 and -1: padding
+  lengths = np.array([1, 2, 0, 1, 1, 0, 3, 0])
+  weights = np.linspace(0.5, 2.0, 8).astype(np.float32)
+  put = lambda a: jax.device_put(a, NamedSharding(mesh, P("batch")))
+  x, w = {"bio": Ragged(put(values), put(lengths))}, {"bio": put(weights)}
+  if jit:
+    fn, state = apply(coll, x, w)
+    got = jax.jit(fn)(state, x, w)
+  else:
+    got = coll(x, w)
+  want = reference.collection(logical_tables(coll), feats, {"bio": (values, lengths)},
+                              {"bio": weights})
+  np.testing.assert_allclose(np.asarray(got["bio"]), np.asarray(want["bio"]), rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_overflow_error_under_jit_with_several_tables():
+  """``on_overflow="error"`` under jit + checkify in a collection of several tables.
+
+  JAX's checkify can't carry a check past a later ``shard_map``: each
+  table's capacity check used to follow its own lookup, so the next table's
+  lookup broke tracing (a raw ``TypeError: select cases must have the same
+  shapes``; found by tests/test_properties.py). The checks now run after
+  every table's lookups.
+  """
+  mesh = jax.make_mesh((4,), ("batch",), devices=jax.devices()[:4])
+  feats = (FeatureSpec("clicks", "items"), FeatureSpec("history", "users", combiner=None))
+  coll = EmbeddingCollection(TABLES[:2], feats, mesh=mesh, num_unique=3,
+                             on_overflow="error", rngs=nnx.Rngs(0))
+  ok = {"clicks": jnp.array([[1, 2, 2]] * 8), "history": jnp.array([[3, -1]] * 8)}
+  over = {"clicks": jnp.arange(24).reshape(8, 3), "history": ok["history"]}
+  fn, state = apply(coll, ok, {})
+  checked = checkify.checkify(jax.jit(fn))
+  err, out = checked(state, ok, {})
+  assert jax.device_get(err).get() is None
+  want = reference.collection(logical_tables(coll), feats, ok, {})
+  for name in want:
+    np.testing.assert_allclose(np.asarray(out[name]), np.asarray(want[name]), rtol=1e-5,
+                               atol=1e-6, err_msg=name)
+  err, _ = checked(state, over, {})
+  assert "table 'items'" in jax.device_get(err).get()
+  with pytest.raises(ValueError, match="table 'items'"):
+    coll(over)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["replicated", "split"])
+def test_empty_ragged_batch_on_an_explicit_mesh(split):
+  """An empty ragged batch whose arrays live on an Explicit mesh pools to nothing.
+
+  Converting it to bags gathered values at an empty set of offsets, which
+  JAX fails eagerly on an Explicit mesh; the collection passed that raw
+  error off as the feature's own (found by tests/test_properties.py).
+  """
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  mesh = jax.make_mesh((8,), ("batch",))
+  feats = (FeatureSpec("bio", "users", combiner="sqrtn", max_ids_per_sample=3),
+           FeatureSpec("user", "users", combiner=None, max_ids_per_sample=1))
+  coll = EmbeddingCollection(TABLES[1:2], feats, mesh=mesh, rngs=nnx.Rngs(0))
+  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
+  lengths = put(np.zeros((0,), np.int32), P("batch") if split else P())
+  values, weights = put(np.array([4, 5]), P()), put(np.ones(2, np.float32), P())
+  out = coll({"bio": (values, lengths), "user": put(np.zeros((0,), np.int32), P())},
+             {"bio": weights})
+  assert out["bio"].shape == (0, 12) and out["user"].shape == (0, 12)

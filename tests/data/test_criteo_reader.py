@@ -1,6 +1,7 @@
 """CriteoReader on small TSV files: values, hashing, bad lines, slices, resume."""
 
 import gzip
+import logging
 import os
 import subprocess
 import sys
@@ -159,10 +160,64 @@ def test_resume_continues_at_the_next_batch_across_epochs(tmp_path, state_kind):
 
 def test_endless_reader_needs_one_full_batch(tmp_path):
   reader = CriteoReader(write(tmp_path, numbered_lines(2)), SPEC, batch_size=4, num_epochs=None)
-  with pytest.raises(ValueError, match="fewer than batch_size"):
+  with pytest.raises(CriteoFormatError, match="fewer than batch_size"):
     next(reader)
 
 
 def test_spec_must_have_the_criteo_layout(tmp_path):
   with pytest.raises(ValueError, match="criteo_spec"):
     CriteoReader(write(tmp_path, numbered_lines(2)), criteo_spec([1] * 26), batch_size=1)
+
+
+def test_a_bad_line_counts_once_however_many_epochs_read_it(tmp_path, caplog):
+  good = numbered_lines(6)
+  lines = [BAD_LINES["label"][0]] + good[:3] + [BAD_LINES["fields"][0], BAD_LINES["hex"][0]] + good[3:]
+  path = write(tmp_path, lines)
+  reader = CriteoReader(path, SPEC, batch_size=3, max_bad_lines=3, num_epochs=4)
+  with caplog.at_level(logging.WARNING, logger="embedlib.data"):
+    assert len(list(reader)) == 8  # 4 epochs of 2 batches; a 4th count would have stopped it
+  assert reader.bad_lines.count == 3
+  logged = [r.getMessage() for r in caplog.records]
+  assert [m.split(": ")[0] for m in logged] == [f"{path}:1", f"{path}:5", f"{path}:6"]
+  assert "skipped (malformed line 3, max_bad_lines=3)" in logged[-1]
+
+
+def test_an_integer_too_large_for_64_bits_is_a_malformed_line(tmp_path):
+  path = write(tmp_path, numbered_lines(2) + [make_line(ints=["9" * 30] + [""] * 12)])
+  with pytest.raises(CriteoFormatError, match=r"data.tsv:3: integer feature I1 does not fit in 64"):
+    list(CriteoReader(path, SPEC, batch_size=1))
+
+
+def test_truncated_gzip_stops_naming_the_file_and_line(tmp_path):
+  path = write(tmp_path, numbered_lines(400), "day.tsv.gz")
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+  reader = CriteoReader(path, SPEC, batch_size=10)
+  with pytest.raises(CriteoFormatError, match=r"day.tsv.gz:\d+: the gzip data breaks off here .*"
+                     "truncated or corrupt"):
+    list(reader)
+  assert reader.position > 0  # the readable part was read
+
+
+@pytest.mark.parametrize("name, data, match", [
+    ("day.tsv.gz", b"1\t2\n", "ends in .gz but is not gzip data"),
+    ("day.tsv", gzip.compress(b"1\t2\n"), "is gzip data; name it with a .gz suffix"),
+])
+def test_gzip_and_suffix_must_agree(tmp_path, name, data, match):
+  (tmp_path / name).write_bytes(data)
+  with pytest.raises(CriteoFormatError, match=match):
+    CriteoReader(str(tmp_path / name), SPEC, batch_size=1)
+
+
+@pytest.mark.parametrize("process_count", [1, 2])
+def test_holdout_splits_the_lines_in_two_disjoint_parts(tmp_path, process_count):
+  path = write(tmp_path, numbered_lines(400))
+  def ids(split):
+    readers = [CriteoReader(path, SPEC, batch_size=2, holdout=0.25, split=split,
+                            process_index=p, process_count=process_count)
+               for p in range(process_count)]
+    return [i for r in readers for b in r for i in line_ids(b).tolist()]
+  train, held = ids("train"), ids("holdout")
+  assert not set(train) & set(held)
+  assert len(set(train) | set(held)) >= 398  # at most one odd line dropped per split
+  assert 60 < len(held) < 140  # about a quarter of 400

@@ -178,3 +178,17 @@ def test_abstract_mesh_module_builds_under_eval_shape():
   assert emb.embedding.shape == (100, 100)
   assert emb.plan.table_axes == ("model",)
   assert emb.embedding.get_value().sharding.spec == P(("model",), None)
+
+
+def test_error_mode_bags_take_minus_one_as_padding():
+  emb = embedlib.ShardedEmbed(5, 2, invalid_ids="error", name="user_id", rngs=nnx.Rngs(0))
+  out = emb.bag(jnp.array([[1, -1], [4, 4]]))
+  np.testing.assert_allclose(out[0], emb(jnp.array([1]))[0])
+  with pytest.raises(IndexError, match=r"user_id: id -2"):
+    emb.bag(jnp.array([[1, -2]]))
+  with pytest.raises(IndexError, match=r"user_id: id -1"):
+    emb(jnp.array([1, -1]))  # unpooled: -1 is an invalid id
+  graphdef, state = nnx.split(emb)
+  checked = checkify.checkify(jax.jit(lambda s, i: nnx.merge(graphdef, s).bag(i)))
+  assert checked(state, jnp.array([[1, -1]]))[0].get() is None
+  assert "id 7" in checked(state, jnp.array([[7, -1]]))[0].get()

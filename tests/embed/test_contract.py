@@ -84,3 +84,52 @@ def test_pallas_kernel_in_interpret_mode(mesh_name, strategy):
   emb = build(99, 100, make_mesh(shape, names), sharding=strategy, kernel="pallas",
               table_axes=table_axes, data_axes=data_axes)
   check_contract(emb, *random_case(99, 100, batch=11))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("mesh_name", ["8-tokens", "4x2-mixed", "2x4-tp"])
+def test_empty_batch(mesh_name, strategy):
+  """An empty batch looks up nothing and gets no gradient, token-sharded meshes too.
+
+  The token-sharded layouts all-gather ids over the group; XLA rejects a
+  collective over a zero-size dimension, so an empty batch used to fail to
+  lower (found by tests/test_properties.py).
+  """
+  from flax import nnx
+
+  shape, names, table_axes, data_axes = MESHES[mesh_name]
+  emb = build(37, 12, make_mesh(shape, names), sharding=strategy,
+              table_axes=table_axes, data_axes=data_axes)
+  ids = np.zeros((0, 3), np.int32)
+  assert emb(ids).shape == (0, 3, 12)
+  assert emb.bag(ids, combiner="mean").shape == (0, 12)
+  assert emb.attend(np.zeros((0, 12), np.float32)).shape == (0, 37)
+
+  def loss(m, i):
+    return jnp.sum(m(i)) + jnp.sum(m.bag(i)) + jnp.sum(m.attend(jnp.zeros((0, 12))))
+
+  grads = nnx.jit(nnx.grad(loss))(emb, jnp.asarray(ids))
+  assert not np.asarray(grads.embedding[...]).any()
+
+
+@pytest.mark.parametrize("strategy", ["vocab", "hidden"])
+@pytest.mark.parametrize("mesh_name", ["8-tokens", "2-tp"])
+def test_pallas_bags_of_width_zero(mesh_name, strategy):
+  """Weighted bags with no slots pool to zeros with the Pallas kernel too.
+
+  A Pallas bag call on zero-size blocks failed to compile inside shard_map
+  (a raw XLA 'func.call op expected at least one operand ... GlobalToLocalShape';
+  found by tests/test_properties.py); such bags take the XLA bag.
+  """
+  from flax import nnx
+
+  shape, names, table_axes, data_axes = MESHES[mesh_name]
+  emb = build(37, 12, make_mesh(shape, names), sharding=strategy, kernel="pallas",
+              table_axes=table_axes, data_axes=data_axes)
+  ids, weights = np.zeros((3, 0), np.int32), np.ones((3, 0), np.float32)
+  for combiner in ("sum", "mean"):
+    out = emb.bag(ids, weights, combiner=combiner)
+    assert out.shape == (3, 12) and not np.asarray(out).any()
+  grads = nnx.jit(nnx.grad(lambda m, i, w: jnp.sum(m.bag(i, w))))(
+      emb, jnp.asarray(ids), jnp.asarray(weights))
+  assert not np.asarray(grads.embedding[...]).any()

@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from embedlib import axes, kernels
-from embedlib.kernels import cpu_library, lowering
+from embedlib.kernels import cpu_library, lowering, mosaic
 from embedlib.kernels.gather_cpu import gather_cpu
 from embedlib.kernels.gather_pallas import gather_pallas, next_pow2
 
@@ -99,24 +99,35 @@ def test_gather_and_grad_inside_shard_map_vocab_parallel(kernel):
   np.testing.assert_allclose(grad, jax.grad(ref_loss)(table), rtol=1e-6, atol=1e-6)
 
 
-def test_resolve_kernel_and_interpret_on_cpu(monkeypatch):
+def test_plan_gives_each_platform_its_kernel(monkeypatch):
   require_cpu_kernels()
+  backend = kernels.pallas_backend()   # mosaic from jax 0.11, triton on 0.10
+  assert backend == ("mosaic" if mosaic.has_interpreter() else "triton")
+  assert kernels.plan("auto") == {"cpu": "cpu", "gpu": backend, "default": "xla"}
+  assert kernels.plan("triton") == {"cpu": "triton-interpret", "gpu": "triton", "default": "xla"}
+  # The compiled Mosaic kernels beside their interpreter carry its ordered effect.
+  beside = "mosaic-ordered" if backend == "mosaic" else backend
+  assert kernels.plan("pallas") == {"cpu": backend + "-interpret", "gpu": beside,
+                                    "default": "xla"}
+  assert set(kernels.plan("pallas", interpret=True).values()) == {backend + "-interpret"}
+  assert set(kernels.plan("pallas", interpret=False).values()) == {backend}
+  # jax 0.10 has no Mosaic GPU interpreter: its CPU runs XLA's ops.
+  assert kernels.plan("mosaic")["cpu"] == ("mosaic-interpret" if backend == "mosaic" else "xla")
+  assert kernels.plan("cpu") == {"cpu": "cpu", "gpu": "xla", "default": "xla"}
   assert kernels.resolve_kernel("auto") == "cpu"
-  assert kernels.resolve_kernel("pallas") == "pallas"
-  assert kernels.resolve_kernel("xla") == "xla"
-  assert kernels.resolve_kernel("cpu") == "cpu"
-  assert kernels.resolve_interpret(None) is True
-  assert kernels.resolve_interpret(False) is False
-  with pytest.raises(ValueError, match=r"'auto', 'xla', 'pallas', 'cpu'"):
-    kernels.resolve_kernel("triton")
+  assert kernels.resolve_kernel("auto", "cuda") == backend
+  with pytest.raises(ValueError, match=r"kernel='mosaik'.*use one of \('auto', 'xla', 'pallas'"):
+    kernels.resolve_kernel("mosaik")
   monkeypatch.setattr(cpu_library, "library", lambda: None)   # no compiler here
   assert kernels.resolve_kernel("auto") == "xla"
 
 
-def test_cpu_kernel_traced_for_a_gpu_is_refused():
-  with lowering.lowering_context(lowering.gpu_abstract_mesh((1,), ("x",))):
-    with pytest.raises(ValueError, match=r"kernel='cpu' is the CPU's C\+\+ gather.*traced for '(cuda|gpu)'"):
-      kernels.resolve_kernel("cpu")
+def test_cpu_kernel_lowered_for_cuda_is_xla_there():
+  """kernel='cpu' names the CPU's C++ gather; a CUDA lowering holds XLA's gather instead."""
+  S = jax.ShapeDtypeStruct
+  fn = lambda t, i: kernels.gather(t, i, kernel="cpu")
+  text = lowering.cuda_lowering_text(fn, S((50, 8), jnp.float32), S((7,), jnp.int32))
+  assert "embedlib_gather" not in text and "stablehlo.gather" in text
 
 
 # Every row width the C++ gather copies with a fixed size (16 to 512 bytes)

@@ -1,12 +1,12 @@
 """The GPU benchmark scripts: their checks can fail, and without a GPU they measure nothing.
 
-``gpu_lookup.py --smoke --check`` runs the whole script at tiny sizes with
-the kernels interpreted, so that a GPU session does not spend its device
-time on a script error: its check must pass and its timings run (exit 0);
-with a wrong gather or bag reference the check must fail and the script
-exit 1 before timing anything. The runs share a compilation cache: the
-wrong-reference runs compile what the first run compiled. Every run uses
-this checkout's embedlib. No time is asserted.
+``gpu_session.sh --smoke`` runs the whole session (``gpu_lookup.py`` and
+``gpu_steps.py``, each ``--smoke --check``) at tiny sizes with the kernels
+interpreted, so that a GPU session does not spend its device time on a
+script error: every check must pass and every timing run (exit 0); with a
+wrong gather or bag reference the lookup check must fail and the script
+exit 1 before timing anything. The runs share a compilation cache. Every
+run uses this checkout's embedlib. No time is asserted.
 """
 
 import os
@@ -29,22 +29,32 @@ def env(tmp_path_factory):
       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 
-@pytest.mark.parametrize("flags", [[], ["--check"]])
-def test_gpu_lookup_measures_nothing_on_cpu(flags, env):
+@pytest.mark.parametrize("script,flags", [("gpu_lookup.py", []), ("gpu_lookup.py", ["--check"]),
+                                          ("gpu_steps.py", ["--check"])])
+def test_gpu_scripts_measure_nothing_on_cpu(script, flags, env):
   result = subprocess.run(
-      [sys.executable, str(SCRIPT), *flags], env=env, capture_output=True, text=True, timeout=120
-  )
+      [sys.executable, str(SCRIPT.parent / script), *flags], env=env, capture_output=True,
+      text=True, timeout=120)
   assert result.returncode == 0, result.stderr
   assert "measures nothing" in result.stdout
   assert "GB/s" not in result.stdout  # no table was printed
 
 
-def test_smoke_run_passes_its_check_and_times_every_case(env):
-  result = subprocess.run(
-      [sys.executable, str(SCRIPT), "--smoke", "--check"],
-      env=env, capture_output=True, text=True, timeout=600,
-  )
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+def test_smoke_session_passes_its_checks_and_times_every_case(tmp_path, env):
+  session = SCRIPT.parent / "gpu_session.sh"
+  env = dict(env, PYTHON=sys.executable, OUT=str(tmp_path))
+  result = subprocess.run(["bash", str(session), "--smoke"], env=env, capture_output=True,
+                          text=True, timeout=1200)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+  log = (tmp_path / "gpu_session.txt").read_text()
+  assert "MISMATCH" not in log and "DIFFERS" not in log
+  # Every backend's lookups, the backward, the update and both steps were timed.
+  for backend in ("mosaic", "triton", "xla"):
+    assert f"gather 1000x100 f32 zipf {backend} " in log, backend
+  assert "backward 1000x100 f32 zipf sorted-scan" in log
+  for case in ("sparse update", "sparse train step", "DLRM train step"):
+    assert case in log, case
+  assert "gpu_session: done" in log
 
 
 # The script's main with a wrong reference; reaching the timings exits 3.
@@ -71,7 +81,8 @@ def test_a_wrong_reference_fails_the_check_before_any_timing(which, env):
   result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=600)
   assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
-  mismatches = [line.split()[1:3] for line in result.stdout.splitlines()
+  # "check <backend> <lookup> ...": the lookup and its first qualifier.
+  mismatches = [line.split()[2:4] for line in result.stdout.splitlines()
                 if line.startswith("check ") and line.endswith("MISMATCH")]
   if which == "gather":
     assert mismatches and all(m[0] == "gather" for m in mismatches), mismatches

@@ -7,35 +7,18 @@ script runs in this process (the test suite's 8 CPU devices), so it uses
 this checkout's embedlib. No time is asserted.
 """
 
-import importlib.util
-import pathlib
-import sys
-
 import jax.numpy as jnp
 import numpy as np
 
 from embedlib import kernels, options
+from tests import benchmark_scripts
 
 from ..cpu_kernels import require_cpu_kernels
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "lookup.py"
-
-
-def import_script():
-  """Imports the script by path; it extends ``sys.path`` itself, undone here."""
-  saved = list(sys.path)
-  try:
-    spec = importlib.util.spec_from_file_location("lookup_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-  finally:
-    sys.path[:] = saved
-  return module
 
 
 def load_script(monkeypatch):
   """The script, recording the cases of every ``interleaved`` (timing) call in ``.timed``."""
-  module = import_script()
+  module = benchmark_scripts.load("lookup")
   module.timed = []
   real = module.interleaved
 
@@ -70,7 +53,7 @@ def test_a_wrong_reference_fails_the_run_before_any_timing(monkeypatch, capsys):
 
 
 def test_one_element_off_fails_the_check():
-  lookup = import_script()
+  lookup = benchmark_scripts.load("lookup")
   table = jnp.arange(40.0).reshape(10, 4)
   ids = jnp.array([3, 3, 9, 0])
   right = lambda t, i: jnp.take(t, i, axis=0)

@@ -1,69 +1,87 @@
-"""Every kernel, forward and gradient, lowers for CUDA on this CPU machine with its Triton call.
+"""Every kernel, forward and gradient, lowers for CUDA on this CPU machine, on both backends.
 
-This is the CI proof that the GPU path builds (see ``embedlib/kernels/lowering.py``).
-The kernels are named (``embedlib_gather``, ``embedlib_bag``,
-``embedlib_segment_sum``) and the names show in the lowered text, so each test
-checks that the right kernel, not just any Triton call, is there.
+This is the CI proof that the GPU path builds (see ``embedlib/kernels/lowering.py``),
+for the Mosaic GPU kernels (``mosaic_gpu_v2`` custom calls) and the Triton
+ones (``__gpu$xla.gpu.triton``), on jax 0.10 and the newest jax. The kernels
+are named (``embedlib_gather``, ``embedlib_bag``, ``embedlib_segment_sum``,
+with ``_mosaic`` for Mosaic GPU) and the names show in the lowered text, so
+each test checks that the right kernel, not just any GPU call, is there.
 """
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from embedlib import axes, kernels, options
-from embedlib.kernels.lowering import TRITON_CALL, cuda_lowering_text, gpu_abstract_mesh
+from embedlib.kernels.lowering import (MOSAIC_GPU_CALL, TRITON_CALL, cuda_lowering_text,
+                                       gpu_abstract_mesh)
 
 S = jax.ShapeDtypeStruct
-TABLE = S((1000, 100), jnp.float32)  # a width that is not a power of two
+# A width that is not a power of two, in rows of whole 128-byte units (what
+# jax 0.10's Mosaic GPU copies need).
+TABLE = S((1000, 192), jnp.float32)
 IDS = S((37, 5), jnp.int32)
 WEIGHTS = S((37, 5), jnp.float32)
+BACKENDS = ["mosaic", "triton"]
+CALLS = {"mosaic": MOSAIC_GPU_CALL, "triton": TRITON_CALL}
 
 
-def assert_triton(text, *names):
-  assert TRITON_CALL in text
+def assert_kernels(text, backend, *names):
+  assert CALLS[backend] in text
+  other = CALLS["triton" if backend == "mosaic" else "mosaic"]
+  assert other not in text
   for name in names:
+    name = name + "_mosaic" if backend == "mosaic" else name
     assert name in text, f"kernel {name} missing from the CUDA lowering"
 
 
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_gather_forward_lowers_for_cuda(dtype):
-  text = cuda_lowering_text(
-      lambda t, i: kernels.gather(t, i, kernel="pallas"), S(TABLE.shape, dtype), IDS
-  )
-  assert_triton(text, "embedlib_gather")
+def test_gather_forward_and_grad_lower_for_cuda(backend, dtype):
+  table = S(TABLE.shape, dtype)
+  text = cuda_lowering_text(lambda t, i: kernels.gather(t, i, kernel=backend), table, IDS)
+  assert_kernels(text, backend, "embedlib_gather")
   assert "embedlib_segment_sum" not in text
+  grad = jax.grad(lambda t, i: kernels.gather(t, i, kernel=backend).astype(jnp.float32).sum())
+  assert_kernels(cuda_lowering_text(grad, table, IDS), backend, "embedlib_segment_sum")
 
 
-def test_gather_grad_lowers_for_cuda():
-  grad = jax.grad(lambda t, i: kernels.gather(t, i, kernel="pallas").sum())
-  assert_triton(cuda_lowering_text(grad, TABLE, IDS), "embedlib_segment_sum")
-
-
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("combiner", options.COMBINERS)
 @pytest.mark.parametrize("weighted", [False, True])
-def test_bag_forward_and_grad_lower_for_cuda(combiner, weighted):
+def test_bag_forward_and_grad_lower_for_cuda(backend, combiner, weighted):
   def pooled(t, i, w):
-    return kernels.bag(t, i, w if weighted else None, combiner=combiner, kernel="pallas")
+    return kernels.bag(t, i, w if weighted else None, combiner=combiner, kernel=backend)
 
-  assert_triton(cuda_lowering_text(pooled, TABLE, IDS, WEIGHTS), "embedlib_bag")
+  assert_kernels(cuda_lowering_text(pooled, TABLE, IDS, WEIGHTS), backend, "embedlib_bag")
   grad = jax.grad(lambda t, i, w: pooled(t, i, w).sum(), argnums=(0, 2))
-  assert_triton(cuda_lowering_text(grad, TABLE, IDS, WEIGHTS), "embedlib_segment_sum")
+  assert_kernels(cuda_lowering_text(grad, TABLE, IDS, WEIGHTS), backend, "embedlib_segment_sum")
 
 
 def test_auto_kernel_picks_pallas_when_lowering_for_gpu():
-  """Under the abstract GPU mesh, kernel="auto" and interpret=None select the compiled kernel."""
+  """kernel="auto" lowered for CUDA holds this jax's Pallas backend, compiled."""
   text = cuda_lowering_text(lambda t, i: kernels.gather(t, i), TABLE, IDS)
-  assert_triton(text, "embedlib_gather")
+  assert_kernels(text, kernels.pallas_backend(), "embedlib_gather")
 
 
-def test_vocab_parallel_shard_map_lowers_with_triton_and_all_reduce():
+def test_mosaic_kernels_leave_unaligned_rows_to_xla():
+  """Rows that are not whole copy units (3 floats) lower to XLA's gather, no GPU kernel."""
+  text = cuda_lowering_text(lambda t, i: kernels.gather(t, i, kernel="mosaic"),
+                            S((1000, 3), jnp.float32), IDS)
+  assert MOSAIC_GPU_CALL not in text and "stablehlo.gather" in text
+
+
+def test_vocab_parallel_shard_map_lowers_with_mosaic_and_all_reduce():
   mesh = gpu_abstract_mesh((2, 4), (axes.DATA, axes.MODEL))
 
   def body(local, ids):
     offset = jax.lax.axis_index(axes.MODEL) * local.shape[0]
-    rows = kernels.gather(local, ids - offset, kernel="pallas", interpret=False)
+    rows = kernels.gather(local, ids - offset, kernel="mosaic", interpret=False)
     return jax.lax.psum(rows, axes.MODEL)
 
   def lookup(table, ids):
@@ -74,10 +92,11 @@ def test_vocab_parallel_shard_map_lowers_with_triton_and_all_reduce():
   table = S((1024, 64), jnp.bfloat16, sharding=NamedSharding(mesh, P(axes.MODEL)))
   ids = S((32,), jnp.int32, sharding=NamedSharding(mesh, P(axes.DATA)))
   text = cuda_lowering_text(lookup, table, ids, mesh=mesh)
-  assert_triton(text, "embedlib_gather")
+  assert_kernels(text, "mosaic", "embedlib_gather")
   assert "all_reduce" in text
   grad = jax.grad(lambda t, i: lookup(t, i).astype(jnp.float32).sum())
-  assert_triton(cuda_lowering_text(grad, table, ids, mesh=mesh), "embedlib_segment_sum")
+  assert_kernels(cuda_lowering_text(grad, table, ids, mesh=mesh), "mosaic",
+                 "embedlib_segment_sum")
 
 
 def test_lowering_context_rejects_concrete_mesh_with_fix():
@@ -85,3 +104,13 @@ def test_lowering_context_rejects_concrete_mesh_with_fix():
 
   with pytest.raises(TypeError, match="gpu_abstract_mesh"):
     lowering_context(jax.make_mesh((8,), (axes.MODEL,)))
+
+
+def test_vmapped_lookup_runs_on_cpu_and_lowers_for_cuda():
+  """vmap reaches every platform's branch: the GPU kernel is called once per batch element."""
+  table = jnp.arange(6.0 * 32).reshape(6, 32)
+  ids = jnp.array([[1, 5, -1], [2, 2, 9]])
+  looked_up = lambda t, i: jax.vmap(lambda i: kernels.gather(t, i))(i)
+  np.testing.assert_array_equal(jax.jit(looked_up)(table, ids), kernels.gather_reference(table, ids))
+  text = cuda_lowering_text(looked_up, S(table.shape, table.dtype), S(ids.shape, ids.dtype))
+  assert_kernels(text, kernels.pallas_backend(), "embedlib_gather")

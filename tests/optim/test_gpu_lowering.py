@@ -1,7 +1,7 @@
 """The sparse train step's GPU path builds: lowered for CUDA without a GPU.
 
-The whole step (Pallas lookup, row gradients, dedup, row-wise update inside
-``shard_map``, donated state) for a ``ShardedEmbed`` of every strategy and
+The whole step (Pallas lookup, row gradients, sorted dedup, row-wise update
+inside ``shard_map`` writing distinct rows only, donated state) for a ``ShardedEmbed`` of every strategy and
 for an ``EmbeddingCollection``, through an abstract H200 mesh
 (``embedlib.kernels.lowering``). Also the regression test for building
 slots on an ``AbstractMesh`` (``AbstractMesh.devices`` raises ValueError).
@@ -15,7 +15,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import embedlib
 from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim
+from embedlib import kernels
 from embedlib.kernels import lowering
+
+# The compiled kernel kernel='auto' puts in a CUDA lowering on this jax.
+GPU_CALL = {"mosaic": lowering.MOSAIC_GPU_CALL, "triton": lowering.TRITON_CALL}[
+    kernels.pallas_backend()]
 
 # (mesh shape, names, strategy)
 CASES = {
@@ -35,6 +40,13 @@ def abstract_state(build, mesh):
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
 
 
+def assert_no_colliding_scatter(text):
+  """Every scatter of the step writes distinct indices (no atomics on a GPU)."""
+  scatters = [line for line in text.splitlines() if "stablehlo.scatter" in line]
+  assert scatters, "the update writes its rows with scatters"
+  assert all("unique_indices = true" in line for line in scatters), scatters
+
+
 def lower_step(graphdef, state, inputs, loss_fn, mesh):
   def step(state, inputs):
     module, opt = nnx.merge(graphdef, state)
@@ -51,7 +63,8 @@ def test_sparse_step_lowers_for_cuda(case):
   mesh = lowering.gpu_abstract_mesh(shape, names)
 
   def build():
-    emb = embedlib.ShardedEmbed(1000, 100, mesh=mesh, sharding=strategy, kernel="pallas",
+    # 256 wide: every local slice of whole 16-byte rows, as Mosaic GPU needs.
+    emb = embedlib.ShardedEmbed(1000, 256, mesh=mesh, sharding=strategy, kernel="auto",
                                 rngs=nnx.Rngs(0))
     return emb, optim.SparseAwareOptimizer(emb, None, optim.RowWiseAdagrad(0.1))
 
@@ -60,11 +73,12 @@ def test_sparse_step_lowers_for_cuda(case):
   ids = jax.ShapeDtypeStruct((64, 4), jnp.int32,
                              sharding=NamedSharding(mesh, P(emb.plan.data_axes or None)))
   text = lower_step(graphdef, state, ids, lambda m, i: jnp.sum(m(i) ** 2), mesh)
-  assert lowering.TRITON_CALL in text, case          # the Pallas lookup
+  assert GPU_CALL in text, case          # the Pallas lookup
   assert "stablehlo.scatter" in text, case           # the row-wise update
   assert "all_gather" in text, case                  # every rank sees the batch's ids
   assert "jax.buffer_donor" in text or "tf.aliasing_output" in text, case  # donated state
   assert "custom_call @embedlib_" not in text, case  # no fused CPU update (fused_cpu.py)
+  assert_no_colliding_scatter(text)                   # the sorted update (sorted_update.py)
 
 
 def test_collection_sparse_step_lowers_for_cuda():
@@ -75,7 +89,7 @@ def test_collection_sparse_step_lowers_for_cuda():
         [TableSpec("item", 3000, 64), TableSpec("country", 20, 16)],
         [FeatureSpec("clicks", "item", combiner="sum"),
          FeatureSpec("country", "country", max_ids_per_sample=1)],
-        mesh=mesh, kernel="pallas", replicate_below_bytes=0, rngs=nnx.Rngs(0))
+        mesh=mesh, kernel="auto", replicate_below_bytes=0, rngs=nnx.Rngs(0))
     return coll, optim.SparseAwareOptimizer(coll, None, optim.RowWiseAdagrad(0.1))
 
   graphdef, state = abstract_state(build, mesh)
@@ -84,5 +98,6 @@ def test_collection_sparse_step_lowers_for_cuda():
               "country": jax.ShapeDtypeStruct((64,), jnp.int32, sharding=batch)}
   loss = lambda c, f: sum(jnp.sum(v**2) for v in c(f).values())
   text = lower_step(graphdef, state, features, loss, mesh)
-  assert text.count(lowering.TRITON_CALL) >= 2       # one pooled lookup per table
+  assert text.count(GPU_CALL) >= 2       # one pooled lookup per table
   assert "stablehlo.scatter" in text and "all_gather" in text
+  assert_no_colliding_scatter(text)

@@ -9,31 +9,15 @@ checkout's embedlib. No time is asserted.
 """
 
 import functools
-import importlib.util
-import pathlib
-import sys
 
 import numpy as np
 
 from embedlib.optim import fused_cpu
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "sparse_step.py"
-
-
-def load_script():
-  """Imports the script by path; it extends ``sys.path`` itself, undone here."""
-  saved = list(sys.path)
-  try:
-    spec = importlib.util.spec_from_file_location("sparse_step_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-  finally:
-    sys.path[:] = saved
-  return module
+from tests import benchmark_scripts
 
 
 def test_every_timed_call_follows_an_untimed_call_of_the_same_case():
-  sparse_step = load_script()
+  sparse_step = benchmark_scripts.load("sparse_step")
   calls = []
 
   def case(name):
@@ -72,10 +56,11 @@ QUICK = ["--check", "--quick", "--no-peers", "--repeats", "1"]
 
 
 def test_the_check_passes_then_every_case_is_timed(monkeypatch):
-  sparse_step = load_script()
+  sparse_step = benchmark_scripts.load("sparse_step")
   runs = recording_runs(sparse_step, monkeypatch)
   assert sparse_step.main(QUICK) == 0
-  cases = {sparse_step.SPARSE, sparse_step.DENSE}
+  # The sorted update (every other platform's) is timed beside the CPU's own.
+  cases = {sparse_step.SPARSE, sparse_step.DENSE, sparse_step.SPARSE_SORTED}
   if fused_cpu.enabled():
     cases.add(sparse_step.SPARSE_XLA)   # the XLA ops beside the fused CPU update
   assert [size for size, _ in runs] == [(100_000, 64), (1_000_000, 32)]
@@ -86,7 +71,7 @@ def test_the_check_passes_then_every_case_is_timed(monkeypatch):
 def test_a_wrong_reference_fails_the_check_before_any_timing(monkeypatch, capsys):
   # The check a GPU session runs first must be able to fail: a reference
   # with another epsilon moves every touched row.
-  sparse_step = load_script()
+  sparse_step = benchmark_scripts.load("sparse_step")
   runs = recording_runs(sparse_step, monkeypatch)
   wrong = functools.partial(sparse_step.dense_adagrad_step, eps=1e-2)
   assert sparse_step.main(QUICK, reference=wrong) == 1
@@ -95,7 +80,7 @@ def test_a_wrong_reference_fails_the_check_before_any_timing(monkeypatch, capsys
 
 
 def test_the_reference_leaves_untouched_rows_and_counts_invalid_ids_out():
-  sparse_step = load_script()
+  sparse_step = benchmark_scripts.load("sparse_step")
   table = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
   acc = np.zeros(4, np.float32)
   loss, new_table, new_acc = sparse_step.dense_adagrad_step(table, acc, np.array([2, -1, 2, 0]))

@@ -1,22 +1,28 @@
-"""A checkpoint saved on 8 devices restores onto 4, 3 and 1 device.
+"""A checkpoint saved on 8 devices restores onto 4, 3 and 1 device, shard by shard.
 
 Checkpoints hold logical (unpadded) tables and slots, so a new mesh with new
 padding gets identical tables and single-hot lookups, and the same next
-step. Tolerances: pooled bags add their rows' partial sums across ranks in
+step; they are written and read one shard at a time, so no device holds a
+whole table. Tolerances: pooled bags add their rows' partial sums across ranks in
 a mesh-dependent order (1e-6 relative), and so does the all-reduce of the
 dense gradients, which the next-step loss sees (1e-5).
 """
 
+import logging
+import urllib.parse
+
 import jax
 import numpy as np
 import pytest
+import tensorstore as ts
 from flax import nnx
 from jax.sharding import AxisType
 
 from configs import quickstart
 from embedlib import checkpoint
+from embedlib.checkpoint import sharded
 from embedlib import data as data_lib
-from train import setup, train_lib
+from embedlib.training import setup, train_lib
 
 
 def _mesh(n):
@@ -76,16 +82,48 @@ def test_restore_on_fewer_devices_gives_identical_lookups_and_next_step(config, 
   ckpt.close()
 
 
-def test_checkpoint_holds_no_padding(config, tmp_path):
-  mesh3 = _mesh(3)
-  model, optimizer, _ = _state(config, mesh3)
-  state = checkpoint.logical_state(model, optimizer)
+def test_save_and_restore_move_shards_only_and_store_no_padding(config, tmp_path, caplog,
+                                                                monkeypatch):
+  with config.unlocked():  # 1001 rows: 126 a shard on 8 devices, 251 on 4, never even
+    config.data.table_sizes = (1001,) + tuple(config.data.table_sizes[1:])
+  mesh8, mesh4 = _mesh(8), _mesh(4)
+  model, optimizer, source = _state(config, mesh8)
+  model4, optimizer4, _ = _state(config, mesh4)
+  table = model.embeddings.tables["f0"]
+  rows8 = table.embedding.sharding.shard_shape(table.embedding.shape)[0]
+  rows4 = model4.embeddings.tables["f0"].embedding.sharding.shard_shape(
+      model4.embeddings.tables["f0"].embedding.shape)[0]
+  assert table.embedding.shape == (1008, 16) and (rows8, rows4) == (126, 251)
+  reads = []
+  read_region = sharded._read_region
+  monkeypatch.setattr(sharded, "_read_region",
+                      lambda store, region: reads.append(region) or read_region(store, region))
+
+  ckpt = checkpoint.Checkpointer(str(tmp_path), asynchronous=False)
+  with caplog.at_level(logging.WARNING, logger="jax"), jax.log_compiles():
+    ckpt.save(2, model, optimizer, source.get_state())
+    ckpt.wait()
+    ckpt.restore(model4, optimizer4)
+  # No XLA program ran: nothing was gathered, sliced or padded on a device.
+  assert not [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling")]
+
+  # On disk: the logical table, one chunk per saving shard, no padding.
+  key = urllib.parse.quote("tables/embeddings/tables/f0", safe="")
+  store = ts.open({"driver": "zarr", "kvstore": {
+      "driver": "file", "path": str(tmp_path / "2" / "tables" / key)}}).result()
+  assert store.shape == (1001, 16) and store.chunk_layout.read_chunk.shape == (126, 16)
   spec = setup.data_spec(config)
-  assert len(state["tables"]) == len(spec.features)
+  shapes = ckpt._manager.item_metadata(2)["tables"]
   for f in spec.features:
-    (key,) = [k for k in state["tables"] if k.endswith(f.name)]
-    assert model.embeddings.tables[f.name].embedding.shape[0] > f.num_embeddings or (
-        f.num_embeddings % 3 == 0)
-    assert state["tables"][key].shape == (f.num_embeddings, config.model.embed_dim)
-    for slot in state["slots"][key].values():
-      assert slot.shape[0] == f.num_embeddings
+    assert shapes[f"tables/embeddings/tables/{f.name}"].shape == (f.num_embeddings, 16)
+    assert shapes[f"slots/embeddings/tables/{f.name}/acc"].shape == (f.num_embeddings,)
+
+  # Restoring onto 4 devices read at most one new shard at a time, and each
+  # device holds its own shard of the restored table.
+  assert (slice(753, 1001), slice(0, 16)) in reads  # f0's last shard, without its padding
+  assert max(r[0].stop - r[0].start for r in reads) <= rows4
+  restored = model4.embeddings.tables["f0"].embedding[...]
+  assert {s.data.shape for s in restored.addressable_shards} == {(rows4, 16)}
+  np.testing.assert_array_equal(np.asarray(model4.embeddings.tables["f0"].logical_table()),
+                                np.asarray(table.logical_table()))
+  ckpt.close()

@@ -12,7 +12,10 @@ import sys
 
 import numpy as np
 
-from train.writers import read_jsonl
+from configs import quickstart
+from embedlib import checkpoint
+from embedlib.training import setup
+from embedlib.training.writers import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -57,3 +60,17 @@ def test_two_processes_match_one(tmp_path):
     assert [r["step"] for r in one] == [r["step"] for r in two]
     for key in keys:
       np.testing.assert_allclose([r[key] for r in two], [r[key] for r in one], rtol=1e-4)
+
+  # Each process wrote its own shards of the tables; together they restore
+  # (here, onto this process's 8 devices) to the one-process run's tables.
+  config = quickstart.get_config("smoke")
+  mesh, spec = setup.make_mesh(config), setup.data_spec(config)
+  tables = []
+  for workdir in (single, multi):
+    model, optimizer = setup.model_and_optimizer(config, spec, mesh)
+    ckpt = checkpoint.Checkpointer(str(workdir / "checkpoints"))
+    assert ckpt.restore_newest(model, optimizer)[0] == 6
+    ckpt.close()
+    tables.append({k: np.asarray(t.logical_table()) for k, t in model.embeddings.tables.items()})
+  for key in tables[0]:
+    np.testing.assert_allclose(tables[1][key], tables[0][key], rtol=1e-4, atol=1e-6)

@@ -4,8 +4,8 @@ The one test that trains to convergence: about a minute on 2 CPU cores.
 """
 
 from configs import quickstart
-from train import train_lib
-from train.writers import read_jsonl
+from embedlib.training import train_lib
+from embedlib.training.writers import read_jsonl
 
 
 def test_quickstart_reaches_the_oracle_auc(tmp_path):

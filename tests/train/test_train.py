@@ -1,21 +1,39 @@
 """The training entrypoint end to end: smoke runs, resume, outputs, bad input."""
 
+import logging
 import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from configs import dlrm_criteo, quickstart
-from train import train_lib
-from train.writers import read_jsonl
+from embedlib import data as data_lib
+from embedlib.training import events, setup, train_lib
+from embedlib.training.writers import read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_smoke_run_writes_metrics_checkpoints_and_resumes(tmp_path):
+def _messages(caplog):
+  return [r.getMessage() for r in caplog.records]
+
+
+def test_smoke_run_writes_metrics_checkpoints_and_resumes(tmp_path, caplog, monkeypatch):
   config = quickstart.get_config("smoke")
-  result = train_lib.train_and_evaluate(config, str(tmp_path))
+  with config.unlocked():
+    config.batch_size = 40  # a shape no other test compiles, so the compile count is this run's
+  with caplog.at_level(logging.WARNING, logger="jax"), jax.log_compiles():
+    with caplog.at_level(logging.INFO, logger="embedlib"):
+      result = train_lib.train_and_evaluate(config, str(tmp_path))
+  messages = _messages(caplog)
+  assert sum(m.startswith("Compiling jit(train_step)") for m in messages) == 1
+  assert any(m.startswith("step 1 took") and "compiling train_step included" in m
+             for m in messages)
+  assert any("40 samples per step" in m for m in messages)  # the plan knows the real batch
+  assert "eval data: the synthetic source's eval stream (2 batches" in "\n".join(messages)
+
   evals = read_jsonl(tmp_path / "eval.jsonl")
   assert [e["step"] for e in evals] == [3, 6]
   for e in evals:
@@ -23,8 +41,14 @@ def test_smoke_run_writes_metrics_checkpoints_and_resumes(tmp_path):
     assert 0.0 <= e["auc"] <= 1.0 and e["logloss"] > 0 and 0.5 < e["oracle_auc"] <= 1.0
   assert result["step"] == 6 and result["auc"] == evals[-1]["auc"]
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "6"]
-  assert any(f.startswith("events") for f in os.listdir(tmp_path / "tensorboard"))
   assert [r["step"] for r in read_jsonl(tmp_path / "train.jsonl")] == [2, 4, 6]
+  # Loss and examples/s reach TensorBoard beside the eval metrics.
+  train_tb = events.read_scalars(str(tmp_path / "tensorboard" / "train"))
+  assert {k: [s for s, _ in v] for k, v in train_tb.items()} == {
+      "loss": [2, 4, 6], "examples_per_sec": [2, 4, 6]}
+  eval_tb = events.read_scalars(str(tmp_path / "tensorboard" / "eval"))
+  assert sorted(eval_tb) == ["auc", "logloss", "oracle_auc"]
+  assert eval_tb["auc"] == [(3, pytest.approx(evals[0]["auc"])), (6, pytest.approx(evals[1]["auc"]))]
 
   # A restarted run resumes after step 6 with the data where it stopped.
   with config.unlocked():
@@ -32,6 +56,17 @@ def test_smoke_run_writes_metrics_checkpoints_and_resumes(tmp_path):
   train_lib.train_and_evaluate(config, str(tmp_path))
   assert [e["step"] for e in read_jsonl(tmp_path / "eval.jsonl")] == [3, 6, 9]
   assert [r["step"] for r in read_jsonl(tmp_path / "train.jsonl")] == [2, 4, 6, 8, 9]
+
+  # Run again, it is complete: it says so without building a model.
+  def no_model(*args):
+    raise AssertionError("a finished run built its model")
+  monkeypatch.setattr(setup, "model_and_optimizer", no_model)
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger="embedlib"):
+    again = train_lib.train_and_evaluate(config, str(tmp_path))
+  assert again == read_jsonl(tmp_path / "eval.jsonl")[-1]
+  assert any("is complete: its newest checkpoint is at step 9 of num_train_steps=9" in m
+             for m in _messages(caplog))
 
 
 def _criteo_lines(n, bad_at=()):
@@ -46,25 +81,66 @@ def _criteo_lines(n, bad_at=()):
   return "".join(lines)
 
 
-def test_criteo_smoke_run(tmp_path):
-  path = tmp_path / "day_0.tsv"
-  path.write_text(_criteo_lines(200))
+def _criteo_config(train_path, eval_path="", **data):
   config = dlrm_criteo.get_config("smoke")
   with config.unlocked():
-    config.data.train_path = config.data.eval_path = str(path)
-  result = train_lib.train_and_evaluate(config, str(tmp_path / "run"))
+    config.data.train_path, config.data.eval_path = str(train_path), str(eval_path)
+    config.data.update(data)
+  return config
+
+
+def test_criteo_smoke_run_on_a_holdout(tmp_path, caplog):
+  path = tmp_path / "day_0.tsv"
+  path.write_text(_criteo_lines(400))
+  with caplog.at_level(logging.INFO, logger="embedlib"):
+    result = train_lib.train_and_evaluate(_criteo_config(path, eval_holdout=0.2),
+                                          str(tmp_path / "run"))
   assert result["step"] == 4 and "oracle_auc" not in result
   assert 0.0 <= result["auc"] <= 1.0
+  assert f"eval data: a held-out 20.0% of the lines of {path}" in "\n".join(_messages(caplog))
+
+
+def test_criteo_needs_an_eval_path_or_a_holdout(tmp_path):
+  path = tmp_path / "day_0.tsv"
+  path.write_text(_criteo_lines(100))
+  with pytest.raises(setup.ConfigError, match=r"config.data.eval_path: the criteo source "
+                     r"evaluates on a file of its own .* set exactly one"):
+    train_lib.train_and_evaluate(_criteo_config(path), str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+  # The one-path form of the config holds out 5% and says so.
+  config = dlrm_criteo.get_config(str(path))
+  assert config.data.eval_holdout == 0.05 and not config.data.eval_path
+
+
+def test_empty_eval_file_fails_before_training_naming_it(tmp_path):
+  train, empty = tmp_path / "day_0.tsv", tmp_path / "eval.tsv"
+  train.write_text(_criteo_lines(100))
+  empty.write_text("")
+  with pytest.raises(setup.ConfigError, match=r"config.data.eval_path: .*eval.tsv holds fewer "
+                     r"than batch_size=32 valid lines"):
+    train_lib.train_and_evaluate(_criteo_config(train, empty), str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
+def test_max_bad_lines_minus_one_skips_them_all(tmp_path):
+  path = tmp_path / "day_0.tsv"
+  path.write_text(_criteo_lines(100, bad_at=(3, 5, 7)))
+  config = _criteo_config(path, path, max_bad_lines=-1)
+  spec = setup.data_spec(config)
+  train, evaluation = setup.sources(config, spec)
+  assert train.max_bad_lines is None and evaluation.max_bad_lines is None
+  assert sum(len(b["label"]) for b in evaluation) == 96  # 97 good lines, batches of 32
+  with pytest.raises(setup.ConfigError, match="max_bad_lines: must be >= 0, or -1"):
+    setup.validate(_criteo_config(path, path, max_bad_lines=-2))
 
 
 def test_malformed_criteo_line_stops_with_its_line_number(tmp_path):
   path = tmp_path / "day_0.tsv"
   path.write_text(_criteo_lines(200, bad_at=(40,)))
-  config = dlrm_criteo.get_config("smoke")
+  config = _criteo_config(path, path)
   with config.unlocked():
-    config.data.train_path = config.data.eval_path = str(path)
     config.num_train_steps = 3
-  with pytest.raises(ValueError, match=r"day_0.tsv:41: expected 40"):
+  with pytest.raises(data_lib.CriteoFormatError, match=r"day_0.tsv:41: expected 40"):
     train_lib.train_and_evaluate(config, str(tmp_path / "run"))
 
 
@@ -76,20 +152,24 @@ def test_missing_data_path_fails_before_the_workdir_exists(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "override, message",
+    "override, line",
     [
-        ("--config.batch_sise=8", "batch_sise"),
-        ("--config.batch_size=abc", "batch_size"),
-        ("--config.optim.sparse.name=adamw", "optim.sparse.name"),
+        ("--config.batch_sise=8", "--config.batch_sise: the config has no key 'batch_sise'. "
+         'Did you mean "batch_size" instead of "batch_sise"?'),
+        ("--config.batch_size=abc", "flag --config.batch_size=abc: invalid literal for int()"),
+        ("--config.optim.sparse.name=adamw", "error: config.optim.sparse.name: 'adamw'; use one of"),
     ],
 )
-def test_bad_config_fails_at_start_up_naming_the_key(tmp_path, override, message):
+def test_bad_config_fails_at_start_up_in_one_line(tmp_path, override, line):
   workdir = tmp_path / "run"
   cmd = [sys.executable, "-m", "train", "--config", "configs/quickstart.py:smoke",
          f"--workdir={workdir}", override]
-  result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-  assert result.returncode != 0
-  assert message in result.stderr
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 1
+  problems = [l for l in result.stderr.splitlines() if "error" in l.lower()]
+  assert len(problems) == 1 and line in problems[0], result.stderr
+  assert "Traceback" not in result.stderr
   assert not workdir.exists()
 
 

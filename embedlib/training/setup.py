@@ -1,24 +1,23 @@
 """Turning a config into the pieces of a run: mesh, data, model, optimizer.
 
-Every check of the config happens here, before anything is written to the
-workdir, so a bad config or a missing data file leaves no half-made run.
+Every check of the config happens here or in its task (``tasks``), before
+anything is written to the workdir, so a bad config or a missing data file
+leaves no half-made run.
 """
 
 from __future__ import annotations
-
-import os
 
 import jax
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import AxisType
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from embedlib import data as data_lib
 from embedlib import optim
-from embedlib.models import build_model
+from embedlib.training import tasks
+from embedlib.training.tasks.base import ConfigError, fail as _fail
 
-SOURCES = ("synthetic", "criteo")
 DENSE_OPTIMIZERS = {"adam": optax.adam, "adagrad": optax.adagrad, "sgd": optax.sgd}
 SPARSE_OPTIMIZERS = {
     "rowwise_adagrad": optim.RowWiseAdagrad,
@@ -27,26 +26,12 @@ SPARSE_OPTIMIZERS = {
 }
 
 
-def _fail(key: str, message: str):
-  raise ValueError(f"config.{key}: {message}")
-
-
 def validate(config) -> None:
   """Checks values that ConfigDict's types can't; raises naming the key."""
   for key in ("batch_size", "num_train_steps", "log_every", "eval_every",
               "eval_batches", "checkpoint_every"):
     if config[key] < 1:
       _fail(key, f"must be >= 1, got {config[key]}.")
-  if config.data.source not in SOURCES:
-    _fail("data.source", f"{config.data.source!r}; use one of {SOURCES}.")
-  if config.data.source == "criteo":
-    for key in ("train_path", "eval_path"):
-      path = config.data[key]
-      if not path:
-        _fail(f"data.{key}", "the criteo source needs a path to a Criteo TSV file.")
-      if not os.path.isfile(path):
-        _fail(f"data.{key}", f"{path!r} does not exist; pass an existing .tsv or "
-              ".tsv.gz file in the Criteo layout.")
   if config.optim.dense.name not in DENSE_OPTIMIZERS:
     _fail("optim.dense.name", f"{config.optim.dense.name!r}; use one of "
           f"{tuple(DENSE_OPTIMIZERS)}.")
@@ -56,6 +41,12 @@ def validate(config) -> None:
   if config.batch_size % jax.process_count():
     _fail("batch_size", f"{config.batch_size} must divide over "
           f"{jax.process_count()} processes.")
+  task(config).validate(config)
+
+
+def task(config) -> tasks.Task:
+  """The task ``config.task.name`` names (``ctr`` when the config has no ``task``)."""
+  return tasks.make_task(config)
 
 
 def make_mesh(config):
@@ -77,28 +68,23 @@ def make_mesh(config):
   return jax.make_mesh(tuple(shape), axes, axis_types=(AxisType.Auto,) * len(axes))
 
 
-def data_spec(config) -> data_lib.DataSpec:
-  if config.data.source == "criteo":
-    return data_lib.criteo_spec(list(config.data.table_sizes) or 100_000)
-  return data_lib.DataSpec.from_sizes(
-      config.data.num_dense, list(config.data.table_sizes),
-      bag_sizes=list(config.data.bag_sizes) or None)
+def data_spec(config):
+  """The dataset layout the task reads and the model is sized from."""
+  return task(config).data_spec(config)
+
+
+def describe_eval(config) -> str:
+  """Which examples the run evaluates on, for the log."""
+  return task(config).describe_eval(config)
 
 
 def sources(config, spec):
-  """(train source, eval source), each this process's slice."""
-  share = dict(process_index=jax.process_index(), process_count=jax.process_count())
-  if config.data.source == "criteo":
-    kw = dict(batch_size=config.batch_size, max_bad_lines=config.data.max_bad_lines, **share)
-    train = data_lib.CriteoReader(config.data.train_path, spec, num_epochs=None, **kw)
-    evaluation = data_lib.CriteoReader(config.data.eval_path, spec, num_epochs=1, **kw)
-    return train, evaluation
-  kw = dict(batch_size=config.batch_size, seed=config.seed,
-            zipf_exponent=config.data.zipf_exponent,
-            signal_scale=config.data.signal_scale, **share)
-  train = data_lib.SyntheticSource(spec, split="train", **kw)
-  evaluation = data_lib.SyntheticSource(spec, split="eval", num_batches=config.eval_batches, **kw)
-  return train, evaluation
+  """(train source, eval source), each this process's slice.
+
+  Raises:
+    ConfigError: the data can't give a batch (e.g. a Criteo file without one).
+  """
+  return task(config).sources(config, spec)
 
 
 def _schedule(cfg, num_steps):
@@ -107,15 +93,39 @@ def _schedule(cfg, num_steps):
   if cfg.schedule == "warmup_cosine":
     return optax.warmup_cosine_decay_schedule(
         0.0, cfg.learning_rate, max(cfg.warmup_steps, 1), max(num_steps, cfg.warmup_steps + 1))
-  raise ValueError(f"schedule {cfg.schedule!r}; use 'constant' or 'warmup_cosine'.")
+  raise ConfigError(f"schedule {cfg.schedule!r}; use 'constant' or 'warmup_cosine'.")
+
+
+def _on_mesh(module, mesh) -> None:
+  """Places the arrays of ``module`` that aren't on ``mesh`` there, replicated.
+
+  Dense parameters and optax state are created uncommitted on one device; a
+  jitted step returns them replicated on the mesh, so without this the
+  second step's inputs differ from the first's and ``train_step`` compiles
+  twice.
+  """
+  replicated = NamedSharding(mesh, P())
+  state = nnx.state(module)
+  unplaced = lambda x: not (isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding)
+                            and x.sharding.mesh == mesh)
+  moved = jax.jit(lambda t: t, out_shardings=replicated)(
+      jax.tree.map(lambda x: x if unplaced(x) else None, state))
+  nnx.update(module, jax.tree.map(lambda new, old: old if new is None else new, moved, state,
+                                  is_leaf=lambda x: x is None))
 
 
 def model_and_optimizer(config, spec, mesh):
-  model = build_model(config.model, spec, mesh=mesh, batch_size=config.batch_size,
-                      rngs=nnx.Rngs(config.seed))
+  """The model and its ``SparseAwareOptimizer``, every array on ``mesh``."""
+  try:
+    model = task(config).build_model(config, spec, mesh, nnx.Rngs(config.seed))
+  except ValueError as e:  # the factory names the config key and the fix
+    raise ConfigError(str(e)) from None
   dense = config.optim.dense
   tx = DENSE_OPTIMIZERS[dense.name](_schedule(dense, config.num_train_steps))
   sparse = config.optim.sparse
   rule = SPARSE_OPTIMIZERS[sparse.name](
       learning_rate=_schedule(sparse, config.num_train_steps))
-  return model, optim.SparseAwareOptimizer(model, tx, rule)
+  optimizer = optim.SparseAwareOptimizer(model, tx, rule)
+  _on_mesh(model, mesh)
+  _on_mesh(optimizer, mesh)
+  return model, optimizer

@@ -1,0 +1,201 @@
+"""What the Mosaic GPU kernels share: which tables they take, row copies, the interpreter.
+
+The kernels (`gather_mosaic`, `bag_mosaic`, `backward_mosaic`) move table
+rows with the TMA engine: one asynchronous copy per row between global
+memory and a block of shared memory, completed on an mbarrier, then one
+copy of the block out (gather) or a warpgroup-wide sum in registers (bag,
+backward). A copy addresses the table as ``[num_embeddings, features]``
+by row and column, never by a flat element offset, so no offset exceeds
+the row count (tables past 2**31 elements are fine). TMA needs each row to
+be a whole number of 16-byte units and at most 256 elements per copied box,
+so rows are copied in column chunks of at most 256; tables whose rows are
+not 16-byte multiples (`supports`) take the XLA ops instead. An invalid id
+copies a zero row (an operand of the kernel), so it reads zeros without
+relying on out-of-bounds behaviour.
+
+On a machine without a GPU the kernels run in Mosaic GPU's interpret mode
+(jax >= 0.11: `interpret_params`), which simulates shared memory,
+barriers and TMA copies, and can check for races.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+#: Widest box one TMA copy moves along a dimension.
+MAX_BOX = 256
+#: Lanes of a warpgroup: register rows are padded to a multiple.
+LANES = 128
+#: Grid axis name of the kernels.
+BLOCKS = "blocks"
+#: Shared-memory bytes a kernel's row buffer may take (several blocks share an SM).
+SMEM_BYTES = 32 * 1024
+#: Turned on by tests: the interpreter checks every access for races.
+DETECT_RACES = False
+
+
+def has_interpreter() -> bool:
+  """Whether this jax can run Mosaic GPU kernels on the CPU (jax >= 0.11)."""
+  return hasattr(plgpu, "InterpretGPUParams")
+
+
+def copy_align() -> int:
+  """Bytes every copy must be a multiple of: TMA's 16, or 128 on jax 0.10.
+
+  jax 0.10's copies arrive on their barrier from each of the warpgroup's 128
+  threads with an equal share of the bytes.
+  """
+  return 16 if has_interpreter() else 128
+
+
+def supports(shape, dtype) -> bool:
+  """Whether the Mosaic kernels take a ``[rows, features]`` table of ``dtype``.
+
+  Rows must be whole copy units (`copy_align`), and the row count an int32.
+
+  >>> supports((10, 128), jnp.float32), supports((10, 3), jnp.float32)
+  (True, False)
+  """
+  rows, features = shape
+  itemsize = jnp.dtype(dtype).itemsize
+  return (features > 0 and (features * itemsize) % copy_align() == 0
+          and rows < 2**31 and jnp.issubdtype(dtype, jnp.floating))
+
+
+def interpret_params():
+  """The Mosaic GPU interpreter's parameters (`DETECT_RACES`)."""
+  _scope_barrier_check()
+  return plgpu.InterpretGPUParams(detect_races=DETECT_RACES)
+
+
+@functools.cache
+def _scope_barrier_check():
+  # jax 0.12's interpreter checks, when one device's kernel ends, that no
+  # barrier of *any* device is still allocated; inside shard_map the other
+  # devices' kernels are still running, and the check fails although each
+  # kernel frees its own. The check is kept where it is right: one device.
+  # Only the interpreter (CPU tests) reaches here; a jax without this
+  # internal keeps its own check.
+  try:
+    from jax._src.pallas.mosaic_gpu.interpret import shared_memory
+    check = shared_memory.GPUSharedMemory.assert_no_barriers_allocated
+  except (ImportError, AttributeError):
+    return
+
+  def one_device_only(self):
+    if self.num_devices == 1:
+      check(self)
+
+  shared_memory.GPUSharedMemory.assert_no_barriers_allocated = one_device_only
+
+
+def column_chunks(features: int) -> list[tuple[int, int]]:
+  """``(start, width)`` of each TMA box along a row.
+
+  >>> column_chunks(600)
+  [(0, 256), (256, 256), (512, 88)]
+  """
+  return [(c, min(MAX_BOX, features - c)) for c in range(0, features, MAX_BOX)]
+
+
+def lanes(features: int) -> int:
+  """Register width of a row: ``features`` rounded up to a multiple of `LANES`."""
+  return -(-features // LANES) * LANES
+
+
+def zero_row(width: int, row_dtype):
+  """Float32 zeros of ``[width]`` in the register layout a row of ``row_dtype`` loads into.
+
+  An accumulator carried through a loop must keep one layout; the loaded
+  rows' layout is the strided one with the widest vector that divides the
+  row (as Mosaic GPU picks it), not the splat layout of a constant.
+  """
+  bits = jnp.dtype(row_dtype).itemsize * 8
+  vec = max(min(64 // bits, width // LANES), 1)
+  while width % (vec * LANES):
+    vec //= 2
+  return plgpu.layout_cast(jnp.zeros((width,), jnp.float32),
+                           plgpu.Layout.WG_STRIDED((width,), vec_size=vec))
+
+
+def block_rows(n: int, row_bytes: int, *, most: int = MAX_BOX) -> int:
+  """Rows per block: a power of two within `SMEM_BYTES`, at least 32.
+
+  32 int32 ids are 128 bytes, a whole copy unit on every jax.
+  """
+  rows = 32
+  while rows * 2 <= most and rows * 2 * row_bytes <= SMEM_BYTES and rows < n:
+    rows *= 2
+  return rows
+
+
+def row_buffers(slots: int, features: int, dtype, *, pad: bool = False) -> list:
+  """Shared-memory row buffers, one ``[slots, width]`` per column chunk.
+
+  Chunk-major, so that each chunk of a block of rows is one dense box for a
+  TMA copy. With ``pad``, each width is rounded up to `LANES` (rows read
+  into registers); the extra columns are never written and never stored.
+  """
+  return [plgpu.SMEM((slots, lanes(w) if pad else w), dtype) for _, w in column_chunks(features)]
+
+
+def flat_chunks(size: int) -> list[tuple[int, int]]:
+  """``(start, size)`` of the TMA boxes that copy ``size`` contiguous elements."""
+  return column_chunks(size)
+
+
+def copy_flat(src_ref, start, dst_ref, barrier) -> None:
+  """Starts the copy of ``src_ref[start:start + len(dst_ref)]`` into ``dst_ref``, box by box.
+
+  Arrives on ``barrier`` once per box (``len(flat_chunks(len(dst_ref)))``).
+  """
+  for c0, size in flat_chunks(dst_ref.shape[0]):
+    plgpu.copy_gmem_to_smem(src_ref.at[pl.ds(start + c0, size)], dst_ref.at[pl.ds(c0, size)],
+                            barrier)
+
+
+def copy_row(src_ref, row, dst_refs, slot, barrier) -> None:
+  """Starts the copy of ``src_ref[row]`` into row ``slot`` of the chunk buffers ``dst_refs``.
+
+  Arrives on ``barrier`` once per chunk (``len(column_chunks(features))``).
+  """
+  for (start, width), dst in zip(column_chunks(src_ref.shape[1]), dst_refs):
+    plgpu.copy_gmem_to_smem(
+        src_ref.at[pl.ds(row, 1), pl.ds(start, width)],
+        dst.at[pl.ds(slot, 1), pl.ds(0, width)],
+        barrier,
+    )
+
+
+def copy_valid_row(table_ref, zero_ref, row, valid, dst_refs, slot, barrier) -> None:
+  """`copy_row` of ``table_ref[row]`` if ``valid``, else of the zero row."""
+
+  @pl.when(valid)
+  def _():
+    copy_row(table_ref, row, dst_refs, slot, barrier)
+
+  @pl.when(jnp.logical_not(valid))
+  def _():
+    copy_row(zero_ref, 0, dst_refs, slot, barrier)
+
+
+def kernel(body, *, out_type, grid: int, scratch, interpret: bool):
+  """``plgpu.kernel`` over a 1-D grid named `BLOCKS`, compiled or interpreted.
+
+  The body's function name shows in the lowered module (tests look for it).
+  """
+  extra = {"interpret": interpret_params()} if interpret else {}
+  return plgpu.kernel(
+      body, out_type=out_type, grid=(grid,), grid_names=(BLOCKS,), scratch_types=scratch,
+      **extra,
+  )
+
+
+def block_index():
+  """This program's block (the grid index)."""
+  return jax.lax.axis_index(BLOCKS)

@@ -1,0 +1,27 @@
+"""The training loop behind ``python -m train``, importable from tests and notebooks.
+
+``train_and_evaluate(config, workdir)`` turns a ``configs/*.py`` config into a
+task (``tasks``: its data, model, loss and metrics), a mesh and an optimizer
+(``setup``), trains, evaluates and checkpoints in ``workdir`` (metrics
+through ``writers``), and resumes from the workdir's newest checkpoint.
+"""
+
+from embedlib.training.setup import ConfigError
+from embedlib.training.steps import eval_step, train_step
+from embedlib.training.tasks import Task, make_task
+from embedlib.training.train_lib import evaluate, oracle_gap, train_and_evaluate
+from embedlib.training.writers import MetricWriteError, MetricWriter, read_jsonl
+
+__all__ = [
+    "ConfigError",
+    "MetricWriteError",
+    "MetricWriter",
+    "Task",
+    "eval_step",
+    "evaluate",
+    "make_task",
+    "oracle_gap",
+    "read_jsonl",
+    "train_and_evaluate",
+    "train_step",
+]

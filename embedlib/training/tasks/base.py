@@ -1,0 +1,121 @@
+"""What a task is: the batch layout, loss and metrics of one kind of training.
+
+``train_and_evaluate`` knows nothing about labels or models: the config names
+a task (``config.task.name``), and the task turns the config into data
+sources and a model, says how a batch reaches the device, what the loss is,
+and what an eval measures. The loop around it (steps, checkpoints, resume,
+signals, metrics files, several processes) is the same for every task.
+
+A task is a frozen dataclass built from the config once per run: it is
+hashable, so the jitted train and eval steps take it as a static argument
+and compile once per task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+import numpy as np
+
+
+class ConfigError(ValueError):
+  """A config value the run can't use; the message names the key and the fix."""
+
+
+def fail(key: str, message: str) -> tp.NoReturn:
+  raise ConfigError(f"config.{key}: {message}")
+
+
+def check_positive(config, *keys: str) -> None:
+  """Raises naming the first of ``keys`` (dotted, under ``config``) that is < 1."""
+  for key in keys:
+    value = config
+    for part in key.split("."):
+      value = value[part]
+    if value < 1:
+      fail(key, f"must be >= 1, got {value}.")
+
+
+def check_weights(key: str, weights, count: int, what: str) -> tuple[float, ...]:
+  """``weights`` as a tuple of ``count`` finite, non-negative floats, or ConfigError."""
+  weights = tuple(float(w) for w in weights)
+  if len(weights) != count:
+    fail(key, f"has {len(weights)} entries for {count} {what}; give one weight per "
+         f"{what[:-1]}, in the order of config.data.actions.")
+  if not all(np.isfinite(w) and w >= 0 for w in weights) or not any(weights):
+    fail(key, f"{weights} must be finite, >= 0 and not all 0.")
+  return weights
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """The interface every task implements (``ctr``, ``ranking``, ``retrieval``).
+
+  Host side (numpy, outside jit):
+
+  - ``validate(config)``: the task's own checks, before anything is built.
+  - ``data_spec(config)``: the dataset layout the model is sized from.
+  - ``sources(config, spec)``: ``(train, eval)`` sources, each this process's
+    slice, each with ``get_state`` / ``set_state``.
+  - ``describe_eval(config)``: which examples the eval uses, for the log.
+  - ``featurize(batch)``: a source's batch to the arrays the model reads
+    (hashing raw ids, checking sizes); runs in the prefetch thread, raises
+    ``ValueError`` naming the field and the fix.
+  - ``build_model(config, spec, mesh, rngs)``: through ``embedlib.models``'
+    factory.
+  - ``oracle(eval_source)``: the planted optimum's metrics on the eval set
+    (``oracle_*`` keys, logged beside the model's), or ``{}``.
+  - ``evaluate(model, batches, mesh, source)``: metrics over global eval
+    batches (``source``: the eval source they come from).
+  - ``log_scalars(model)``: scalars read off the model at each logging
+    step, written beside the loss (``{}`` for none).
+
+  Traced (inside the jitted steps):
+
+  - ``loss(model, batch)``: the scalar loss.
+  - ``predict(model, batch)``: the eval step's outputs.
+  """
+
+  name: tp.ClassVar[str] = "task"
+
+  @classmethod
+  def from_config(cls, config) -> Task:
+    """The task with ``config.task``'s settings (none by default)."""
+    del config
+    return cls()
+
+  def validate(self, config) -> None:
+    del config
+
+  def data_spec(self, config):
+    raise NotImplementedError
+
+  def sources(self, config, spec):
+    raise NotImplementedError
+
+  def describe_eval(self, config) -> str:
+    return f"the {config.data.source} source's eval stream ({config.eval_batches} batches)"
+
+  def featurize(self, batch: dict) -> dict:
+    return batch
+
+  def build_model(self, config, spec, mesh, rngs):
+    raise NotImplementedError
+
+  def oracle(self, eval_source) -> dict:
+    del eval_source
+    return {}
+
+  def log_scalars(self, model) -> dict:
+    del model
+    return {}
+
+  def loss(self, model, batch):
+    raise NotImplementedError
+
+  def predict(self, model, batch):
+    raise NotImplementedError
+
+  def evaluate(self, model, batches, mesh, source) -> dict:
+    raise NotImplementedError

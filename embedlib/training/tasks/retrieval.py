@@ -1,0 +1,188 @@
+"""``retrieval``: one engaged item per request, two towers, in-batch negatives.
+
+Batches are request batches (``embedlib.data.sequences``) with the engaged
+``item`` and its ``author``; on the host, user ids and item ids (the
+engaged one and the history's) are hashed into the model's tables, and
+the item ids travel along (``item_id``) to tell items apart in the loss.
+
+Loss: softmax over the global batch's items (``in_batch_softmax_loss``),
+with the log-Q correction ``config.task.log_q``: ``"batch"`` (each item's
+count in the batch), ``"streaming"`` (``StreamingFrequency``, whose state
+lives in the model as ``model.frequency`` and is checkpointed), or
+``"none"``; and ``config.task.remove_accidental_hits``.
+
+Eval: recall@K (``config.task.recall_ks``) of each eval request's engaged
+item among the whole catalogue (``num_items`` items): the candidate tower
+embeds the catalogue in chunks, split over every device of the mesh, and
+``sharded_top_k`` finds each request's best items exactly (per-shard top-k,
+then merged). Beside it, the recall of ranking by the planted
+``P(item | history)`` (``oracle_recall@K``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from embedlib import data as data_lib
+from embedlib import metrics
+from embedlib.data.multi_hash import MultiHash
+from embedlib.models import build_model
+from embedlib.models import retrieval as retrieval_lib
+from embedlib.training.tasks import base, requests
+
+LOG_Q = ("none", "batch", "streaming")
+
+
+@nnx.jit
+def _users(model, batch):
+  return model.users(batch)
+
+
+@nnx.jit
+def _candidates(model, rows, authors):
+  return model.candidates(rows, authors)
+
+
+_top_k = jax.jit(retrieval_lib.sharded_top_k, static_argnames=("k", "mesh", "axes", "num_valid"))
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrievalTask(base.Task):
+  """Two-tower retrieval: ``config.task.name = "retrieval"``.
+
+  Attributes:
+    spec: the request layout.
+    user_hasher, item_hasher: hash raw ids into the model's tables.
+    log_q: ``"none" | "batch" | "streaming"``.
+    remove_accidental_hits: mask other requests' copies of a request's item.
+    recall_ks: the recall cut-offs.
+    frequency_buckets, frequency_alpha: the streaming estimate's size and rate.
+    corpus_chunk: catalogue items embedded per call in an eval.
+  """
+
+  name = "retrieval"
+  spec: data_lib.SequenceSpec = None
+  user_hasher: MultiHash = None
+  item_hasher: MultiHash = None
+  log_q: str = "batch"
+  remove_accidental_hits: bool = True
+  recall_ks: tuple[int, ...] = (1, 10, 100)
+  frequency_buckets: int = 1 << 16
+  frequency_alpha: float = 0.01
+  corpus_chunk: int = 1 << 16
+
+  @classmethod
+  def from_config(cls, config) -> RetrievalTask:
+    task = config.task
+    if task.log_q not in LOG_Q:
+      base.fail("task.log_q", f"{task.log_q!r}; use one of {LOG_Q}.")
+    ks = tuple(sorted(int(k) for k in task.recall_ks))
+    if not ks or ks[0] < 1 or ks[-1] > config.data.num_items:
+      base.fail("task.recall_ks", f"{tuple(task.recall_ks)}: each K must lie in [1, "
+                f"num_items={config.data.num_items}].")
+    if task.corpus_chunk < 1:
+      base.fail("task.corpus_chunk", f"must be >= 1, got {task.corpus_chunk}.")
+    found = requests.hashers(config) if config.model.name == "two_tower" else {}
+    return cls(spec=requests.spec(config), user_hasher=found.get("user"),
+               item_hasher=found.get("item"), log_q=task.log_q,
+               remove_accidental_hits=bool(task.remove_accidental_hits), recall_ks=ks,
+               frequency_buckets=int(task.frequency_buckets),
+               frequency_alpha=float(task.frequency_alpha), corpus_chunk=int(task.corpus_chunk))
+
+  def validate(self, config) -> None:
+    requests.check_model(config, ("two_tower",), self.name)
+    requests.check_source(config, "planted_retrieval", self.name)
+
+  def data_spec(self, config):
+    return self.spec
+
+  def sources(self, config, spec):
+    return requests.sources(config, spec)
+
+  def describe_eval(self, config) -> str:
+    return requests.describe_eval(
+        config, f", recall@{list(self.recall_ks)} over all {self.spec.num_items} items")
+
+  def featurize(self, batch: dict) -> dict:
+    self.spec.check_batch(batch, data_lib.sequences.RETRIEVAL)
+    return {
+        "user": self.user_hasher(batch["user"]),
+        "history_item": self.item_hasher(batch["history_item"]),
+        "history_author": batch["history_author"],
+        "history_actions": batch["history_actions"],
+        "item": self.item_hasher(batch["item"]),
+        "item_id": batch["item"],
+        "author": batch["author"],
+    }
+
+  def build_model(self, config, spec, mesh, rngs):
+    model = build_model(config.model, spec, mesh=mesh, batch_size=config.batch_size, rngs=rngs)
+    if self.log_q == "streaming":
+      try:
+        model.frequency = retrieval_lib.StreamingFrequency(self.frequency_buckets,
+                                                           alpha=self.frequency_alpha)
+      except ValueError as e:
+        raise base.ConfigError(str(e)) from None
+    return model
+
+  def loss(self, model, batch):
+    users = model.users(batch)
+    items = model.candidates(batch["item"], batch["author"])
+    ids = batch["item_id"]
+    log_q = {"none": lambda: None, "batch": lambda: retrieval_lib.batch_log_q(ids),
+             "streaming": lambda: model.frequency.update(ids)}[self.log_q]()
+    return retrieval_lib.in_batch_softmax_loss(
+        users, items, ids, temperature=model.temperature(), log_q=log_q,
+        remove_accidental_hits=self.remove_accidental_hits, mesh=model.mesh)
+
+  def predict(self, model, batch):
+    return model.users(batch)
+
+  def log_scalars(self, model) -> dict:
+    return {"temperature": float(model.temperature())}
+
+  def corpus(self, model, mesh, item_authors: np.ndarray) -> jax.Array:
+    """Unit embeddings of every item ``[N_padded, features]``, rows split over all of ``mesh``.
+
+    Args:
+      model: the ``TwoTower``.
+      mesh: the mesh.
+      item_authors: int ``[num_items]``, each item's author (the source's
+        ``catalogue()``).
+    """
+    n, shards = self.spec.num_items, mesh.size
+    chunk = -(-min(self.corpus_chunk, n) // shards) * shards
+    padded = -(-n // chunk) * chunk
+    ids = np.arange(padded)
+    rows = np.where((ids < n)[:, None], self.item_hasher(np.minimum(ids, n - 1)), 0)
+    authors = np.where(ids < n, item_authors[np.minimum(ids, n - 1)], -1).astype(np.int32)
+    split = NamedSharding(mesh, P(mesh.axis_names))
+    place = lambda x: jax.make_array_from_callback(x.shape, split, lambda i: x[i])
+    parts = [jax.block_until_ready(
+        _candidates(model, place(rows[s:s + chunk]), place(authors[s:s + chunk])))
+             for s in range(0, padded, chunk)]
+    return jax.numpy.concatenate(parts) if len(parts) > 1 else parts[0]
+
+  def evaluate(self, model, batches, mesh, source) -> dict:
+    corpus = self.corpus(model, mesh, source.catalogue())
+    acc = metrics.RetrievalMetrics(self.recall_ks)
+    for batch in batches:
+      users = jax.block_until_ready(_users(model, batch))  # one program in flight: train_lib
+      _, top = _top_k(users, corpus, k=self.recall_ks[-1], mesh=mesh,
+                      axes=tuple(mesh.axis_names), num_valid=self.spec.num_items)
+      acc.update(np.asarray(top.addressable_data(0)), requests.gather(batch["item_id"]))
+    if not acc.count:
+      raise base.ConfigError("the eval data yielded no batch; check config.eval_batches.")
+    return acc.result()
+
+  def oracle(self, eval_source) -> dict:
+    acc = metrics.RetrievalMetrics(self.recall_ks)
+    for batch, probs in eval_source.with_truth():
+      acc.update(eval_source.oracle_top_k(probs, self.recall_ks[-1]), batch["item"])
+    return {f"oracle_{k}": v for k, v in acc.result().items()}

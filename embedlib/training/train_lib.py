@@ -1,0 +1,267 @@
+"""``train_and_evaluate``: the training loop behind ``python -m train``.
+
+Importable (notebooks and tests call it), independent of flags.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from embedlib import checkpoint, optim
+from embedlib import data as data_lib
+from embedlib.training import setup, tasks
+# eval_step and loss_fn are re-exported: callers of the single-task loop import them here.
+from embedlib.training.steps import eval_step, loss_fn, train_step  # noqa: F401
+from embedlib.training.signals import StopSignals
+from embedlib.training.writers import MetricWriter, read_jsonl
+
+# Our progress lines go to their own logger: absl's carries orbax's chatter.
+log = logging.getLogger("embedlib.train")
+
+
+def evaluate(model, source, start_state, mesh, max_batches, task=None) -> dict:
+  """``task``'s eval metrics (default: AUC and log-loss) over every process's rows."""
+  task = task or tasks.CTRTask()
+  source.set_state(start_state)
+  batches = (data_lib.to_global_batch(task.featurize(b), mesh)
+             for b in itertools.islice(source, max_batches))
+  return task.evaluate(model, batches, mesh, source)
+
+
+def _progress(total, start):
+  if not sys.stderr.isatty() or jax.process_index() != 0:
+    return None
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+
+  return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+
+
+def _last_eval(workdir: str, through_step: int) -> dict:
+  path = os.path.join(workdir, "eval.jsonl")
+  if not os.path.exists(path):
+    return {}
+  records = [r for r in read_jsonl(path) if r["step"] <= through_step]
+  return records[-1] if records else {}
+
+
+def _finished(config, workdir: str) -> dict | None:
+  """The last eval if ``workdir`` already holds the final checkpoint, else None.
+
+  Looks only at the checkpoint directory's listing, so a finished run is
+  recognised without building the model or compiling anything.
+  """
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return None
+  ckpt = checkpoint.Checkpointer(directory)
+  try:
+    step = ckpt.latest_step()
+  finally:
+    ckpt.close()
+  if step is None or step < config.num_train_steps:
+    return None
+  log.info("%s is complete: its newest checkpoint is at step %d of num_train_steps=%d, so "
+           "there is nothing to train. Raise --config.num_train_steps to train on, or pass "
+           "a new --workdir.", workdir, step, config.num_train_steps)
+  return _last_eval(workdir, step)
+
+
+def _stop_agreed(stop: StopSignals, step: int, log_every: int) -> bool:
+  """Whether to stop after ``step``; with several processes, all agree at logging steps."""
+  if jax.process_count() == 1:
+    return stop.requested is not None
+  if step % log_every:
+    return False
+  wanted = np.int32(stop.requested is not None)
+  return bool(multihost_utils.process_allgather(wanted).any())
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Trains ``config``'s model on its task, evaluating and checkpointing in ``workdir``.
+
+  The task (``config.task.name``: ``ctr``, ``ranking`` or ``retrieval``; see
+  ``embedlib.training.tasks``) owns the data, the model, the loss and the
+  eval metrics; everything else here is the same for each. Resumes from the
+  newest checkpoint in ``workdir`` that restores (one that doesn't is moved
+  into ``checkpoints/corrupt/`` with a warning); a workdir that already
+  holds the final checkpoint returns at once. Writes ``eval.jsonl`` (one
+  object per eval: ``step``, the task's metrics, e.g. ``auc`` and
+  ``logloss`` for ``ctr``, and the planted optimum's as ``oracle_*`` for a
+  planted source), ``train.jsonl`` (``loss``, ``examples_per_sec``, and the
+  task's ``log_scalars``) and TensorBoard event files under
+  ``tensorboard/train`` and ``tensorboard/eval``; after a resume, each step
+  appears once in each. SIGTERM or SIGINT stops after the current step with
+  a checkpoint (it returns normally).
+
+  Args:
+    config: a ``ConfigDict`` from one of ``configs/*.py``.
+    workdir: the run's directory (created if missing).
+
+  Returns:
+    The last eval's metrics (``{}`` if none ran).
+
+  Raises:
+    checkpoint.CheckpointSaveError: a checkpoint could not be written; the
+      earlier ones are intact.
+    writers.MetricWriteError: a metrics file could not be written.
+  """
+  setup.validate(config)
+  done = _finished(config, workdir)
+  if done is not None:
+    return done
+  task = setup.task(config)
+  mesh = setup.make_mesh(config)
+  spec = setup.data_spec(config)
+  train_source, eval_source = setup.sources(config, spec)
+  eval_start = eval_source.get_state()
+  log.info("eval data: %s", setup.describe_eval(config))
+  model, optimizer = setup.model_and_optimizer(config, spec, mesh)
+  log.info("mesh %s; embedding plan:\n%s", dict(mesh.shape), _plans(model))
+
+  oracle = task.oracle(eval_source)
+  eval_source.set_state(eval_start)
+  if oracle:
+    log.info("planted oracle on the eval set: %s", _line(oracle))
+
+  os.makedirs(workdir, exist_ok=True)
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                 max_to_keep=config.max_checkpoints)
+  try:
+    start = 0
+    found = ckpt.restore_newest(model, optimizer)
+    if found is not None:
+      start, data_state = found
+      train_source.set_state(data_state)
+      log.info("resumed from the checkpoint at step %d", start)
+
+    def run_eval(step):
+      scalars = {**evaluate(model, eval_source, eval_start, mesh, config.eval_batches, task),
+                 **oracle}
+      log.info("eval at step %d: %s", step, _line(scalars))
+      return {"step": step, **scalars}
+
+    with StopSignals() as stop:
+      return _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt,
+                   run_eval, stop, task)
+  finally:
+    ckpt.close()
+
+
+def one_step_in_flight() -> bool:
+  """Whether to finish each step before dispatching the next: on several CPU devices.
+
+  XLA:CPU runs the in-process collectives of the simulated devices on a
+  shared thread pool, where a participant waiting at a collective holds its
+  thread. With the next step (or the loss mean) dispatched behind a running
+  step, two-tower runs stopped in a collective with participants missing,
+  and XLA aborted them after its collective timeout; finishing each step
+  first, the same runs completed. The simulated devices share the CPU cores
+  anyway, so little overlap is lost; accelerators keep their queue.
+  """
+  return jax.default_backend() == "cpu" and jax.local_device_count() > 1
+
+
+def _plans(model) -> str:
+  """The plan of every table: the collection's table, or one line per ``ShardedEmbed``."""
+  embeddings = getattr(model, "embeddings", None)
+  if embeddings is not None and hasattr(embeddings, "plan"):
+    return str(embeddings.plan)
+  return "\n".join(f"{key}: {emb.plan}" for key, emb in optim.sparse_tables(model))
+
+
+def _line(scalars: dict) -> str:
+  return "  ".join(f"{k} {v:.4f}" for k, v in scalars.items())
+
+
+def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, run_eval, stop,
+          task):
+  """Steps ``start + 1 .. num_train_steps``; returns the last eval."""
+  train_writer = MetricWriter(workdir, "train", resume_step=start)
+  eval_writer = MetricWriter(workdir, "eval", resume_step=start)
+  # Batches are put on the mesh in the prefetch thread, ahead of the step.
+  prefetch = data_lib.Prefetcher(
+      train_source, buffer_size=config.data.prefetch,
+      transform=lambda b: data_lib.to_global_batch(task.featurize(b), mesh))
+  bar = _progress(config.num_train_steps, start)
+  # nnx.jit flattens its module arguments on every call; cached_partial does
+  # it once for the whole run.
+  step_fn = nnx.cached_partial(train_step, model, optimizer)
+  # The ctr task is the default step's (its compiled program is shared with
+  # callers of ``train_step(model, optimizer, batch)``).
+  static = {} if isinstance(task, tasks.CTRTask) else {"task": task}
+  sync = one_step_in_flight()
+  result = _last_eval(workdir, start)
+  saved, step = start, start
+  losses, timed, paused, tic = [], 0, 0.0, time.perf_counter()
+  try:
+    for step in range(start + 1, config.num_train_steps + 1):
+      loss = step_fn(next(prefetch), **static)
+      if sync:
+        jax.block_until_ready(loss)
+      losses.append(loss)
+      if step == start + 1:
+        jax.block_until_ready(loss)
+        log.info("step %d took %.1fs, compiling train_step included; examples/s leave "
+                 "it out", step, time.perf_counter() - tic)
+        tic = time.perf_counter()
+      else:
+        timed += 1
+      if bar is not None:
+        bar.update(1)
+      if step % config.log_every == 0 or step == config.num_train_steps:
+        # On the host: a device program here would run beside the steps in flight.
+        mean_loss = float(np.mean(jax.device_get(losses)))
+        scalars = {"loss": mean_loss, **task.log_scalars(model)}
+        if timed:
+          elapsed = time.perf_counter() - tic - paused
+          scalars["examples_per_sec"] = timed * config.batch_size / elapsed
+          eta = (config.num_train_steps - step) * elapsed / timed
+          log.info("step %d  loss %.4f  %.0f examples/s  eta %.0fs", step, mean_loss,
+                   scalars["examples_per_sec"], eta)
+        else:
+          log.info("step %d  loss %.4f", step, mean_loss)
+        train_writer.write(step, scalars)
+        losses, timed, paused, tic = [], 0, 0.0, time.perf_counter()
+      is_eval = step % config.eval_every == 0 or step == config.num_train_steps
+      is_save = step % config.checkpoint_every == 0 or step == config.num_train_steps
+      if is_eval or is_save:
+        jax.block_until_ready(loss)  # the steps' own time stays out of `paused`
+        pause = time.perf_counter()
+        if is_eval:
+          result = run_eval(step)
+          eval_writer.write(step, {k: v for k, v in result.items() if k != "step"})
+        if is_save:
+          ckpt.save(step, model, optimizer, prefetch.get_state())
+          saved = step
+        paused += time.perf_counter() - pause
+      ckpt.check()  # a failed background save stops the run here, not steps later
+      if _stop_agreed(stop, step, config.log_every):
+        break
+    if stop.requested is not None and step < config.num_train_steps:
+      if saved < step:
+        ckpt.save(step, model, optimizer, prefetch.get_state())
+      ckpt.wait()
+      log.info("stopped by %s at step %d of %d; the checkpoint at step %d is in %s. "
+               "Rerun the same command to resume.", stop.requested, step,
+               config.num_train_steps, step, ckpt.directory)
+  finally:
+    prefetch.close()
+    if bar is not None:
+      bar.close()
+    eval_writer.close()
+    train_writer.close()
+  return result
+
+
+def oracle_gap(result: dict) -> float:
+  """How far an eval's AUC is below the planted oracle's."""
+  return float(result["oracle_auc"] - result["auc"])
