@@ -39,3 +39,21 @@ def test_slots_are_split_like_their_table(sharding, rule):
     if slot.kind == rules.TABLE:
       assert shard == emb.plan.shard_shape
     assert (np.asarray(value) == slot.init).all(), name
+
+
+def test_the_optimizer_holds_the_slots_built_not_copies(monkeypatch):
+  # flax's eager sharding would place each slot again: a second copy of
+  # every slot while the optimizer is built.
+  built = []
+  init_slots = apply_lib.init_slots
+  monkeypatch.setattr(apply_lib, "init_slots",
+                      lambda *a: built.append(init_slots(*a)) or built[-1])
+  mesh = make_mesh((8,), ("batch",))
+  model = embedlib.ShardedEmbed(64, 16, mesh=mesh, sharding="vocab", rngs=nnx.Rngs(0))
+  rule = optim.LazyAdam(0.1)
+  opt = optim.SparseAwareOptimizer(model, None, rule)
+  pointers = lambda a: [s.data.unsafe_buffer_pointer() for s in a.addressable_shards]
+  for name, slot in opt.slots[0].items():
+    assert pointers(slot[...]) == pointers(built[0][name]), name
+    want = P(*apply_lib.slot_spec(rule.slots()[name], model.plan))
+    assert nnx.get_partition_spec(nnx.state(opt.slots[0]))[name].get_value() == want, name
