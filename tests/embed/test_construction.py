@@ -156,5 +156,9 @@ def test_logical_table_of_a_padded_table_moves_shards_without_a_gather():
   memory = cut.lower(physical).compile().memory_analysis()
   table = 4099 * 64 * 4
   assert plan.logical_spec == (None, ("model",))
-  assert memory.output_size_in_bytes == table // 4
-  assert memory.temp_size_in_bytes + memory.output_size_in_bytes < table / 2
+  shard = table // 4
+  assert memory.output_size_in_bytes == shard
+  # Rows to columns is an all-to-all: its send and receive blocks stay under
+  # two shards, where a gather would hold the whole table on each device.
+  assert memory.temp_size_in_bytes < 2 * shard
+  assert memory.temp_size_in_bytes + memory.output_size_in_bytes < 3 * shard < table
