@@ -18,3 +18,20 @@ Mesh = _sharding.Mesh
 AxisType = _sharding.AxisType
 reshard = _sharding.reshard
 use_abstract_mesh = _sharding.use_abstract_mesh
+auto_axes = _sharding.auto_axes
+
+
+def init_compiler_options(platform: str) -> dict:
+  """XLA options for the jitted program that draws a table (``embedlib.table``).
+
+  nnx.Embed draws its table eagerly, one primitive at a time. Compiled as one
+  program, jax 0.10's XLA:CPU algebraic simplifier folds an initializer's
+  scale into ``jax.random.normal``'s own constant (``x * c1 * c2`` becomes
+  ``x * (c1 * c2)``), which rounds the last bit of most entries differently
+  for most widths with ``default_embed_init``. Without that pass the program
+  gives the eager values bit for bit. Newer XLA doesn't fold them, and other
+  platforms keep their default pipeline.
+  """
+  if JAX_VERSION < (0, 11) and platform == "cpu":
+    return {"xla_disable_hlo_passes": "algsimp"}
+  return {}

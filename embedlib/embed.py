@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import typing as tp
 from types import MappingProxyType
@@ -15,16 +16,18 @@ from flax.nnx.nn.linear import default_embed_init
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from embedlib import annotations
 from embedlib import sharding as sharding_lib
+from embedlib import table as table_lib
 from embedlib import options
 from embedlib import invalid_ids as invalid_lib
 from embedlib import kernels
 from embedlib import logits as logits_lib
 from embedlib import strategies
 from embedlib import tape as tape_lib
-from embedlib.strategies import dedup, rowmap
+from embedlib.strategies import dedup
 from embedlib.strategies.request import Request
-from embedlib.plan import plan_embedding
+from embedlib.plan import check_shape, plan_embedding
 
 def eager_on_mesh(mesh, *values) -> bool:
   """Whether a module call should run as one cached jit: eager, on a concrete mesh.
@@ -41,12 +44,6 @@ def eager_on_mesh(mesh, *values) -> bool:
       and tape_lib.active() is None
       and not sharding_lib.any_tracer(*values)
   )
-
-
-@functools.cache
-def _pad_onto(pad, sharding):
-  """A jitted ``jnp.pad`` laid out as ``sharding``, one per padding and layout."""
-  return jax.jit(lambda table: jnp.pad(table, pad), out_shardings=sharding)
 
 
 class ShardedEmbed(nnx.Module):
@@ -73,6 +70,20 @@ class ShardedEmbed(nnx.Module):
   padded: padded rows and columns are zero, get no gradient and never reach
   an output; ``logical_table()`` is the unpadded table. Every layout gives
   the single-device ``jnp.take`` answer.
+
+  The table is drawn shard by shard: one jitted program calls
+  ``embedding_init`` with the logical shape and pads, each device drawing
+  only its own rows or columns (see ``embedlib.table``), with the values an
+  ``nnx.Embed`` with the same ``rngs`` draws.
+
+  Sharding annotations written for ``nnx.Embed`` are read as the layout
+  request (see ``embedlib.annotations``): ``embedding_metadata=
+  {'out_sharding': spec}`` or ``embedding_init=nnx.with_partitioning(init,
+  axes)``, with mesh axes or logical names under ``nnx.logical_axis_rules``.
+  Mesh axes on the vocabulary dimension mean vocab sharding over them, on
+  the feature dimension hidden sharding, none ``"auto"``; ``sharding`` and
+  ``table_axes`` given too must agree with it. The parameter's
+  ``out_sharding`` is the physical spec.
 
   Differences from ``nnx.Embed``: an invalid id (negative or
   ``>= num_embeddings``) looks up zeros with zero gradient, where
@@ -106,9 +117,11 @@ class ShardedEmbed(nnx.Module):
       (the collection builds these); ``num_embeddings`` is their sum.
     dtype: dtype of the outputs (default: ``param_dtype``).
     param_dtype: dtype of the stored table.
-    embedding_init: initializer, called with the logical shape.
+    embedding_init: initializer, called with the logical shape; may carry
+      a sharding annotation (``nnx.with_partitioning``).
     promote_dtype: as in ``nnx.Embed``.
-    embedding_metadata: extra ``nnx.Param`` metadata.
+    embedding_metadata: extra ``nnx.Param`` metadata; its ``out_sharding``
+      is read as a sharding annotation.
     rngs: random number generators; ``rngs.params()`` draws the table.
   """
 
@@ -146,12 +159,16 @@ class ShardedEmbed(nnx.Module):
       raise ValueError(
           f"{name}: on_overflow={on_overflow!r}; use one of {dedup.OVERFLOW_MODES}."
       )
-    if "out_sharding" in embedding_metadata:
-      raise ValueError(
-          f"{name}: embedding_metadata sets 'out_sharding', but ShardedEmbed "
-          "lays out its own table; choose it with sharding= and table_axes=."
-      )
+    shape = check_shape(num_embeddings, features, name)
+    key = rngs.params()
+    box = annotations.init_box(embedding_init, key, shape, param_dtype, name=name)
+    found = annotations.find(embedding_metadata, box)
     mesh = sharding_lib.current_mesh() if mesh is None else mesh
+    request = annotations.read(
+        found, None if mesh is None else tuple(mesh.axis_names), name=name)
+    if mesh is None and request is not None:
+      mesh = request.mesh
+    sharding, table_axes = annotations.merge(sharding, table_axes, request, name=name)
     extra = {}
     if replicate_below_bytes is not None:
       extra["replicate_below_bytes"] = replicate_below_bytes
@@ -179,63 +196,51 @@ class ShardedEmbed(nnx.Module):
     self.invalid_ids = invalid_ids
     self.param_dtype = param_dtype
     self.promote_dtype = promote_dtype
-    table = embedding_init(rngs.params(), self.plan.logical_shape, param_dtype)
-    metadata = dict(embedding_metadata)
-    if mesh is not None:
-      metadata.update(out_sharding=self.plan.table_spec, mesh=mesh)
-    self.embedding = nnx.Param(self._physical(table), **metadata)
+    table = table_lib.draw(embedding_init, key, self.plan, mesh, param_dtype,
+                           unwrap=annotations.unwrap)
+    metadata, box = annotations.param_metadata(
+        embedding_metadata, box, spec=self.plan.table_spec, mesh=mesh,
+        annotated=found is not None)
+    value = table if box is None else dataclasses.replace(box, raw_value=table)
+    self.embedding = nnx.Param(value, **metadata)
     self.dtype = dtype or self.embedding.dtype
 
   # -- the table ---------------------------------------------------------
 
   def _sharding(self):
-    return NamedSharding(self.mesh, P(*self.plan.table_spec))
+    return table_lib.physical_sharding(self.plan, self.mesh)
 
-  def _physical(self, table):
-    """Pads a logical table and lays it out as the plan says."""
-    rows, cols = self.plan.padded_shape
-    if self.plan.placement is not None:  # a stack: rows where the placement puts them
-      place = functools.partial(rowmap.to_physical, plan=self.plan)
-      if isinstance(table, jax.core.Tracer) or not sharding_lib.has_devices(self.mesh):
-        return sharding_lib.place_always(place(table), self._sharding())
-      return jax.jit(place, out_shardings=self._sharding())(table)
-    pad = ((0, rows - table.shape[0]), (0, cols - table.shape[1]))
-    if self.mesh is None:
-      return jnp.pad(table, pad) if any(p for _, p in pad) else table
-    if isinstance(table, jax.core.Tracer) or not sharding_lib.has_devices(self.mesh):
-      return sharding_lib.place_always(jnp.pad(table, pad), self._sharding())
-    return _pad_onto(pad, self._sharding())(table)
-
-  def logical_table(self) -> jax.Array:
+  def logical_table(self, *, replicated: bool = False) -> jax.Array:
     """The unpadded ``(num_embeddings, features)`` table.
 
-    Without padding this is the parameter itself (still sharded); with
-    padding, the rows or columns are gathered to strip it.
+    Kept split over the mesh: without padding it is the parameter itself;
+    with padding it is laid out by ``plan.logical_spec`` (the even split over
+    the most devices, since an array can't be split unevenly). No device
+    holds it whole unless no mesh axis divides either size, or
+    ``replicated=True`` gathers it onto every device.
     """
-    table = self.embedding[...]
-    if self.plan.padded_shape == self.plan.logical_shape and self.plan.placement is None:
-      return table
-    if self.mesh is not None:
-      table = sharding_lib.place_always(table, NamedSharding(self.mesh, P()))
-    return rowmap.to_logical(table, self.plan)
+    return table_lib.unpad(self.embedding[...], self.plan, self.mesh, replicated=replicated)
 
   def load_table(self, table) -> None:
     """Sets the parameter from a logical ``(num_embeddings, features)`` table.
+
+    ``table`` is a host array (numpy, ``np.memmap``, nested lists) or a jax
+    array; a host array is read one shard at a time, so the padded table is
+    never whole on one device (or the host) unless it is replicated. Values
+    are cast to ``param_dtype``.
 
     >>> from flax import nnx
     >>> emb = ShardedEmbed(3, 2, rngs=nnx.Rngs(0))
     >>> emb.load_table(jnp.arange(6.0).reshape(3, 2))
     >>> emb(jnp.array([2]))
     Array([[4., 5.]], dtype=float32)
+
+    Raises:
+      ValueError: a table of another shape, of a complex or non-numeric
+        dtype, or holding values that overflow ``param_dtype`` to inf.
     """
-    table = jnp.asarray(table)
-    if table.shape != self.plan.logical_shape:
-      raise ValueError(
-          f"{self.plan.name}: load_table got shape {table.shape}, expected the "
-          f"logical shape {self.plan.logical_shape} (num_embeddings, "
-          f"features), without padding."
-      )
-    self.embedding.set_value(self._physical(table.astype(self.param_dtype)))
+    table = table_lib.check_host_table(table, self.plan, self.param_dtype)
+    self.embedding.set_value(table_lib.load(table, self.plan, self.mesh, self.param_dtype))
 
   # -- lookups -----------------------------------------------------------
 

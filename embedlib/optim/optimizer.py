@@ -181,4 +181,6 @@ def _dense_names(model, dense) -> list[str]:
 def _slot(value, spec, mesh):
   if mesh is None:
     return SparseSlot(value)
-  return SparseSlot(value, out_sharding=spec, mesh=mesh)
+  # init_slots already laid the value out as spec says; flax's eager sharding
+  # would copy it, a second slot per table while the optimizer is built.
+  return SparseSlot(value, out_sharding=spec, mesh=mesh, eager_sharding=False)

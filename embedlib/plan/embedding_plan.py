@@ -125,6 +125,27 @@ class EmbeddingPlan:
     return (None, None)
 
   @property
+  def logical_spec(self) -> tuple:
+    """Per-dimension mesh axes of the unpadded table (``logical_table()``).
+
+    ``table_spec`` when nothing is padded. Else (a ``jax.Array`` can't be
+    split unevenly) the even split over the most devices of the table's own
+    axes: the table's group trades its pieces with an all-to-all, never
+    gathering it whole. Replicated when no group of table axes divides either
+    size.
+
+    >>> plan_embedding(99, 64, mesh={"model": 4}, sharding="vocab").logical_spec
+    (None, ('model',))
+    >>> plan_embedding(99, 99, mesh={"model": 4}, sharding="vocab").logical_spec
+    (None, None)
+    """
+    if self.padded_shape == self.logical_shape:
+      return self.table_spec
+    group = {a: n for a, n in self.mesh_shape if a in self.table_axes}
+    return mesh_axes.even_split(
+        self.logical_shape, group, also_divides=self.padded_shape, prefer=self.table_spec)
+
+  @property
   def shard_shape(self) -> tuple[int, int]:
     rows, cols = self.padded_shape
     if self.strategy in options.ROW_SHARDED:
@@ -161,6 +182,16 @@ def _human(n: int) -> str:
       return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
     n /= 1024
   return str(n)
+
+
+def check_shape(num_embeddings, features, name: str = "table") -> tuple[int, int]:
+  """``(num_embeddings, features)`` as ints, or a ValueError / TypeError naming the table.
+
+  >>> check_shape(10, 4)
+  (10, 4)
+  """
+  return (_check_size(num_embeddings, "num_embeddings", name),
+          _check_size(features, "features", name))
 
 
 def _check_size(value, what: str, name: str) -> int:
@@ -291,8 +322,7 @@ def plan_embedding(
   >>> plan_embedding(10_000_000, 128, mesh={"batch": 64}, ids_per_device=8192).strategy
   'routed'
   """
-  num_embeddings = _check_size(num_embeddings, "num_embeddings", name)
-  features = _check_size(features, "features", name)
+  num_embeddings, features = check_shape(num_embeddings, features, name)
   if sharding not in (options.AUTO,) + options.STRATEGIES:
     raise ValueError(
         f"{name}: sharding={sharding!r} is not a layout; use one of "

@@ -7,6 +7,7 @@ nothing here allocates an array.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -109,3 +110,56 @@ def resolve_axes(
   _check_axes(table, "table_axes", shape, name)
   _check_axes(data, "data_axes", shape, name)
   return table, data
+
+
+def even_split(
+    shape: Sequence[int],
+    mesh_shape_: Mapping[str, int],
+    *,
+    also_divides: Sequence[int] | None = None,
+    prefer: Sequence = (),
+) -> tuple:
+  """The per-dimension mesh axes that split an array over the most devices, evenly.
+
+  A ``jax.Array`` can't be split unevenly, so a table whose sizes don't
+  divide its group (an unpadded table) is laid out over the mesh axes whose
+  sizes do divide them. Each axis goes to one dimension or none; among the
+  splits over the most devices, the one sharing most axes with ``prefer``
+  (the layout the array comes from) wins, so it moves the least.
+
+  Args:
+    shape: the array's shape.
+    mesh_shape_: ``{axis: size}`` of the mesh.
+    also_divides: a second shape each dimension's split must divide (the
+      padded table, which is resharded before its padding is cut off).
+    prefer: per-dimension axes (None, a name or a tuple of names) to keep
+      where possible.
+
+  Returns:
+    One entry per dimension: None or a tuple of axis names, in mesh order.
+
+  >>> even_split((99, 64), {"data": 2, "model": 4}, prefer=(("model",), None))
+  (None, ('data', 'model'))
+  >>> even_split((7, 3), {"model": 4})
+  (None, None)
+  """
+  ndim = len(shape)
+  others = tuple(also_divides) if also_divides is not None else tuple(shape)
+  kept = [_entry_axes(e) for e in tuple(prefer) + (None,) * (ndim - len(tuple(prefer)))]
+  axes = [a for a, n in mesh_shape_.items() if n > 1]
+  best, best_key = (None,) * ndim, (1, 0)
+  for choice in itertools.product(range(ndim + 1), repeat=len(axes)):
+    split = [tuple(a for a, d in zip(axes, choice) if d == i + 1) for i in range(ndim)]
+    sizes = [axes_size(mesh_shape_, s) for s in split]
+    if any(n % k or m % k for n, m, k in zip(shape, others, sizes)):
+      continue
+    key = (math.prod(sizes), sum(len(set(s) & set(k)) for s, k in zip(split, kept)))
+    if key > best_key:
+      best, best_key = tuple(s or None for s in split), key
+  return best
+
+
+def _entry_axes(entry) -> tuple[str, ...]:
+  if entry is None:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)

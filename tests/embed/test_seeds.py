@@ -7,6 +7,7 @@ import textwrap
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from tests.embed.contract import build, check_contract, make_mesh, random_case
 
@@ -62,6 +63,7 @@ def test_tensor_parallel_colwise_uneven_width():
   check_contract(emb, ids, query)
 
 
+@pytest.mark.slow
 def test_sixteen_devices_in_subprocess():
   """The exact rejected mesh {'replica': 2, 'batch': 8} needs 16 devices."""
   script = textwrap.dedent("""

@@ -57,6 +57,7 @@ def test_switch_off_means_the_xla_gather(monkeypatch):
   assert not cpu_library.available() and kernels.resolve_kernel("auto") == "xla"
 
 
+@pytest.mark.slow
 def test_two_processes_building_at_once_both_load_it(tmp_path):
   require_cpu_kernels()
   env = dict(os.environ, EMBEDLIB_CACHE_DIR=str(tmp_path), JAX_PLATFORMS="cpu",

@@ -40,6 +40,7 @@ def test_gpu_scripts_measure_nothing_on_cpu(script, flags, env):
   assert "GB/s" not in result.stdout  # no table was printed
 
 
+@pytest.mark.slow
 def test_smoke_session_passes_its_checks_and_times_every_case(tmp_path, env):
   session = SCRIPT.parent / "gpu_session.sh"
   env = dict(env, PYTHON=sys.executable, OUT=str(tmp_path))

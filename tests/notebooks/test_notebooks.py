@@ -56,6 +56,7 @@ def kernel_path(tmp_path_factory):
   return prefix / "share" / "jupyter"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_runs_top_to_bottom(name, kernel_path, monkeypatch, tmp_path):
   monkeypatch.setenv("JUPYTER_PATH", str(kernel_path))

@@ -11,6 +11,7 @@ checkout's embedlib. No time is asserted.
 import functools
 
 import numpy as np
+import pytest
 
 from embedlib.optim import fused_cpu
 from tests import benchmark_scripts
@@ -55,6 +56,7 @@ def recording_runs(sparse_step, monkeypatch):
 QUICK = ["--check", "--quick", "--no-peers", "--repeats", "1"]
 
 
+@pytest.mark.slow
 def test_the_check_passes_then_every_case_is_timed(monkeypatch):
   sparse_step = benchmark_scripts.load("sparse_step")
   runs = recording_runs(sparse_step, monkeypatch)

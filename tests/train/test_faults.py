@@ -99,9 +99,12 @@ CORRUPTIONS = {
     "garbage table index": lambda d: (d / "tables" / "arrays.json").write_text("[1, 2"),
     "garbage data position": lambda d: (d / "data" / "metadata").write_text("\x00\x01"),
 }
+# One dense and one table corruption in the default run; each resumes a training.
+FAST = ("dense data file truncated", "table chunk deleted")
 
 
-@pytest.mark.parametrize("kind", CORRUPTIONS)
+@pytest.mark.parametrize("kind", [
+    k if k in FAST else pytest.param(k, marks=pytest.mark.slow) for k in CORRUPTIONS])
 def test_corrupt_newest_checkpoint_is_set_aside_and_the_previous_one_resumes(
     finished_run, tmp_path, kind, caplog):
   workdir = tmp_path / "run"

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from configs import quickstart
 from embedlib import checkpoint
@@ -38,6 +39,7 @@ def _env(devices):
   return env
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
   single = tmp_path / "single"
   subprocess.run(_command(single), cwd=ROOT, env=_env(8), check=True,

@@ -3,11 +3,14 @@
 The one test that trains to convergence: about a minute on 2 CPU cores.
 """
 
+import pytest
+
 from configs import quickstart
 from embedlib.training import train_lib
 from embedlib.training.writers import read_jsonl
 
 
+@pytest.mark.slow
 def test_quickstart_reaches_the_oracle_auc(tmp_path):
   result = train_lib.train_and_evaluate(quickstart.get_config(), str(tmp_path))
   assert result["step"] == 1200
