@@ -348,10 +348,16 @@ def _cut_onto(target, n, f):
 
 
 def _unstack(table, plan, mesh, replicated):
-  logical = functools.partial(rowmap.to_logical, plan=plan)
+  """A stack's logical rows: gathered whole first (its tables are small)."""
   if mesh is None:
-    return logical(table)
-  target = NamedSharding(mesh, P(*(() if replicated else plan.logical_spec)))
+    return rowmap.to_logical(table, plan)
+  whole = NamedSharding(mesh, P())
+  target = whole if replicated else NamedSharding(mesh, P(*plan.logical_spec))
+
+  def logical(t):
+    t = rowmap.to_logical(sharding_lib.place_always(t, whole), plan)
+    return sharding_lib.place_always(t, target)
+
   if isinstance(table, jax.core.Tracer) or not sharding_lib.has_devices(mesh):
-    return sharding_lib.place_always(logical(table), target)
+    return logical(table)
   return jax.jit(logical, out_shardings=target)(table)

@@ -184,7 +184,8 @@ class EmbeddingCollection(nnx.Module):
     return {t.name: out[t.name] for t in self.table_specs}
 
   def _members(self, stack):
-    table = self.stacks[stack.name].logical_table()
+    # Whole on every device: members are cut at uneven rows (stacks are small).
+    table = self.stacks[stack.name].logical_table(replicated=True)
     placement = stack.plan.placement
     return {m: table[placement.start(m):placement.start(m) + rows]
             for m, rows in placement.members}
