@@ -9,7 +9,8 @@ in the same run:
 
 - the sparse update alone (``optim.apply_row_grads``, row-wise AdaGrad) of a
   10M x 64 float32 table from 65,536 Zipf(1.05) ids: the sorted update of
-  ``embedlib/optim/sorted_update.py`` against ``apply.py``'s XLA ops (whose
+  ``embedlib/optim/sorted_update.py``, with its fused Mosaic GPU kernel
+  (``fused_gpu.py``) and in XLA ops, against ``apply.py``'s XLA ops (whose
   dedup scatter-adds collide); GB/s counts the gradient rows read and each
   distinct row's weights and accumulator read and written, and %copy
   relates that to a device-to-device copy;
@@ -51,7 +52,7 @@ import embedlib  # noqa: E402
 from embedlib import optim  # noqa: E402
 from embedlib.data.spec import DataSpec, SparseFeature  # noqa: E402
 from embedlib.models import build_model  # noqa: E402
-from embedlib.optim import fused_cpu, sorted_update  # noqa: E402
+from embedlib.optim import fused_cpu, fused_gpu, sorted_update  # noqa: E402
 from embedlib.plan import plan_embedding  # noqa: E402
 from gpu_lookup import copy_bandwidth, make_ids  # noqa: E402
 
@@ -71,6 +72,24 @@ def versions():
   on_cpu = jax.default_backend() == "cpu"
   ours = sorted_update.use(True) if on_cpu else contextlib.nullcontext()
   return {EMBEDLIB: ("auto", lambda: ours), XLA_OPS: ("xla", xla_update)}
+
+
+#: The sorted update without its fused kernel: the update case's third version.
+SORTED_XLA = "sorted update, XLA ops"
+
+
+def update_versions():
+  """`versions`, plus the sorted update in XLA ops (``fused_gpu.use(False)``)."""
+  out = versions()
+
+  def sorted_xla():
+    stack = contextlib.ExitStack()
+    stack.enter_context(versions()[EMBEDLIB][1]())   # a context manager enters once
+    stack.enter_context(fused_gpu.use(False))
+    return stack
+
+  out[SORTED_XLA] = ("auto", sorted_xla)
+  return out
 
 
 def time_steps(step, state, batch, inner, repeats):
@@ -110,24 +129,26 @@ def update_case(rows, features, num_ids, args, copy_bw) -> bool:
   gbytes = (num_ids * features * 4 + uniq * (features * 4 + 4) * 2) / 1e9
   make = lambda: (jnp.zeros((rows, features)), optim.init_slots(rule, plan, None))
   fns, outs = {}, {}
-  for name, (_, context) in versions().items():
+  for name, (_, context) in update_versions().items():
     with context():
       fns[name] = jax.jit(lambda t, s, i, g: optim.apply_row_grads(
           rule, t, s, [(i, g)], plan=plan, mesh=None, step=0), donate_argnums=(0, 1))
       outs[name] = jax.tree.map(np.asarray, fns[name](*make(), ids, grads))
   print(f"\nsparse update, row-wise AdaGrad, {rows:,} x {features} f32, {num_ids:,} Zipf ids "
         f"({uniq:,} distinct)")
-  if not agree(outs[EMBEDLIB], outs[XLA_OPS]):
-    print("check: the sorted update DIFFERS from the XLA ops")
-    return not args.check
+  for name in (EMBEDLIB, SORTED_XLA):
+    if not agree(outs[name], outs[XLA_OPS]):
+      print(f"check: {name} DIFFERS from the XLA ops")
+      return not args.check
   results = {}
-  for name, (_, context) in versions().items():
+  for name, (_, context) in update_versions().items():
     with context():
       step = lambda state, batch, fn=fns[name]: (jnp.float32(0), fn(*state, *batch))
       results[name] = time_steps(step, make(), (ids, grads), args.inner, args.repeats)
   base = float(np.median(results[XLA_OPS]))
   for name, ms in results.items():
-    show("sorted update" if name == EMBEDLIB else name, ms, base, gbytes, copy_bw)
+    label = "sorted update (fused Mosaic GPU kernel on CUDA)" if name == EMBEDLIB else name
+    show(label, ms, base, gbytes, copy_bw)
   return True
 
 

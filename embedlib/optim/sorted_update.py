@@ -19,6 +19,9 @@ two updates for one row:
 4. write: table and slots are updated at those positions, each owned row
    exactly once (``unique_indices``: no atomics).
 
+On CUDA, steps 2 to 4 are one Mosaic GPU kernel where it takes the rule
+and table (``fused_gpu.py``); `fused_gpu.use` (False) keeps the XLA ops.
+
 `apply._local_update` runs this on every platform but CPU (inside
 ``lax.platform_dependent``); `use` makes the CPU run it too, or the other
 platforms run the XLA ops instead, for tests and benchmarks.
@@ -33,6 +36,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from embedlib import options
+from embedlib.optim import fused_gpu
 
 _forced: list[bool] = []
 
@@ -112,6 +116,17 @@ def local_update(rule, table, slots, ids, grads, lr, step, *, plan, origin):
   key = jnp.where(owned, local, rows_here).astype(jnp.int32)
   position = jnp.arange(ids.shape[0], dtype=jnp.int32)
   key, position = lax.sort((key, position), num_keys=1, is_stable=True)
+  xla_ops = lambda: _by_scan(rule, table, slots, key, position, grads, lr, step, plan=plan,
+                             first_col=first_col)
+  if key.shape[0] and fused_gpu.supports(rule, table, plan):
+    return fused_gpu.update(rule, table, slots, key, position, grads, lr, plan=plan,
+                            xla_ops=xla_ops)
+  return xla_ops()
+
+
+def _by_scan(rule, table, slots, key, position, grads, lr, step, *, plan, first_col):
+  """Steps 2 to 4 of the module docstring, from ``local_update``'s sorted keys on."""
+  rows_here, cols_here = table.shape
   sums, last = segmented_sums(key, grads.astype(jnp.float32)[position])
   # One position per touched owned row; every other one points past the
   # shard, each at its own index, so that all indices are distinct.

@@ -1,11 +1,14 @@
 """The sparse train step's GPU path builds: lowered for CUDA without a GPU.
 
 The whole step (Pallas lookup, row gradients, sorted dedup, row-wise update
-inside ``shard_map`` writing distinct rows only, donated state) for a ``ShardedEmbed`` of every strategy and
+inside ``shard_map`` writing distinct rows only, by the fused Mosaic GPU
+kernel where it applies, donated state) for a ``ShardedEmbed`` of every strategy and
 for an ``EmbeddingCollection``, through an abstract H200 mesh
 (``embedlib.kernels.lowering``). Also the regression test for building
 slots on an ``AbstractMesh`` (``AbstractMesh.devices`` raises ValueError).
 """
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -14,9 +17,11 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import embedlib
-from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim
+from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim, options
 from embedlib import kernels
 from embedlib.kernels import lowering
+from embedlib.optim import fused_gpu
+from embedlib.plan import plan_embedding
 
 # The compiled kernel kernel='auto' puts in a CUDA lowering on this jax.
 GPU_CALL = {"mosaic": lowering.MOSAIC_GPU_CALL, "triton": lowering.TRITON_CALL}[
@@ -46,6 +51,18 @@ def assert_no_colliding_scatter(text):
   scatters = [line for line in text.splitlines() if "stablehlo.scatter" in line]
   assert scatters, "the update writes its rows with scatters"
   assert all("unique_indices = true" in line for line in scatters), scatters
+
+
+def assert_fused_update(text, strategy):
+  """Where the fused kernel takes the table, it writes the rows: no scatter adds into them."""
+  fused = fused_gpu.supports(optim.RowWiseAdagrad(0.1), jnp.zeros((8, 256)),
+                             plan_embedding(1000, 256))   # float32, whole 16-byte rows
+  if not fused or strategy == options.HIDDEN:   # jax 0.10; column shards: the XLA ops
+    assert "embedlib_fused_update_mosaic" not in text
+    return
+  assert "embedlib_fused_update_mosaic" in text
+  scatters = re.findall(r'"stablehlo\.scatter"(.*?)\}\) :', text, re.S)
+  assert scatters and not [s for s in scatters if "stablehlo.add" in s], scatters
 
 
 def lower_step(graphdef, state, inputs, loss_fn, mesh):
@@ -80,6 +97,7 @@ def test_sparse_step_lowers_for_cuda(case):
   assert "jax.buffer_donor" in text or "tf.aliasing_output" in text, case  # donated state
   assert "custom_call @embedlib_" not in text, case  # no fused CPU update (fused_cpu.py)
   assert_no_colliding_scatter(text)                   # the sorted update (sorted_update.py)
+  assert_fused_update(text, strategy)                 # its Mosaic GPU kernel (fused_gpu.py)
 
 
 def test_collection_sparse_step_lowers_for_cuda():
