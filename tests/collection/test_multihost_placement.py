@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -96,6 +97,7 @@ def _steps(stdout):
                    if line.startswith("step")])
 
 
+@pytest.mark.slow
 def test_two_processes_match_one():
   single = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=_env(8),
                           capture_output=True, text=True, timeout=600)
