@@ -1,4 +1,4 @@
-"""What the planted request sources share: position, process slices, state.
+"""What the planted sources share: position, process slices, state.
 
 Each example is a pure function of ``(seed, split, example index)``, so a
 batch is made from its number alone (resuming sets ``position``), each

@@ -35,11 +35,11 @@ popular rows vary with the seed); the click rate is 0.23-0.31.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
 
 from embedlib.data import _hashing
+from embedlib.data.planted_stream import PlantedStream
 from embedlib.data.spec import PAD_ID, DataSpec
 
 BIAS = -1.3
@@ -52,7 +52,7 @@ PAIR_DIM = 4
 _TABULATE_ROWS = 1 << 23
 
 
-class SyntheticSource(Iterator[dict]):
+class SyntheticSource(PlantedStream):
   """Deterministic, resumable, per-process stream of planted click batches.
 
   >>> spec = DataSpec.from_sizes(2, [100, 50], bag_sizes=[1, 3])
@@ -96,28 +96,16 @@ class SyntheticSource(Iterator[dict]):
       process_count: int = 1,
       num_batches: int | None = None,
   ):
-    if not 0 <= process_index < process_count:
-      raise ValueError(
-          f"process_index={process_index} must lie in [0, process_count={process_count})."
-      )
-    if batch_size < 1 or batch_size % process_count:
-      raise ValueError(
-          f"batch_size={batch_size} must be a positive multiple of "
-          f"process_count={process_count}; each process yields batch_size // process_count rows."
-      )
+    super().__init__(batch_size=batch_size, process_index=process_index,
+                     process_count=process_count, num_batches=num_batches)
     if zipf_exponent <= 0:
       raise ValueError(f"zipf_exponent must be > 0, got {zipf_exponent}.")
     if raw_vocab_size is not None and raw_vocab_size < 1:
       raise ValueError(f"raw_vocab_size must be >= 1 or None, got {raw_vocab_size}.")
     self.spec = spec
-    self.batch_size = batch_size
-    self.local_batch_size = batch_size // process_count
     self.seed, self.split = seed, split
     self.zipf_exponent = float(zipf_exponent)
     self.signal_scale = float(signal_scale)
-    self.process_index, self.process_count = process_index, process_count
-    self.num_batches = num_batches
-    self._position = 0
 
     model = _hashing.derive_key(seed, "model")
     stream = _hashing.derive_key(seed, "stream", split)
@@ -148,53 +136,7 @@ class SyntheticSource(Iterator[dict]):
           self._row_weights(i, _arange(f.num_embeddings)) if tabulate else None
       )
 
-  # -- iteration and its state ----------------------------------------------
-
-  @property
-  def position(self) -> int:
-    """Number of the next batch ``next`` yields; set it to resume."""
-    return self._position
-
-  @position.setter
-  def position(self, value: int) -> None:
-    if value < 0:
-      raise ValueError(f"position must be >= 0, got {value}.")
-    self._position = int(value)
-
-  def get_state(self) -> dict:
-    """The data position, for a checkpoint: ``{"position": next batch number}``."""
-    return {"position": self._position}
-
-  def set_state(self, state: dict) -> None:
-    """Resumes from ``get_state()``'s result."""
-    self.position = state["position"]
-
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> dict:
-    if self.num_batches is not None and self._position >= self.num_batches:
-      raise StopIteration
-    batch = self.batch(self._position)
-    self._position += 1
-    return batch
-
-  def __len__(self) -> int:
-    if self.num_batches is None:
-      raise TypeError("an endless SyntheticSource (num_batches=None) has no len().")
-    return self.num_batches
-
-  # -- random access ----------------------------------------------------------
-
-  def batch(self, index: int) -> dict:
-    """This process's rows of global batch ``index`` (position unchanged).
-
-    >>> src = SyntheticSource(DataSpec.from_sizes(1, [10]), batch_size=4)
-    >>> src.batch(3)["label"].shape
-    (4,)
-    """
-    start = index * self.batch_size + self.process_index * self.local_batch_size
-    return self._generate(start, self.local_batch_size)[0]
+  # -- the oracle ------------------------------------------------------------
 
   def oracle_metrics(self, num_batches: int | None = None, start: int = 0) -> dict:
     """Exact AUC and log-loss of the hidden model on global batches ``start, ...``.
@@ -217,15 +159,8 @@ class SyntheticSource(Iterator[dict]):
     """
     from embedlib import metrics  # pylint: disable=g-import-not-at-top
 
-    num_batches = self.num_batches if num_batches is None else num_batches
-    if num_batches is None:
-      raise ValueError(
-          "oracle_metrics needs a finite set: pass num_batches=, or build the "
-          "source with num_batches=."
-      )
     acc = metrics.StreamingMetrics()
-    for index in range(start, start + num_batches):
-      batch, logits = self._generate(index * self.batch_size, self.batch_size)
+    for batch, logits in self.with_truth(num_batches, start):
       acc.update(batch["label"], logits=logits)
     return acc.result()
 
