@@ -16,13 +16,11 @@ used by the tests).
 
 import ml_collections
 
+from configs import parts
+
 
 def get_config(arg=None):
-  config = ml_collections.ConfigDict()
-  config.seed = 0
-  config.task = ml_collections.ConfigDict(dict(name="ctr"))
-  config.mesh_shape = (-1,)
-  config.mesh_axes = ("batch",)
+  config = parts.base(dict(name="ctr"))
 
   config.data = ml_collections.ConfigDict()
   config.data.source = "synthetic"
@@ -52,28 +50,13 @@ def get_config(arg=None):
   # Tables up to this many bytes are replicated (None: the library default).
   config.model.replicate_below_bytes = 0
 
-  config.optim = ml_collections.ConfigDict()
-  config.optim.dense = ml_collections.ConfigDict(dict(
-      name="adam", learning_rate=2e-3, schedule="warmup_cosine", warmup_steps=50))
-  config.optim.sparse = ml_collections.ConfigDict(dict(
-      name="rowwise_adagrad", learning_rate=0.3, schedule="constant", warmup_steps=0))
-
-  config.batch_size = 1024
-  config.num_train_steps = 1200
-  config.log_every = 100
-  config.eval_every = 400
-  config.eval_batches = 8
-  config.checkpoint_every = 400
-  config.max_checkpoints = 2
+  config.optim = parts.optimizers(dense_lr=2e-3, sparse_lr=0.3, warmup_steps=50)
+  parts.set_schedule(config, batch_size=1024, num_train_steps=1200, eval_every=400,
+                     eval_batches=8)
 
   if arg == "smoke":
     config.data.table_sizes = (100, 100, 50, 50, 20, 20, 10, 10)
-    config.batch_size = 64
-    config.num_train_steps = 6
-    config.log_every = 2
-    config.eval_every = 3
-    config.eval_batches = 2
-    config.checkpoint_every = 3
+    parts.set_smoke_schedule(config, batch_size=64)
   elif arg not in (None, ""):
     raise ValueError(f"configs/quickstart.py has no variant {arg!r}; use ':smoke' or none.")
   return config

@@ -25,76 +25,38 @@ the tests), ``:causal`` (the history attends causally).
 
 import ml_collections
 
-from embedlib.data.sequences import ACTIONS
+from configs import parts
 
 
 def get_config(arg=None):
-  config = ml_collections.ConfigDict()
-  config.seed = 0
-  config.mesh_shape = (-1,)
-  config.mesh_axes = ("batch",)
-  config.task = ml_collections.ConfigDict(dict(
+  config = parts.base(dict(
       name="ranking",
       loss_weights=(1.0, 1.0, 1.0, 1.0, 1.0),
       # NDCG's gain per action: a reply or a share counts more than a click.
       ndcg_weights=(1.0, 2.0, 3.0, 3.0, 1.0),
       ndcg_k=8))
-
-  config.data = ml_collections.ConfigDict(dict(
-      source="planted_ranking",
-      num_users=50_000,
-      num_items=100_000,
-      num_authors=2_000,
-      num_topics=50,
-      history_len=32,
-      num_candidates=16,
-      actions=ACTIONS,
-      zipf_exponent=1.0,
-      prefetch=2))
-
+  config.data = parts.planted_requests("planted_ranking", num_candidates=16)
   config.model = ml_collections.ConfigDict(dict(
       name="ranker",
-      width=32,
-      num_layers=2,
-      num_heads=2,
-      mlp_ratio=2,
-      causal=False,
+      **parts.transformer(num_layers=2),
       item_features=32,
       author_features=16,
       action_features=8,
-      user_hash=ml_collections.ConfigDict(dict(
-          num_buckets=1 << 14, num_hashes=2, features=16, combiner="concat", seed=0)),
+      user_hash=parts.multi_hash(num_buckets=1 << 14, features=16, seed=0),
       kernel="auto",
       # Tables up to this many bytes are replicated (None: the library default).
       replicate_below_bytes=0))
-
-  config.optim = ml_collections.ConfigDict()
-  config.optim.dense = ml_collections.ConfigDict(dict(
-      name="adam", learning_rate=3e-3, schedule="warmup_cosine", warmup_steps=100))
-  config.optim.sparse = ml_collections.ConfigDict(dict(
-      name="rowwise_adagrad", learning_rate=0.2, schedule="constant", warmup_steps=0))
-
-  config.batch_size = 256
-  config.num_train_steps = 1200
-  config.log_every = 100
-  config.eval_every = 400
-  config.eval_batches = 8
-  config.checkpoint_every = 400
-  config.max_checkpoints = 2
+  config.optim = parts.optimizers(dense_lr=3e-3, sparse_lr=0.2, warmup_steps=100)
+  parts.set_schedule(config, batch_size=256, num_train_steps=1200, eval_every=400,
+                     eval_batches=8)
 
   if arg == "smoke":
-    config.data.update(num_users=200, num_items=1_000, num_authors=40, num_topics=8,
-                       history_len=8, num_candidates=4)
+    parts.smoke_requests(config.data, num_items=1_000, num_candidates=4)
     config.task.ndcg_k = 4
     config.model.update(width=16, num_layers=1, item_features=8, author_features=4,
                         action_features=4)
     config.model.user_hash.update(num_buckets=256, features=8)
-    config.batch_size = 32
-    config.num_train_steps = 6
-    config.log_every = 2
-    config.eval_every = 3
-    config.eval_batches = 2
-    config.checkpoint_every = 3
+    parts.set_smoke_schedule(config)
   elif arg == "causal":
     config.model.causal = True
   elif arg not in (None, ""):

@@ -25,15 +25,11 @@ catalogue, used by the tests), ``:trunk`` (the transformer user tower).
 
 import ml_collections
 
-from embedlib.data.sequences import ACTIONS
+from configs import parts
 
 
 def get_config(arg=None):
-  config = ml_collections.ConfigDict()
-  config.seed = 0
-  config.mesh_shape = (-1,)
-  config.mesh_axes = ("batch",)
-  config.task = ml_collections.ConfigDict(dict(
+  config = parts.base(dict(
       name="retrieval",
       # "streaming" (Yi et al. 2019), "batch" (counts in the batch) or "none".
       log_q="streaming",
@@ -42,18 +38,7 @@ def get_config(arg=None):
       frequency_buckets=1 << 17,
       frequency_alpha=0.05,
       corpus_chunk=1 << 16))
-
-  config.data = ml_collections.ConfigDict(dict(
-      source="planted_retrieval",
-      num_users=50_000,
-      num_items=100_000,
-      num_authors=2_000,
-      num_topics=50,
-      history_len=32,
-      actions=ACTIONS,
-      zipf_exponent=1.0,
-      prefetch=2))
-
+  config.data = parts.planted_requests("planted_retrieval")
   config.model = ml_collections.ConfigDict(dict(
       name="two_tower",
       user_tower="pooled",
@@ -63,49 +48,26 @@ def get_config(arg=None):
       min_temperature=0.01,
       max_temperature=1.0,
       learn_temperature=True,
-      item_hash=ml_collections.ConfigDict(dict(
-          num_buckets=1 << 16, num_hashes=2, features=32, combiner="concat", seed=1)),
-      user_hash=ml_collections.ConfigDict(dict(
-          num_buckets=1 << 14, num_hashes=2, features=16, combiner="concat", seed=0)),
+      item_hash=parts.multi_hash(num_buckets=1 << 16, features=32, seed=1),
+      user_hash=parts.multi_hash(num_buckets=1 << 14, features=16, seed=0),
       author_features=16,
       action_features=8,
       # The trunk user tower (user_tower="trunk"): the ranker's transformer.
-      width=32,
-      num_layers=1,
-      num_heads=2,
-      mlp_ratio=2,
-      causal=False,
+      **parts.transformer(num_layers=1),
       kernel="auto",
       replicate_below_bytes=0))
-
-  config.optim = ml_collections.ConfigDict()
-  config.optim.dense = ml_collections.ConfigDict(dict(
-      name="adam", learning_rate=3e-3, schedule="warmup_cosine", warmup_steps=100))
-  config.optim.sparse = ml_collections.ConfigDict(dict(
-      name="rowwise_adagrad", learning_rate=0.2, schedule="constant", warmup_steps=0))
-
-  config.batch_size = 1024
-  config.num_train_steps = 1600
-  config.log_every = 100
-  config.eval_every = 800
-  config.eval_batches = 4
-  config.checkpoint_every = 800
-  config.max_checkpoints = 2
+  config.optim = parts.optimizers(dense_lr=3e-3, sparse_lr=0.2, warmup_steps=100)
+  parts.set_schedule(config, batch_size=1024, num_train_steps=1600, eval_every=800,
+                     eval_batches=4)
 
   if arg == "smoke":
-    config.data.update(num_users=200, num_items=2_000, num_authors=40, num_topics=8,
-                       history_len=8)
+    parts.smoke_requests(config.data, num_items=2_000)
     config.task.update(recall_ks=(1, 10), frequency_buckets=1024, corpus_chunk=1024)
     config.model.update(features=8, tower_sizes=(16,), author_features=4, action_features=4,
                         width=16)
     config.model.item_hash.update(num_buckets=1024, features=8)
     config.model.user_hash.update(num_buckets=256, features=8)
-    config.batch_size = 32
-    config.num_train_steps = 6
-    config.log_every = 2
-    config.eval_every = 3
-    config.eval_batches = 2
-    config.checkpoint_every = 3
+    parts.set_smoke_schedule(config)
   elif arg == "trunk":
     config.model.user_tower = "trunk"
   elif arg not in (None, ""):
