@@ -87,7 +87,7 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
       raise ValueError(f"config.model.name={name!r} reads request batches (a SequenceSpec), "
                        f"not {type(data_spec).__name__}; use the ranking or retrieval task.")
     build = build_ranker if name == RANKER else build_two_tower
-    return build(model_config, data_spec, mesh=mesh, rngs=rngs)
+    return build(model_config, data_spec, mesh=mesh, batch_size=batch_size, rngs=rngs)
   if not isinstance(data_spec, DataSpec):
     raise ValueError(f"config.model.name={name!r} reads click batches (a DataSpec); use the "
                      "ctr task.")
@@ -121,10 +121,17 @@ def _tables(model_config, mesh):
               replicate_below_bytes=model_config.get("replicate_below_bytes"))
 
 
-def _user(model_config, hasher, out_features, mesh, rngs):
+def _requests_per_device(batch_size: int, mesh) -> int:
+  """Requests one device holds: the batch is split over every device of the mesh."""
+  return -(-batch_size // (1 if mesh is None else mesh.size))
+
+
+def _user(model_config, hasher, out_features, mesh, batch_size, rngs):
   cfg = model_config.user_hash
+  ids = _requests_per_device(batch_size, mesh) * hasher.num_hashes
   return MultiHashEmbed(hasher, cfg.features, combiner=cfg.combiner, out_features=out_features,
-                        name="user", rngs=rngs, **_tables(model_config, mesh))
+                        name="user", ids_per_device=ids, rngs=rngs,
+                        **_tables(model_config, mesh))
 
 
 def _trunk(model_config, spec: SequenceSpec, items, authors, user, rngs):
@@ -136,25 +143,32 @@ def _trunk(model_config, spec: SequenceSpec, items, authors, user, rngs):
                      causal=model_config.causal, rngs=rngs)
 
 
-def build_ranker(model_config, spec: SequenceSpec, *, mesh=None, rngs: nnx.Rngs):
+def build_ranker(model_config, spec: SequenceSpec, *, mesh=None, batch_size: int = 4096,
+                 rngs: nnx.Rngs):
   """``TransformerRanker``: item and author tables (ids), a multi-hash user embedding.
 
   Config keys: ``width``, ``num_layers``, ``num_heads``, ``mlp_ratio``,
   ``causal``, ``item_features``, ``author_features``, ``action_features``,
   ``user_hash`` (``num_buckets``, ``num_hashes``, ``features``,
-  ``combiner``, ``seed``), ``kernel``, ``replicate_below_bytes``.
+  ``combiner``, ``seed``), ``kernel``, ``replicate_below_bytes``. The
+  tables are planned for ``batch_size`` requests split over the mesh, the
+  history's ids being each step's largest lookup.
   """
   tables = _tables(model_config, mesh)
+  # The history's lookup is the largest a step makes (candidates are fewer).
+  history_ids = _requests_per_device(batch_size, mesh) * spec.history_len
   items = ShardedEmbed(spec.num_items, model_config.item_features, name="item", rngs=rngs,
-                       **tables)
+                       ids_per_device=history_ids, **tables)
   authors = ShardedEmbed(spec.num_authors, model_config.author_features, name="author",
-                         rngs=rngs, **tables)
-  user = _user(model_config, hashers(model_config)["user"], model_config.width, mesh, rngs)
+                         ids_per_device=history_ids, rngs=rngs, **tables)
+  user = _user(model_config, hashers(model_config)["user"], model_config.width, mesh,
+               batch_size, rngs)
   trunk = _trunk(model_config, spec, items, authors, user, rngs)
   return TransformerRanker(trunk, rngs=rngs)
 
 
-def build_two_tower(model_config, spec: SequenceSpec, *, mesh=None, rngs: nnx.Rngs):
+def build_two_tower(model_config, spec: SequenceSpec, *, mesh=None, batch_size: int = 4096,
+                    rngs: nnx.Rngs):
   """``TwoTower``: multi-hash items (shared by the towers), author table, a user tower.
 
   Config keys: ``user_tower`` (``"pooled" | "trunk"``), ``features`` (the
@@ -172,18 +186,21 @@ def build_two_tower(model_config, spec: SequenceSpec, *, mesh=None, rngs: nnx.Rn
   tables = _tables(model_config, mesh)
   found = hashers(model_config)
   cfg = model_config.item_hash
+  # The history's lookup is the largest a training step makes.
+  history_ids = _requests_per_device(batch_size, mesh) * spec.history_len
   items = MultiHashEmbed(found["item"], cfg.features, combiner=cfg.combiner, name="item",
-                         rngs=rngs, **tables)
+                         ids_per_device=history_ids * found["item"].num_hashes, rngs=rngs,
+                         **tables)
   authors = ShardedEmbed(spec.num_authors, model_config.author_features, name="author",
-                         rngs=rngs, **tables)
+                         ids_per_device=history_ids, rngs=rngs, **tables)
   sizes = tuple(model_config.tower_sizes) + (model_config.features,)
   if model_config.user_tower == two_tower_lib.TRUNK:
-    user = _user(model_config, found["user"], model_config.width, mesh, rngs)
+    user = _user(model_config, found["user"], model_config.width, mesh, batch_size, rngs)
     tower = two_tower_lib.TrunkUserTower(
         _trunk(model_config, spec, items, authors, user, rngs), model_config.features,
         rngs=rngs)
   else:
-    user = _user(model_config, found["user"], None, mesh, rngs)
+    user = _user(model_config, found["user"], None, mesh, batch_size, rngs)
     tower = two_tower_lib.PooledUserTower(
         items=items, authors=authors, user=user, num_actions=spec.num_actions, sizes=sizes,
         action_features=model_config.action_features, rngs=rngs)

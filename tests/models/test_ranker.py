@@ -105,3 +105,25 @@ def test_isolation_and_logits_hold_on_a_sharded_mesh(ranker_and_batch):
   np.testing.assert_allclose(removed[:, [1, 3, 4]], on_mesh[:, [1, 3, 4]], **TOL)
   added = _candidates(batch, [0, 1, 2, 3, 4, 0, 2, 2])  # 8 candidates: repeats of others
   np.testing.assert_allclose(np.asarray(_forward(sharded, added))[:, :5], on_mesh, **TOL)
+
+
+def test_sequence_models_plan_their_tables_for_the_batch_they_train_on():
+  """Each table's plan counts the ids one device looks up: the history of its requests."""
+  mesh8 = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  requests = 64 // 8
+  ranker = nnx.eval_shape(lambda: build_model(_config(), SPEC, mesh=mesh8, batch_size=64,
+                                              rngs=nnx.Rngs(0)))
+  trunk = ranker.trunk
+  assert trunk.items.plan.ids_per_device == requests * SPEC.history_len
+  assert trunk.authors.plan.ids_per_device == requests * SPEC.history_len
+  assert trunk.user.table.plan.ids_per_device == requests * 2  # two hashes a user
+  tower_config = ml_collections.ConfigDict(dict(
+      name="two_tower", user_tower="pooled", features=8, tower_sizes=(16,), temperature=0.05,
+      min_temperature=0.01, max_temperature=1.0, learn_temperature=True, author_features=4,
+      action_features=4, kernel="auto", replicate_below_bytes=0,
+      item_hash=dict(num_buckets=128, num_hashes=3, features=8, combiner="concat", seed=1),
+      user_hash=dict(num_buckets=64, num_hashes=2, features=8, combiner="concat", seed=0)))
+  tower = nnx.eval_shape(lambda: build_model(tower_config, SPEC, mesh=mesh8, batch_size=64,
+                                             rngs=nnx.Rngs(0)))
+  assert tower.items.table.plan.ids_per_device == requests * SPEC.history_len * 3
+  assert tower.authors.plan.ids_per_device == requests * SPEC.history_len
