@@ -46,14 +46,9 @@ def untrusted_dir(directory: pathlib.Path) -> str | None:
     A sentence naming the directory and what is wrong with it, or None.
   """
   uid = os.getuid()
-  st = os.stat(directory)
-  if not stat.S_ISDIR(st.st_mode):
-    return f"{directory} is not a directory"
-  if st.st_uid != uid:
-    return f"{directory} is owned by uid {st.st_uid}, not by this user (uid {uid})"
-  who = _writable_by_others(st.st_mode)
-  if who:
-    return f"{directory} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
+  why = _not_private(directory, os.stat(directory), stat.S_ISDIR, "directory")
+  if why:
+    return why
   for parent in directory.parents:
     st = os.stat(parent)
     if st.st_uid not in (uid, 0):
@@ -71,10 +66,14 @@ def untrusted_file(path: pathlib.Path) -> str | None:
   The directory holding it is checked by `untrusted_dir`; a symbolic link is
   refused, since the file it points to may lie anywhere.
   """
+  return _not_private(path, os.lstat(path), stat.S_ISREG, "regular file")
+
+
+def _not_private(path, st, is_kind, kind: str) -> str | None:
+  """Why ``path`` (its ``stat`` result ``st``) is not this user's alone, or None."""
   uid = os.getuid()
-  st = os.lstat(path)
-  if not stat.S_ISREG(st.st_mode):
-    return f"{path} is not a regular file"
+  if not is_kind(st.st_mode):
+    return f"{path} is not a {kind}"
   if st.st_uid != uid:
     return f"{path} is owned by uid {st.st_uid}, not by this user (uid {uid})"
   who = _writable_by_others(st.st_mode)
