@@ -65,7 +65,8 @@ def supports(rule, table, plan, slots=None) -> bool:
   hidden = plan.strategy == options.HIDDEN
   if not hidden and table.shape[1] != plan.features:
     return False
-  if any(slots[k].dtype != jnp.float32 for k in mosaic_update.TABLE_SLOTS[name] if slots):
+  table_slots = mosaic_update.TABLE_SLOTS[name]
+  if slots is not None and any(slots[k].dtype != jnp.float32 for k in table_slots):
     return False
   # A column slice's AdaGrad also sums the whole rows, for their squares.
   sq_width = plan.features if hidden and name == mosaic_update.ADAGRAD else 0

@@ -18,7 +18,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import embedlib
-from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim, options
+from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim
 from embedlib import kernels
 from embedlib.kernels import lowering
 from embedlib.optim import fused_gpu
