@@ -264,6 +264,7 @@ def main(argv=None, references=None) -> int:
                 lambda t, i, b=b: kernels.bag(t, i, combiner="sum", kernel=b)) for b in backends()}
   xla_gather = lambda t, i: jnp.take(t, i, axis=0)
   started, skipped = time.monotonic(), 0
+  measured = []   # (what, case, backend, fraction of copy bandwidth, speed-up over XLA)
   over = lambda: args.budget is not None and time.monotonic() - started > args.budget
   for rows, features in tables:
     for dtype in DTYPES:
@@ -294,15 +295,50 @@ def main(argv=None, references=None) -> int:
           base = float(np.median(results["xla"]))
           for name, secs in results.items():
             print(fmt_row(f"{label} {name}", secs, rows_bytes, moved, copy_bw, base))
+            med = float(np.median(secs))
+            measured.append((what, label, name, moved / med / copy_bw, base / med))
         backward(table, make_ids(rows, num_ids, dist), f"{shape_label(rows, features, dtype)} {dist}",
                  copy_bw, args)
       del table
   if skipped:
     print(f"\n--budget {args.budget:g} s reached: {skipped} table(s) not measured.")
+  print_targets(measured)
   print("\nrowGB/s: bytes of table rows read per second (backward: gradient rows read). %copy: "
         "(rows read + output written) per second over the copy's (read + write). vs xla: XLA "
         "median time / this median time.")
   return 0
+
+
+#: Issue 18's targets on an H200: gather, share of the copy bandwidth; bags, speed-up over XLA.
+GATHER_TARGET, BAG_TARGET = 0.80, 2.0
+
+
+def print_targets(measured) -> None:
+  """Each Pallas backend's worst case against the targets, and the cases XLA wins.
+
+  ``measured``: ``(what, case, backend, fraction of copy, speed-up over XLA)``
+  per timed row. Where a backend is slower than XLA, ``kernel="auto"``
+  should take XLA for that shape: the lines say which.
+  """
+  print(f"\ntargets (H200): gather >= {GATHER_TARGET:.0%} of the copy bandwidth; pooled bag >= "
+        f"{BAG_TARGET:g}x XLA's take + segment_sum")
+  for backend in backends():
+    rows = [m for m in measured if m[2] == backend]
+    gathers = [m for m in rows if m[0] == "gather"]
+    bags = [m for m in rows if m[0] != "gather"]
+    if gathers:
+      worst = min(gathers, key=lambda m: m[3])
+      met = "met" if worst[3] >= GATHER_TARGET else "NOT met"
+      print(f"target gather {backend}: worst {100 * worst[3]:.1f}% of copy ({worst[1]}), best "
+            f"{100 * max(m[3] for m in gathers):.1f}%: {met}")
+    if bags:
+      worst = min(bags, key=lambda m: m[4])
+      met = "met" if worst[4] >= BAG_TARGET else "NOT met"
+      print(f"target bag {backend}: worst {worst[4]:.2f}x XLA ({worst[1]}), best "
+            f"{max(m[4] for m in bags):.2f}x: {met}")
+    for what, case, _, _, speedup in rows:
+      if speedup < 1:
+        print(f"slower than XLA: {case} {backend} ({speedup:.2f}x): auto should take XLA here")
 
 
 def shape_label(rows, features, dtype) -> str:

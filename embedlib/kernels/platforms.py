@@ -102,9 +102,9 @@ def on_gpu(fn: Callable, *args, name: str = "kernel", ordered: bool = False):
   """``fn(*args)``, lowered for CUDA only (a placeholder on other platforms of the module).
 
   Args:
-    fn: a function of arrays returning an array or a tuple of arrays (a
+    fn: a function of pytrees of arrays returning a pytree of arrays (a
       compiled Pallas GPU kernel).
-    *args: its arrays.
+    *args: its arguments.
     name: named in the error raised when lowered for a single non-CUDA platform.
     ordered: declare (and pass through) the ordered effect of host
       callbacks: for a call in a ``platform_dependent`` beside Mosaic GPU's
@@ -113,9 +113,11 @@ def on_gpu(fn: Callable, *args, name: str = "kernel", ordered: bool = False):
   Returns:
     What ``fn`` returns.
   """
-  jaxpr = jax.make_jaxpr(fn)(*args)
-  out = _on_gpu_p.bind(*args, jaxpr=jaxpr, name=name, ordered=ordered)
-  tree = jax.tree.structure(jax.eval_shape(fn, *args))
+  leaves, in_tree = jax.tree.flatten(args)
+  flat_fn = lambda *leaves: fn(*jax.tree.unflatten(in_tree, leaves))
+  jaxpr = jax.make_jaxpr(flat_fn)(*leaves)
+  out = _on_gpu_p.bind(*leaves, jaxpr=jaxpr, name=name, ordered=ordered)
+  tree = jax.tree.structure(jax.eval_shape(flat_fn, *leaves))
   return jax.tree.unflatten(tree, out)
 
 

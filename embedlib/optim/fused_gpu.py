@@ -3,10 +3,13 @@
 ``sorted_update.local_update`` sorts the ids; for the rules and tables the
 kernel takes (`supports`) the runs of equal rows go to
 ``kernels/mosaic_update.py``, which sums each run's gradients in order and
-updates its table row in place, instead of the scan, the rule over every
-sorted position and the writes of the XLA ops. Elsewhere (LazyAdam, other
-dtypes, rows that are not whole 16-byte units, hidden sharding, jax 0.10)
-the XLA ops run.
+updates its table row (and Adam's moments) in place, instead of the scan,
+the rule over every sorted position and the writes of the XLA ops. Every
+strategy runs it: a row-sharded or replicated rank updates its rows, a
+hidden-sharded one its column slice of every touched row (the slice of the
+gradients goes in, and for AdaGrad the whole rows too, for the row's sum of
+squares). Elsewhere (other rules or dtypes, rows that are not whole 16-byte
+units, rows too wide for shared memory, jax 0.10) the XLA ops run.
 
 The kernel is compiled into the CUDA branch of the step; the CPU runs the
 XLA ops unless `use` (True) makes it interpret the kernel, for tests.
@@ -18,6 +21,7 @@ import contextlib
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from embedlib import options
 from embedlib.kernels import mosaic_update, platforms
@@ -26,7 +30,8 @@ from embedlib.optim import rules as rules_lib
 _forced: list[bool] = []
 
 #: The rules the kernel implements (exact types: a subclass may change the math).
-_RULES = {rules_lib.SparseSGD: mosaic_update.SGD, rules_lib.RowWiseAdagrad: mosaic_update.ADAGRAD}
+_RULES = {rules_lib.SparseSGD: mosaic_update.SGD, rules_lib.RowWiseAdagrad: mosaic_update.ADAGRAD,
+          rules_lib.LazyAdam: mosaic_update.ADAM}
 
 
 @contextlib.contextmanager
@@ -47,12 +52,25 @@ def use(enabled: bool):
     jax.clear_caches()
 
 
-def supports(rule, table, plan) -> bool:
-  """Whether the kernel updates this shard with this rule (and is not turned off by `use`)."""
+def supports(rule, table, plan, slots=None) -> bool:
+  """Whether the kernel updates this shard with this rule (and is not turned off by `use`).
+
+  ``slots``: this shard's slots, by name; the kernel takes float32 table slots.
+  """
   if _forced and not _forced[-1]:
     return False
-  return (type(rule) in _RULES and plan.strategy != options.HIDDEN
-          and table.shape[1] == plan.features and mosaic_update.supports(table.shape, table.dtype))
+  if type(rule) not in _RULES:
+    return False
+  name = _RULES[type(rule)]
+  hidden = plan.strategy == options.HIDDEN
+  if not hidden and table.shape[1] != plan.features:
+    return False
+  table_slots = mosaic_update.TABLE_SLOTS[name]
+  if slots is not None and any(slots[k].dtype != jnp.float32 for k in table_slots):
+    return False
+  # A column slice's AdaGrad also sums the whole rows, for their squares.
+  sq_width = plan.features if hidden and name == mosaic_update.ADAGRAD else 0
+  return mosaic_update.supports(table.shape, table.dtype, rule=name, sq_width=sq_width)
 
 
 def _runs(key, rows_here):
@@ -78,18 +96,19 @@ def _runs(key, rows_here):
   return starts, ends, rows
 
 
-def update(rule, table, slots, key, position, grads, lr, *, plan, xla_ops):
+def update(rule, table, slots, key, position, grads, lr, step, *, plan, first_col, xla_ops):
   """The update of ``sorted_update.local_update`` from its sort on, by the kernel on CUDA.
 
   Args:
     rule: a rule `supports` takes.
-    table: this rank's shard ``[rows_here, features]`` float32.
+    table: this rank's shard ``[rows_here, cols_here]`` float32.
     slots: slot name -> this rank's slot shard.
     key: ``[n]`` sorted local rows (``rows_here`` for ids this rank does not own).
     position: ``[n]`` each sorted key's index in ``grads``.
-    grads: ``[n, features]``.
-    lr: scalar.
+    grads: ``[n, features]``, all logical columns.
+    lr, step: scalars.
     plan: the table's ``EmbeddingPlan``.
+    first_col: this rank's first logical column (hidden sharding; else 0).
     xla_ops: ``() -> (table, slots)``, the XLA ops' update: the other
       platforms' branch (and the CPU's, unless `use` (True)).
 
@@ -98,28 +117,55 @@ def update(rule, table, slots, key, position, grads, lr, *, plan, xla_ops):
   """
   interpreted = bool(_forced) and _forced[-1]
   kernel = lambda interpret: lambda: _by_kernel(
-      rule, table, slots, key, position, grads, lr, plan=plan, interpret=interpret)
+      rule, table, slots, key, position, grads, lr, step, plan=plan, first_col=first_col,
+      interpret=interpret)
   return platforms.by_platform(
       cpu=kernel(True) if interpreted else xla_ops, gpu=kernel(False), default=xla_ops)
 
 
-def _by_kernel(rule, table, slots, key, position, grads, lr, *, plan, interpret):
+def _by_kernel(rule, table, slots, key, position, grads, lr, step, *, plan, first_col,
+               interpret):
+  name = _RULES[type(rule)]
   starts, ends, rows = _runs(key, table.shape[0])
-  acc = slots.get("acc")
-  old = (acc.at[rows].get(mode="fill", fill_value=0) if acc is not None
-         else jnp.zeros(rows.shape, jnp.float32))
-  args = (table, grads.astype(jnp.float32), position, starts, ends, rows, old,
-          jnp.asarray(lr, jnp.float32))
-  run = lambda *a: mosaic_update.fused_update(
-      *a, rule=_RULES[type(rule)], eps=float(getattr(rule, "eps", 0.0)),
-      features=plan.features, interpret=interpret)
+  grads = grads.astype(jnp.float32)
+  sq_grads = None
+  if plan.strategy == options.HIDDEN:
+    if name == mosaic_update.ADAGRAD:
+      sq_grads = grads
+    cols_here = table.shape[1]
+    grads = jnp.pad(grads, ((0, 0), (0, plan.padded_shape[1] - plan.features)))
+    grads = lax.dynamic_slice_in_dim(grads, first_col, cols_here, axis=1)
+  gather = lambda slot: slots[slot].at[rows].get(mode="fill", fill_value=0)
+  out = dict(slots)
+  per_run = ()
+  if name == mosaic_update.ADAGRAD:
+    per_run = (gather("acc"),)
+  elif name == mosaic_update.ADAM:
+    # The bias corrections by the rule's own expressions: the same bits.
+    if rule.bias_correction == "row":
+      count = gather("count") + 1
+      out["count"] = slots["count"].at[rows].set(count, mode="drop", unique_indices=True)
+      t = count.astype(jnp.float32)
+    else:
+      t = jnp.full(rows.shape, jnp.asarray(step, jnp.float32) + 1)
+    per_run = (1 - rule.b1**t, 1 - rule.b2**t)
+  table_slots = tuple(slots[k] for k in mosaic_update.TABLE_SLOTS[name])
+  hyper = {k: float(getattr(rule, k, 0.0)) for k in ("eps", "b1", "b2")}
+  # Every array an argument: ``platforms.on_gpu`` stages ``run`` as a jaxpr of its own.
+  run = lambda table, grads, runs, lr, table_slots, per_run, sq_grads: (
+      mosaic_update.fused_update(
+          table, grads, *runs, lr, rule=name, table_slots=table_slots, per_run=per_run,
+          sq_grads=sq_grads, features=plan.features, interpret=interpret, **hyper))
+  args = (table, grads, (position, starts, ends, rows), jnp.asarray(lr, jnp.float32),
+          table_slots, per_run, sq_grads)
   if interpret:
-    table, new = run(*args)
+    table, new_slots, new_acc = run(*args)
   else:
     # A CPU branch beside it interprets Mosaic kernels only under `use`.
-    table, new = platforms.on_gpu(run, *args, name="fused_update",
-                                  ordered=bool(_forced) and _forced[-1])
-  out = dict(slots)
-  if acc is not None:
-    out["acc"] = acc.at[rows].set(new.astype(acc.dtype), mode="drop", unique_indices=True)
+    table, new_slots, new_acc = platforms.on_gpu(run, *args, name="fused_update",
+                                                 ordered=bool(_forced) and _forced[-1])
+  out.update(zip(mosaic_update.TABLE_SLOTS[name], new_slots))
+  if new_acc is not None:
+    acc = slots["acc"]
+    out["acc"] = acc.at[rows].set(new_acc.astype(acc.dtype), mode="drop", unique_indices=True)
   return table, out

@@ -118,9 +118,9 @@ def local_update(rule, table, slots, ids, grads, lr, step, *, plan, origin):
   key, position = lax.sort((key, position), num_keys=1, is_stable=True)
   xla_ops = lambda: _by_scan(rule, table, slots, key, position, grads, lr, step, plan=plan,
                              first_col=first_col)
-  if key.shape[0] and fused_gpu.supports(rule, table, plan):
-    return fused_gpu.update(rule, table, slots, key, position, grads, lr, plan=plan,
-                            xla_ops=xla_ops)
+  if key.shape[0] and fused_gpu.supports(rule, table, plan, slots):
+    return fused_gpu.update(rule, table, slots, key, position, grads, lr, step, plan=plan,
+                            first_col=first_col, xla_ops=xla_ops)
   return xla_ops()
 
 

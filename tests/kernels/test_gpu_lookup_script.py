@@ -53,8 +53,12 @@ def test_smoke_session_passes_its_checks_and_times_every_case(tmp_path, env):
   for backend in ("mosaic", "triton", "xla"):
     assert f"gather 1000x100 f32 zipf {backend} " in log, backend
   assert "backward 1000x100 f32 zipf sorted-scan" in log
-  for case in ("sparse update", "sparse train step", "DLRM train step"):
+  for case in ("sparse update, SGD", "sparse update, row-wise AdaGrad", "sparse update, LazyAdam",
+               "sparse train step", "DLRM train step"):
     assert case in log, case
+  # The targets' verdicts: the lookups' and each update's.
+  assert "target gather mosaic:" in log and "target bag mosaic:" in log
+  assert log.count("target sparse update") == 3
   assert "gpu_session: done" in log
 
 

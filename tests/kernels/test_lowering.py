@@ -8,6 +8,8 @@ with ``_mosaic`` for Mosaic GPU) and the names show in the lowered text, so
 each test checks that the right kernel, not just any GPU call, is there.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -114,3 +116,43 @@ def test_vmapped_lookup_runs_on_cpu_and_lowers_for_cuda():
   np.testing.assert_array_equal(jax.jit(looked_up)(table, ids), kernels.gather_reference(table, ids))
   text = cuda_lowering_text(looked_up, S(table.shape, table.dtype), S(ids.shape, ids.dtype))
   assert_kernels(text, kernels.pallas_backend(), "embedlib_gather")
+
+
+@pytest.mark.parametrize("rule", ["sgd", "adagrad", "adam"])
+def test_fused_update_lowers_for_cuda_with_tables_past_2_31_elements(rule, monkeypatch):
+  """The update kernel, each rule: table and moments updated in place, copied by (row, column).
+
+  A 100M x 64 float32 table (6.4e9 elements): the kernel's table (and
+  Adam's moments) stay 2-D ``memref``s, never flattened, so no row offset
+  is a flat 32-bit element index; they are aliased to the outputs.
+  """
+  from embedlib.kernels import mosaic_update
+
+  from .test_large_tables import FEATURES, ROWS, mosaic_modules, tensor_copies_2d
+
+  if not mosaic_update.supports((ROWS, FEATURES), jnp.float32, rule=rule):
+    # jax 0.10: no 16-byte copies, the XLA ops update (tests/optim/test_gpu_lowering.py).
+    pytest.skip("this jax's Mosaic GPU takes no fused update")
+  table, n = S((ROWS, FEATURES), jnp.float32), 96
+  vec = lambda dtype=jnp.int32: S((n,), dtype)
+  slots = [table] * len(mosaic_update.TABLE_SLOTS[rule])
+  per_run = [vec(jnp.float32)] * {"sgd": 0, "adagrad": 1, "adam": 2}[rule]
+
+  def update(table, grads, src, starts, ends, rows, slots, per_run):
+    return mosaic_update.fused_update(
+        table, grads, src, starts, ends, rows, jnp.float32(0.1), rule=rule,
+        table_slots=tuple(slots), per_run=tuple(per_run), eps=1e-8, b1=0.9, b2=0.999,
+        features=FEATURES)
+
+  args = (table, S((n, FEATURES), jnp.float32), vec(), vec(), vec(), vec(), slots, per_run)
+  (text,) = mosaic_modules(update, args, monkeypatch)
+  assert f"memref<{ROWS}x{FEATURES}xf32" in text            # the table, 2-D
+  assert not re.search(rf"memref<{ROWS * FEATURES}x", text)  # never flattened
+  assert tensor_copies_2d(text) > 0                          # (row, column) copies
+  lowered = cuda_lowering_text(update, *args)
+  assert MOSAIC_GPU_CALL in lowered and "embedlib_fused_update_mosaic" in lowered
+  # In place: the table and each moment are aliased to an output.
+  # (One output, SGD's table, is no tuple: no index.)
+  aliased = re.findall(r"output_operand_alias<output_tuple_indices = \[(\d*)\]", lowered)
+  assert sorted(int(i or 0) for i in aliased) == list(range(1 + len(slots)))
+  assert "stablehlo.scatter" not in lowered

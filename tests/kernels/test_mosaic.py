@@ -119,7 +119,7 @@ def test_bag_and_gradients_equal_reference(width, combiner, weighted, dtype):
   assert not np.asarray(got[0], np.float32)[2].any()  # the empty bag pools to zeros
 
 
-STRATEGIES = [("replicated", None), ("vocab", None), ("hidden", None),
+STRATEGIES = [("replicated", None), ("vocab", None), ("hidden", None), ("routed", None),
               ("vocab", ("data", "model")), ("hidden", ("data", "model"))]
 
 

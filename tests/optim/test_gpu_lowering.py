@@ -2,8 +2,9 @@
 
 The whole step (Pallas lookup, row gradients, sorted dedup, row-wise update
 inside ``shard_map`` writing distinct rows only, by the fused Mosaic GPU
-kernel where it applies, donated state) for a ``ShardedEmbed`` of every strategy and
-for an ``EmbeddingCollection``, through an abstract H200 mesh
+kernel where it applies, donated state) for a ``ShardedEmbed`` of every
+strategy (row-wise AdaGrad; SGD and both LazyAdams on a row- and a
+column-sharded table) and for an ``EmbeddingCollection``, through an abstract H200 mesh
 (``embedlib.kernels.lowering``). Also the regression test for building
 slots on an ``AbstractMesh`` (``AbstractMesh.devices`` raises ValueError).
 """
@@ -17,7 +18,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import embedlib
-from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim, options
+from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim
 from embedlib import kernels
 from embedlib.kernels import lowering
 from embedlib.optim import fused_gpu
@@ -53,11 +54,11 @@ def assert_no_colliding_scatter(text):
   assert all("unique_indices = true" in line for line in scatters), scatters
 
 
-def assert_fused_update(text, strategy):
+def assert_fused_update(text):
   """Where the fused kernel takes the table, it writes the rows: no scatter adds into them."""
   fused = fused_gpu.supports(optim.RowWiseAdagrad(0.1), jnp.zeros((8, 256)),
                              plan_embedding(1000, 256))   # float32, whole 16-byte rows
-  if not fused or strategy == options.HIDDEN:   # jax 0.10; column shards: the XLA ops
+  if not fused:   # jax 0.10: the XLA ops
     assert "embedlib_fused_update_mosaic" not in text
     return
   assert "embedlib_fused_update_mosaic" in text
@@ -75,8 +76,13 @@ def lower_step(graphdef, state, inputs, loss_fn, mesh):
   return lowering.cuda_lowering_text(step, state, inputs, mesh=mesh, donate_argnums=0)
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_sparse_step_lowers_for_cuda(case):
+RULES = {"sgd": optim.SparseSGD(0.1), "adagrad": optim.RowWiseAdagrad(0.1),
+         "adam": optim.LazyAdam(0.1), "adam-global": optim.LazyAdam(0.1, bias_correction="global")}
+
+
+@pytest.mark.parametrize("case,rule", [(case, "adagrad") for case in CASES] + [
+    (case, rule) for case in ("vocab-tp", "hidden-tp") for rule in RULES if rule != "adagrad"])
+def test_sparse_step_lowers_for_cuda(case, rule):
   shape, names, strategy = CASES[case]
   mesh = lowering.gpu_abstract_mesh(shape, names)
 
@@ -84,7 +90,7 @@ def test_sparse_step_lowers_for_cuda(case):
     # 256 wide: every local slice of whole 16-byte rows, as Mosaic GPU needs.
     emb = embedlib.ShardedEmbed(1000, 256, mesh=mesh, sharding=strategy, kernel="auto",
                                 rngs=nnx.Rngs(0))
-    return emb, optim.SparseAwareOptimizer(emb, None, optim.RowWiseAdagrad(0.1))
+    return emb, optim.SparseAwareOptimizer(emb, None, RULES[rule])
 
   graphdef, state = abstract_state(build, mesh)
   emb = nnx.merge(graphdef, state)[0]
@@ -97,7 +103,7 @@ def test_sparse_step_lowers_for_cuda(case):
   assert "jax.buffer_donor" in text or "tf.aliasing_output" in text, case  # donated state
   assert "custom_call @embedlib_" not in text, case  # no fused CPU update (fused_cpu.py)
   assert_no_colliding_scatter(text)                   # the sorted update (sorted_update.py)
-  assert_fused_update(text, strategy)                 # its Mosaic GPU kernel (fused_gpu.py)
+  assert_fused_update(text)                           # its Mosaic GPU kernel (fused_gpu.py)
 
 
 def test_collection_sparse_step_lowers_for_cuda():
@@ -120,3 +126,4 @@ def test_collection_sparse_step_lowers_for_cuda():
   assert text.count(GPU_CALL) >= 2       # one pooled lookup per table
   assert "stablehlo.scatter" in text and "all_gather" in text
   assert_no_colliding_scatter(text)
+  assert_fused_update(text)
