@@ -19,19 +19,17 @@ with the same results up to float32 rounding (the sum of squares and
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from embedlib.kernels import cpu_library
 from embedlib.optim import rules as rules_lib
+from embedlib.optim import trace_switch
 
-_forced: list[bool] = []
+_switch = trace_switch.TraceSwitch()
 
 
-@contextlib.contextmanager
 def use(enabled: bool):
   """Within the block, traces use the fused CPU update (True) or the XLA ops (False).
 
@@ -39,19 +37,14 @@ def use(enabled: bool):
   jax's caches are cleared on entry and exit: a function jitted before is
   traced again. Nests.
   """
-  _forced.append(bool(enabled))
-  jax.clear_caches()
-  try:
-    yield
-  finally:
-    _forced.pop()
-    jax.clear_caches()
+  return _switch.use(enabled)
 
 
 def enabled() -> bool:
   """Whether traces now use the fused update on CPU (see ``use``, ``cpu_library``)."""
-  if _forced:
-    return _forced[-1] and cpu_library.library() is not None
+  forced = _switch.forced()
+  if forced is not None:
+    return forced and cpu_library.library() is not None
   return cpu_library.available()
 
 

@@ -17,8 +17,6 @@ XLA ops unless `use` (True) makes it interpret the kernel, for tests.
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -26,15 +24,15 @@ from jax import lax
 from embedlib import options
 from embedlib.kernels import mosaic_update, platforms
 from embedlib.optim import rules as rules_lib
+from embedlib.optim import trace_switch
 
-_forced: list[bool] = []
+_switch = trace_switch.TraceSwitch()
 
 #: The rules the kernel implements (exact types: a subclass may change the math).
 _RULES = {rules_lib.SparseSGD: mosaic_update.SGD, rules_lib.RowWiseAdagrad: mosaic_update.ADAGRAD,
           rules_lib.LazyAdam: mosaic_update.ADAM}
 
 
-@contextlib.contextmanager
 def use(enabled: bool):
   """Within the block, traces run the fused kernel on every platform (True) or none (False).
 
@@ -43,13 +41,7 @@ def use(enabled: bool):
   XLA ops, for comparisons. The choice is made when a step is traced, so
   jax's caches are cleared on entry and exit. Nests.
   """
-  _forced.append(bool(enabled))
-  jax.clear_caches()
-  try:
-    yield
-  finally:
-    _forced.pop()
-    jax.clear_caches()
+  return _switch.use(enabled)
 
 
 def supports(rule, table, plan, slots=None) -> bool:
@@ -57,7 +49,7 @@ def supports(rule, table, plan, slots=None) -> bool:
 
   ``slots``: this shard's slots, by name; the kernel takes float32 table slots.
   """
-  if _forced and not _forced[-1]:
+  if _switch.forced() is False:
     return False
   if type(rule) not in _RULES:
     return False
@@ -115,7 +107,7 @@ def update(rule, table, slots, key, position, grads, lr, step, *, plan, first_co
   Returns:
     ``(table, slots)`` with each touched owned row updated once.
   """
-  interpreted = bool(_forced) and _forced[-1]
+  interpreted = _switch.forced() is True
   kernel = lambda interpret: lambda: _by_kernel(
       rule, table, slots, key, position, grads, lr, step, plan=plan, first_col=first_col,
       interpret=interpret)
@@ -163,7 +155,7 @@ def _by_kernel(rule, table, slots, key, position, grads, lr, step, *, plan, firs
   else:
     # A CPU branch beside it interprets Mosaic kernels only under `use`.
     table, new_slots, new_acc = platforms.on_gpu(run, *args, name="fused_update",
-                                                 ordered=bool(_forced) and _forced[-1])
+                                                 ordered=_switch.forced() is True)
   out.update(zip(mosaic_update.TABLE_SLOTS[name], new_slots))
   if new_acc is not None:
     acc = slots["acc"]

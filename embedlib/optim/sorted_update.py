@@ -29,19 +29,16 @@ platforms run the XLA ops instead, for tests and benchmarks.
 
 from __future__ import annotations
 
-import contextlib
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from embedlib import options
-from embedlib.optim import fused_gpu
+from embedlib.optim import fused_gpu, trace_switch
 
-_forced: list[bool] = []
+_switch = trace_switch.TraceSwitch()
 
 
-@contextlib.contextmanager
 def use(enabled: bool):
   """Within the block, traces run this update on every platform (True) or none (False).
 
@@ -50,18 +47,12 @@ def use(enabled: bool):
   either way unless True. The choice is made when a step is traced, so
   jax's caches are cleared on entry and exit. Nests.
   """
-  _forced.append(bool(enabled))
-  jax.clear_caches()
-  try:
-    yield
-  finally:
-    _forced.pop()
-    jax.clear_caches()
+  return _switch.use(enabled)
 
 
 def forced() -> bool | None:
   """The choice of the innermost `use` block, or None outside any."""
-  return _forced[-1] if _forced else None
+  return _switch.forced()
 
 
 def segmented_sums(keys, values):
