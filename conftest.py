@@ -2,15 +2,18 @@
 
 Most of the suite's time is XLA:CPU compiling one small program after another
 (a fresh program per parametrized case), not running them, so the tests
-compile with LLVM at -O0 (``--xla_backend_optimization_level=0``): it changes
-neither the HLO passes, nor the buffer assignment that compiled memory
-analysis reports, nor floating-point semantics (no fast math either way),
-only how much LLVM optimizes the machine code. Flags already in XLA_FLAGS
-come after it and win (``--xla_backend_optimization_level=2`` runs the suite
-with XLA's default). Not ``--xla_cpu_use_fusion_emitters=false`` (cheaper
-still on jaxlib 0.10): the classic emitters recompute a fused element per
-use, and a deep chain of elementwise ops with reversed reads compiles for
-minutes; jaxlib 0.12 removed that flag anyway.
+compile with LLVM at -O0 (``--xla_backend_optimization_level=0``): the level
+XLA:CPU hands LLVM's code generator. What the tests read comes before that
+step (the HLO, the lowered text, the buffer assignment that compiled memory
+analysis reports: the exact-bytes tests pass unchanged at -O0), and the
+results are checked against references with tolerances or against programs
+compiled with the same flags.
+Flags already in XLA_FLAGS come after it and win
+(``--xla_backend_optimization_level=2`` runs the suite with XLA's default).
+Not ``--xla_cpu_use_fusion_emitters=false`` (cheaper still on jaxlib 0.10):
+the classic emitters recompute a fused element per use, and a deep chain of
+elementwise ops with reversed reads compiles for minutes; jaxlib 0.12
+removed that flag anyway.
 """
 
 import os
