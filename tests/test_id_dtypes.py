@@ -93,16 +93,22 @@ def test_error_mode_rejects_wide_ids_on_the_host():
   assert emb(np.array([ROWS - 1], np.uint64)).shape == (1, 2)
 
 
-@X64
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_collection_every_dtype(dtype, x64):
-  coll = embedlib.EmbeddingCollection(
+@pytest.fixture(scope="module")
+def collection():
+  """One collection for every dtype: its eager calls reuse one executable per input form."""
+  return embedlib.EmbeddingCollection(
       [embedlib.TableSpec("t", ROWS, 2)],
       [embedlib.FeatureSpec("bag", "t", combiner="sum"),
        embedlib.FeatureSpec("one", "t", max_ids_per_sample=1),
        embedlib.FeatureSpec("seq", "t", combiner=None),
        embedlib.FeatureSpec("ragged", "t", max_ids_per_sample=3)],
       rngs=nnx.Rngs(0))
+
+
+@X64
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_collection_every_dtype(collection, dtype, x64):
+  coll = collection
   table = np.asarray(coll.tables["t"].logical_table())
   ids = _ids(dtype)
   bags = np.resize(ids, (len(ids), 2))

@@ -37,42 +37,49 @@ def _host(x):
   return np.asarray(jax.device_get(x)).astype(np.float32)
 
 
+def _contract_loss(lookups, logits, wo, wl):
+  return (jnp.sum(lookups.astype(jnp.float32)**2 * wo)
+          + jnp.sum(logits.astype(jnp.float32) * wl))
+
+
+@nnx.jit
+def _layout_results(emb, ids, query, wo, wl):
+  """The lookup, attend and the loss's gradient, as one program: one compile per layout."""
+  grads = nnx.grad(lambda m: _contract_loss(m(ids), m.attend(query), wo, wl))(emb)
+  return emb(ids), emb.attend(query), grads.embedding[...]
+
+
+@jax.jit
+def _reference_results(table, ids, query, wo, wl):
+  """The reference's lookup, logits and gradient, as one program (not op by op)."""
+  dtype = table.dtype
+  attend = lambda t: query.astype(dtype) @ t.T
+  grad = jax.grad(lambda t: _contract_loss(reference_lookup(t, ids), attend(t), wo, wl))(table)
+  return reference_lookup(table, ids), attend(table), grad
+
+
 def check_contract(emb, ids, query, *, rtol=1e-5, grad_atol=None):
   """Asserts forward, attend and both gradients equal the reference."""
   table = emb.logical_table()
   ref = jnp.asarray(_host(table), table.dtype)
   dtype = emb.dtype
-
-  out = nnx.jit(lambda m, i: m(i))(emb, ids)
-  assert out.shape == ids.shape + (emb.features,)
-  assert out.dtype == dtype
-  np.testing.assert_array_equal(_host(out), _host(reference_lookup(ref, ids)))
-
-  logits = nnx.jit(lambda m, q: m.attend(q))(emb, query)
-  assert logits.shape == query.shape[:-1] + (emb.num_embeddings,)
-  expected = _host(query.astype(dtype) @ ref.astype(dtype).T)
-  np.testing.assert_allclose(_host(logits), expected, rtol=rtol, atol=rtol)
-
   # Weights that differ per column and per row catch a misplaced slice.
   wo = jnp.linspace(-1.0, 2.0, emb.features, dtype=jnp.float32)
   wl = jnp.linspace(0.5, 1.5, emb.num_embeddings, dtype=jnp.float32)
+  out, logits, grad = _layout_results(emb, ids, query, wo, wl)
+  want_out, want_logits, want_grad = _reference_results(ref, ids, query, wo, wl)
 
-  def loss(m, i, q):
-    lookups = m(i).astype(jnp.float32)
-    return jnp.sum(lookups**2 * wo) + jnp.sum(m.attend(q).astype(jnp.float32) * wl)
+  assert out.shape == ids.shape + (emb.features,)
+  assert out.dtype == dtype
+  np.testing.assert_array_equal(_host(out), _host(want_out))
 
-  grads = nnx.jit(nnx.grad(loss))(emb, ids, query)
-  physical = _host(grads.embedding[...])
+  assert logits.shape == query.shape[:-1] + (emb.num_embeddings,)
+  np.testing.assert_allclose(_host(logits), _host(want_logits), rtol=rtol, atol=rtol)
 
-  def ref_loss(t):
-    lookups = reference_lookup(t, ids).astype(jnp.float32)
-    logits = (query.astype(dtype) @ t.T).astype(jnp.float32)
-    return jnp.sum(lookups**2 * wo) + jnp.sum(logits * wl)
-
-  expected = _host(jax.grad(ref_loss)(ref))
+  physical = _host(grad)
   v, f = emb.num_embeddings, emb.features
   np.testing.assert_allclose(
-      physical[:v, :f], expected, rtol=rtol, atol=grad_atol or rtol)
+      physical[:v, :f], _host(want_grad), rtol=rtol, atol=grad_atol or rtol)
   # Padding is storage only: it never receives a gradient.
   assert not physical[v:].any() and not physical[:, f:].any()
 
