@@ -24,11 +24,13 @@ For each device count (one subprocess each, ``XLA_FLAGS`` forcing the
 simulated devices) and layout: the bytes one device receives per lookup,
 read from the compiled HLO's collectives (``embedlib.plan.hlo``), beside
 the planner's estimate; their ratio to the bytes of the rows a device
-needs; and the median ms of a jitted lookup and of a sparse train step
-(``SparseAwareOptimizer``, row-wise AdaGrad), interleaved. Every layout's
-lookup is checked equal to ``jnp.take`` on its logical table before it is
-timed. A layout whose vocab-sized temporaries would not fit the host
-(``--max-temp-gib``) is compiled for its bytes but not run.
+needs; and min / median / max ms of a jitted lookup and of a sparse train
+step (``SparseAwareOptimizer``, row-wise AdaGrad), interleaved. Every
+layout's lookup is checked equal to ``jnp.take`` on its logical table
+before it is timed. A layout whose vocab-sized temporaries would not fit
+the host (``--max-temp-gib``) is compiled for its bytes but not run; above
+``--time-up-to`` devices every layout is compiled and checked, not timed
+(bytes come from the compiled HLO at every device count).
 
 The simulated devices share this machine's cores: times show the
 overheads of each layout's collectives, not a speed-up, and grow with the
@@ -155,13 +157,18 @@ def measure(devices, args):
         kinds = [t.kind for t in module.plan.tables]
         row["chose"] = ", ".join(f"{kinds.count(k)} {k}" for k in sorted(set(kinds)))
       if layout == "vocab" and vocab_temp_bytes(workload, devices) > args.max_temp_gib * 2**30:
-        row["skipped"] = f"{vocab_temp_bytes(workload, devices) / 2**30:.1f} GiB of temporaries"
+        row["skipped"] = (f"{vocab_temp_bytes(workload, devices) / 2**30:.1f} GiB of temporaries "
+                          "on this host, not run")
         print(json.dumps(row), flush=True)
         continue
       row["error"] = check(workload, module, ids)
       if row["error"] != 0:
         print(json.dumps(row), flush=True)
         raise SystemExit(f"{workload}, {layout}: lookup differs from jnp.take by {row['error']}")
+      if devices > args.time_up_to:
+        row["skipped"] = f"timed up to {args.time_up_to} devices (--time-up-to)"
+        print(json.dumps(row), flush=True)
+        continue
       opt = optim.SparseAwareOptimizer(module, None, optim.RowWiseAdagrad(0.1))
       jax.block_until_ready(nnx.state(opt))
 
@@ -179,7 +186,7 @@ def measure(devices, args):
       times = interleaved({"lookup": (lookup, (state, ids)), "step": (step, (module, opt, ids))},
                           args.repeats)
       for kind, ts in times.items():
-        row[f"{kind}_ms"] = statistics.median(ts)
+        row[f"{kind}_ms"] = [min(ts), statistics.median(ts), max(ts)]
       print(json.dumps(row), flush=True)
 
 
@@ -195,11 +202,11 @@ def report(rows):
   print("\nbytes one device receives per lookup (compiled HLO), and median ms; the simulated "
         "devices share this machine's CPU cores, so times show overheads, not speed-ups")
   head = ("workload", "devices", "layout", "moved (HLO)", "planned", "x rows needed",
-          "vocab / it", "lookup ms", "step ms", "auto chose")
+          "vocab / it", "lookup ms min/med/max", "step ms min/med/max", "auto chose")
   lines = [head]
   vocab = {(r["workload"], r["devices"]): r["moved"] for r in rows if r["layout"] == "vocab"}
   for r in rows:
-    ms = lambda k: f"{r[k]:.1f}" if k in r else "not run"
+    ms = lambda k: "/".join(f"{t:.0f}" for t in r[k]) if k in r else "not run"
     lines.append((r["workload"], str(r["devices"]), r["layout"], _human(r["moved"]),
                   _human(r["planned"]), f"{r['moved'] / r['needed']:.2f}",
                   f"{vocab[r['workload'], r['devices']] / max(r['moved'], 1):.1f}",
@@ -209,8 +216,8 @@ def report(rows):
     print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
   for r in rows:
     if "skipped" in r:
-      print(f"{r['workload']}, {r['devices']} devices, {r['layout']}: compiled, not run "
-            f"({r['skipped']} on this host)")
+      print(f"{r['workload']}, {r['devices']} devices, {r['layout']}: compiled, "
+            f"{'checked, ' if 'error' in r else ''}not timed ({r['skipped']})")
   failed = []
   by = {(r["workload"], r["devices"], r["layout"]): r for r in rows}
   for (workload, devices, layout), r in sorted(by.items()):
@@ -243,6 +250,8 @@ def main(argv=None):
   parser.add_argument("--quick", action="store_true", help="8 and 16 devices, 2 repeats")
   parser.add_argument("--max-temp-gib", type=float, default=3.0,
                       help="don't run a layout needing more host memory than this")
+  parser.add_argument("--time-up-to", type=int, default=64,
+                      help="above this many devices, compile and check each layout, don't time it")
   parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   args.repeats = args.repeats or (2 if args.quick else 5)
@@ -262,7 +271,8 @@ def main(argv=None):
                XLA_FLAGS=f"--xla_force_host_platform_device_count={n} "
                "--xla_cpu_collective_call_terminate_timeout_seconds=1800")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(n), "--repeats",
-           str(args.repeats), "--max-temp-gib", str(args.max_temp_gib), "--workloads",
+           str(args.repeats), "--max-temp-gib", str(args.max_temp_gib), "--time-up-to",
+           str(args.time_up_to), "--workloads",
            *args.workloads]
     # Each row printed as the worker measures it: a run cut short keeps them.
     # Its log to a file: a full stderr pipe would stall it.
