@@ -63,7 +63,11 @@ class EmbeddingCollection(nnx.Module):
   ``on_overflow="error"`` raises a ``ValueError`` naming the table and the
   capacity it needs (eagerly for concrete ids; under ``jit`` through
   ``jax.experimental.checkify``). ``unique_counts`` measures the capacity a
-  batch needs.
+  batch needs. By default (``num_unique="auto"``) the planner sets it for
+  each routed table and stack whose expected distinct ids per shard
+  (uniform over its rows) make the route move fewer bytes: a small table's
+  few rows travel once instead of once per lookup; ``coll.num_unique`` holds
+  what it chose.
 
   Args:
     tables: the ``TableSpec`` s.
@@ -78,7 +82,8 @@ class EmbeddingCollection(nnx.Module):
       ``{table: capacity}`` dict, None (no dedup), or ``"auto"`` (the
       default; also as a dict value): the planner dedups a routed table or
       stack where routing its expected distinct ids moves fewer bytes
-      (``plan_collection``), and no other table.
+      (``plan_collection``), and no other table; with ``on_overflow="error"``
+      only a capacity given as an int dedups.
     route_capacity: ids per destination of the routed tables' lookups: an
       int for every table, a ``{table: capacity}`` dict, or None to size
       each from its call's ids (``EmbeddingPlan.capacity_for``).
@@ -122,6 +127,8 @@ class EmbeddingCollection(nnx.Module):
       raise ValueError(f"on_overflow={on_overflow!r}; use one of {OVERFLOW_MODES}.")
     mesh = sharding_lib.current_mesh() if mesh is None else mesh
     self.num_unique = _capacities(num_unique, tables)
+    if on_overflow == ERROR:  # a capacity the caller never chose must not raise
+      self.num_unique = {k: v for k, v in self.num_unique.items() if v != options.AUTO}
     self.route_capacity = _capacities(route_capacity, tables, "route_capacity",
                                       "ids per destination rank")
     if devices_per_host is None and mesh is not None and sharding_lib.has_devices(mesh):

@@ -233,6 +233,9 @@ def test_auto_dedup_routes_distinct_ids_where_it_pays_and_matches_reference():
   assert stack.num_unique is not None and stack.num_unique < 64
   assert coll.num_unique == {"few": coll.plan["few"].num_unique, "stack_8": stack.num_unique}
   assert plain.num_unique == {} and coll.plan.bytes_moved < plain.plan.bytes_moved
+  # "error" raises on overflow: only a capacity the caller gave may.
+  assert build(on_overflow="error").num_unique == {}
+  assert build(on_overflow="error", num_unique={"few": 30}).num_unique == {"few": 30}
   rng = np.random.default_rng(3)
   shape = {"f_few": (batch, 8), "f_many": (batch, 2), "f_t": (batch, 8)}
   rows = {t.name: t.num_embeddings for t in DEDUP_TABLES}
