@@ -24,11 +24,15 @@ For each device count (one subprocess each, ``XLA_FLAGS`` forcing the
 simulated devices) and layout: the bytes one device receives per lookup,
 read from the compiled HLO's collectives (``embedlib.plan.hlo``), beside
 the planner's estimate; their ratio to the bytes of the rows a device
-needs; and the median ms of a jitted lookup and of a sparse train step
-(``SparseAwareOptimizer``, row-wise AdaGrad), interleaved. Every layout's
-lookup is checked equal to ``jnp.take`` on its logical table before it is
-timed. A layout whose vocab-sized temporaries would not fit the host
-(``--max-temp-gib``) is compiled for its bytes but not run.
+needs; and min / median / max ms of a jitted lookup and of a sparse train
+step (``SparseAwareOptimizer``, row-wise AdaGrad), interleaved. Every
+layout's lookup is checked equal to ``jnp.take`` on its logical table
+before it is timed. A layout whose vocab-sized temporaries would not fit
+the host (``--max-temp-gib``: vocab's reduce-scatter buffers, a stack drawn
+whole on every simulated device) is compiled for its bytes from abstract
+arrays but not run; above
+``--time-up-to`` devices every layout is compiled and checked, not timed
+(bytes come from the compiled HLO at every device count).
 
 The simulated devices share this machine's cores: times show the
 overheads of each layout's collectives, not a speed-up, and grow with the
@@ -123,6 +127,18 @@ def vocab_temp_bytes(workload, devices):
   return devices * devices * rows * 64 * 4
 
 
+def stack_temp_bytes(module, devices):
+  """Host bytes of drawing a collection's stacks and reading their members back.
+
+  Both hold a stack whole on every device (``embedlib/table.py``: stacks
+  are drawn and unstacked whole, as their tables were meant to be small);
+  with ``table_batched`` the Criteo stack holds every table.
+  """
+  stacks = getattr(module.plan, "stacks", ())
+  return 2 * devices * sum(s.plan.padded_shape[0] * s.plan.padded_shape[1] * s.plan.itemsize
+                           for s in stacks)
+
+
 def measure(devices, args):
   """One device count: a JSON line per layout."""
   import jax
@@ -144,24 +160,45 @@ def measure(devices, args):
   # ``embedlib.training.train_lib.one_step_in_flight`` says of training).
   for workload in args.workloads:
     for layout in LAYOUTS[workload]:
-      module, ids, needed, planned = build(workload, layout, mesh, devices)
-      jax.block_until_ready((nnx.state(module), ids))
-      graphdef, state = nnx.split(module)
-      lookup = jax.jit(lambda s, x, g=graphdef: nnx.merge(g, s)(x))
-      moved = hlo.bytes_moved(lookup.lower(state, ids).compile().as_text())
-      row = dict(workload=workload, devices=devices, layout=layout, moved=moved,
-                 planned=planned, needed=needed)
+      if args.layouts and layout not in args.layouts:
+        continue
+      # Planned and compiled first from abstract arrays (nothing drawn): a
+      # layout too big for this host is measured so and not run.
+      parts = {}
+
+      def make(layout=layout):
+        module, parts["ids"], parts["needed"], parts["planned"] = build(
+            workload, layout, mesh, devices)
+        return module
+
+      module = nnx.eval_shape(make)
+      row = dict(workload=workload, devices=devices, layout=layout, needed=parts["needed"],
+                 planned=parts["planned"])
       if workload == "criteo" and layout.startswith("auto"):
         kinds = [t.kind for t in module.plan.tables]
         row["chose"] = ", ".join(f"{kinds.count(k)} {k}" for k in sorted(set(kinds)))
-      if layout == "vocab" and vocab_temp_bytes(workload, devices) > args.max_temp_gib * 2**30:
-        row["skipped"] = f"{vocab_temp_bytes(workload, devices) / 2**30:.1f} GiB of temporaries"
+      host = vocab_temp_bytes(workload, devices) if layout == "vocab" else 0
+      host = max(host, stack_temp_bytes(module, devices))
+      if host > args.max_temp_gib * 2**30:
+        graphdef, state = nnx.split(module)
+        row["moved"] = hlo.bytes_moved(jax.jit(lambda s, x, g=graphdef: nnx.merge(g, s)(x))
+                                       .lower(state, parts["ids"]).compile().as_text())
+        row["skipped"] = f"{host / 2**30:.1f} GiB of temporaries on this host, not run"
         print(json.dumps(row), flush=True)
         continue
+      module, ids, _, _ = build(workload, layout, mesh, devices)
+      jax.block_until_ready((nnx.state(module), ids))
+      graphdef, state = nnx.split(module)
+      lookup = jax.jit(lambda s, x, g=graphdef: nnx.merge(g, s)(x))
+      row["moved"] = hlo.bytes_moved(lookup.lower(state, ids).compile().as_text())
       row["error"] = check(workload, module, ids)
       if row["error"] != 0:
         print(json.dumps(row), flush=True)
         raise SystemExit(f"{workload}, {layout}: lookup differs from jnp.take by {row['error']}")
+      if devices > args.time_up_to:
+        row["skipped"] = f"timed up to {args.time_up_to} devices (--time-up-to)"
+        print(json.dumps(row), flush=True)
+        continue
       opt = optim.SparseAwareOptimizer(module, None, optim.RowWiseAdagrad(0.1))
       jax.block_until_ready(nnx.state(opt))
 
@@ -179,7 +216,7 @@ def measure(devices, args):
       times = interleaved({"lookup": (lookup, (state, ids)), "step": (step, (module, opt, ids))},
                           args.repeats)
       for kind, ts in times.items():
-        row[f"{kind}_ms"] = statistics.median(ts)
+        row[f"{kind}_ms"] = [min(ts), statistics.median(ts), max(ts)]
       print(json.dumps(row), flush=True)
 
 
@@ -192,25 +229,26 @@ def _human(n):
 
 def report(rows):
   """Prints the table and the targets; returns the failed targets."""
-  print("\nbytes one device receives per lookup (compiled HLO), and median ms; the simulated "
+  print("\nbytes one device receives per lookup (compiled HLO), and min/median/max ms; the simulated "
         "devices share this machine's CPU cores, so times show overheads, not speed-ups")
   head = ("workload", "devices", "layout", "moved (HLO)", "planned", "x rows needed",
-          "vocab / it", "lookup ms", "step ms", "auto chose")
+          "vocab / it", "lookup ms min/med/max", "step ms min/med/max", "auto chose")
   lines = [head]
   vocab = {(r["workload"], r["devices"]): r["moved"] for r in rows if r["layout"] == "vocab"}
   for r in rows:
-    ms = lambda k: f"{r[k]:.1f}" if k in r else "not run"
+    ms = lambda k: "/".join(f"{t:.0f}" for t in r[k]) if k in r else "not run"
     lines.append((r["workload"], str(r["devices"]), r["layout"], _human(r["moved"]),
                   _human(r["planned"]), f"{r['moved'] / r['needed']:.2f}",
-                  f"{vocab[r['workload'], r['devices']] / max(r['moved'], 1):.1f}",
+                  f"{vocab[r['workload'], r['devices']] / max(r['moved'], 1):.1f}"
+                  if (r["workload"], r["devices"]) in vocab else "-",
                   ms("lookup_ms"), ms("step_ms"), r.get("chose", "")))
   widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
   for line in lines:
     print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
   for r in rows:
     if "skipped" in r:
-      print(f"{r['workload']}, {r['devices']} devices, {r['layout']}: compiled, not run "
-            f"({r['skipped']} on this host)")
+      print(f"{r['workload']}, {r['devices']} devices, {r['layout']}: compiled, "
+            f"{'checked, ' if 'error' in r else ''}not timed ({r['skipped']})")
   failed = []
   by = {(r["workload"], r["devices"], r["layout"]): r for r in rows}
   for (workload, devices, layout), r in sorted(by.items()):
@@ -220,7 +258,7 @@ def report(rows):
       print(f"target: {workload}, {devices} devices, {layout} moves {ratio:.2f}x the rows "
             f"a device needs (<= 1.5): {'ok' if ok else 'FAILED'}")
       failed += [] if ok else [f"{workload}-{devices}-ratio"]
-      if devices == 64:
+      if devices == 64 and (workload, devices) in vocab:
         fewer = vocab[workload, devices] / r["moved"]
         ok = fewer >= 10
         print(f"target: {workload}, 64 devices, vocab / {layout} = {fewer:.1f}x (>= 10): "
@@ -240,9 +278,13 @@ def main(argv=None):
   parser.add_argument("--devices", type=int, nargs="+", default=None)
   parser.add_argument("--workloads", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
   parser.add_argument("--repeats", type=int, default=None)
+  parser.add_argument("--layouts", nargs="+", default=None,
+                      help="only these layouts (default: every one of each workload)")
   parser.add_argument("--quick", action="store_true", help="8 and 16 devices, 2 repeats")
   parser.add_argument("--max-temp-gib", type=float, default=3.0,
                       help="don't run a layout needing more host memory than this")
+  parser.add_argument("--time-up-to", type=int, default=64,
+                      help="above this many devices, compile and check each layout, don't time it")
   parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   args.repeats = args.repeats or (2 if args.quick else 5)
@@ -262,8 +304,9 @@ def main(argv=None):
                XLA_FLAGS=f"--xla_force_host_platform_device_count={n} "
                "--xla_cpu_collective_call_terminate_timeout_seconds=1800")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(n), "--repeats",
-           str(args.repeats), "--max-temp-gib", str(args.max_temp_gib), "--workloads",
-           *args.workloads]
+           str(args.repeats), "--max-temp-gib", str(args.max_temp_gib), "--time-up-to",
+           str(args.time_up_to), "--workloads", *args.workloads,
+           *(["--layouts", *args.layouts] if args.layouts else [])]
     # Each row printed as the worker measures it: a run cut short keeps them.
     # Its log to a file: a full stderr pipe would stall it.
     with tempfile.TemporaryFile("w+") as log, subprocess.Popen(

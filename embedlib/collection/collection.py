@@ -11,6 +11,7 @@ import numpy as np
 from flax import nnx
 
 from embedlib import kernels
+from embedlib import options
 from embedlib import sharding as sharding_lib
 from embedlib.collection import inputs as inputs_lib
 from embedlib.collection import planner
@@ -62,7 +63,11 @@ class EmbeddingCollection(nnx.Module):
   ``on_overflow="error"`` raises a ``ValueError`` naming the table and the
   capacity it needs (eagerly for concrete ids; under ``jit`` through
   ``jax.experimental.checkify``). ``unique_counts`` measures the capacity a
-  batch needs.
+  batch needs. By default (``num_unique="auto"``) the planner sets it for
+  each routed table and stack whose expected distinct ids per shard
+  (uniform over its rows) make the route move fewer bytes: a small table's
+  few rows travel once instead of once per lookup; ``coll.num_unique`` holds
+  what it chose.
 
   Args:
     tables: the ``TableSpec`` s.
@@ -74,7 +79,11 @@ class EmbeddingCollection(nnx.Module):
     kernel: local lookup kernel, one of ``options.KERNELS`` (see
       ``ShardedEmbed``).
     num_unique: dedup capacity per data shard: an int for every table, a
-      ``{table: capacity}`` dict, or None (no dedup).
+      ``{table: capacity}`` dict, None (no dedup), or ``"auto"`` (the
+      default; also as a dict value): the planner dedups a routed table or
+      stack where routing its expected distinct ids moves fewer bytes
+      (``plan_collection``), and no other table; with ``on_overflow="error"``
+      only a capacity given as an int dedups.
     route_capacity: ids per destination of the routed tables' lookups: an
       int for every table, a ``{table: capacity}`` dict, or None to size
       each from its call's ids (``EmbeddingPlan.capacity_for``).
@@ -99,7 +108,7 @@ class EmbeddingCollection(nnx.Module):
       table_axes=None,
       data_axes=None,
       kernel: str = "auto",
-      num_unique: int | Mapping[str, int] | None = None,
+      num_unique: int | str | Mapping[str, int | str] | None = options.AUTO,
       route_capacity: int | Mapping[str, int] | None = None,
       on_overflow: str = FALLBACK,
       batch_size: int = 4096,
@@ -118,6 +127,8 @@ class EmbeddingCollection(nnx.Module):
       raise ValueError(f"on_overflow={on_overflow!r}; use one of {OVERFLOW_MODES}.")
     mesh = sharding_lib.current_mesh() if mesh is None else mesh
     self.num_unique = _capacities(num_unique, tables)
+    if on_overflow == ERROR:  # a capacity the caller never chose must not raise
+      self.num_unique = {k: v for k, v in self.num_unique.items() if v != options.AUTO}
     self.route_capacity = _capacities(route_capacity, tables, "route_capacity",
                                       "ids per destination rank")
     if devices_per_host is None and mesh is not None and sharding_lib.has_devices(mesh):
@@ -132,6 +143,9 @@ class EmbeddingCollection(nnx.Module):
     )
     for what, given in (("num_unique", num_unique), ("route_capacity", route_capacity)):
       _check_stacked_keys(what, given, self.plan)
+    # "auto" resolved: the capacities the planner chose (None: no dedup).
+    self.num_unique = {t.name: t.num_unique for t in [*self.plan.tables, *self.plan.stacks]
+                       if getattr(t, "stack", None) is None and t.num_unique is not None}
     self.table_specs = tables
     self.feature_specs = features
     self.mesh = mesh
@@ -344,6 +358,9 @@ def _capacities(capacity, tables, what="num_unique",
           f"{what} names table {name!r}, which is not in the collection "
           f"(tables: {tuple(names)})."
       )
+    if what == "num_unique" and cap == options.AUTO:
+      out[name] = cap
+      continue
     if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
       raise ValueError(
           f"table {name!r}: {what} must be an int >= 1 ({unit}), got {cap!r}."

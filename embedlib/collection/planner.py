@@ -223,6 +223,27 @@ class CollectionPlan:
     return "\n".join(lines)
 
 
+def _given(capacity):
+  """A capacity the caller fixed, or None for ``"auto"`` (decided after the layout)."""
+  return None if capacity == options.AUTO else capacity
+
+
+def _dedup_if_it_pays(plan, bags, *, batch_size: int, local_batch: int) -> int | None:
+  """``num_unique="auto"`` for a table of its own: a capacity, or None (no dedup).
+
+  A routed table dedups when routing the expected distinct ids (uniform
+  over its rows, with the route's slack: ``cost.dedup_capacity``) moves
+  fewer bytes than routing every id. Other layouts keep their lookup: their
+  traffic is a row per sample or per id whatever the repeats.
+  """
+  if plan.strategy != options.ROUTED or plan.group_size < 2:
+    return None
+  ids = local_batch * sum(b for b, _ in bags)
+  capacity = cost.dedup_capacity([(ids, plan.num_embeddings)])
+  with_dedup = estimate_bytes_moved(plan, bags, batch_size=batch_size, num_unique=capacity)
+  return capacity if with_dedup < estimate_bytes_moved(plan, bags, batch_size=batch_size) else None
+
+
 def _bags(features: Sequence[FeatureSpec], table: str):
   return [
       (f.max_ids_per_sample or 1, not f.is_sequence) for f in features if f.table == table
@@ -257,7 +278,10 @@ def plan_collection(
     data_axes: mesh axes the batch is split over.
     param_dtype: dtype of the stored tables.
     batch_size: samples per step over the whole mesh, for the estimates.
-    num_unique: dedup capacity per data shard, by table name.
+    num_unique: dedup capacity per data shard, by table (or stack) name:
+      an int, or ``"auto"``: dedup a routed table or stack when its
+      expected distinct ids make the route move fewer bytes (the chosen
+      capacity is the ``TablePlan`` 's or ``StackPlan`` 's ``num_unique``).
     route_capacity: ids per destination of routed tables, by table name
       (default: from each call's ids, ``EmbeddingPlan.capacity_for``).
     replicate_below_bytes: the per-table auto rule's threshold.
@@ -304,7 +328,7 @@ def plan_collection(
     costed = {s: plan(t, **{**kw, "sharding": s}) for s in candidates}
     moved = lambda s: estimate_bytes_moved(
         costed[s], _bags(features, t.name), batch_size=batch_size,
-        num_unique=num_unique.get(t.name))
+        num_unique=_given(num_unique.get(t.name)))
     best, reason = cheapest(candidates, moved, why_not, per="step")
     return dataclasses.replace(costed[best], reason=reason)
 
@@ -375,6 +399,8 @@ def plan_collection(
     p = plans[t.name]
     bags = _bags(features, t.name)
     cap = num_unique.get(t.name)
+    if cap == options.AUTO:
+      cap = _dedup_if_it_pays(p, bags, batch_size=batch_size, local_batch=local_batch)
     out.append(TablePlan(
         plan=p,
         features=names,

@@ -123,17 +123,25 @@ def plan_stacks(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], ki
     members = [t for t in tables if t.name in kinds and t.features == width]
     shape = mesh_axes.mesh_shape(mesh)
     axes, _ = mesh_axes.resolve_axes(shape, table_axes, data_axes, name=name)
-    placed = placement.place(
-        [placement.Member(t.name, t.num_embeddings, max(ids[t.name], 1), kinds[t.name],
-                          device=t.device, host=t.host) for t in members],
-        group=mesh_axes.axes_size(shape, axes), devices_per_host=devices_per_host, name=name)
-    plan = plan_embedding(
-        placed.num_embeddings, width, mesh=mesh, sharding=options.ROUTED,
-        table_axes=table_axes, data_axes=data_axes, param_dtype=param_dtype,
-        ids_per_device=max(1, sum(ids[t.name] for t in members)),
-        route_capacity=route_capacity.get(name), name=name, placement=placed)
+
+    def planned(lookups, members=members, name=name, width=width, axes=axes, shape=shape):
+      """The stack placed balancing ``lookups`` (rows looked up per device by member)."""
+      placed = placement.place(
+          [placement.Member(t.name, t.num_embeddings, max(lookups[t.name], 1), kinds[t.name],
+                            device=t.device, host=t.host) for t in members],
+          group=mesh_axes.axes_size(shape, axes), devices_per_host=devices_per_host,
+          name=name)
+      return plan_embedding(
+          placed.num_embeddings, width, mesh=mesh, sharding=options.ROUTED,
+          table_axes=table_axes, data_axes=data_axes, param_dtype=param_dtype,
+          ids_per_device=max(1, sum(ids[t.name] for t in members)),
+          route_capacity=route_capacity.get(name), name=name, placement=placed)
+
     by_member = {t.name: max(ids[t.name], 1) for t in members}
+    plan = planned(by_member)
     cap = num_unique.get(name)
+    if cap == options.AUTO:
+      plan, cap = _dedup_if_it_pays(plan, planned, members, by_member)
     out.append(StackPlan(
         name=name, plan=plan,
         features=tuple(f.name for f in features if f.table in by_member),
@@ -142,6 +150,24 @@ def plan_stacks(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], ki
         bytes_moved_dedup=None if cap is None else traffic(plan, by_member, cap),
     ))
   return out
+
+
+def _dedup_if_it_pays(plan, planned, members, by_member):
+  """``num_unique="auto"`` for a stack: ``(plan, capacity)``, or ``(plan, None)``.
+
+  Deduplicated, a stack routes each member's distinct ids (uniform over its
+  rows: a small table sends its few rows, not one per lookup), so it is
+  placed balancing those, and the route's capacity follows their
+  proportions (``EmbeddingPlan.capacity_for``). Kept when that moves fewer
+  bytes than routing every id with the plain placement.
+  """
+  distinct = {t.name: math.ceil(cost.distinct_ids(by_member[t.name], t.num_embeddings)[0])
+              for t in members}
+  capacity = cost.dedup_capacity([(by_member[t.name], t.num_embeddings) for t in members])
+  deduped = planned(distinct)
+  if traffic(deduped, by_member, capacity) < traffic(plan, by_member):
+    return deduped, capacity
+  return plan, None
 
 
 def placed_on(stack: StackPlan, table: str) -> str:

@@ -482,11 +482,10 @@ def apply_row_grads(
 
     if not routes:
       return update(*gathered())
-    # One update after the route's cond, never one per branch: see route.py.
-    return update(*route_lib.routed_or_gathered(
-        jnp.concatenate(list(ids)), jnp.concatenate(list(grads)), plan=plan,
-        rows_per_rank=table.shape[0], capacity=capacity, gathered=gathered,
-    ))
+    return route_lib.routed_update(
+        jnp.concatenate(list(ids)), jnp.concatenate(list(grads)), table, slots, plan=plan,
+        rows_per_rank=table.shape[0], capacity=capacity,
+        update=lambda t, s, i, g: _local_update(rule, t, s, i, g, lr, step, plan=plan))
 
   return _compat.shard_map(
       body,

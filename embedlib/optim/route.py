@@ -14,27 +14,21 @@ the few rows it owns. For a row-split table whose group holds different ids
    (replicas of its shard, whose updates must agree).
 
 The owner then dedups and updates as before (it may receive one id from
-several ranks). A step with more distinct ids for one owner than the
-capacity takes the all-gather instead, inside a ``lax.cond`` on the
-largest bucket anywhere, so no gradient is dropped.
-
-The ``lax.cond`` picks only what arrives, never the update: a cond whose
-branches update the table makes XLA copy the table and its slots (each
-branch needs an output buffer of its own, so the donated table can't be
-written in place). Both branches return one static size, the larger of the
-two routes, padded with ``-1`` ids, and one update follows the cond. The
-update then has the all-gather's ``[ids, features]`` temporaries; the
-route saves bytes moved, not the update's scratch.
+several ranks). Every buffer is ``[group * capacity]`` entries per round,
+the update's scratch included, whatever the batch. A step with more
+distinct ids for one owner than the capacity takes more rounds
+(``routed_update``), never the all-gather: no gradient is dropped and no
+buffer grows. The rounds are a ``while_loop`` carrying the table and slots,
+updated in place (a ``lax.cond`` whose branches update the table makes XLA
+copy the table and its slots: each branch needs an output buffer of its own).
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
 from embedlib import options
-from embedlib import sharding as sharding_lib
 from embedlib.optim import sorted_update
 from embedlib.plan import cost, mesh_axes
 from embedlib.strategies import collectives, routed
@@ -90,25 +84,50 @@ def sum_duplicates(ids, grads):
   return unique, out.astype(grads.dtype)
 
 
-def _bucket(ids, grads, *, plan, rows_per_rank: int, capacity: int):
-  """Steps 1 and 2 up to the send buffers, and the largest bucket anywhere."""
-  unique, sums = sum_duplicates(ids, grads)
-  if plan.rest_axes:  # ranks sharing these ids each send a slice
-    ranks = lax.psum(1, plan.rest_axes)
-    size = -(-unique.shape[0] // ranks)
-    unique = jnp.pad(unique, (0, size * ranks - unique.shape[0]), constant_values=-1)
-    sums = jnp.pad(sums, ((0, size * ranks - sums.shape[0]), (0, 0)))
-    start = lax.axis_index(plan.rest_axes) * size
-    unique = lax.dynamic_slice_in_dim(unique, start, size)
-    sums = lax.dynamic_slice_in_dim(sums, start, size)
-  group = plan.group_size
-  send, slot, need = routed.bucketize(unique, rows_per_rank, group, capacity)
+def _my_slice(unique, sums, plan):
+  """Ranks sharing these ids (the rest axes) each send a slice of them (still sorted)."""
+  if not plan.rest_axes:
+    return unique, sums
+  ranks = lax.psum(1, plan.rest_axes)
+  size = -(-unique.shape[0] // ranks)
+  unique = jnp.pad(unique, (0, size * ranks - unique.shape[0]), constant_values=-1)
+  sums = jnp.pad(sums, ((0, size * ranks - sums.shape[0]), (0, 0)))
+  start = lax.axis_index(plan.rest_axes) * size
+  return (lax.dynamic_slice_in_dim(unique, start, size),
+          lax.dynamic_slice_in_dim(sums, start, size))
+
+
+_NO_ID = jnp.iinfo(jnp.int32).max
+
+
+def _round_bounds(keys, starts, low, capacity: int, axes):
+  """Per owner, the ids below which every rank's next round fits the capacity.
+
+  ``keys`` are this rank's distinct ids, sorted (``_NO_ID`` for none), and
+  owner ``d`` 's run of them is ``keys[starts[d]:starts[d + 1]]``. A rank
+  with more than ``capacity`` ids at or above ``low[d]`` for owner ``d``
+  proposes the ``capacity + 1`` th of them as the bound; the round takes
+  the smallest proposal over every rank (``pmin``), so no rank sends an
+  owner more than ``capacity`` ids and each row's gradients all travel in
+  the same round.
+  """
+  first = jnp.maximum(starts[:-1], jnp.searchsorted(keys, low, method="scan_unrolled"))
+  left = starts[1:] - first
+  at = jnp.minimum(first + capacity, keys.shape[0] - 1)
+  proposal = jnp.where(left > capacity, keys[at], _NO_ID).astype(jnp.int32)
+  return lax.pmin(proposal, axes)
+
+
+def _send(unique, sums, low, high, *, rows_per_rank: int, group: int, capacity: int):
+  """This round's send buffers: the ids in ``[low, high)`` of their owner, and their sums."""
+  owner = jnp.where(unique >= 0, unique // rows_per_rank, 0)
+  now = (unique >= 0) & (unique >= low[owner]) & (unique < high[owner])
+  send, slot, _ = routed.bucketize(jnp.where(now, unique, -1), rows_per_rank, group, capacity)
   slots = group * capacity
-  send_grads = jnp.zeros((slots, sums.shape[1]), sums.dtype)
   dropped = slots + jnp.arange(slot.shape[0], dtype=jnp.int32)  # distinct: no atomics on GPU
-  send_grads = send_grads.at[jnp.where(slot >= 0, slot, dropped)].set(
-      sums, mode="drop", unique_indices=True)
-  return send, send_grads, lax.pmax(need, plan.table_axes + outer_axes(plan))
+  send_grads = jnp.zeros((slots, sums.shape[1]), sums.dtype).at[
+      jnp.where(slot >= 0, slot, dropped)].set(sums, mode="drop", unique_indices=True)
+  return send, send_grads
 
 
 def _exchange(send, send_grads, *, plan, rows_per_rank: int):
@@ -125,47 +144,53 @@ def _exchange(send, send_grads, *, plan, rows_per_rank: int):
   return received, received_grads
 
 
-def _pad(ids, grads, size: int):
-  """``ids`` and ``grads`` padded to ``size`` entries: ``-1`` ids, zero gradients."""
-  extra = size - ids.shape[0]
-  return (jnp.pad(ids, (0, extra), constant_values=-1),
-          jnp.pad(grads, ((0, extra), (0, 0))))
+def routed_update(ids, grads, table, slots, *, plan, rows_per_rank: int, capacity: int, update):
+  """Routes this rank's summed row gradients to their owners and updates, in rounds.
 
-
-def routed_or_gathered(ids, grads, *, plan, rows_per_rank: int, capacity: int, gathered):
-  """What this rank updates: the routed input distribution, or on overflow ``gathered()``.
-
-  Inside ``shard_map``.
+  Inside ``shard_map``. A round sends each owner at most ``capacity`` ids
+  from each rank, so every buffer (sent, received, and the update's) is
+  ``[group * capacity]`` entries, whatever the batch. A step whose ids fit
+  takes one round; one that would overflow takes more, split by id ranges
+  agreed over the group (``_round_bounds``) so that a row's gradients from
+  every rank arrive in the same round and it is updated once, as by the
+  all-gather. The rounds are a ``while_loop`` carrying the table and slots,
+  which XLA updates in place (a ``lax.cond`` with the update in its
+  branches would copy them).
 
   Args:
     ids: ``[n]`` int32 global rows, ``-1`` invalid: this rank's ids.
     grads: ``[n, features]``, their row gradients.
+    table: this rank's table shard.
+    slots: this rank's slot shards.
     plan: the table's ``EmbeddingPlan``.
     rows_per_rank: rows each rank owns.
-    capacity: distinct ids per destination.
-    gathered: ``gathered() -> (ids, grads)``, the all-gather path, for a
-      step that overflows the capacity.
+    capacity: distinct ids per destination and round.
+    update: ``update(table, slots, ids, grads) -> (table, slots)``, the
+      local update of what arrived.
 
   Returns:
-    ``(ids [m], grads [m, features])``, ``-1`` padded to the larger of the
-    two paths' sizes, whichever path the step took.
+    ``(table, slots)`` updated.
   """
-  send, send_grads, need = _bucket(ids, grads, plan=plan, rows_per_rank=rows_per_rank,
-                                   capacity=capacity)
-  routed_fn = lambda: _exchange(send, send_grads, plan=plan, rows_per_rank=rows_per_rank)
-  shapes = [jax.eval_shape(f) for f in (routed_fn, gathered)]
-  size = max(i.shape[0] for i, _ in shapes)
-  # The gathered pairs are the same on every rank, the routed ones not: both
-  # typed as varying over every axis either varies over, as cond requires.
-  vary = frozenset().union(*(sharding_lib.varying_axes(x) for pair in shapes for x in pair))
+  unique, sums = _my_slice(*sum_duplicates(ids, grads), plan)
+  group = plan.group_size
+  axes = plan.table_axes + outer_axes(plan)
+  keys = jnp.where(unique >= 0, unique, _NO_ID)  # sorted: -1s are at the end
+  owner = jnp.where(unique >= 0, unique // rows_per_rank, group).astype(jnp.int32)
+  starts = jnp.searchsorted(owner, jnp.arange(group + 1, dtype=jnp.int32),
+                            method="scan_unrolled").astype(jnp.int32)
 
-  def padded(fn):
-    cast = lambda x: _vary(x, vary)
-    return lambda: tuple(map(cast, _pad(*fn(), size)))
+  def one_round(carry):
+    table, slots, low, _ = carry
+    high = _round_bounds(keys, starts, low, capacity, axes)
+    send, send_grads = _send(unique, sums, low, high, rows_per_rank=rows_per_rank,
+                             group=group, capacity=capacity)
+    table, slots = update(table, slots, *_exchange(send, send_grads, plan=plan,
+                                                   rows_per_rank=rows_per_rank))
+    # Another round while some rank holds ids at or above some owner's bound.
+    more = lax.pmax(jnp.any(high < _NO_ID).astype(jnp.int32), axes)
+    return table, slots, high, more > 0
 
-  return lax.cond(need > capacity, padded(gathered), padded(routed_fn))
+  carry = (table, slots, jnp.zeros((group,), jnp.int32), jnp.bool_(True))
+  table, slots, _, _ = lax.while_loop(lambda c: c[3], one_round, carry)
+  return table, slots
 
-
-def _vary(x, axes):
-  missing = tuple(sorted(frozenset(axes) - sharding_lib.varying_axes(x)))
-  return lax.pcast(x, missing, to="varying") if missing else x

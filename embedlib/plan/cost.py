@@ -95,6 +95,48 @@ def uniform_route_capacity(ids_per_device: int, group: int, rest_ranks: int = 1)
   return route_capacity(route_ids(ids_per_device, rest_ranks), [1.0 / group] * group)
 
 
+def distinct_ids(ids: int, rows: int) -> tuple[float, float]:
+  """Mean and variance of the distinct rows among ``ids`` uniform draws over ``rows``.
+
+  The occupancy count: ``rows * (1 - q**ids)`` on average, ``q = 1 - 1/rows``.
+  Uniform draws repeat least; skewed (Zipf) ids repeat more, so a dedup
+  that pays for uniform ids pays more for real ones.
+
+  >>> [round(x, 2) for x in distinct_ids(512, 12)]
+  [12.0, 0.0]
+  >>> round(distinct_ids(100, 1_000_000)[0], 2)
+  100.0
+  """
+  if rows <= 1 or ids <= 0:
+    return float(min(ids, rows)), 0.0
+  q_n = math.exp(ids * math.log1p(-1.0 / rows))
+  q2_n = math.exp(ids * math.log1p(-2.0 / rows))
+  mean = rows * (1.0 - q_n)
+  var = rows * q_n + rows * (rows - 1) * q2_n - rows * rows * q_n * q_n
+  return mean, max(var, 0.0)
+
+
+def dedup_capacity(members, *, sigmas: float = ROUTE_SLACK_SIGMAS) -> int:
+  """Static distinct ids per data shard of a dedup: the mean plus ``sigmas`` deviations.
+
+  Args:
+    members: ``(ids, rows)`` per table deduplicated together (a stack's
+      members have disjoint rows): ids per data shard and the table's rows.
+    sigmas: the slack, in standard deviations (as for the route's capacity).
+
+  Returns:
+    The capacity, at least 1 and at most the ids (which never overflows).
+
+  >>> dedup_capacity([(512, 12), (512, 200_000)])   # 12 + about 511, and slack
+  527
+  """
+  mean = var = total = 0.0
+  for ids, rows in members:
+    m, v = distinct_ids(ids, rows)
+    mean, var, total = mean + m, var + v, total + ids
+  return int(min(total, max(1, math.ceil(mean + sigmas * math.sqrt(var) - 1e-9))))
+
+
 def route_bytes(capacity: int, group: int, cols: int, itemsize: int) -> int:
   """Bytes a rank receives in one route: ids out to owners and rows back.
 

@@ -206,3 +206,61 @@ def test_capacities_of_stacked_tables_name_the_stack(kwargs, match):
 def test_pins_need_their_placement(spec, match):
   with pytest.raises(ValueError, match=match):
     TableSpec("t", 10, 4, **spec)
+
+
+DEDUP_TABLES = (
+    TableSpec("few", 24, 8, sharding="routed"),    # 64 ids a shard over 24 rows: dedup pays
+    TableSpec("many", 4000, 8, sharding="routed"),  # 16 ids a shard over 4000 rows: it doesn't
+    TableSpec("t", 16, 8, sharding="table"),       # a stack of one 16-row table: it pays
+)
+DEDUP_FEATURES = (
+    FeatureSpec("f_few", "few", max_ids_per_sample=8),
+    FeatureSpec("f_many", "many", combiner=None, max_ids_per_sample=2),
+    FeatureSpec("f_t", "t", combiner="mean", max_ids_per_sample=8),
+)
+
+
+def test_auto_dedup_routes_distinct_ids_where_it_pays_and_matches_reference():
+  from embedlib.plan import hlo
+  mesh = jax.make_mesh((8,), ("batch",))
+  batch = 64
+  build = lambda **kw: EmbeddingCollection(DEDUP_TABLES, DEDUP_FEATURES, mesh=mesh,
+                                           batch_size=batch, rngs=nnx.Rngs(0), **kw)
+  coll, plain = build(), build(num_unique=None)
+  assert coll.plan["few"].num_unique is not None and coll.plan["few"].num_unique < 64
+  assert coll.plan["many"].num_unique is None
+  stack = coll.plan.stack("stack_8")
+  assert stack.num_unique is not None and stack.num_unique < 64
+  assert coll.num_unique == {"few": coll.plan["few"].num_unique, "stack_8": stack.num_unique}
+  assert plain.num_unique == {} and coll.plan.bytes_moved < plain.plan.bytes_moved
+  # "error" raises on overflow: only a capacity the caller gave may.
+  assert build(on_overflow="error").num_unique == {}
+  assert build(on_overflow="error", num_unique={"few": 30}).num_unique == {"few": 30}
+  rng = np.random.default_rng(3)
+  shape = {"f_few": (batch, 8), "f_many": (batch, 2), "f_t": (batch, 8)}
+  rows = {t.name: t.num_embeddings for t in DEDUP_TABLES}
+  inputs = {f.name: rng.integers(-1, rows[f.table] + 1, shape[f.name]) for f in DEDUP_FEATURES}
+  # Split over the data axes as a training step's batch is: outputs stay split.
+  split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
+  x = {k: jax.device_put(jnp.asarray(v), split) for k, v in inputs.items()}
+  tables = {t.name: jnp.asarray(np.asarray(coll.logical_table(t.name))) for t in DEDUP_TABLES}
+  want = reference.collection(tables, DEDUP_FEATURES, inputs, {})
+  cot = {k: jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in want.items()}
+  loss = lambda out: sum(jnp.sum(out[k] * cot[k]) for k in cot)
+  graphdef, state = nnx.split(coll)
+  params = nnx.state(coll, nnx.Param)
+  fn = lambda params: (lambda out: (loss(out), out))(
+      nnx.merge(graphdef, nnx.merge_state(state, params))(x))
+  (_, got), grads = jax.jit(jax.value_and_grad(fn, has_aux=True))(params)
+  for k in want:
+    np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-6,
+                               err_msg=k)
+  want_grads = jax.grad(lambda t: loss(reference.collection(t, DEDUP_FEATURES, inputs, {})))(tables)
+  got_grads = table_grads(coll, grads)
+  for t in DEDUP_TABLES:
+    np.testing.assert_allclose(got_grads[t.name][:, : t.features], want_grads[t.name],
+                               rtol=1e-5, atol=1e-6, err_msg=t.name)
+  # The planner's bytes, dedup included, are what the compiled lookup moves.
+  compiled = hlo.bytes_moved(jax.jit(lambda s: nnx.merge(graphdef, s)(x)).lower(state)
+                             .compile().as_text())
+  assert abs(compiled - coll.plan.bytes_moved) <= 0.10 * compiled, (compiled, coll.plan.bytes_moved)

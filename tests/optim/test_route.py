@@ -79,12 +79,13 @@ def test_routed_update_moves_less_than_the_all_gather(monkeypatch):
   local = (8 * 48 + 64) // 8
   assert gathered == 7 * local * entry
   capacity = emb.plan.capacity_for(local)
-  assert routed == 7 * capacity * entry + 7  # two all-to-alls and the overflow count
+  # Two all-to-alls, the round's bounds (pmin of [8] int32) and "another round" (pmax).
+  assert routed == 7 * capacity * entry + 2 * 7 * 8 * 4 // 8 + 7
   assert routed < gathered / 3
 
 
 def test_routed_update_never_copies_the_table(update_path):
-  # The overflow cond picks the arriving pairs, not the update: a cond around
+  # The rounds are a while loop carrying the table and slots: a cond around
   # the update gave each branch its own output buffers, a copy of the donated
   # table and slots every step.
   emb, pairs = _setup("8-tokens", "routed", rows=100_000)
@@ -95,9 +96,31 @@ def test_routed_update_never_copies_the_table(update_path):
       donate_argnums=(0, 1),
   ).lower(emb.embedding[...], slots, pairs).compile().as_text()
   rows = emb.embedding.shape[0] // 8
-  assert "conditional(" in text  # the overflow fallback is there
+  assert " while(" in text  # the rounds are there
   copies = re.findall(rf"= f32\[{rows}(?:,16)?\]\S* copy\(", text)
   assert not copies, copies
+
+
+@pytest.mark.parametrize("rule", [optim.SparseSGD(0.1), optim.RowWiseAdagrad(0.1)],
+                         ids=["sgd", "adagrad"])
+def test_routed_update_scratch_is_sized_by_the_route(rule, monkeypatch):
+  # Every round's buffers hold group * capacity entries (an id and its row
+  # gradient): sent, received, and the update's dedup of what arrived. The
+  # all-gather's pairs alone are data_shards * ids entries, 3.3x more here.
+  emb, pairs = _setup("8-tokens", "routed", rows=100_000)
+  slots = optim.init_slots(rule, emb.plan, emb.mesh)
+  temp = lambda: jax.jit(
+      lambda t, s, p: optim.apply_row_grads(rule, t, s, p, plan=emb.plan, mesh=emb.mesh, step=0),
+      donate_argnums=(0, 1),
+  ).lower(emb.embedding[...], slots, pairs).compile().memory_analysis().temp_size_in_bytes
+  entry = 4 + 16 * 4
+  local = (8 * 48 + 64) // 8
+  slots_per_round = 8 * emb.plan.capacity_for(local)
+  routed = temp()
+  assert routed <= 3 * slots_per_round * entry, routed
+  monkeypatch.setattr(route, "pays", lambda *a: False)
+  gathered = temp()
+  assert gathered >= 8 * local * entry > 3 * slots_per_round * entry, gathered
 
 
 def test_sum_duplicates():

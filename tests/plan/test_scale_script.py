@@ -17,7 +17,7 @@ def rows(devices=64, routed=1400, vocab=20_000, auto=2500):
   for workload, owner in (("sequence", "routed"), ("criteo", "stacked")):
     for layout, moved in (("vocab", vocab), (owner, routed), ("hidden", 3000), ("auto", auto)):
       out.append(dict(workload=workload, devices=devices, layout=layout, moved=moved,
-                      planned=moved, needed=NEEDED, lookup_ms=1.0, step_ms=2.0))
+                      planned=moved, needed=NEEDED, lookup_ms=[1.0, 1.0, 1.0], step_ms=[2.0, 2.0, 2.0]))
   return out
 
 
