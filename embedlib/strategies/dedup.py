@@ -62,7 +62,11 @@ def unique_with_inverse(ids, capacity: int):
   slot = jnp.cumsum(first, dtype=jnp.int32) - 1
   count = jnp.sum(first, dtype=jnp.int32)
   unique = jnp.full((capacity,), -1, jnp.int32)
-  unique = unique.at[jnp.where(first, slot, capacity)].set(key, mode="drop")
+  # Repeats point past every slot (past any overflowing slot too), each at
+  # its own index: distinct indices, so the scatter needs no atomics on a GPU.
+  n = key.shape[0]
+  past = capacity + n + jnp.arange(n, dtype=jnp.int32)
+  unique = unique.at[jnp.where(first, slot, past)].set(key, mode="drop", unique_indices=True)
   # Each id's first position among the sorted keys holds its slot.
   at = jnp.searchsorted(key, keys, method="scan_unrolled")
   inverse = jnp.where(valid, slot[at], -1)
