@@ -13,6 +13,7 @@ from flax import nnx
 from embedlib import kernels
 from embedlib import options
 from embedlib import sharding as sharding_lib
+from embedlib import table as table_lib
 from embedlib.collection import inputs as inputs_lib
 from embedlib.collection import planner
 from embedlib.collection import stacks as stacks_lib
@@ -198,11 +199,10 @@ class EmbeddingCollection(nnx.Module):
     return {t.name: out[t.name] for t in self.table_specs}
 
   def _members(self, stack):
-    # Whole on every device: members are cut at uneven rows (stacks are small).
-    table = self.stacks[stack.name].logical_table(replicated=True)
-    placement = stack.plan.placement
-    return {m: table[placement.start(m):placement.start(m) + rows]
-            for m, rows in placement.members}
+    # Each member whole on every device (members are cut at uneven rows), the
+    # stack never: it is moved to logical rows split over its devices first.
+    module = self.stacks[stack.name]
+    return table_lib.stack_members(module.embedding[...], module.plan, module.mesh)
 
   # -- lookups -----------------------------------------------------------
 
