@@ -451,18 +451,19 @@ def _stack_rows_onto(plan, mesh):
   return jax.jit(lambda t: stackmove.to_logical(t, plan, mesh), out_shardings=rows)
 
 
-def stack_members(table, plan, mesh) -> dict:
-  """A stack's member tables by name, each whole on every device.
+def stack_members(table, plan, mesh, names=None) -> dict:
+  """A stack's member tables by name (``names``, default all), each whole on every device.
 
   Cut from the stack's logical rows split over its devices (``stack_rows``):
-  no device holds the stack whole, only its block and one member at a time.
+  no device holds the stack whole, only its block and the members asked for.
   """
   placement = plan.placement
+  members = [(m, n) for m, n in placement.members if names is None or m in names]
   if mesh is None:
     rows = rowmap.to_logical(table, plan)
-    return {m: rows[placement.start(m):placement.start(m) + n] for m, n in placement.members}
+    return {m: rows[placement.start(m):placement.start(m) + n] for m, n in members}
   rows = stack_rows(table, plan, mesh)
-  return {m: _member_onto(plan, mesh, placement.start(m), n)(rows) for m, n in placement.members}
+  return {m: _member_onto(plan, mesh, placement.start(m), n)(rows) for m, n in members}
 
 
 @functools.cache

@@ -187,7 +187,7 @@ class EmbeddingCollection(nnx.Module):
       return self.tables[name].logical_table()
     for s in self.plan.stacks:
       if name in s.members:
-        return self._members(s)[name]
+        return self._members(s, names=(name,))[name]
     raise KeyError(f"no table {name!r} in the collection; tables: "
                    f"{[t.name for t in self.table_specs]}.")
 
@@ -198,11 +198,11 @@ class EmbeddingCollection(nnx.Module):
       out.update(self._members(s))
     return {t.name: out[t.name] for t in self.table_specs}
 
-  def _members(self, stack):
+  def _members(self, stack, names=None):
     # Each member whole on every device (members are cut at uneven rows), the
     # stack never: it is moved to logical rows split over its devices first.
     module = self.stacks[stack.name]
-    return table_lib.stack_members(module.embedding[...], module.plan, module.mesh)
+    return table_lib.stack_members(module.embedding[...], module.plan, module.mesh, names)
 
   # -- lookups -----------------------------------------------------------
 
