@@ -15,6 +15,11 @@ layout is replicated:
   (``jax.make_array_from_callback``), padding filled with zeros; a jax
   array is padded and laid out by one jitted program.
 - ``unpad``: the logical table, laid out by ``EmbeddingPlan.logical_spec``.
+- A stack (``plan.placement``): drawn split by logical rows and moved to
+  its physical blocks by static collectives (``strategies.stackmove``);
+  loaded from the host block by block, each from the placement's runs in
+  it; read back by the same moves in reverse (``unpad``, ``stack_rows``,
+  ``stack_members``). A device holds a few blocks, never the stack.
 
 Values: nnx.Embed draws eagerly, one primitive at a time. The jitted draw
 gives its values bit for bit on jax 0.10 (on CPU with

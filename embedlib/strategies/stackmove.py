@@ -6,13 +6,13 @@ logical table, from anywhere in it. ``rowmap.to_physical`` moves them by a
 gather, which XLA partitions by replicating its operand: every device then
 holds the whole logical stack. Here the logical table is split by rows over
 the stack's devices instead (``logical_rows`` rows each, the last padded),
-and its rows reach their physical block by ``group - 1`` rounds of
-``lax.ppermute``: in round ``k`` device ``d`` sends device ``(d + k) % group``
-the rows it holds of that device's block. Every round is static (its
-pieces come from ``placement.segments``), its buffer at most a block, and the
-rounds run one after the other (an optimization barrier orders them), so a
-device holds its logical block, its physical block and one round's buffer.
-The reverse (``to_logical``) runs the same rounds backwards.
+and its rows reach their physical block by rounds of ``lax.ppermute``: for
+shift ``k`` device ``d`` sends device ``(d + k) % group`` the rows it holds
+of that device's block, in rounds of at most half a block. Every round is
+static (its pieces come from ``placement.segments``) and reads what the
+previous one wrote, so they run one after the other and a device holds its
+logical block, its physical block and one round's buffers. The reverse
+(``to_logical``) runs the same rounds backwards.
 
 Inside a round a device finds its pieces (static per device, picked by
 ``axis_index``) with a ``searchsorted``, as ``rowmap`` does: no row-index
@@ -37,13 +37,13 @@ from embedlib.strategies import sharded
 
 @dataclasses.dataclass(frozen=True)
 class _Round:
-  """One shift's pieces: per device ``d``, what ``d`` sends ``(d + shift) % group``.
+  """One round of a shift: per device ``d``, what ``d`` sends ``(d + shift) % group``.
 
   ``starts[d]``, ``logical[d]``, ``physical[d]``: each piece's offset in the
-  round's buffer, its first row in ``d``'s logical block and in the
-  receiver's physical block (padded with ``size``, past every buffer row);
-  ``totals[d]``: rows ``d`` sends; ``size``: the buffer's rows (the largest
-  total).
+  round's buffer (padding pieces start at ``size``, past every buffer row),
+  its first row in ``d``'s logical block and in the receiver's physical
+  block; ``totals[d]``: rows ``d`` sends; ``size``: the buffer's rows, the
+  same in every round.
   """
 
   shift: int
