@@ -68,7 +68,8 @@ def schedule(placement) -> tuple[_Round, ...]:
     while n:
       d, e = l // per_device, p // per_rank
       take = min(n, (d + 1) * per_device - l)  # a segment may cross logical blocks
-      pieces.setdefault(((e - d) % group, d), []).append((l - d * per_device, p - e * per_rank, take))
+      piece = (l - d * per_device, p - e * per_rank, take)
+      pieces.setdefault(((e - d) % group, d), []).append(piece)
       l, p, n = l + take, p + take, n - take
   lists = {k: [] for k in range(group)}  # shift -> per sender, [(buffer offset, lo, po, rows)]
   for shift in range(group):
@@ -177,7 +178,8 @@ def _check(plan):
   placement = plan.placement
   sizes = dict(plan.mesh_shape)
   devices = int(np.prod([sizes[a] for a in plan.table_axes])) if plan.table_axes else 1
-  if devices != placement.group or plan.padded_shape[0] != placement.group * placement.rows_per_rank:
+  rows = placement.group * placement.rows_per_rank
+  if devices != placement.group or plan.padded_shape[0] != rows:
     raise ValueError(
         f"{plan.name}: the stack's placement is for {placement.group} devices of "
         f"{placement.rows_per_rank} rows, but its plan splits {plan.padded_shape[0]} rows "

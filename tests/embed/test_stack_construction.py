@@ -101,7 +101,8 @@ def test_host_table_is_read_block_by_block(stack):
   host.reads = []
   loaded = table_lib.load(host, plan, mesh, jnp.float32)
   np.testing.assert_array_equal(
-      np.asarray(loaded), _unsharded(lambda: rowmap.to_physical(jnp.asarray(values, jnp.float32), plan)))
+      np.asarray(loaded),
+      _unsharded(lambda: rowmap.to_physical(jnp.asarray(values, jnp.float32), plan)))
   per_rank = plan.placement.rows_per_rank
   assert host.reads and all(r[0].stop - r[0].start <= per_rank for r in host.reads)
   assert {s.data.shape for s in loaded.addressable_shards} == {(per_rank, FEATURES)}
