@@ -28,8 +28,8 @@ needs; and min / median / max ms of a jitted lookup and of a sparse train
 step (``SparseAwareOptimizer``, row-wise AdaGrad), interleaved. Every
 layout's lookup is checked equal to ``jnp.take`` on its logical table
 before it is timed. A layout whose vocab-sized temporaries would not fit
-the host (``--max-temp-gib``: vocab's reduce-scatter buffers, a stack drawn
-whole on every simulated device) is compiled for its bytes from abstract
+the host (``--max-temp-gib``: vocab's reduce-scatter buffers, a stack
+member read back whole on every simulated device) is compiled for its bytes from abstract
 arrays but not run; above
 ``--time-up-to`` devices every layout is compiled and checked, not timed
 (bytes come from the compiled HLO at every device count).
@@ -128,15 +128,18 @@ def vocab_temp_bytes(workload, devices):
 
 
 def stack_temp_bytes(module, devices):
-  """Host bytes of drawing a collection's stacks and reading their members back.
+  """Host bytes of drawing a collection's stacks and reading one member back.
 
-  Both hold a stack whole on every device (``embedlib/table.py``: stacks
-  are drawn and unstacked whole, as their tables were meant to be small);
-  with ``table_batched`` the Criteo stack holds every table.
+  A stack is drawn and read back block by block (``embedlib/table.py``, a
+  few blocks per device: a few stacks over all devices); a member read
+  back (``logical_table``) is whole on every device.
   """
   stacks = getattr(module.plan, "stacks", ())
-  return 2 * devices * sum(s.plan.padded_shape[0] * s.plan.padded_shape[1] * s.plan.itemsize
-                           for s in stacks)
+  stacked = sum(s.plan.padded_shape[0] * s.plan.padded_shape[1] * s.plan.itemsize
+                for s in stacks)
+  member = max((rows * s.plan.padded_shape[1] * s.plan.itemsize
+                for s in stacks for _, rows in s.plan.placement.members), default=0)
+  return 4 * stacked + devices * member
 
 
 def measure(devices, args):

@@ -15,6 +15,11 @@ layout is replicated:
   (``jax.make_array_from_callback``), padding filled with zeros; a jax
   array is padded and laid out by one jitted program.
 - ``unpad``: the logical table, laid out by ``EmbeddingPlan.logical_spec``.
+- A stack (``plan.placement``): drawn split by logical rows and moved to
+  its physical blocks by static collectives (``strategies.stackmove``);
+  loaded from the host block by block, each from the placement's runs in
+  it; read back by the same moves in reverse (``unpad``, ``stack_rows``,
+  ``stack_members``). A device holds a few blocks, never the stack.
 
 Values: nnx.Embed draws eagerly, one primitive at a time. The jitted draw
 gives its values bit for bit on jax 0.10 (on CPU with
@@ -42,6 +47,7 @@ from embedlib import _compat
 from embedlib import sharding as sharding_lib
 from embedlib.plan import mesh_axes
 from embedlib.strategies import rowmap
+from embedlib.strategies import stackmove
 
 
 def physical_sharding(plan, mesh) -> NamedSharding:
@@ -128,12 +134,12 @@ def _build(key, *, init, unwrap, layout, dtype):
   out = NamedSharding(layout.mesh, P(*layout.spec))
   explicit = sharding_lib.is_explicit(layout.mesh, layout.mesh.axis_names)
 
+  if layout.stack is not None:
+    return _build_stack(key, init=init, unwrap=unwrap, layout=layout, dtype=dtype,
+                        explicit=explicit)
+
   def body(key):
     table = unwrap(init(key, layout.logical, dtype))
-    if layout.stack is not None:
-      # A stack holds small tables (the planner's table-wise placement): its
-      # rows are permuted whole, in the same program.
-      return rowmap.to_physical(table, layout.stack)
     if any(layout.split):
       # Replicated: drawn split over the mesh, then gathered. Sharded: the
       # output sharding reaches back through the pad to the draw. Under
@@ -149,6 +155,35 @@ def _build(key, *, init, unwrap, layout, dtype):
     # sharding propagate back to the draw.
     return _compat.auto_axes(body, out_sharding=out)(key)
   return jax.lax.with_sharding_constraint(body(key), out)
+
+
+def _build_stack(key, *, init, unwrap, layout, dtype, explicit):
+  """A stack's draw: its logical rows drawn split over its devices, then moved.
+
+  A gather by physical row (``rowmap.to_physical``) would be partitioned by
+  replicating the logical stack on every device; drawn split by rows (the
+  same values: threefry is partitionable), each block's rows reach their
+  device by static collectives (``stackmove``).
+  """
+  rows = P(tuple(layout.stack.table_axes) or None, None)
+
+  placement = layout.stack.placement
+  split = placement.group * stackmove.logical_rows(placement)
+
+  def body(key):
+    table = unwrap(init(key, layout.logical, dtype))
+    table = jax.lax.with_sharding_constraint(
+        table, rows if explicit else NamedSharding(layout.mesh, rows))
+    # Padded to even blocks in the same program (Explicit axes split evenly).
+    table = jnp.pad(table, ((0, split - table.shape[0]), (0, 0)))
+    return jax.lax.with_sharding_constraint(
+        table, rows if explicit else NamedSharding(layout.mesh, rows))
+
+  if explicit:
+    table = _compat.auto_axes(body, out_sharding=NamedSharding(layout.mesh, rows))(key)
+  else:
+    table = body(key)
+  return stackmove.to_physical(table, layout.stack, layout.mesh)
 
 
 @functools.lru_cache(maxsize=64)
@@ -274,20 +309,49 @@ def _load_device(table, plan, mesh, dtype, pad):
 
 
 def _load_stack(table, plan, mesh, dtype):
-  """A stack's rows permuted into place by one program (its tables are small)."""
+  """A stack's physical table: a host table read block by block, a jax one moved.
+
+  A host table (numpy, ``np.memmap``) fills each device's physical block
+  from the placement's runs that land in it, reading only those rows. A jax
+  array is cast and its rows moved block to block by static collectives
+  (``stackmove``), never gathered whole onto a device (beyond how it came).
+  """
   if not isinstance(table, jax.Array):
-    table = jnp.asarray(_cast_block(table, plan, dtype, 0))
-  elif not isinstance(table, jax.core.Tracer) and _may_overflow(table.dtype, dtype):
+    if mesh is None:
+      return rowmap.to_physical(jnp.asarray(_cast_block(table, plan, dtype, 0)), plan)
+    if not sharding_lib.has_devices(mesh):
+      raise ValueError(
+          f"{plan.name}: load_table needs a concrete mesh to place a host array; this "
+          f"module was built on an AbstractMesh (build it on a jax.sharding.Mesh)."
+      )
+    return jax.make_array_from_callback(
+        plan.padded_shape, physical_sharding(plan, mesh),
+        functools.partial(_stack_block, table, plan, np.dtype(dtype)))
+  if not isinstance(table, jax.core.Tracer) and _may_overflow(table.dtype, dtype):
     found = _first_overflow(table, np.dtype(dtype))
     if found is not None:
       raise _overflow_error(plan, table.dtype, dtype, *found)
-  place = lambda t: rowmap.to_physical(t.astype(dtype), plan)
   if mesh is None:
-    return place(table)
-  out = physical_sharding(plan, mesh)
+    return rowmap.to_physical(table.astype(dtype), plan)
+  place = lambda t: stackmove.to_physical(t.astype(dtype), plan, mesh)
   if isinstance(table, jax.core.Tracer) or not sharding_lib.has_devices(mesh):
-    return sharding_lib.place_always(place(table), out)
-  return jax.jit(place, out_shardings=out)(table)
+    return place(table)
+  return jax.jit(place, out_shardings=physical_sharding(plan, mesh))(table)
+
+
+def _stack_block(table, plan, dtype, index):
+  """The physical block at ``index`` of a stack, from host ``table``'s runs in it."""
+  r0, r1, _ = index[0].indices(plan.padded_shape[0])
+  c0, c1, _ = index[1].indices(plan.padded_shape[1])
+  out = np.zeros((r1 - r0, c1 - c0), dtype)
+  cn = max(0, min(c1, plan.features) - c0)
+  for logical, n, physical in plan.placement.segments:
+    a, b = max(physical, r0), min(physical + n, r1)
+    if a < b and cn:
+      first = logical + a - physical
+      out[a - r0:b - r0, :cn] = _cast_block(
+          table[first:first + b - a, c0:c0 + cn], plan, dtype, first)
+  return out
 
 
 def _first_overflow(table, dtype):
@@ -348,16 +412,66 @@ def _cut_onto(target, n, f):
 
 
 def _unstack(table, plan, mesh, replicated):
-  """A stack's logical rows: gathered whole first (its tables are small)."""
+  """A stack's logical rows, moved block to block (``stackmove``), never gathered whole first.
+
+  Replicated, the result itself is the logical stack on every device (and
+  the physical stack is not gathered besides).
+  """
   if mesh is None:
     return rowmap.to_logical(table, plan)
-  whole = NamedSharding(mesh, P())
-  target = whole if replicated else NamedSharding(mesh, P(*plan.logical_spec))
+  target = NamedSharding(mesh, P() if replicated else P(*plan.logical_spec))
+  n = plan.num_embeddings
 
   def logical(t):
-    t = rowmap.to_logical(sharding_lib.place_always(t, whole), plan)
-    return sharding_lib.place_always(t, target)
+    # Resharded before the cut: a split dimension can't be sliced unevenly.
+    return sharding_lib.place_always(stackmove.to_logical(t, plan, mesh), target)[:n]
 
   if isinstance(table, jax.core.Tracer) or not sharding_lib.has_devices(mesh):
     return logical(table)
-  return jax.jit(logical, out_shardings=target)(table)
+  return _unstack_onto(plan, mesh, replicated)(table)
+
+
+@functools.cache
+def _unstack_onto(plan, mesh, replicated):
+  target = NamedSharding(mesh, P() if replicated else P(*plan.logical_spec))
+  return jax.jit(lambda t: _unstack(t, plan, mesh, replicated), out_shardings=target)
+
+
+def stack_rows(table, plan, mesh):
+  """A stack's logical rows, split by rows over its devices (``stackmove.to_logical``).
+
+  ``[group * logical_rows, features]``: rows past ``num_embeddings`` are
+  zero. For cutting members out without the stack whole on a device.
+  """
+  if mesh is None:
+    return rowmap.to_logical(table, plan)
+  if isinstance(table, jax.core.Tracer) or not sharding_lib.has_devices(mesh):
+    return stackmove.to_logical(table, plan, mesh)
+  return _stack_rows_onto(plan, mesh)(table)
+
+
+@functools.cache
+def _stack_rows_onto(plan, mesh):
+  rows = NamedSharding(mesh, P(tuple(plan.table_axes) or None, None))
+  return jax.jit(lambda t: stackmove.to_logical(t, plan, mesh), out_shardings=rows)
+
+
+def stack_members(table, plan, mesh, names=None) -> dict:
+  """A stack's member tables by name (``names``, default all), each whole on every device.
+
+  Cut from the stack's logical rows split over its devices (``stack_rows``):
+  no device holds the stack whole, only its block and the members asked for.
+  """
+  placement = plan.placement
+  members = [(m, n) for m, n in placement.members if names is None or m in names]
+  if mesh is None:
+    rows = rowmap.to_logical(table, plan)
+    return {m: rows[placement.start(m):placement.start(m) + n] for m, n in members}
+  rows = stack_rows(table, plan, mesh)
+  return {m: _member_onto(plan, mesh, placement.start(m), n)(rows) for m, n in members}
+
+
+@functools.cache
+def _member_onto(plan, mesh, start, length):
+  return jax.jit(lambda rows: stackmove.member(rows, plan, mesh, start, length),
+                 out_shardings=NamedSharding(mesh, P()))

@@ -13,6 +13,7 @@ from flax import nnx
 from embedlib import kernels
 from embedlib import options
 from embedlib import sharding as sharding_lib
+from embedlib import table as table_lib
 from embedlib.collection import inputs as inputs_lib
 from embedlib.collection import planner
 from embedlib.collection import stacks as stacks_lib
@@ -186,7 +187,7 @@ class EmbeddingCollection(nnx.Module):
       return self.tables[name].logical_table()
     for s in self.plan.stacks:
       if name in s.members:
-        return self._members(s)[name]
+        return self._members(s, names=(name,))[name]
     raise KeyError(f"no table {name!r} in the collection; tables: "
                    f"{[t.name for t in self.table_specs]}.")
 
@@ -197,12 +198,11 @@ class EmbeddingCollection(nnx.Module):
       out.update(self._members(s))
     return {t.name: out[t.name] for t in self.table_specs}
 
-  def _members(self, stack):
-    # Whole on every device: members are cut at uneven rows (stacks are small).
-    table = self.stacks[stack.name].logical_table(replicated=True)
-    placement = stack.plan.placement
-    return {m: table[placement.start(m):placement.start(m) + rows]
-            for m, rows in placement.members}
+  def _members(self, stack, names=None):
+    # Each member whole on every device (members are cut at uneven rows), the
+    # stack never: it is moved to logical rows split over its devices first.
+    module = self.stacks[stack.name]
+    return table_lib.stack_members(module.embedding[...], module.plan, module.mesh, names)
 
   # -- lookups -----------------------------------------------------------
 
