@@ -274,11 +274,7 @@ def load(table, plan, mesh, dtype):
     return _load_device(table, plan, mesh, dtype, pad)
   if mesh is None:
     return jnp.pad(jnp.asarray(_cast_block(table, plan, dtype, 0)), pad)
-  if not sharding_lib.has_devices(mesh):
-    raise ValueError(
-        f"{plan.name}: load_table needs a concrete mesh to place a host array; this "
-        f"module was built on an AbstractMesh (build it on a jax.sharding.Mesh)."
-    )
+  _check_concrete(plan, mesh)
   rows, cols = plan.logical_shape
   padded = plan.padded_shape
 
@@ -292,6 +288,15 @@ def load(table, plan, mesh, dtype):
     return out
 
   return jax.make_array_from_callback(padded, physical_sharding(plan, mesh), shard)
+
+
+def _check_concrete(plan, mesh):
+  """A host array is placed shard by shard: that needs devices, not an AbstractMesh."""
+  if not sharding_lib.has_devices(mesh):
+    raise ValueError(
+        f"{plan.name}: load_table needs a concrete mesh to place a host array; this "
+        f"module was built on an AbstractMesh (build it on a jax.sharding.Mesh)."
+    )
 
 
 def _load_device(table, plan, mesh, dtype, pad):
@@ -319,11 +324,7 @@ def _load_stack(table, plan, mesh, dtype):
   if not isinstance(table, jax.Array):
     if mesh is None:
       return rowmap.to_physical(jnp.asarray(_cast_block(table, plan, dtype, 0)), plan)
-    if not sharding_lib.has_devices(mesh):
-      raise ValueError(
-          f"{plan.name}: load_table needs a concrete mesh to place a host array; this "
-          f"module was built on an AbstractMesh (build it on a jax.sharding.Mesh)."
-      )
+    _check_concrete(plan, mesh)
     return jax.make_array_from_callback(
         plan.padded_shape, physical_sharding(plan, mesh),
         functools.partial(_stack_block, table, plan, np.dtype(dtype)))

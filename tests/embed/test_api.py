@@ -174,10 +174,13 @@ def test_abstract_mesh_module_builds_under_eval_shape():
   abstract = mesh.abstract_mesh
   with jax.sharding.use_abstract_mesh(abstract):
     emb = nnx.eval_shape(lambda: embedlib.ShardedEmbed(
-        99, 100, mesh=abstract, sharding="vocab", rngs=nnx.Rngs(0)))
+        99, 100, mesh=abstract, sharding="vocab", name="item", rngs=nnx.Rngs(0)))
   assert emb.embedding.shape == (100, 100)
   assert emb.plan.table_axes == ("model",)
   assert emb.embedding.get_value().sharding.spec == P(("model",), None)
+  # A host table is placed shard by shard onto devices, which an abstract mesh lacks.
+  with pytest.raises(ValueError, match="item: load_table needs a concrete mesh"):
+    emb.load_table(np.zeros((99, 100), np.float32))
 
 
 def test_error_mode_bags_take_minus_one_as_padding():
