@@ -201,8 +201,8 @@ def test_truncated_gzip_stops_naming_the_file_and_line(tmp_path):
 
 @pytest.mark.parametrize("name, data, match", [
     ("day.tsv.gz", b"1\t2\n", "ends in .gz but is not gzip data"),
-    ("day.tsv", gzip.compress(b"1\t2\n"), "is gzip data; name it with a .gz suffix"),
-])
+    ("day.tsv", gzip.compress(b"1\t2\n", mtime=0), "is gzip data; name it with a .gz suffix"),
+], ids=["gz_suffix_plain_data", "gzip_data_no_suffix"])
 def test_gzip_and_suffix_must_agree(tmp_path, name, data, match):
   (tmp_path / name).write_bytes(data)
   with pytest.raises(CriteoFormatError, match=match):
