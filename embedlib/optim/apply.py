@@ -6,7 +6,10 @@ pairs for one table (one pair per lookup of it in the step), each rank:
 1. input distribution: all-gathers the pairs over the data axes, so every
    rank sees the whole batch's ids (the transpose of the lookup's own
    all-gather/psum-scatter, plus the gradient sum over data-parallel
-   replicas, which then apply identical updates);
+   replicas, which then apply identical updates); where that moves more
+   bytes, a row-split table routes each distinct id's summed gradient to
+   its owner (``route.py``) and a small whole table all-reduces every
+   row's summed gradient (``allreduce.py``);
 2. dedup: one summed gradient per distinct id, found one of three ways,
    chosen statically from shapes and the rule's slots:
 
@@ -61,6 +64,7 @@ from embedlib import _compat
 from embedlib import sharding as sharding_lib
 from embedlib import options
 from embedlib import invalid_ids as invalid_lib
+from embedlib.optim import allreduce
 from embedlib.optim import fused_cpu
 from embedlib.optim import route as route_lib
 from embedlib.optim import rules as rules_lib
@@ -457,12 +461,15 @@ def apply_row_grads(
   lr = sharding_lib.place(lr, mesh, P())
   step = sharding_lib.place(step, mesh, P())
 
-  # Input distribution: all-gather every rank's pairs over the data axes, or
-  # route each distinct id's summed gradient to its owner where that moves
-  # fewer bytes (``route.py``).
+  # Input distribution: all-gather every rank's pairs over the data axes;
+  # or, where that moves fewer bytes, route each distinct id's summed
+  # gradient to its owner (``route.py``, row-split tables), or all-reduce
+  # every row's summed gradient (``allreduce.py``, small whole tables).
   local_ids = sum(i.shape[0] for i in ids_in) // plan.data_shards
   capacity = plan.capacity_for(local_ids)
-  routes = route_lib.pays(plan, local_ids, plan.features, grads_in[0].dtype.itemsize)
+  itemsize = grads_in[0].dtype.itemsize
+  routes = route_lib.pays(plan, local_ids, plan.features, itemsize)
+  reduces = allreduce.pays(plan, local_ids, plan.features, itemsize)
 
   def body(table, slots, ids, grads, lr, step):
     update = lambda i, g: _local_update(rule, table, slots, i, g, lr, step, plan=plan)
@@ -480,6 +487,9 @@ def apply_row_grads(
         i, g = map(gather, i), map(gather, g)
       return jnp.concatenate(list(i)), jnp.concatenate(list(g))
 
+    if reduces:
+      return update(*allreduce.summed(jnp.concatenate(ids), jnp.concatenate(grads),
+                                      rows=table.shape[0], axes=plan.data_axes))
     if not routes:
       return update(*gathered())
     return route_lib.routed_update(

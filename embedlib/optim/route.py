@@ -54,8 +54,8 @@ def pays(plan, ids_per_device: int, features: int, itemsize: int) -> bool:
   capacity = plan.capacity_for(ids_per_device)
   routed_bytes = (plan.group_size - 1) * capacity * entry
   routed_bytes += (outer - 1) * plan.group_size * capacity * entry
-  gathered = (plan.data_shards - 1) * ids_per_device * entry
-  return routed_bytes < gathered
+  return routed_bytes < cost.gather_pairs_bytes(
+      ids_per_device, plan.data_shards, features, itemsize)
 
 
 def sum_duplicates(ids, grads):

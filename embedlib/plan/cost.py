@@ -151,6 +151,24 @@ def route_bytes(capacity: int, group: int, cols: int, itemsize: int) -> int:
   return flag + (group - 1) * capacity * (ID_BYTES + cols * itemsize)
 
 
+def gather_pairs_bytes(ids_per_device: int, ranks: int, features: int, itemsize: int) -> int:
+  """Bytes a rank receives all-gathering ``(id, row gradient)`` pairs over ``ranks`` data ranks.
+
+  >>> gather_pairs_bytes(512, 64, 64, 4)
+  8386560
+  """
+  return (ranks - 1) * ids_per_device * (ID_BYTES + features * itemsize)
+
+
+def allreduce_bytes(rows: int, ranks: int, features: int) -> int:
+  """Bytes a rank receives all-reducing a ``[rows, features + 1]`` float32 buffer over ``ranks``.
+
+  >>> allreduce_bytes(1000, 64, 64)
+  511875
+  """
+  return 2 * (ranks - 1) * rows * (features + 1) * 4 // ranks
+
+
 def bytes_moved_per_lookup(
     padded, strategy, *, ids_per_device, token_ranks, rest_ranks, itemsize,
     capacity=None,
