@@ -24,7 +24,9 @@ For each device count (one subprocess each, ``XLA_FLAGS`` forcing the
 simulated devices) and layout: the bytes one device receives per lookup,
 read from the compiled HLO's collectives (``embedlib.plan.hlo``), beside
 the planner's estimate; their ratio to the bytes of the rows a device
-needs; and min / median / max ms of a jitted lookup and of a sparse train
+needs; the bytes it receives per sparse train step (lookup, backward and
+the optimizer's input distribution, also from the compiled HLO); and
+min / median / max ms of a jitted lookup and of a sparse train
 step (``SparseAwareOptimizer``, row-wise AdaGrad), interleaved. Every
 layout's lookup is checked equal to ``jnp.take`` on its logical table
 before it is timed. A layout whose vocab-sized temporaries would not fit
@@ -142,6 +144,21 @@ def stack_temp_bytes(module, devices):
   return 4 * stacked + devices * member
 
 
+def step_bytes_moved(train, module, opt, ids):
+  """Bytes one device receives per sparse train step: lookup, backward and update."""
+  import jax
+  from flax import nnx
+  from embedlib.plan import hlo
+  graphdef, state = nnx.split((module, opt))
+
+  def pure(state, x):
+    m, o = nnx.merge(graphdef, state)
+    loss = train(m, o, x)
+    return loss, nnx.state((m, o))
+
+  return hlo.bytes_moved(jax.jit(pure).lower(state, ids).compile().as_text())
+
+
 def measure(devices, args):
   """One device count: a JSON line per layout."""
   import jax
@@ -198,20 +215,21 @@ def measure(devices, args):
       if row["error"] != 0:
         print(json.dumps(row), flush=True)
         raise SystemExit(f"{workload}, {layout}: lookup differs from jnp.take by {row['error']}")
-      if devices > args.time_up_to:
-        row["skipped"] = f"timed up to {args.time_up_to} devices (--time-up-to)"
-        print(json.dumps(row), flush=True)
-        continue
       opt = optim.SparseAwareOptimizer(module, None, optim.RowWiseAdagrad(0.1))
       jax.block_until_ready(nnx.state(opt))
 
-      @nnx.jit
-      def step(m, o, x):
+      def train(m, o, x):
         loss_fn = lambda m: sum(jnp.mean(v ** 2) for v in jax.tree.leaves(m(x)))
         loss, grads = optim.value_and_grad(loss_fn)(m)
         o.update(m, grads)
         return loss
 
+      row["step_moved"] = step_bytes_moved(train, module, opt, ids)
+      if devices > args.time_up_to:
+        row["skipped"] = f"timed up to {args.time_up_to} devices (--time-up-to)"
+        print(json.dumps(row), flush=True)
+        continue
+      step = nnx.jit(train)
       jax.block_until_ready(step(module, opt, ids))  # compiles (the tape's first trace)
       # Each layout timed as soon as it is built and its row printed, so a
       # run cut short keeps the rows it measured; ``time_once`` waits for
@@ -232,10 +250,12 @@ def _human(n):
 
 def report(rows):
   """Prints the table and the targets; returns the failed targets."""
-  print("\nbytes one device receives per lookup (compiled HLO), and min/median/max ms; the simulated "
-        "devices share this machine's CPU cores, so times show overheads, not speed-ups")
+  print("\nbytes one device receives per lookup and per sparse train step (compiled HLO), and "
+        "min/median/max ms; the simulated devices share this machine's CPU cores, so times show "
+        "overheads, not speed-ups")
   head = ("workload", "devices", "layout", "moved (HLO)", "planned", "x rows needed",
-          "vocab / it", "lookup ms min/med/max", "step ms min/med/max", "auto chose")
+          "vocab / it", "step moved (HLO)", "lookup ms min/med/max", "step ms min/med/max",
+          "auto chose")
   lines = [head]
   vocab = {(r["workload"], r["devices"]): r["moved"] for r in rows if r["layout"] == "vocab"}
   for r in rows:
@@ -244,6 +264,7 @@ def report(rows):
                   _human(r["planned"]), f"{r['moved'] / r['needed']:.2f}",
                   f"{vocab[r['workload'], r['devices']] / max(r['moved'], 1):.1f}"
                   if (r["workload"], r["devices"]) in vocab else "-",
+                  _human(r["step_moved"]) if "step_moved" in r else "not run",
                   ms("lookup_ms"), ms("step_ms"), r.get("chose", "")))
   widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
   for line in lines:
