@@ -7,7 +7,14 @@ traffic per byte stored are replicated until the budget is spent, instead of
 each table being judged alone against ``replicate_below_bytes``. The traffic
 of a step is counted per feature (a pooled feature moves its ids and one
 pooled row per sample, a sequence feature a row per id) and, for tables with
-a dedup capacity, per unique id. Pure Python: no arrays.
+a dedup capacity, per unique id. A collection is trained with the sparse
+optimizers, so an auto table's layout is the one whose step moves the
+fewest bytes counting their gathering of row gradients too
+(``EmbeddingPlan.sparse_update``): a replicated table looks up for nothing
+but all-reduces (or all-gathers) its gradients, a hidden one all-gathers
+every rank's full-width gradients, so a small table is replicated, and a
+table is split by hidden columns, only where that step moves no more than
+the other layouts'. Pure Python: no arrays.
 """
 
 from __future__ import annotations
@@ -109,6 +116,8 @@ class TablePlan:
     num_unique: dedup capacity per data shard, or None.
     bytes_moved: estimated bytes per device per step without dedup.
     bytes_moved_dedup: the same with dedup at ``num_unique``, or None.
+    bytes_moved_update: bytes per device per step of the sparse optimizers'
+      gathering of row gradients (``EmbeddingPlan.sparse_update``).
   """
 
   plan: EmbeddingPlan
@@ -116,6 +125,7 @@ class TablePlan:
   num_unique: int | None
   bytes_moved: int
   bytes_moved_dedup: int | None
+  bytes_moved_update: int = 0
   name_: str | None = None
   stack: str | None = None
   placed: str = ""
@@ -142,13 +152,13 @@ class CollectionPlan:
   >>> feats = [FeatureSpec("a", "small"), FeatureSpec("b", "big", max_ids_per_sample=4)]
   >>> p = plan_collection(tables, feats, mesh={"batch": 8}, batch_size=1024)
   >>> p["small"].plan.strategy, p["big"].plan.strategy
-  ('replicated', 'hidden')
+  ('replicated', 'routed')
   >>> print(p)  # doctest: +ELLIPSIS
   EmbeddingCollection plan: 2 tables, mesh batch=8, 1024 samples per step
-  table  strategy    padded shape  bytes/device  moved/step  moved/step dedup  reason
-  small  replicated  100 x 8       3.12 KiB      0 B         -                 small table ...
-  big    hidden      1048576 x 64  32.00 MiB     42.00 KiB   -                 moves the fewest ...
-  total                            32.00 MiB     42.00 KiB
+  table  strategy    padded shape  bytes/device  moved/step  moved/step dedup  update/step  reason
+  small  replicated  100 x 8       3.12 KiB      0 B         -                 6.15 KiB     small table ...
+  big    routed      1048576 x 64  32.00 MiB     167.08 KiB  -                 167.07 KiB   moves the fewest ...
+  total                            32.00 MiB     167.08 KiB                    173.22 KiB
   """
 
   tables: tuple[TablePlan, ...]
@@ -179,35 +189,43 @@ class CollectionPlan:
 
   @property
   def bytes_moved(self) -> int:
-    """Per device per step, with dedup where a table or stack has a capacity."""
+    """Per device per step's lookups, with dedup where a table or stack has a capacity."""
     return sum(
         t.bytes_moved if t.bytes_moved_dedup is None else t.bytes_moved_dedup
         for t in self._apart
     )
 
+  @property
+  def bytes_moved_update(self) -> int:
+    """Per device per step, the sparse optimizers' gathering of row gradients."""
+    return sum(t.bytes_moved_update for t in self._apart)
+
   def __str__(self) -> str:
     mesh = ", ".join(f"{a}={n}" for a, n in self.mesh_shape) or "one device"
     head = ("table", "strategy", "padded shape", "bytes/device", "moved/step",
-            "moved/step dedup", "reason")
+            "moved/step dedup", "update/step", "reason")
     rows = [head]
     for t in self.tables:
       if t.stack is not None:
-        rows.append((t.name, t.kind, f"in {t.stack}", "", "", "", t.placed))
+        rows.append((t.name, t.kind, f"in {t.stack}", "", "", "", "", t.placed))
         continue
       dedup = "-" if t.bytes_moved_dedup is None else _human(t.bytes_moved_dedup)
       rows.append((
           t.name, t.kind,
           f"{t.plan.padded_shape[0]} x {t.plan.padded_shape[1]}",
-          _human(t.plan.bytes_per_device), _human(t.bytes_moved), dedup, t.plan.reason,
+          _human(t.plan.bytes_per_device), _human(t.bytes_moved), dedup,
+          _human(t.bytes_moved_update), t.plan.reason,
       ))
     for s in self.stacks:
       dedup = "-" if s.bytes_moved_dedup is None else _human(s.bytes_moved_dedup)
       rows.append((
           s.name, s.plan.strategy, f"{s.plan.padded_shape[0]} x {s.plan.padded_shape[1]}",
           _human(s.plan.bytes_per_device), _human(s.bytes_moved), dedup,
+          _human(s.bytes_moved_update),
           f"{len(s.members)} table{'s' if len(s.members) > 1 else ''}, one route per step",
       ))
-    total = ("total", "", "", _human(self.bytes_per_device), _human(self.bytes_moved), "", "")
+    total = ("total", "", "", _human(self.bytes_per_device), _human(self.bytes_moved), "",
+             _human(self.bytes_moved_update), "")
     rows.append(total)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
     lines = [
@@ -312,24 +330,42 @@ def plan_collection(
   if replicate_below_bytes is not None:
     common["replicate_below_bytes"] = replicate_below_bytes
 
+  def step_bytes(t, p):
+    """A step's lookup and gathering of row gradients, per device."""
+    bags = _bags(features, t.name)
+    return (estimate_bytes_moved(p, bags, batch_size=batch_size,
+                                 num_unique=_given(num_unique.get(t.name)))
+            + p.sparse_update(max(local_batch * sum(b for b, _ in bags), 1))[1])
+
   def plan(t, **kw):
     ids = local_batch * sum(b for b, _ in _bags(features, t.name))
     p = plan_embedding(
         t.num_embeddings, t.features, name=t.name, ids_per_device=max(ids, 1),
         route_capacity=route_capacity.get(t.name), **{**common, **kw}
     )
-    if kw.get("sharding", options.AUTO) != options.AUTO or p.strategy == options.REPLICATED:
+    if kw.get("sharding", options.AUTO) != options.AUTO:
       return p
-    if p.num_embeddings < p.group_size:
+    if p.strategy == options.REPLICATED and kw.get("replicate_below_bytes") != 0:
+      # Small enough to copy; copied only if its gradients' all-reduce (or
+      # all-gather) moves no more than the best split's lookup and update.
+      split = plan(t, **{**kw, "replicate_below_bytes": 0})
+      if split.strategy == options.REPLICATED:  # a one-device group
+        return p
+      copy, best = _human(step_bytes(t, p)), _human(step_bytes(t, split))
+      if step_bytes(t, p) <= step_bytes(t, split):
+        return dataclasses.replace(p, reason=(
+            f"{p.reason.split(':')[0]}: a copy per device moves {copy} per step gathering "
+            f"its gradients, {split.strategy} {best}"))
+      return dataclasses.replace(split, reason=(
+          f"{split.reason}; a copy per device would move {copy} gathering its gradients"))
+    if p.strategy == options.REPLICATED or p.num_embeddings < p.group_size:
       return p
     # Weigh the layouts by this table's features, not by rows per id: a
     # pooled feature moves one pooled row per sample on vocab and hidden.
     candidates, why_not = sharded_candidates(t.num_embeddings, t.features, p.group_size)
     costed = {s: plan(t, **{**kw, "sharding": s}) for s in candidates}
-    moved = lambda s: estimate_bytes_moved(
-        costed[s], _bags(features, t.name), batch_size=batch_size,
-        num_unique=_given(num_unique.get(t.name)))
-    best, reason = cheapest(candidates, moved, why_not, per="step")
+    best, reason = cheapest(candidates, lambda s: step_bytes(t, costed[s]), why_not,
+                            per="step (lookup and sparse update)")
     return dataclasses.replace(costed[best], reason=reason)
 
   plans = {}
@@ -375,7 +411,7 @@ def plan_collection(
       param_dtype=param_dtype, devices_per_host=devices_per_host, num_unique=num_unique,
       route_capacity=route_capacity)
   stacks = plan_stacks(kinds)
-  moved = lambda stacks: sum(s.bytes_moved for s in stacks)
+  moved = lambda stacks: sum(s.bytes_moved + s.bytes_moved_update for s in stacks)
   # Small auto tables table-wise where their stack then moves no more: all of
   # them at once (they may balance each other), then one at a time.
   small = [t.name for t in tables
@@ -409,6 +445,7 @@ def plan_collection(
         bytes_moved_dedup=None if cap is None else estimate_bytes_moved(
             p, bags, batch_size=batch_size, num_unique=cap
         ),
+        bytes_moved_update=p.sparse_update(max(ids[t.name], 1))[1],
     ))
   stacks_lib.check_memory([t.plan for t in out if t.stack is None], stacks,
                           device_memory_bytes)

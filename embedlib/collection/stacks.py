@@ -52,6 +52,8 @@ class StackPlan:
     num_unique: dedup capacity per data shard, or None.
     bytes_moved: bytes per device per step, every member in one route.
     bytes_moved_dedup: the same with dedup at ``num_unique``, or None.
+    bytes_moved_update: bytes per device per step of the sparse optimizers'
+      gathering of row gradients (``EmbeddingPlan.sparse_update``).
   """
 
   name: str
@@ -60,6 +62,7 @@ class StackPlan:
   num_unique: int | None
   bytes_moved: int
   bytes_moved_dedup: int | None
+  bytes_moved_update: int = 0
 
   @property
   def members(self) -> tuple[str, ...]:
@@ -148,6 +151,7 @@ def plan_stacks(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], ki
         num_unique=cap,
         bytes_moved=traffic(plan, by_member),
         bytes_moved_dedup=None if cap is None else traffic(plan, by_member, cap),
+        bytes_moved_update=plan.sparse_update(sum(by_member.values()))[1],
     ))
   return out
 

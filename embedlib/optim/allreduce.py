@@ -21,23 +21,18 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from embedlib import options
 from embedlib.optim import route
-from embedlib.plan import cost
 
 
-def pays(plan, ids_per_device: int, features: int, itemsize: int) -> bool:
+def pays(plan, ids_per_device: int, itemsize: int) -> bool:
   """Whether the all-reduce moves fewer bytes than the all-gather, for this table and step.
 
-  Static (shapes only). Only for tables every rank holds whole (replicated
-  or hidden) whose data ranks hold different ids. Fewer bytes also means a
-  smaller buffer: ``rows < data shards * ids / 2`` rows against the
-  all-gather's ``data shards * ids``.
+  Static (shapes only): ``plan.sparse_update`` 's choice. Only for tables
+  every rank holds whole (replicated or hidden) whose data ranks hold
+  different ids. Fewer bytes also means a smaller buffer: ``rows < data
+  shards * ids / 2`` rows against the all-gather's ``data shards * ids``.
   """
-  if plan.strategy in options.ROW_SHARDED or not plan.data_axes or plan.data_shards < 2:
-    return False
-  return cost.allreduce_bytes(plan.padded_shape[0], plan.data_shards, features) < \
-      cost.gather_pairs_bytes(ids_per_device, plan.data_shards, features, itemsize)
+  return plan.sparse_update(ids_per_device, itemsize)[0] == "allreduce"
 
 
 def summed(ids, grads, *, rows: int, axes):

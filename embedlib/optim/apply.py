@@ -468,8 +468,8 @@ def apply_row_grads(
   local_ids = sum(i.shape[0] for i in ids_in) // plan.data_shards
   capacity = plan.capacity_for(local_ids)
   itemsize = grads_in[0].dtype.itemsize
-  routes = route_lib.pays(plan, local_ids, plan.features, itemsize)
-  reduces = allreduce.pays(plan, local_ids, plan.features, itemsize)
+  routes = route_lib.pays(plan, local_ids, itemsize)
+  reduces = allreduce.pays(plan, local_ids, itemsize)
 
   def body(table, slots, ids, grads, lr, step):
     update = lambda i, g: _local_update(rule, table, slots, i, g, lr, step, plan=plan)

@@ -28,9 +28,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from embedlib import options
 from embedlib.optim import sorted_update
-from embedlib.plan import cost, mesh_axes
 from embedlib.strategies import collectives, routed
 
 
@@ -39,23 +37,14 @@ def outer_axes(plan) -> tuple[str, ...]:
   return tuple(a for a in plan.data_axes if a not in plan.table_axes)
 
 
-def pays(plan, ids_per_device: int, features: int, itemsize: int) -> bool:
+def pays(plan, ids_per_device: int, itemsize: int) -> bool:
   """Whether routing moves fewer bytes than all-gathering, for this table and step.
 
-  Static (shapes only). Routing needs a row-split table whose group holds
-  different ids; it then moves about ``capacity * group`` entries per rank,
-  the all-gather ``ids * data shards``.
+  Static (shapes only): ``plan.sparse_update`` 's choice. Routing needs a
+  row-split table whose group holds different ids; it then moves about
+  ``capacity * group`` entries per rank, the all-gather ``ids * data shards``.
   """
-  if plan.strategy not in options.ROW_SHARDED or not plan.token_axes or plan.group_size < 2:
-    return False
-  shape = dict(plan.mesh_shape)
-  entry = cost.ID_BYTES + features * itemsize
-  outer = mesh_axes.axes_size(shape, outer_axes(plan))
-  capacity = plan.capacity_for(ids_per_device)
-  routed_bytes = (plan.group_size - 1) * capacity * entry
-  routed_bytes += (outer - 1) * plan.group_size * capacity * entry
-  return routed_bytes < cost.gather_pairs_bytes(
-      ids_per_device, plan.data_shards, features, itemsize)
+  return plan.sparse_update(ids_per_device, itemsize)[0] == "route"
 
 
 def sum_duplicates(ids, grads):

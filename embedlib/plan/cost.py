@@ -160,6 +160,21 @@ def gather_pairs_bytes(ids_per_device: int, ranks: int, features: int, itemsize:
   return (ranks - 1) * ids_per_device * (ID_BYTES + features * itemsize)
 
 
+def routed_pairs_bytes(capacity: int, group: int, outer: int, features: int,
+                       itemsize: int) -> int:
+  """Bytes a rank receives routing ``(id, row gradient)`` pairs to their owners.
+
+  An all-to-all of ``capacity`` pairs per destination over the ``group``,
+  then an all-gather of what arrived over the ``outer`` replicas of the
+  shard.
+
+  >>> routed_pairs_bytes(100, 8, 1, 64, 4)
+  182000
+  """
+  entry = ID_BYTES + features * itemsize
+  return ((group - 1) * capacity + (outer - 1) * group * capacity) * entry
+
+
 def allreduce_bytes(rows: int, ranks: int, features: int) -> int:
   """Bytes a rank receives all-reducing a ``[rows, features + 1]`` float32 buffer over ``ranks``.
 

@@ -86,6 +86,52 @@ class EmbeddingPlan:
       return min(self.route_capacity, sum(ids_by_member.values()))
     return self.placement.capacity(ids_by_member)
 
+  def sparse_update(self, ids: int, itemsize: int | None = None) -> tuple[str, int]:
+    """How the sparse optimizers gather a step's row gradients, and the bytes it moves.
+
+    For ``ids`` ids per device with gradients of ``itemsize`` bytes (default
+    the table's): ``(way, bytes one device receives)``, the way one of
+
+    - ``"gather"``: every data rank's ``(id, gradient)`` pairs all-gathered;
+    - ``"route"``: a row-split table whose group holds different ids sends
+      each distinct id's summed gradient to its owner;
+    - ``"allreduce"``: a table every rank holds whole (replicated, hidden)
+      all-reduces every row's summed gradient;
+    - ``"none"``: one data shard, nothing to gather;
+
+    whichever moves the fewest bytes among those the layout allows.
+    ``embedlib.optim.apply_row_grads`` takes this way.
+
+    >>> p = plan_embedding(100, 64, mesh={"batch": 8}, sharding="replicated")
+    >>> p.sparse_update(512)
+    ('allreduce', 45500)
+    >>> plan_embedding(1_000_000, 64, mesh={"batch": 8}, sharding="routed").sparse_update(512)
+    ('route', 171080)
+    """
+    itemsize = self.itemsize if itemsize is None else itemsize
+    if not self.data_axes or self.data_shards < 2:
+      return "none", 0
+    ways = {"gather": cost.gather_pairs_bytes(ids, self.data_shards, self.features, itemsize)}
+    if self.strategy in options.ROW_SHARDED:
+      if self.token_axes and self.group_size > 1:
+        outer = mesh_axes.axes_size(dict(self.mesh_shape),
+                                    [a for a in self.data_axes if a not in self.table_axes])
+        ways["route"] = cost.routed_pairs_bytes(
+            self.capacity_for(ids), self.group_size, outer, self.features, itemsize)
+    else:
+      ways["allreduce"] = cost.allreduce_bytes(
+          self.padded_shape[0], self.data_shards, self.features)
+    way = min(ways, key=lambda w: (ways[w], w != "gather"))  # ties: the gather
+    return way, ways[way]
+
+  def _update_summary(self) -> str:
+    way, moved = self.sparse_update(self.ids_per_device)
+    if way == "none":
+      return "0 B per device (one data shard: the sparse optimizers gather no row gradients)"
+    words = {"gather": "all-gather", "route": "route to their owners",
+             "allreduce": "all-reduce"}
+    return f"{_human(moved)} per device, the sparse optimizers' {words[way]} of row gradients"
+
   @property
   def logical_shape(self) -> tuple[int, int]:
     return (self.num_embeddings, self.features)
@@ -168,6 +214,7 @@ class EmbeddingPlan:
         f"  bytes/device    {_human(self.bytes_per_device)}",
         f"  moved/lookup    {_human(self.bytes_moved_per_lookup)} per device"
         f" for {self.ids_per_device} ids per device",
+        f"  moved/update    {self._update_summary()}",
         *([f"  route capacity  {self.capacity_for(self.ids_per_device)} ids per "
            f"destination"] if self.strategy == options.ROUTED else []),
         f"  reason          {self.reason}",

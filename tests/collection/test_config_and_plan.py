@@ -69,7 +69,11 @@ def test_plan_prints_one_row_per_table_and_sums_memory():
   feats = [FeatureSpec("a", "tiny"), FeatureSpec("b", "wide", max_ids_per_sample=8),
            FeatureSpec("c", "tall", max_ids_per_sample=4), FeatureSpec("d", "tall", combiner=None)]
   plan = plan_collection(tables, feats, mesh={"batch": 8}, batch_size=512, num_unique={"tall": 64})
-  assert [t.plan.strategy for t in plan.tables] == ["replicated", "hidden", "routed"]
+  # "wide" looks up fewest bytes by hidden columns (a pooled row per sample),
+  # but the sparse update would all-gather its full-width gradients.
+  assert [t.plan.strategy for t in plan.tables] == ["replicated", "vocab", "routed"]
+  assert plan.bytes_moved_update == sum(t.bytes_moved_update for t in plan.tables)
+  assert plan["wide"].bytes_moved_update == plan["wide"].plan.sparse_update(512 // 8 * 8)[1]
   assert plan["tall"].features == ("c", "d")
   assert plan.bytes_per_device == sum(t.plan.bytes_per_device for t in plan.tables)
   # Dedup replaces the per-feature traffic of "tall" in the total.
@@ -77,7 +81,24 @@ def test_plan_prints_one_row_per_table_and_sums_memory():
   text = str(plan).splitlines()
   assert text[0].startswith("EmbeddingCollection plan: 3 tables, mesh batch=8")
   assert [line.split()[0] for line in text[1:]] == ["table", "tiny", "wide", "tall", "total"]
+  assert "update/step" in text[1]
   assert "-" in text[2] and plan["tiny"].bytes_moved == 0
+
+
+def test_a_small_table_is_copied_only_where_its_gradients_move_less():
+  # Both under the replicate threshold (1 MiB). A copy looks up for nothing
+  # but all-reduces (or all-gathers) its gradients every step.
+  tables = [TableSpec("tiny", 100, 64), TableSpec("mid", 4000, 64)]
+  feats = [FeatureSpec("a", "tiny"), FeatureSpec("b", "mid")]
+  plan = plan_collection(tables, feats, mesh={"batch": 8}, batch_size=4096)
+  assert plan["tiny"].plan.strategy == "replicated"
+  assert plan["tiny"].bytes_moved_update == plan["tiny"].plan.sparse_update(512)[1] > 0
+  assert plan["mid"].plan.strategy == "routed"
+  assert "a copy per device would move 910.00 KiB" in plan["mid"].plan.reason
+  copy = plan_collection(tables, feats, mesh={"batch": 8}, batch_size=4096,
+                         replicate_budget_bytes=2 << 20)["mid"]
+  assert copy.plan.strategy == "replicated"  # a budget is the caller's word
+  assert copy.bytes_moved_update > plan["mid"].bytes_moved + plan["mid"].bytes_moved_update
 
 
 def test_pooled_feature_moves_pooled_rows_not_a_row_per_id():

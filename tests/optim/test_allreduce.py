@@ -53,7 +53,7 @@ def _compiled(emb, rule, pairs):
 def test_allreduced_update_equals_the_all_gather(layout, monkeypatch):
   emb, pairs = _setup(layout)
   local_ids = (pairs[0][0].size + pairs[1][0].size) // emb.plan.data_shards
-  assert allreduce.pays(emb.plan, local_ids, FEATURES, 4)
+  assert allreduce.pays(emb.plan, local_ids, 4)
   rule = optim.LazyAdam(0.1)
   fn, slots = _compiled(emb, rule, pairs)
   assert "all-gather" not in fn.lower(emb.embedding[...], slots, pairs).compile().as_text()
@@ -85,11 +85,11 @@ def test_allreduce_moves_what_the_cost_model_says(monkeypatch):
 def test_large_or_row_split_tables_keep_their_distribution():
   local = 28
   big = _setup("replicated-8", rows=8 * local)[0].plan  # more rows than half the batch's ids
-  assert not allreduce.pays(big, local, FEATURES, 4)
+  assert not allreduce.pays(big, local, 4)
   mesh = jax.make_mesh((8,), ("batch",))
   for strategy in ("vocab", "routed"):
     plan = embedlib.plan_embedding(ROWS, FEATURES, mesh=mesh, sharding=strategy)
-    assert not allreduce.pays(plan, local, FEATURES, 4)
+    assert not allreduce.pays(plan, local, 4)
   alone = embedlib.plan_embedding(ROWS, FEATURES, mesh=jax.make_mesh((1,), ("batch",)),
                                   sharding="replicated")
-  assert not allreduce.pays(alone, local, FEATURES, 4)
+  assert not allreduce.pays(alone, local, 4)

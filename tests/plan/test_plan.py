@@ -94,11 +94,32 @@ def test_routed_moves_about_the_rows_a_device_needs(devices):
   assert pinned.capacity_for(8192) == 300 and "route capacity  300" in str(pinned)
 
 
+@pytest.mark.parametrize("rows, sharding, mesh, ids, way", [
+    (100, "replicated", RECSYS, 512, "allreduce"),  # every row's sum: fewer than the pairs
+    (1 << 16, "replicated", RECSYS, 8, "gather"),  # a few pairs: fewer than the rows
+    (1 << 16, "hidden", RECSYS, 512, "gather"),
+    (1 << 16, "routed", RECSYS, 512, "route"),
+    (1 << 16, "vocab", TP, 512, "gather"),  # the model ranks hold the same ids: no route
+    (1 << 16, "vocab", {"x": 4}, 512, "none"),  # no data axes: no other rank's gradients
+])
+def test_sparse_update_takes_the_way_that_moves_fewest_bytes(rows, sharding, mesh, ids, way):
+  p = plan_embedding(rows, 64, mesh=mesh, sharding=sharding)
+  got, moved = p.sparse_update(ids)
+  shards = p.data_shards
+  ways = {"none": 0, "gather": cost.gather_pairs_bytes(ids, shards, 64, 4),
+          "allreduce": cost.allreduce_bytes(rows, shards, 64),
+          "route": cost.routed_pairs_bytes(p.capacity_for(ids), p.group_size, 1, 64, 4)}
+  assert (got, moved) == (way, ways[way])
+  assert moved <= ways["gather"] or way == "none"
+
+
 def test_summary_prints_every_field():
   text = str(plan_embedding(50257, 768, mesh=TP, tied=True, name="tokens"))
   for field in ("tokens: 50257 x 768", "vocab", "model=4", "50260 x 768",
                 "bytes/device", "moved/lookup", "reason"):
     assert field in text
+  text = str(plan_embedding(1_000_000, 100, mesh=RECSYS))  # hidden: full-width gradients
+  assert "moved/update    1.38 MiB per device, the sparse optimizers' all-gather" in text
 
 
 @pytest.mark.parametrize(
