@@ -466,7 +466,7 @@ def apply_row_grads(
   # gradient to its owner (``route.py``, row-split tables), or all-reduce
   # every row's summed gradient (``allreduce.py``, small whole tables).
   local_ids = sum(i.shape[0] for i in ids_in) // plan.data_shards
-  capacity = plan.capacity_for(local_ids)
+  capacity = plan.update_capacity(local_ids)
   itemsize = grads_in[0].dtype.itemsize
   routes = route_lib.pays(plan, local_ids, itemsize)
   reduces = allreduce.pays(plan, local_ids, itemsize)

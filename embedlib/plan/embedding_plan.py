@@ -117,7 +117,7 @@ class EmbeddingPlan:
         outer = mesh_axes.axes_size(dict(self.mesh_shape),
                                     [a for a in self.data_axes if a not in self.table_axes])
         ways["route"] = cost.routed_pairs_bytes(
-            self.capacity_for(ids), self.group_size, outer, self.features, itemsize)
+            self.update_capacity(ids), self.group_size, outer, self.features, itemsize)
     else:
       ways["allreduce"] = cost.allreduce_bytes(
           self.padded_shape[0], self.data_shards, self.features)
@@ -131,6 +131,26 @@ class EmbeddingPlan:
     words = {"gather": "all-gather", "route": "route to their owners",
              "allreduce": "all-reduce"}
     return f"{_human(moved)} per device, the sparse optimizers' {words[way]} of row gradients"
+
+  def update_capacity(self, ids: int) -> int:
+    """Ids per destination of the sparse update's route, for ``ids`` ids per device.
+
+    The update sums each rank's duplicates before routing, so it sends
+    distinct ids: their expected count for uniform ids (which repeat least),
+    with the route's slack (``cost.dedup_capacity``, over a stack's tables
+    together, as a deduplicated lookup counts them).
+    A small table's ids then cost its few rows, not a slot per lookup; a
+    step with more distinct ids for one owner takes more rounds, never
+    dropping one. A ``route_capacity`` given is kept as it is.
+    """
+    if self.route_capacity is not None:
+      return self.capacity_for(ids)
+    if self.placement is None:
+      return self.capacity_for(cost.dedup_capacity([(ids, self.num_embeddings)]))
+    total = sum(self.placement.ids) or 1
+    return self.capacity_for(cost.dedup_capacity([
+        (-(-ids * n // total), rows)
+        for (_, rows), n in zip(self.placement.members, self.placement.ids)]))
 
   @property
   def logical_shape(self) -> tuple[int, int]:

@@ -126,6 +126,31 @@ def test_routed_update_scratch_is_sized_by_the_route(rule, monkeypatch):
   assert gathered >= 8 * local * entry > 3 * slots_per_round * entry, gathered
 
 
+def test_the_update_routes_distinct_rows_and_overflows_into_rounds(monkeypatch):
+  # 512 rows over 8 owners, 200 ids a rank: the update's capacity counts the
+  # distinct ids uniform draws give (about 166), not 200 lookups a rank.
+  mesh = jax.make_mesh((8,), ("batch",))
+  emb = embedlib.ShardedEmbed(512, 16, mesh=mesh, sharding="routed", rngs=nnx.Rngs(0))
+  n = 200
+  capacity = emb.plan.update_capacity(n)
+  assert capacity < emb.plan.capacity_for(n)
+  small = embedlib.ShardedEmbed(12, 16, mesh=mesh, sharding="routed", rngs=nnx.Rngs(0)).plan
+  assert small.update_capacity(n) <= 12 < small.capacity_for(n)  # a row once, not per lookup
+  # Skewed against it: every rank's ids on owner 0's 64 rows, more distinct
+  # ones than the capacity, so the step takes rounds; the all-gather's update all the same.
+  rng = np.random.default_rng(3)
+  ids = rng.integers(0, 64, (8 * n,)).astype(np.int32)
+  assert min(len(set(ids[r * n:(r + 1) * n])) for r in range(8)) > capacity
+  pairs = [(ids, rng.standard_normal((ids.size, 16)).astype(np.float32))]
+  rule = optim.LazyAdam(0.1)
+  table, slots, _, _ = _step(emb, rule, pairs)
+  monkeypatch.setattr(route, "pays", lambda *a: False)
+  want_table, want_slots, _, _ = _step(emb, rule, pairs)
+  np.testing.assert_allclose(table, want_table, rtol=1e-5, atol=1e-6)
+  for name in want_slots:
+    np.testing.assert_allclose(slots[name], want_slots[name], rtol=1e-5, atol=1e-6)
+
+
 def test_sum_duplicates():
   ids = jnp.array([5, 5, -1, 2, 5])
   unique, sums = route.sum_duplicates(ids, jnp.arange(10.0).reshape(5, 2))
