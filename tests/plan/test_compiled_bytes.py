@@ -3,7 +3,8 @@
 Each case builds a table (or a collection) for a layout, compiles one lookup
 with its ids already split over the data axes, reads the bytes each device
 receives from the compiled HLO (``embedlib.plan.hlo``) and compares them
-with the plan's estimate. 8 devices here, 16 in a subprocess.
+with the plan's estimate; one collection's sparse train step too, against
+its lookup plus sparse update. 8 devices here, 16 in a subprocess.
 """
 
 import os
@@ -89,6 +90,36 @@ def collection_case(devices):
   return coll.plan.bytes_moved, measured(lambda s, x: nnx.merge(graphdef, s)(x), state, inputs)
 
 
+def collection_step_case(devices):
+  """A routed and a replicated table's sparse train step: ``(planned, compiled)``.
+
+  The plan's lookup plus its sparse update (``bytes_moved_update``: the
+  route of the routed table's gradients, the all-reduce of the small one's).
+  """
+  mesh, _ = _mesh(devices, "tokens")
+  tables = [embedlib.TableSpec("r", 5000, 32, sharding="routed"),
+            embedlib.TableSpec("s", 100, 8, sharding="replicated")]
+  features = [embedlib.FeatureSpec("r1", "r", combiner=None, max_ids_per_sample=BAG),
+              embedlib.FeatureSpec("s1", "s", max_ids_per_sample=1)]
+  coll = embedlib.EmbeddingCollection(tables, features, mesh=mesh, num_unique=None,
+                                      batch_size=PER_DEVICE * devices, rngs=nnx.Rngs(0))
+  plan = coll.tables["r"].plan
+  assert plan.sparse_update(PER_DEVICE * BAG)[0] == "route"
+  assert coll.tables["s"].plan.sparse_update(PER_DEVICE)[0] == "allreduce"
+  inputs = {"r1": _ids(mesh, plan, (PER_DEVICE, BAG)), "s1": _ids(mesh, plan, (PER_DEVICE,)) % 100}
+  opt = embedlib.SparseAwareOptimizer(coll, None, embedlib.RowWiseAdagrad(0.1))
+  graphdef, state = nnx.split((coll, opt))
+
+  def step(state, x):
+    m, o = nnx.merge(graphdef, state)
+    loss, grads = embedlib.optim.value_and_grad(
+        lambda m: sum(jnp.mean(v ** 2) for v in m(x).values()))(m)
+    o.update(m, grads)
+    return loss, nnx.state((m, o))
+
+  return coll.plan.bytes_moved + coll.plan.bytes_moved_update, measured(step, state, inputs)
+
+
 CASES = [(kind, strategy, pooled) for kind in ("tokens", "tp", "both")
          for strategy in ("vocab", "hidden", "routed") for pooled in (False, True)]
 
@@ -115,6 +146,10 @@ def test_eight_devices(kind, strategy, pooled):
 
 def test_eight_devices_collection():
   _check([("collection", *collection_case(8))])
+
+
+def test_eight_devices_collection_sparse_step():
+  _check([("collection step", *collection_step_case(8))])
 
 
 def test_sixteen_devices_in_subprocess():
