@@ -110,20 +110,27 @@ def test_collection_sparse_step_lowers_for_cuda():
   mesh = lowering.gpu_abstract_mesh((8,), ("batch",))
 
   def build():
+    # "day", replicated, all-reduces its rows' summed gradients (allreduce.py).
     coll = EmbeddingCollection(
-        [TableSpec("item", 3000, 64), TableSpec("country", 20, 16)],
+        [TableSpec("item", 3000, 64), TableSpec("country", 20, 16),
+         TableSpec("day", 7, 16, sharding="replicated")],
         [FeatureSpec("clicks", "item", combiner="sum"),
-         FeatureSpec("country", "country", max_ids_per_sample=1)],
+         FeatureSpec("country", "country", max_ids_per_sample=1),
+         FeatureSpec("day", "day", max_ids_per_sample=1)],
         mesh=mesh, kernel="auto", replicate_below_bytes=0, rngs=nnx.Rngs(0))
     return coll, optim.SparseAwareOptimizer(coll, None, optim.RowWiseAdagrad(0.1))
 
   graphdef, state = abstract_state(build, mesh)
   batch = NamedSharding(mesh, P("batch"))
   features = {"clicks": jax.ShapeDtypeStruct((64, 8), jnp.int32, sharding=batch),
-              "country": jax.ShapeDtypeStruct((64,), jnp.int32, sharding=batch)}
+              "country": jax.ShapeDtypeStruct((64,), jnp.int32, sharding=batch),
+              "day": jax.ShapeDtypeStruct((64,), jnp.int32, sharding=batch)}
   loss = lambda c, f: sum(jnp.sum(v**2) for v in c(f).values())
   text = lower_step(graphdef, state, features, loss, mesh)
   assert text.count(GPU_CALL) >= 2       # one pooled lookup per table
   assert "stablehlo.scatter" in text and "all_gather" in text
+  # "day"'s rows' summed gradients and hit counts, [7, 16 + 1], all-reduced.
+  reduced = re.findall(r'all_reduce"\(%\d+\)[\s\S]*?\}\) : \((tensor<[^>]*>)', text)
+  assert "tensor<7x17xf32>" in reduced, reduced
   assert_no_colliding_scatter(text)
   assert_fused_update(text)
