@@ -127,11 +127,17 @@ def plan_stacks(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], ki
     shape = mesh_axes.mesh_shape(mesh)
     axes, _ = mesh_axes.resolve_axes(shape, table_axes, data_axes, name=name)
 
-    def planned(lookups, members=members, name=name, width=width, axes=axes, shape=shape):
-      """The stack placed balancing ``lookups`` (rows looked up per device by member)."""
+    def planned(lookups, members=members, name=name, width=width, axes=axes, shape=shape,
+                raw=None):
+      """The stack placed balancing ``lookups`` (rows looked up per device by member).
+
+      ``raw``: where ``lookups`` counts distinct ids, the lookups per member.
+      """
       placed = placement.place(
           [placement.Member(t.name, t.num_embeddings, max(lookups[t.name], 1), kinds[t.name],
-                            device=t.device, host=t.host) for t in members],
+                            device=t.device, host=t.host,
+                            lookups=None if raw is None else max(raw[t.name], 1))
+           for t in members],
           group=mesh_axes.axes_size(shape, axes), devices_per_host=devices_per_host,
           name=name)
       return plan_embedding(
@@ -168,7 +174,7 @@ def _dedup_if_it_pays(plan, planned, members, by_member):
   distinct = {t.name: math.ceil(cost.distinct_ids(by_member[t.name], t.num_embeddings)[0])
               for t in members}
   capacity = cost.dedup_capacity([(by_member[t.name], t.num_embeddings) for t in members])
-  deduped = planned(distinct)
+  deduped = planned(distinct, raw=by_member)
   if traffic(deduped, by_member, capacity) < traffic(plan, by_member):
     return deduped, capacity
   return plan, None

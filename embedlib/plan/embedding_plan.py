@@ -138,7 +138,8 @@ class EmbeddingPlan:
     The update sums each rank's duplicates before routing, so it sends
     distinct ids: their expected count for uniform ids (which repeat least),
     with the route's slack (``cost.dedup_capacity``, over a stack's tables
-    together, as a deduplicated lookup counts them).
+    together, from their lookups: a deduplicated stack's route carries the
+    same distinct ids at the same capacity).
     A small table's ids then cost its few rows, not a slot per lookup; a
     step with more distinct ids for one owner takes more rounds, never
     dropping one. A ``route_capacity`` given is kept as it is.
@@ -147,10 +148,10 @@ class EmbeddingPlan:
       return self.capacity_for(ids)
     if self.placement is None:
       return self.capacity_for(cost.dedup_capacity([(ids, self.num_embeddings)]))
-    total = sum(self.placement.ids) or 1
+    lookups = self.placement.lookups or self.placement.ids
+    total = sum(lookups) or 1
     return self.capacity_for(cost.dedup_capacity([
-        (-(-ids * n // total), rows)
-        for (_, rows), n in zip(self.placement.members, self.placement.ids)]))
+        (-(-ids * n // total), rows) for (_, rows), n in zip(self.placement.members, lookups)]))
 
   @property
   def logical_shape(self) -> tuple[int, int]:

@@ -44,6 +44,8 @@ class Member:
     kind: ``"row" | "table" | "table_row"``.
     device: a pinned device (rank in the group) for ``"table"``.
     host: a pinned host for ``"table_row"``.
+    lookups: where ``ids_per_device`` counts distinct ids (a deduplicated
+      stack), the lookups they come from, per device per step.
   """
 
   name: str
@@ -52,6 +54,7 @@ class Member:
   kind: str = ROW
   device: int | None = None
   host: int | None = None
+  lookups: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +69,8 @@ class Placement:
     group: devices in the table group.
     kinds: each member's placement kind.
     ids: each member's ids per device per step (for the route capacity).
+    lookups: each member's lookups per device per step, where ``ids``
+      counts distinct ones (a deduplicated stack), else None.
   """
 
   members: tuple[tuple[str, int], ...]
@@ -74,6 +79,7 @@ class Placement:
   group: int
   kinds: tuple[str, ...]
   ids: tuple[int, ...]
+  lookups: tuple[int, ...] | None = None
 
   @property
   def num_embeddings(self) -> int:
@@ -248,4 +254,6 @@ def place(members: Sequence[Member], *, group: int, devices_per_host: int | None
       group=group,
       kinds=tuple(m.kind for m in members),
       ids=tuple(m.ids_per_device for m in members),
+      lookups=(None if all(m.lookups is None for m in members) else
+               tuple(m.ids_per_device if m.lookups is None else m.lookups for m in members)),
   )

@@ -233,6 +233,12 @@ def test_auto_dedup_routes_distinct_ids_where_it_pays_and_matches_reference():
   assert stack.num_unique is not None and stack.num_unique < 64
   assert coll.num_unique == {"few": coll.plan["few"].num_unique, "stack_8": stack.num_unique}
   assert plain.num_unique == {} and coll.plan.bytes_moved < plain.plan.bytes_moved
+  # The sparse update routes the same distinct ids: at the dedup's capacity,
+  # though its placement counts distinct ids and the update's step counts lookups.
+  lookups = batch // 8 * 8  # "t" alone: 8 samples of 8 ids a shard
+  assert stack.plan.placement.lookups is not None
+  assert stack.plan.update_capacity(lookups) == stack.plan.capacity_for(stack.num_unique)
+  assert plain.plan.stack("stack_8").plan.placement.lookups is None
   # "error" raises on overflow: only a capacity the caller gave may.
   assert build(on_overflow="error").num_unique == {}
   assert build(on_overflow="error", num_unique={"few": 30}).num_unique == {"few": 30}
