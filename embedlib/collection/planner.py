@@ -330,17 +330,18 @@ def plan_collection(
   if replicate_below_bytes is not None:
     common["replicate_below_bytes"] = replicate_below_bytes
 
+  # Ids per device per step, by table.
+  ids = {t.name: local_batch * sum(b for b, _ in _bags(features, t.name)) for t in tables}
+
   def step_bytes(t, p):
     """A step's lookup and gathering of row gradients, per device."""
-    bags = _bags(features, t.name)
-    return (estimate_bytes_moved(p, bags, batch_size=batch_size,
+    return (estimate_bytes_moved(p, _bags(features, t.name), batch_size=batch_size,
                                  num_unique=_given(num_unique.get(t.name)))
-            + p.sparse_update(max(local_batch * sum(b for b, _ in bags), 1))[1])
+            + p.sparse_update(max(ids[t.name], 1))[1])
 
   def plan(t, **kw):
-    ids = local_batch * sum(b for b, _ in _bags(features, t.name))
     p = plan_embedding(
-        t.num_embeddings, t.features, name=t.name, ids_per_device=max(ids, 1),
+        t.num_embeddings, t.features, name=t.name, ids_per_device=max(ids[t.name], 1),
         route_capacity=route_capacity.get(t.name), **{**common, **kw}
     )
     if kw.get("sharding", options.AUTO) != options.AUTO:
@@ -351,13 +352,14 @@ def plan_collection(
       split = plan(t, **{**kw, "replicate_below_bytes": 0})
       if split.strategy == options.REPLICATED:  # a one-device group
         return p
-      copy, best = _human(step_bytes(t, p)), _human(step_bytes(t, split))
-      if step_bytes(t, p) <= step_bytes(t, split):
+      copy, best = step_bytes(t, p), step_bytes(t, split)
+      if copy <= best:
         return dataclasses.replace(p, reason=(
-            f"{p.reason.split(':')[0]}: a copy per device moves {copy} per step gathering "
-            f"its gradients, {split.strategy} {best}"))
+            f"{p.reason.split(':')[0]}: a copy per device moves {_human(copy)} per step "
+            f"gathering its gradients, {split.strategy} {_human(best)}"))
       return dataclasses.replace(split, reason=(
-          f"{split.reason}; a copy per device would move {copy} gathering its gradients"))
+          f"{split.reason}; a copy per device would move {_human(copy)} gathering its "
+          f"gradients"))
     if p.strategy == options.REPLICATED or p.num_embeddings < p.group_size:
       return p
     # Weigh the layouts by this table's features, not by rows per id: a
@@ -405,7 +407,6 @@ def plan_collection(
     kind = stacks_lib.stack_kind(t, plans[t.name], table_batched=table_batched)
     if kind is not None:
       kinds[t.name] = kind
-  ids = {t.name: local_batch * sum(b for b, _ in _bags(features, t.name)) for t in tables}
   plan_stacks = lambda kinds: stacks_lib.plan_stacks(
       tables, features, kinds, ids, mesh=mesh, table_axes=table_axes, data_axes=data_axes,
       param_dtype=param_dtype, devices_per_host=devices_per_host, num_unique=num_unique,

@@ -32,11 +32,6 @@ from embedlib.optim import sorted_update
 from embedlib.strategies import collectives, routed
 
 
-def outer_axes(plan) -> tuple[str, ...]:
-  """Data axes outside the table group: replicas of each shard."""
-  return tuple(a for a in plan.data_axes if a not in plan.table_axes)
-
-
 def pays(plan, ids_per_device: int, itemsize: int) -> bool:
   """Whether routing moves fewer bytes than all-gathering, for this table and step.
 
@@ -126,7 +121,7 @@ def _exchange(send, send_grads, *, plan, rows_per_rank: int):
   received_grads = lax.all_to_all(send_grads, axes, 0, 0, tiled=True)
   offset = collectives.group_rank(axes) * rows_per_rank
   received = jnp.where(received >= 0, received + offset, -1)
-  outer = outer_axes(plan)
+  outer = plan.outer_axes
   if outer:
     gather = lambda x: lax.all_gather(x, outer, axis=0, tiled=True, to="invarying")
     received, received_grads = gather(received), gather(received_grads)
@@ -162,7 +157,7 @@ def routed_update(ids, grads, table, slots, *, plan, rows_per_rank: int, capacit
   """
   unique, sums = _my_slice(*sum_duplicates(ids, grads), plan)
   group = plan.group_size
-  axes = plan.table_axes + outer_axes(plan)
+  axes = plan.table_axes + plan.outer_axes
   keys = jnp.where(unique >= 0, unique, _NO_ID)  # sorted: -1s are at the end
   owner = jnp.where(unique >= 0, unique // rows_per_rank, group).astype(jnp.int32)
   starts = jnp.searchsorted(owner, jnp.arange(group + 1, dtype=jnp.int32),

@@ -114,8 +114,7 @@ class EmbeddingPlan:
     ways = {"gather": cost.gather_pairs_bytes(ids, self.data_shards, self.features, itemsize)}
     if self.strategy in options.ROW_SHARDED:
       if self.token_axes and self.group_size > 1:
-        outer = mesh_axes.axes_size(dict(self.mesh_shape),
-                                    [a for a in self.data_axes if a not in self.table_axes])
+        outer = mesh_axes.axes_size(dict(self.mesh_shape), self.outer_axes)
         ways["route"] = cost.routed_pairs_bytes(
             self.update_capacity(ids), self.group_size, outer, self.features, itemsize)
     else:
@@ -166,6 +165,11 @@ class EmbeddingPlan:
   def rest_axes(self) -> tuple[str, ...]:
     """Table axes over which ranks hold the same tokens."""
     return tuple(a for a in self.table_axes if a not in self.data_axes)
+
+  @property
+  def outer_axes(self) -> tuple[str, ...]:
+    """Data axes outside the table group: ranks holding replicas of each shard."""
+    return tuple(a for a in self.data_axes if a not in self.table_axes)
 
   @property
   def group_size(self) -> int:

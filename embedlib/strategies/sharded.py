@@ -310,5 +310,5 @@ def vocab_split_spec(plan, ndim: int) -> P:
   The vocabulary over ``plan.table_axes``; the tokens over the data axes
   outside the table group (the token axes' tokens were gathered).
   """
-  outer = tuple(a for a in plan.data_axes if a not in plan.table_axes)
+  outer = plan.outer_axes
   return P(outer or None, *(None,) * (ndim - 2), plan.table_axes)
