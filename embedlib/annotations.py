@@ -64,14 +64,17 @@ def init_box(init, key, shape, dtype, *, name: str):
 class Annotation:
   """The layout a Flax annotation asks for.
 
-  ``sharding`` is ``"vocab"``, ``"hidden"`` or ``"auto"`` (no mesh axis
-  named); ``where`` spells the annotation for error messages.
+  ``sharding`` is ``"vocab"``, ``"hidden"``, ``"grid"`` (axes on both
+  dimensions: rows over ``table_axes``, columns over ``column_axes``) or
+  ``"auto"`` (no mesh axis named); ``where`` spells the annotation for error
+  messages.
   """
 
   sharding: str
   table_axes: tuple[str, ...] | None
   where: str
   mesh: object = None
+  column_axes: tuple[str, ...] = ()
 
 
 def find(embedding_metadata: Mapping, init_box) -> tuple | None:
@@ -100,8 +103,8 @@ def read(found, mesh_axes: tuple[str, ...] | None, *, name: str) -> Annotation |
     name: the table's name, for errors.
 
   Raises:
-    ValueError: an axis the mesh doesn't have, axes on both dimensions, more
-      than two dimensions, or mesh axes with no mesh.
+    ValueError: an axis the mesh doesn't have, one axis on both dimensions,
+      more than two dimensions, or mesh axes with no mesh.
   """
   if found is None:
     return None
@@ -136,13 +139,17 @@ def read(found, mesh_axes: tuple[str, ...] | None, *, name: str) -> Annotation |
             f"map it with nnx.logical_axis_rules([({a!r}, <mesh axis>)])."
         )
   rows, cols = axes_of
+  for axes, dim in ((rows, "num_embeddings"), (cols, "features"), (rows + cols, "")):
+    twice = sorted({a for a in axes if axes.count(a) > 1})
+    if twice:
+      on = f"on {dim}" if dim else f"on num_embeddings {rows} and on features {cols}"
+      raise ValueError(
+          f"{name}: {where} puts mesh axis {twice[0]!r} {on}; a mesh axis splits "
+          f"one dimension once: e.g. out_sharding=P('tensor', 'fsdp') for rows over "
+          f"'tensor' and columns over 'fsdp'."
+      )
   if rows and cols:
-    raise ValueError(
-        f"{name}: {where} splits both dimensions (num_embeddings over {rows}, "
-        f"features over {cols}); ShardedEmbed splits one: vocab rows, e.g. "
-        f"out_sharding=P({rows + cols!r}, None), or hidden columns, e.g. "
-        f"out_sharding=P(None, {rows + cols!r})."
-    )
+    return Annotation(options.GRID, rows, where, mesh, column_axes=cols)
   if rows:
     return Annotation(options.VOCAB, rows, where, mesh)
   if cols:
@@ -163,28 +170,33 @@ def _mesh_axes(entry, rules) -> tuple[str, ...]:
   return tuple(out)
 
 
-def merge(sharding: str, table_axes, annotation: Annotation | None, *, name: str):
-  """``(sharding, table_axes)`` from the explicit arguments and the annotation.
+def merge(sharding: str, table_axes, annotation: Annotation | None, *, name: str,
+          column_axes=None):
+  """``(sharding, table_axes, column_axes)`` from the explicit arguments and the annotation.
 
   Explicit arguments win where the annotation names no axis; where both
   speak, they must agree.
   """
   if annotation is None or annotation.sharding == options.AUTO:
-    return sharding, table_axes
+    return sharding, table_axes, column_axes
   explicit = []
   if sharding != options.AUTO and sharding != annotation.sharding:
     explicit.append(f"sharding={sharding!r}")
-  if table_axes is not None:
-    given = (table_axes,) if isinstance(table_axes, str) else tuple(table_axes)
-    if set(given) != set(annotation.table_axes):
-      explicit.append(f"table_axes={table_axes!r}")
+  for given, asked, what in ((table_axes, annotation.table_axes, "table_axes"),
+                             (column_axes, annotation.column_axes, "column_axes")):
+    if given is not None:
+      axes = (given,) if isinstance(given, str) else tuple(given)
+      if set(axes) != set(asked or ()):
+        explicit.append(f"{what}={given!r}")
   if explicit:
+    over = f"{annotation.table_axes}" + (
+        f" (rows) and {annotation.column_axes} (columns)" if annotation.column_axes else "")
     raise ValueError(
         f"{name}: {' and '.join(explicit)} contradicts {annotation.where}, which "
-        f"asks for {annotation.sharding} sharding over {annotation.table_axes}; "
+        f"asks for {annotation.sharding} sharding over {over}; "
         f"drop one of them or make them agree."
     )
-  return annotation.sharding, annotation.table_axes
+  return annotation.sharding, annotation.table_axes, annotation.column_axes or None
 
 
 class PlainInLinen:

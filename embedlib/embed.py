@@ -95,8 +95,12 @@ class ShardedEmbed(nnx.Module):
     features: embedding width.
     mesh: a ``Mesh`` or ``AbstractMesh``; None takes the one set with
       ``jax.set_mesh``, or one device when there is none.
-    sharding: ``"auto" | "replicated" | "vocab" | "hidden" | "routed"``.
-    table_axes: mesh axes the table is split over (see ``plan_embedding``).
+    sharding: ``"auto" | "replicated" | "vocab" | "hidden" | "routed" |
+      "grid"``.
+    table_axes: mesh axes the table is split over (see ``plan_embedding``);
+      a grid's rows.
+    column_axes: a grid's column axes (``sharding="grid"``; default the data
+      axes that are not table axes).
     data_axes: mesh axes the ids' leading dimension is split over.
     tied: the table is also the output layer (``attend``); auto picks vocab.
     kernel: local lookup, one of ``options.KERNELS`` (``kernels.plan``:
@@ -133,6 +137,7 @@ class ShardedEmbed(nnx.Module):
       mesh=None,
       sharding: str = options.AUTO,
       table_axes=None,
+      column_axes=None,
       data_axes=None,
       tied: bool = False,
       kernel: str = "auto",
@@ -168,7 +173,8 @@ class ShardedEmbed(nnx.Module):
         found, None if mesh is None else tuple(mesh.axis_names), name=name)
     if mesh is None and request is not None:
       mesh = request.mesh
-    sharding, table_axes = annotations.merge(sharding, table_axes, request, name=name)
+    sharding, table_axes, column_axes = annotations.merge(
+        sharding, table_axes, request, name=name, column_axes=column_axes)
     extra = {}
     if replicate_below_bytes is not None:
       extra["replicate_below_bytes"] = replicate_below_bytes
@@ -180,6 +186,7 @@ class ShardedEmbed(nnx.Module):
         mesh=mesh,
         sharding=sharding,
         table_axes=table_axes,
+        column_axes=column_axes,
         data_axes=data_axes,
         tied=tied,
         param_dtype=param_dtype,
@@ -472,7 +479,7 @@ class ShardedEmbed(nnx.Module):
     """Whether ``attend`` can leave each rank its own rows' logits for ``sharding``."""
     return (
         self.mesh is not None
-        and self.plan.strategy in options.ROW_SHARDED
+        and self.plan.strategy in options.ROW_BLOCKS
         and isinstance(sharding, NamedSharding)
         and logits_lib.vocab_axes_of(sharding, ndim, self.plan.name) == self.plan.table_axes
     )

@@ -11,9 +11,15 @@ HIDDEN = "hidden"
 #: Rows split like ``VOCAB``; each id is sent to the rank owning its row and
 #: the row comes back (all-to-all at a static capacity per destination).
 ROUTED = "routed"
-STRATEGIES = (REPLICATED, VOCAB, HIDDEN, ROUTED)
+#: Rows split like ``VOCAB`` over ``table_axes`` and columns like ``HIDDEN``
+#: over ``column_axes`` at once (FSDP x tensor parallel: ``P('tensor', 'fsdp')``).
+GRID = "grid"
+STRATEGIES = (REPLICATED, VOCAB, HIDDEN, ROUTED, GRID)
 #: Layouts that split the table by rows (the same physical table and slots).
 ROW_SHARDED = (VOCAB, ROUTED)
+#: Layouts whose rows are split into blocks over ``table_axes`` (a rank owns
+#: a block of rows: the vocab-parallel logits and loss apply).
+ROW_BLOCKS = (VOCAB, ROUTED, GRID)
 #: Collection placements: a table whole on one device, or split over the
 #: devices of one host, inside a stack of tables of its width (routed).
 TABLE_WISE = "table"

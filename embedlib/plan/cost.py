@@ -22,14 +22,22 @@ ID_BYTES = 4  # ids travel as int32
 ROUTE_SLACK_SIGMAS = 4.0
 
 
-def padded_shape(num_embeddings, features, strategy, group_size):
+def padded_shape(num_embeddings, features, strategy, group_size, column_group: int = 1):
   """Physical table shape: the sharded dimension rounded up to the group.
+
+  A grid rounds its rows up to the group and its columns up to the
+  ``column_group``.
 
   >>> padded_shape(50257, 768, "vocab", 8)
   (50264, 768)
   >>> padded_shape(1000, 100, "hidden", 8)
   (1000, 104)
+  >>> padded_shape(50257, 100, "grid", 4, 8)
+  (50260, 104)
   """
+  if strategy == options.GRID:
+    return (math.ceil(num_embeddings / group_size) * group_size,
+            math.ceil(features / column_group) * column_group)
   if strategy in options.ROW_SHARDED:
     return (math.ceil(num_embeddings / group_size) * group_size, features)
   if strategy == options.HIDDEN:
@@ -37,15 +45,19 @@ def padded_shape(num_embeddings, features, strategy, group_size):
   return (num_embeddings, features)
 
 
-def table_bytes_per_device(padded, strategy, group_size, itemsize) -> int:
+def table_bytes_per_device(padded, strategy, group_size, itemsize, column_group: int = 1) -> int:
   """Bytes of the table shard each device stores.
 
   >>> table_bytes_per_device((1024, 64), "vocab", 8, 4)
+  32768
+  >>> table_bytes_per_device((1024, 64), "grid", 4, 4, 2)
   32768
   """
   rows, cols = padded
   if strategy == options.REPLICATED:
     return rows * cols * itemsize
+  if strategy == options.GRID:
+    return rows * cols * itemsize // (group_size * column_group)
   return rows * cols * itemsize // group_size
 
 
@@ -186,7 +198,7 @@ def allreduce_bytes(rows: int, ranks: int, features: int) -> int:
 
 def bytes_moved_per_lookup(
     padded, strategy, *, ids_per_device, token_ranks, rest_ranks, itemsize,
-    capacity=None,
+    capacity=None, column_token_ranks: int = 1, column_rest_ranks: int = 1,
 ) -> int:
   """Bytes one device receives for one lookup of ``ids_per_device`` ids.
 
@@ -199,6 +211,8 @@ def bytes_moved_per_lookup(
     itemsize: bytes per table element.
     capacity: ids per destination of a routed lookup (default
       ``uniform_route_capacity``).
+    column_token_ranks, column_rest_ranks: a grid's column ranks holding
+      different tokens and the same tokens (its rows use the two above).
 
   Returns:
     The estimate, in bytes.
@@ -209,6 +223,9 @@ def bytes_moved_per_lookup(
   """
   if strategy == options.REPLICATED:
     return 0
+  if strategy == options.GRID:
+    return _grid_bytes(padded, ids_per_device, token_ranks, rest_ranks,
+                       column_token_ranks, column_rest_ranks, itemsize)
   cols = padded[1]
   local_tokens = ids_per_device
   if strategy == options.ROUTED:
@@ -230,4 +247,26 @@ def bytes_moved_per_lookup(
     moved += (rest_ranks - 1) * group_tokens * width * itemsize  # all-gather
     # all-to-all of the columns gathered over the rest ranks
     moved += (token_ranks - 1) * local_tokens * width * rest_ranks * itemsize
+  return moved
+
+
+def _grid_bytes(padded, ids, token_ranks, rest_ranks, col_token_ranks, col_rest_ranks,
+                itemsize) -> int:
+  """A grid lookup: a vocab lookup of its column block, inside a hidden one.
+
+  Ids gathered over the column token ranks, then over the row token ranks;
+  each rank's partial rows of its column block summed over the rows'
+  group; the column blocks concatenated over the columns' group.
+
+  >>> _grid_bytes((1000, 64), 512, 1, 4, 2, 1, 4)
+  264192
+  """
+  width = padded[1] // (col_token_ranks * col_rest_ranks)
+  column_tokens = ids * col_token_ranks
+  moved = (col_token_ranks - 1) * ids * ID_BYTES
+  moved += (token_ranks - 1) * column_tokens * ID_BYTES
+  full = column_tokens * token_ranks * width * itemsize
+  moved += 2 * (rest_ranks - 1) * full // rest_ranks + (token_ranks - 1) * full // token_ranks
+  moved += (col_rest_ranks - 1) * column_tokens * width * itemsize
+  moved += (col_token_ranks - 1) * ids * width * col_rest_ranks * itemsize
   return moved

@@ -34,7 +34,9 @@ class EmbeddingPlan:
 
   ``table_axes`` are the mesh axes the table is split over (empty when it is
   replicated), ordered so that ``token_axes`` (table axes that are also data
-  axes: each rank of the group holds other tokens) come first.
+  axes: each rank of the group holds other tokens) come first. A ``grid``
+  table splits its rows over ``table_axes`` (its group) and its columns over
+  ``column_axes`` at once, both ordered that way.
 
   >>> p = plan_embedding(50257, 768, mesh={"data": 2, "model": 4}, tied=True)
   >>> p.strategy, p.table_axes, p.padded_shape
@@ -56,6 +58,7 @@ class EmbeddingPlan:
   name: str = "table"
   route_capacity: int | None = None
   placement: placement_lib.Placement | None = None
+  column_axes: tuple[str, ...] = ()
 
   @property
   def tokens(self) -> int:
@@ -117,7 +120,7 @@ class EmbeddingPlan:
         outer = mesh_axes.axes_size(dict(self.mesh_shape), self.outer_axes)
         ways["route"] = cost.routed_pairs_bytes(
             self.update_capacity(ids), self.group_size, outer, self.features, itemsize)
-    else:
+    elif self.strategy != options.GRID:  # a grid's ranks hold blocks of rows
       ways["allreduce"] = cost.allreduce_bytes(
           self.padded_shape[0], self.data_shards, self.features)
     way = min(ways, key=lambda w: (ways[w], w != "gather"))  # ties: the gather
@@ -176,6 +179,21 @@ class EmbeddingPlan:
     return mesh_axes.axes_size(dict(self.mesh_shape), self.table_axes)
 
   @property
+  def column_token_axes(self) -> tuple[str, ...]:
+    """A grid's column axes over which ranks hold different tokens."""
+    return tuple(a for a in self.column_axes if a in self.data_axes)
+
+  @property
+  def column_rest_axes(self) -> tuple[str, ...]:
+    """A grid's column axes over which ranks hold the same tokens."""
+    return tuple(a for a in self.column_axes if a not in self.data_axes)
+
+  @property
+  def column_group_size(self) -> int:
+    """Ranks a grid's columns are split over (1 for the 1-D layouts)."""
+    return mesh_axes.axes_size(dict(self.mesh_shape), self.column_axes)
+
+  @property
   def data_shards(self) -> int:
     return mesh_axes.axes_size(dict(self.mesh_shape), self.data_axes)
 
@@ -189,6 +207,8 @@ class EmbeddingPlan:
   def table_spec(self) -> tuple:
     """Per-dimension mesh axes of the physical table (flax ``out_sharding``)."""
     split = self.table_axes or None
+    if self.strategy == options.GRID:
+      return (split, self.column_axes)
     if self.strategy in options.ROW_SHARDED:
       return (split, None)
     if self.strategy == options.HIDDEN:
@@ -212,13 +232,16 @@ class EmbeddingPlan:
     """
     if self.padded_shape == self.logical_shape:
       return self.table_spec
-    group = {a: n for a, n in self.mesh_shape if a in self.table_axes}
+    group = {a: n for a, n in self.mesh_shape
+             if a in self.table_axes + self.column_axes}
     return mesh_axes.even_split(
         self.logical_shape, group, also_divides=self.padded_shape, prefer=self.table_spec)
 
   @property
   def shard_shape(self) -> tuple[int, int]:
     rows, cols = self.padded_shape
+    if self.strategy == options.GRID:
+      return (rows // self.group_size, cols // self.column_group_size)
     if self.strategy in options.ROW_SHARDED:
       return (rows // self.group_size, cols)
     if self.strategy == options.HIDDEN:
@@ -232,6 +255,8 @@ class EmbeddingPlan:
         f"  strategy        {self.strategy}",
         f"  mesh            {mesh}",
         f"  table_axes      {self.table_axes}  (token_axes {self.token_axes})",
+        *([f"  column_axes     {self.column_axes}  (token_axes "
+           f"{self.column_token_axes})"] if self.strategy == options.GRID else []),
         f"  data_axes       {self.data_axes}",
         f"  padded shape    {self.padded_shape[0]} x {self.padded_shape[1]}"
         f"  (+{100 * self.padding_overhead:.2f}% padding)",
@@ -355,6 +380,7 @@ def plan_embedding(
     name: str = "table",
     placement: placement_lib.Placement | None = None,
     tokens: int | None = None,
+    column_axes=None,
 ) -> EmbeddingPlan:
   """Decides how a ``(num_embeddings, features)`` table is laid out on a mesh.
 
@@ -363,9 +389,10 @@ def plan_embedding(
     features: embedding width (columns of the logical table).
     mesh: a ``Mesh``, an ``AbstractMesh``, a ``{axis: size}`` dict, or None
       for one device.
-    sharding: ``"auto" | "replicated" | "vocab" | "hidden" | "routed"``.
+    sharding: ``"auto" | "replicated" | "vocab" | "hidden" | "routed" |
+      "grid"``.
     table_axes: mesh axes the table is split over (default: the non-data
-      axes, or all axes when every axis is a data axis).
+      axes, or all axes when every axis is a data axis); a grid's rows.
     data_axes: mesh axes the ids' leading dimension is split over (default:
       axes named like ``data``, ``batch``, ``replica``).
     tied: the table is also the output layer (``attend``): prefer vocab.
@@ -382,6 +409,8 @@ def plan_embedding(
       members' one after the other.
     tokens: ids per lookup over the whole mesh, the older way to say
       ``ids_per_device`` (divided over the data shards); give one or neither.
+    column_axes: a grid's column axes (``sharding="grid"`` only; default
+      the data axes that are not table axes: FSDP's split of the width).
 
   Returns:
     An ``EmbeddingPlan``.
@@ -393,6 +422,9 @@ def plan_embedding(
   moves the fewest bytes per lookup (196.00 KiB; routed 259.61 KiB, vocab 1.38 MiB)
   >>> plan_embedding(10_000_000, 128, mesh={"batch": 64}, ids_per_device=8192).strategy
   'routed'
+  >>> g = plan_embedding(50257, 100, mesh={"fsdp": 2, "tensor": 4}, sharding="grid")
+  >>> g.table_axes, g.column_axes, g.padded_shape, g.shard_shape
+  (('tensor',), ('fsdp',), (50260, 100), (12565, 50))
   """
   num_embeddings, features = check_shape(num_embeddings, features, name)
   if sharding not in (options.AUTO,) + options.STRATEGIES:
@@ -407,8 +439,11 @@ def plan_embedding(
   table = tuple(a for a in table if a in data) + tuple(
       a for a in table if a not in data
   )
+  columns = _column_axes(shape, sharding, table, data, column_axes, name)
   itemsize = np.dtype(param_dtype).itemsize
   group = mesh_axes.axes_size(shape, table)
+  column_group = mesh_axes.axes_size(shape, columns)
+  column_token_ranks = mesh_axes.axes_size(shape, [a for a in columns if a in data])
   if tokens is not None:
     if ids_per_device is not None:
       raise ValueError(
@@ -426,8 +461,10 @@ def plan_embedding(
 
   def moved(strategy):
     return cost.bytes_moved_per_lookup(
-        cost.padded_shape(num_embeddings, features, strategy, group),
+        cost.padded_shape(num_embeddings, features, strategy, group, column_group),
         strategy,
+        column_token_ranks=column_token_ranks,
+        column_rest_ranks=column_group // column_token_ranks,
         ids_per_device=ids_per_device,
         token_ranks=token_ranks,
         rest_ranks=group // token_ranks,
@@ -448,7 +485,9 @@ def plan_embedding(
     strategy, reason = sharding, f"sharding={sharding!r} was requested"
   if strategy == options.REPLICATED:
     table, group, token_ranks = (), 1, 1
-  padded = cost.padded_shape(num_embeddings, features, strategy, group)
+  if strategy != options.GRID:
+    columns, column_group = (), 1
+  padded = cost.padded_shape(num_embeddings, features, strategy, group, column_group)
   if placement is not None:
     padded = (group * placement.rows_per_rank, features)
   plan = EmbeddingPlan(
@@ -462,13 +501,14 @@ def plan_embedding(
       itemsize=itemsize,
       ids_per_device=ids_per_device,
       bytes_per_device=cost.table_bytes_per_device(
-          padded, strategy, group, itemsize
+          padded, strategy, group, itemsize, column_group
       ),
-      bytes_moved_per_lookup=moved(strategy) if group > 1 else 0,
+      bytes_moved_per_lookup=moved(strategy) if group * column_group > 1 else 0,
       reason=reason,
       name=name,
       route_capacity=route_capacity,
       placement=placement,
+      column_axes=columns,
   )
   if placement is None:
     return plan
@@ -476,6 +516,36 @@ def plan_embedding(
       padded, strategy, ids_per_device=ids_per_device, token_ranks=token_ranks,
       rest_ranks=group // token_ranks, itemsize=itemsize,
       capacity=plan.capacity_for(ids_per_device)))
+
+
+def _column_axes(shape, sharding, table, data, column_axes, name):
+  """A grid's column axes, token axes first; ``()`` for the 1-D layouts."""
+  if sharding != options.GRID:
+    if column_axes is not None and tuple(column_axes):
+      raise ValueError(
+          f"{name}: column_axes={column_axes!r} splits the columns as well as the "
+          f"rows, which only sharding='grid' does (got sharding={sharding!r}); pass "
+          f"sharding='grid', or drop column_axes."
+      )
+    return ()
+  columns = mesh_axes.as_axes(column_axes, "column_axes", name)
+  if columns is None:
+    columns = tuple(a for a in data if a not in table)
+  mesh_axes.check_axes(columns, "column_axes", shape, name)
+  both = [a for a in columns if a in table]
+  if both:
+    raise ValueError(
+        f"{name}: axis {both[0]!r} is in both table_axes={table} (rows) and "
+        f"column_axes={columns} (columns); a mesh axis splits one dimension: "
+        f"name it on one of them."
+    )
+  if not columns or not table:
+    raise ValueError(
+        f"{name}: sharding='grid' splits rows over table_axes and columns over "
+        f"column_axes, got table_axes={table} and column_axes={columns} on the mesh "
+        f"{dict(shape)}; pass both, e.g. table_axes=('tensor',), column_axes=('fsdp',)."
+    )
+  return tuple(a for a in columns if a in data) + tuple(a for a in columns if a not in data)
 
 
 def _check_placement(placement, num_embeddings, group, sharding, name):

@@ -42,7 +42,7 @@ def axes_size(shape: Mapping[str, int], axes: Sequence[str]) -> int:
   return math.prod(shape[a] for a in axes)
 
 
-def _as_axes(value, role: str, name: str) -> tuple[str, ...] | None:
+def as_axes(value, role: str, name: str) -> tuple[str, ...] | None:
   if value is None:
     return None
   if isinstance(value, str):
@@ -63,7 +63,7 @@ def _as_axes(value, role: str, name: str) -> tuple[str, ...] | None:
   return out
 
 
-def _check_axes(axes, role: str, shape: Mapping[str, int], name: str) -> None:
+def check_axes(axes, role: str, shape: Mapping[str, int], name: str) -> None:
   for a in axes:
     if a not in shape:
       raise ValueError(
@@ -99,16 +99,16 @@ def resolve_axes(
   >>> resolve_axes({"data": 2, "model": 4}, table_axes="model", data_axes=())
   (('model',), ())
   """
-  table = _as_axes(table_axes, "table_axes", name)
-  data = _as_axes(data_axes, "data_axes", name)
+  table = as_axes(table_axes, "table_axes", name)
+  data = as_axes(data_axes, "data_axes", name)
   if data is None:
     data = tuple(a for a in shape if a in axes_lib.DATA_AXIS_NAMES)
   if table is None:
     table = tuple(a for a in shape if a not in data) or tuple(
         a for a in shape if a in data
     )
-  _check_axes(table, "table_axes", shape, name)
-  _check_axes(data, "data_axes", shape, name)
+  check_axes(table, "table_axes", shape, name)
+  check_axes(data, "data_axes", shape, name)
   return table, data
 
 

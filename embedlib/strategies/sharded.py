@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 from embedlib import _compat
 from embedlib import sharding as sharding_lib
 from embedlib import options
-from embedlib.strategies import hidden, replicated, routed, rowmap, vocab
+from embedlib.strategies import grid, hidden, replicated, routed, rowmap, vocab
 from embedlib.strategies.request import Request
 
 # Routed tables share vocab's layout: attend, and the lookups of a step whose
@@ -26,6 +26,7 @@ _STRATEGIES = {
     options.VOCAB: vocab,
     options.HIDDEN: hidden,
     options.ROUTED: vocab,
+    options.GRID: grid,
 }
 
 
@@ -266,8 +267,8 @@ def attend_vocab_split(table, query, *, plan, mesh):
   dimension stays split over the data axes outside the table group.
 
   Args:
-    table: the physical table, ``plan.padded_shape``, ``plan.strategy ==
-      "vocab"``.
+    table: the physical table, ``plan.padded_shape``, split by rows
+      (``plan.strategy`` one of ``options.ROW_BLOCKS``).
     query: ``[tokens, ..., features]``.
     plan: the table's ``EmbeddingPlan``.
     mesh: the mesh the plan was made for (not None).
@@ -278,12 +279,15 @@ def attend_vocab_split(table, query, *, plan, mesh):
   """
   _no_stack(plan)
   tokens = query.shape[0]
+  pad_cols = plan.padded_shape[1] - query.shape[-1]
+  if pad_cols:  # a grid's padded columns
+    query = jnp.pad(query, [(0, 0)] * (query.ndim - 1) + [(0, pad_cols)])
   token_spec = P(plan.data_axes or None)
   table_spec = P(*plan.table_spec)
   out_spec = vocab_split_spec(plan, query.ndim)
   query = sharding_lib.place(sharding_lib.pad_tokens(query, plan.data_shards, 0), mesh, token_spec)
   table = sharding_lib.place(table, mesh, table_spec)
-  body = lambda t, q: vocab.local_logits(t, q, plan=plan)
+  body = lambda t, q: _STRATEGIES[plan.strategy].local_logits(t, q, plan=plan)
   with no_context_mesh():
     out = _compat.shard_map(
         body, mesh=mesh, in_specs=(table_spec, token_spec), out_specs=out_spec

@@ -216,9 +216,9 @@ def test_explicit_arguments_win_and_must_agree():
                             r"num_embeddings, which is neither an axis of the mesh \(its axes are "
                             r"\('data', 'model'\)\)"),
     (P("vocab", None), (("embed", "model"),), r"'vocab'.*rules: \(\('embed', 'model'\),\)"),
-    (P("model", "data"), (), r"splits both dimensions \(num_embeddings over \('model',\), "
-                             r"features over \('data',\)\); ShardedEmbed splits one"),
-    (P("vocab", "embed"), (("vocab", "model"), ("embed", "data")), r"splits both dimensions"),
+    (P("model", "model"), (), r"item: embedding_metadata out_sharding=.* puts mesh axis 'model' "
+                              r"on num_embeddings \('model',\) and on features \('model',\)"),
+    (P("vocab", "embed"), (("vocab", "model"), ("embed", "model")), r"mesh axis 'model' on"),
     (P(None, None, "model"), (), r"has 3 entries"),
 ])
 def test_bad_annotations_are_named(metadata, rules, pattern):

@@ -1,0 +1,94 @@
+"""Grid sharding: rows split over ``table_axes`` and columns over ``column_axes``.
+
+What FSDP x tensor-parallel LLM code asks for with ``P('tensor', 'fsdp')``:
+each rank holds a block of rows of a block of columns. A grid lookup is the
+vocab lookup of the rank's column block inside a hidden lookup: ids to every
+rank of the column group, the vocab strategy over the row group (masked
+lookup of the owned rows, partial rows summed), then the column blocks
+concatenated over the column group. Attend nests the other way: the
+hidden attend (this rank's columns of the query times its block, partial
+logits summed over the column group) inside the vocab one (each row
+group rank keeps, or concatenates, its rows' logits). Padded rows are never
+looked up; padded columns are zero and sliced off by the caller.
+"""
+
+from __future__ import annotations
+
+from jax import lax
+
+from embedlib.strategies import collectives, vocab
+
+
+def lookup(table, ids, *, plan, gather):
+  """Grid-sharded lookup.
+
+  Args:
+    table: ``[padded_vocab / rows group, padded_features / columns group]``.
+    ids: ``[tokens, ...]`` int32, ``-1`` for invalid ids.
+    plan: the table's ``EmbeddingPlan``.
+    gather: local kernel; ids outside the shard give zero rows.
+
+  Returns:
+    ``[tokens, ..., padded_features]``; the caller drops padded columns.
+  """
+  ids = collectives.gather_tokens(ids, plan.column_token_axes)
+  block = vocab.lookup(table, ids, plan=plan, gather=gather)
+  return collectives.concat_slices(block, plan.column_token_axes, plan.column_rest_axes)
+
+
+def bag_lookup(table, ids, weights, *, plan, bag, combiner):
+  """Grid-sharded pooled bag lookup: the vocab bag of this column block, then concat.
+
+  Args:
+    table: ``[padded_vocab / rows group, padded_features / columns group]``.
+    ids: ``[tokens, bag]`` int32, ``-1`` for padding and invalid ids.
+    weights: ``[tokens, bag]`` float, or None for all ones.
+    plan: the table's ``EmbeddingPlan``.
+    bag: local pooled kernel.
+    combiner: ``"sum" | "mean" | "sqrtn"``.
+
+  Returns:
+    ``[tokens, padded_features]``; the caller drops padded columns.
+  """
+  ids = collectives.gather_tokens(ids, plan.column_token_axes)
+  if weights is not None:
+    weights = collectives.gather_tokens(weights, plan.column_token_axes)
+  pooled = vocab.bag_lookup(table, ids, weights, plan=plan, bag=bag, combiner=combiner)
+  return collectives.concat_slices(pooled, plan.column_token_axes, plan.column_rest_axes)
+
+
+def local_logits(table, query, *, plan):
+  """This rank's rows' logits, summed over the column group: ``vocab.local_logits`` of a grid.
+
+  Args:
+    table: ``[padded_vocab / rows group, padded_features / columns group]``.
+    query: ``[tokens, ..., padded_features]`` local to this rank (zero in
+      the padded columns).
+    plan: the table's ``EmbeddingPlan``.
+
+  Returns:
+    ``[row_group_tokens, ..., padded_vocab / rows group]``: the tokens of
+    every rank along ``plan.token_axes``, this rank's block of rows.
+  """
+  query = collectives.gather_tokens(query, plan.token_axes)
+  query = collectives.gather_tokens(query, plan.column_token_axes)
+  width = table.shape[1]
+  start = collectives.group_rank(plan.column_axes) * width
+  local = lax.dynamic_slice_in_dim(query, start, width, axis=query.ndim - 1)
+  return collectives.sum_partials(local @ table.T, plan.column_token_axes,
+                                  plan.column_rest_axes)
+
+
+def attend(table, query, *, plan):
+  """Grid-sharded ``query @ table.T``, every rank's tokens with the whole vocabulary.
+
+  Args:
+    table: ``[padded_vocab / rows group, padded_features / columns group]``.
+    query: ``[tokens, ..., padded_features]`` (zero in the padded columns).
+    plan: the table's ``EmbeddingPlan``.
+
+  Returns:
+    ``[tokens, ..., padded_vocab]``; the caller drops the padded logits.
+  """
+  logits = local_logits(table, query, plan=plan)
+  return collectives.concat_slices(logits, plan.token_axes, plan.rest_axes)
