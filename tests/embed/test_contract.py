@@ -133,3 +133,41 @@ def test_pallas_bags_of_width_zero(mesh_name, strategy):
   grads = nnx.jit(nnx.grad(lambda m, i, w: jnp.sum(m.bag(i, w))))(
       emb, jnp.asarray(ids), jnp.asarray(weights))
   assert not np.asarray(grads.embedding[...]).any()
+
+
+# Grid (2-D) layouts: (mesh shape, axis names, table_axes (rows), column_axes).
+# FSDP x tensor parallel as flax's Gemma example trains (rows over tensor,
+# columns over fsdp: the columns' ranks hold other tokens), the transpose
+# (rows' ranks hold other tokens), and both groups holding other tokens.
+GRID_MESHES = {
+    "fsdp2xtensor4": ((2, 4), ("fsdp", "tensor"), ("tensor",), ("fsdp",)),
+    "data4xmodel2": ((4, 2), ("data", "model"), ("data",), ("model",)),
+    "data2xfsdp2xtensor2": ((2, 2, 2), ("data", "fsdp", "tensor"), ("tensor", "data"),
+                            ("fsdp",)),
+}
+
+
+@pytest.mark.parametrize("size", [(99, 10), (7, 128), (50257, 3)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("mesh_name", list(GRID_MESHES))
+def test_grid_matches_reference(mesh_name, size):
+  shape, names, rows, cols = GRID_MESHES[mesh_name]
+  emb = build(*size, make_mesh(shape, names), sharding="grid", table_axes=rows,
+              column_axes=cols)
+  assert emb.plan.strategy == "grid" and set(emb.plan.table_axes) == set(rows)
+  assert emb.plan.column_axes == cols
+  check_contract(emb, *random_case(*size, batch=11))
+
+
+@pytest.mark.parametrize("variant", ["pallas", "bf16", "auto-axes"])
+def test_grid_kernels_dtypes_and_axis_types(variant):
+  shape, names, rows, cols = GRID_MESHES["fsdp2xtensor4"]
+  types = (AxisType.Auto,) * 2 if variant == "auto-axes" else None
+  dtype = jnp.bfloat16 if variant == "bf16" else jnp.float32
+  emb = build(99, 10, make_mesh(shape, names, axis_types=types), sharding="grid",
+              table_axes=rows, column_axes=cols, param_dtype=dtype,
+              kernel="pallas" if variant == "pallas" else "auto")
+  ids, query = random_case(99, 10, batch=11, dtype=dtype)
+  if variant == "bf16":
+    check_contract(emb, ids, query, rtol=2e-2, grad_atol=32 * 2.0**-8)
+  else:
+    check_contract(emb, ids, query)

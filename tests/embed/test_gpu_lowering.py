@@ -34,6 +34,9 @@ CASES = {
                       ["all_to_all", "all_gather", "reduce_scatter"]),
     "routed-tp": ((2, 4), ("data", "model"), "routed", None, None,
                   ["all_to_all", "all_gather", "all_reduce"]),
+    # Rows over tensor, columns over fsdp (the data axis): FSDP x tensor parallel.
+    "grid-fsdp-tp": ((2, 4), ("fsdp", "tensor"), "grid", ("tensor",), None,
+                     ["all_gather", "all_reduce", "all_to_all"]),
 }
 
 
