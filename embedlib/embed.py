@@ -111,6 +111,8 @@ class ShardedEmbed(nnx.Module):
     replicate_below_bytes: ``auto`` replicates tables up to this size.
     ids_per_device: ids one device looks up per call, for the plan's costs
       and ``auto``'s choice (see ``plan_embedding``).
+    device_memory_bytes: what one device may spend on the table; ``auto``
+      takes the cheapest layout that fits, a grid where no 1-D one does.
     route_capacity: ids per destination of a routed lookup; None sizes it
       from each call's ids (``EmbeddingPlan.capacity_for``).
     on_overflow: a routed call with more ids for one owner than the
@@ -145,6 +147,7 @@ class ShardedEmbed(nnx.Module):
       name: str = "embedding",
       replicate_below_bytes: int | None = None,
       ids_per_device: int | None = None,
+      device_memory_bytes: int | None = None,
       route_capacity: int | None = None,
       on_overflow: str = dedup.FALLBACK,
       placement=None,
@@ -180,6 +183,8 @@ class ShardedEmbed(nnx.Module):
       extra["replicate_below_bytes"] = replicate_below_bytes
     if ids_per_device is not None:
       extra["ids_per_device"] = ids_per_device
+    if device_memory_bytes is not None:
+      extra["device_memory_bytes"] = device_memory_bytes
     self.plan = plan_embedding(
         num_embeddings,
         features,

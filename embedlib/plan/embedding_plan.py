@@ -381,6 +381,7 @@ def plan_embedding(
     placement: placement_lib.Placement | None = None,
     tokens: int | None = None,
     column_axes=None,
+    device_memory_bytes: int | None = None,
 ) -> EmbeddingPlan:
   """Decides how a ``(num_embeddings, features)`` table is laid out on a mesh.
 
@@ -409,8 +410,13 @@ def plan_embedding(
       members' one after the other.
     tokens: ids per lookup over the whole mesh, the older way to say
       ``ids_per_device`` (divided over the data shards); give one or neither.
-    column_axes: a grid's column axes (``sharding="grid"`` only; default
-      the data axes that are not table axes: FSDP's split of the width).
+    column_axes: a grid's column axes (``sharding="grid"``, or a grid
+      ``auto`` may fall back to; default the data axes that are not table
+      axes: FSDP's split of the width).
+    device_memory_bytes: what one device may spend on the table: ``auto``
+      takes, among the layouts that fit, the one moving the fewest bytes,
+      trying a grid (rows over ``table_axes``, columns over ``column_axes``)
+      where no 1-D layout fits. None: no limit.
 
   Returns:
     An ``EmbeddingPlan``.
@@ -425,6 +431,10 @@ def plan_embedding(
   >>> g = plan_embedding(50257, 100, mesh={"fsdp": 2, "tensor": 4}, sharding="grid")
   >>> g.table_axes, g.column_axes, g.padded_shape, g.shard_shape
   (('tensor',), ('fsdp',), (50260, 100), (12565, 50))
+  >>> a = plan_embedding(1 << 20, 256, mesh={"fsdp": 2, "tensor": 4},
+  ...                    device_memory_bytes=200 << 20)   # 1-D: 256 MiB a device
+  >>> a.strategy, a.bytes_per_device >> 20
+  ('grid', 128)
   """
   num_embeddings, features = check_shape(num_embeddings, features, name)
   if sharding not in (options.AUTO,) + options.STRATEGIES:
@@ -440,6 +450,10 @@ def plan_embedding(
       a for a in table if a not in data
   )
   columns = _column_axes(shape, sharding, table, data, column_axes, name)
+  grid_columns = columns if sharding == options.GRID else _auto_columns(
+      shape, sharding, table, data, column_axes, name)
+  if sharding == options.AUTO:
+    columns = grid_columns
   itemsize = np.dtype(param_dtype).itemsize
   group = mesh_axes.axes_size(shape, table)
   column_group = mesh_axes.axes_size(shape, columns)
@@ -481,6 +495,11 @@ def plan_embedding(
     strategy, reason = _choose(
         num_embeddings, features, group, itemsize, tied, replicate_below_bytes, moved
     )
+    if device_memory_bytes is not None:
+      strategy, reason = _fit_memory(
+          strategy, reason, device_memory_bytes, moved, name=name, tied=tied,
+          grid=bool(grid_columns), shape=(num_embeddings, features), group=group,
+          column_group=column_group, itemsize=itemsize)
   else:
     strategy, reason = sharding, f"sharding={sharding!r} was requested"
   if strategy == options.REPLICATED:
@@ -518,10 +537,51 @@ def plan_embedding(
       capacity=plan.capacity_for(ids_per_device)))
 
 
+def _auto_columns(shape, sharding, table, data, column_axes, name):
+  """The column axes of the grid ``auto`` may fall back to, or ``()`` if there is none."""
+  if sharding != options.AUTO:
+    return ()
+  columns = mesh_axes.as_axes(column_axes, "column_axes", name)
+  if columns is None:
+    columns = tuple(a for a in data if a not in table)
+  if not columns or not table or set(columns) & set(table):
+    return () if column_axes is None else _column_axes(
+        shape, options.GRID, table, data, column_axes, name)
+  return _column_axes(shape, options.GRID, table, data, columns, name)
+
+
+def _fit_memory(strategy, reason, budget, moved, *, name, tied, grid, shape, group,
+                column_group, itemsize):
+  """``(strategy, reason)``: ``auto``'s choice, or the cheapest layout that fits ``budget``."""
+  def size(s):
+    g = 1 if s == options.REPLICATED else group
+    c = column_group if s == options.GRID else 1
+    return cost.table_bytes_per_device(cost.padded_shape(*shape, s, g, c), s, g, itemsize, c)
+
+  if size(strategy) <= budget:
+    return strategy, reason
+  candidates, _ = sharded_candidates(*shape, group)
+  if tied:  # the logits' layout: rows in blocks
+    candidates = [s for s in candidates if s == options.VOCAB]
+  candidates += [options.GRID] if grid else []
+  fits = [s for s in candidates if size(s) <= budget]
+  sizes = ", ".join(f"{s} {_human(size(s))}" for s in [strategy] + candidates if s != strategy)
+  if not fits:
+    raise ValueError(
+        f"{name}: no layout fits device_memory_bytes={budget} ({_human(budget)}): "
+        f"{strategy} needs {_human(size(strategy))} a device, {sizes}; spread the table "
+        f"over more devices (a larger mesh, or table_axes and column_axes covering more "
+        f"axes), use a narrower param_dtype, or raise device_memory_bytes."
+    )
+  best, why = cheapest(fits, moved)
+  return best, (f"{strategy} ({_human(size(strategy))} a device) doesn't fit "
+                f"device_memory_bytes ({_human(budget)}); of the layouts that do, {why}")
+
+
 def _column_axes(shape, sharding, table, data, column_axes, name):
   """A grid's column axes, token axes first; ``()`` for the 1-D layouts."""
   if sharding != options.GRID:
-    if column_axes is not None and tuple(column_axes):
+    if sharding != options.AUTO and column_axes is not None and tuple(column_axes):
       raise ValueError(
           f"{name}: column_axes={column_axes!r} splits the columns as well as the "
           f"rows, which only sharding='grid' does (got sharding={sharding!r}); pass "

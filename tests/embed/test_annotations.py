@@ -119,7 +119,8 @@ def _assert_same(sharded, reference, tokens):
 
 @pytest.mark.parametrize("emb_vd, strategy", [
     (None, "replicated"), (P("model", None), "vocab"), (P(None, "model"), "hidden"),
-    (P(("data", "model"), None), "vocab")], ids=["none", "vocab", "hidden", "vocab-2-axes"])
+    (P(("data", "model"), None), "vocab"), (P("model", "data"), "grid")],
+    ids=["none", "vocab", "hidden", "vocab-2-axes", "grid"])
 @pytest.mark.parametrize("vocab", [64, 61], ids=["even", "padded"])
 def test_gemma_style_metadata(emb_vd, strategy, vocab):
   m = mesh(AxisType.Explicit)
@@ -137,15 +138,18 @@ def test_gemma_style_metadata(emb_vd, strategy, vocab):
     (MeshRules(embed="model"), ()),
     (LOGICAL, (("vocab", "model"), ("embed", None))),
     (LOGICAL, (("vocab", None), ("embed", "model"))),
-], ids=["mesh-axes-vocab", "mesh-axes-embed", "logical-vocab", "logical-embed"])
+    (LOGICAL, (("vocab", "model"), ("embed", "data"))),
+], ids=["mesh-axes-vocab", "mesh-axes-embed", "logical-vocab", "logical-embed", "logical-grid"])
 def test_lm1b_style_with_partitioning(axis_rules, rules):
   vocab = 64  # flax lays the partitioned Linear out too: it must divide
   m = mesh()
   with jax.set_mesh(m), nnx.logical_axis_rules(rules):
     sharded = Decoder(embedlib.ShardedEmbed, vocab, axis_rules, rngs=nnx.Rngs(0))
     reference = Decoder(nnx.Embed, vocab, axis_rules, rngs=nnx.Rngs(0))
-    split_vocab = "vocab" in [k for k, v in rules if v] or axis_rules("vocab") == ("model",)
-    assert sharded.output_embed.plan.strategy == ("vocab" if split_vocab else "hidden")
+    split = {k for k, v in rules if v} or {k for k in ("vocab", "embed") if axis_rules(k)[0]}
+    strategy = {frozenset({"vocab"}): "vocab", frozenset({"embed"}): "hidden",
+                frozenset({"vocab", "embed"}): "grid"}[frozenset(split)]
+    assert sharded.output_embed.plan.strategy == strategy
     assert sharded.output_embed.plan.table_axes == ("model",)
     _assert_same(sharded, reference, _tokens(vocab))
 

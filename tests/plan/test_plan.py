@@ -7,6 +7,7 @@ from embedlib.plan import cost, resolve_axes
 
 TP = {"data": 2, "model": 4}
 RECSYS = {"batch": 8}
+FSDP_TP = {"fsdp": 2, "tensor": 4}
 
 
 @pytest.mark.parametrize(
@@ -137,6 +138,17 @@ def test_summary_prints_every_field():
         ((8, 8), {"mesh": [2, 4]}, TypeError, ["jax.make_mesh"]),
         ((8, 8), {"mesh": RECSYS, "sharding": "routed", "route_capacity": 0}, ValueError,
          ["route_capacity=0", "one id per destination", "8 ranks", "route_capacity >= 1"]),
+        ((8, 8), {"mesh": FSDP_TP, "sharding": "grid", "table_axes": "tensor",
+                  "column_axes": "tensor"}, ValueError,
+         ["'tensor'", "both table_axes", "column_axes", "name it on one"]),
+        ((8, 8), {"mesh": {"tensor": 4}, "sharding": "grid"}, ValueError,
+         ["sharding='grid'", "column_axes=()", "pass both"]),
+        ((8, 8), {"mesh": FSDP_TP, "sharding": "vocab", "column_axes": "fsdp"}, ValueError,
+         ["column_axes='fsdp'", "sharding='grid'"]),
+        ((8, 8), {"mesh": FSDP_TP, "sharding": "grid", "column_axes": "expert"}, ValueError,
+         ["'expert'", "('fsdp', 'tensor')"]),
+        ((1 << 20, 256), {"mesh": FSDP_TP, "device_memory_bytes": 64 << 20}, ValueError,
+         ["no layout fits", "64.00 MiB", "grid 128.00 MiB", "more devices"]),
     ],
 )
 def test_errors_name_the_thing_and_the_fix(args, kwargs, error, words):
@@ -146,3 +158,36 @@ def test_errors_name_the_thing_and_the_fix(args, kwargs, error, words):
   assert "user_id" in message
   for word in words:
     assert word in message
+
+
+def test_grid_shapes_costs_and_summary():
+  """Rows over tensor and columns over fsdp, each padded to its own group."""
+  p = plan_embedding(50257, 100, mesh={"fsdp": 2, "tensor": 4}, sharding="grid", name="tok")
+  assert (p.table_axes, p.column_axes, p.data_axes) == (("tensor",), ("fsdp",), ("fsdp",))
+  assert p.padded_shape == (50260, 100) and p.shard_shape == (12565, 50)
+  assert p.table_spec == (("tensor",), ("fsdp",))
+  assert p.bytes_per_device == 12565 * 50 * 4
+  vocab = plan_embedding(50257, 100, mesh={"fsdp": 2, "tensor": 4}, sharding="vocab")
+  assert p.bytes_per_device * 2 == vocab.bytes_per_device
+  # The vocab lookup of a half-width block for both fsdp ranks' ids, then an
+  # all-to-all of the halves: the same psum bytes as vocab, plus the exchange.
+  assert p.bytes_moved_per_lookup > vocab.bytes_moved_per_lookup
+  assert p.sparse_update(512)[0] == "gather"
+  text = str(p)
+  for field in ("strategy        grid", "column_axes     ('fsdp',)", "50260 x 100",
+                "12565 x 50"):
+    assert field in text
+
+
+def test_auto_takes_a_grid_only_where_no_1d_layout_fits():
+  mesh = {"fsdp": 2, "tensor": 4}
+  roomy = plan_embedding(1 << 20, 256, mesh=mesh, device_memory_bytes=1 << 30)
+  assert roomy.strategy != "grid"
+  tight = plan_embedding(1 << 20, 256, mesh=mesh, device_memory_bytes=200 << 20, name="t")
+  assert tight.strategy == "grid" and tight.bytes_per_device == 128 << 20
+  assert "doesn't fit device_memory_bytes" in tight.reason
+  tied = plan_embedding(1 << 20, 256, mesh=mesh, tied=True, device_memory_bytes=200 << 20)
+  assert tied.strategy == "grid"
+  # No data axis outside the table group: no grid to fall back to.
+  with pytest.raises(ValueError, match="no layout fits"):
+    plan_embedding(1 << 20, 256, mesh={"model": 4}, device_memory_bytes=200 << 20)
