@@ -37,9 +37,18 @@ def _ranks(plan: EmbeddingPlan) -> tuple[int, int]:
   return token, plan.group_size // token
 
 
+def _column_ranks(plan: EmbeddingPlan) -> tuple[int, int]:
+  """A grid's column token and rest ranks; ``(1, 1)`` for the 1-D layouts."""
+  token = mesh_axes.axes_size(dict(plan.mesh_shape), plan.column_token_axes)
+  return token, plan.column_group_size // token
+
+
 def _ids_bytes(plan: EmbeddingPlan, n: int) -> int:
+  """Ids all-gathered over the token ranks (a grid's column ones first)."""
   token_ranks, _ = _ranks(plan)
-  return (token_ranks - 1) * math.ceil(n / plan.data_shards) * cost.ID_BYTES
+  column_token_ranks, _ = _column_ranks(plan)
+  local = math.ceil(n / plan.data_shards)
+  return (column_token_ranks * token_ranks - 1) * local * cost.ID_BYTES
 
 
 def _gather_bytes(plan: EmbeddingPlan, n: int) -> int:
@@ -47,6 +56,7 @@ def _gather_bytes(plan: EmbeddingPlan, n: int) -> int:
   if plan.strategy == options.REPLICATED:
     return 0
   token_ranks, rest_ranks = _ranks(plan)
+  column_token_ranks, column_rest_ranks = _column_ranks(plan)
   per_device = math.ceil(n / plan.data_shards)
   return cost.bytes_moved_per_lookup(
       plan.padded_shape,
@@ -56,6 +66,8 @@ def _gather_bytes(plan: EmbeddingPlan, n: int) -> int:
       rest_ranks=rest_ranks,
       itemsize=plan.itemsize,
       capacity=plan.capacity_for(per_device) if plan.strategy == options.ROUTED else None,
+      column_token_ranks=column_token_ranks,
+      column_rest_ranks=column_rest_ranks,
   )
 
 

@@ -35,6 +35,12 @@ def _mesh(devices, kind):
     return jax.make_mesh((devices,), ("batch",)), {}
   if kind == "tp":  # ids replicated over "model"
     return jax.make_mesh((2, devices // 2), ("data", "model")), {}
+  if kind == "fsdp-tp":  # a grid: rows over tensor, columns over fsdp (token ranks)
+    return jax.make_mesh((2, devices // 2), ("fsdp", "tensor")), {
+        "table_axes": ("tensor",), "column_axes": ("fsdp",)}
+  if kind == "rows-tokens":  # a grid: rows over the data axis, columns over model
+    return jax.make_mesh((devices // 2, 2), ("data", "model")), {
+        "table_axes": ("data",), "column_axes": ("model",)}
   # table over both axes: token ranks and rest ranks
   return jax.make_mesh((devices // 2, 2), ("data", "model")), {"table_axes": ("data", "model")}
 
@@ -142,6 +148,13 @@ def _check(results):
 def test_eight_devices(kind, strategy, pooled):
   want, got = table_case(8, kind, strategy, pooled)
   _check([(f"{kind}-{strategy}", want, got)])
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["rows", "bag"])
+@pytest.mark.parametrize("kind", ["fsdp-tp", "rows-tokens"])
+def test_eight_devices_grid(kind, pooled):
+  want, got = table_case(8, kind, "grid", pooled)
+  _check([(f"{kind}-grid", want, got)])
 
 
 def test_eight_devices_collection():
