@@ -1,7 +1,10 @@
-"""Every fenced Python block of README.md runs as written."""
+"""Every fenced Python block of README.md runs as written, in a fresh ``python3`` too."""
 
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -14,7 +17,27 @@ def test_readme_has_python_blocks():
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_block_runs(index, capsys):
+def test_readme_block_runs(index, capsys, monkeypatch):
   # A fresh namespace per block: each must stand alone, imports included.
+  # The blocks set XLA_FLAGS for a fresh process; keep this one's.
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
   exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), {"__name__": "readme"})
   assert capsys.readouterr().out.strip(), "a README example prints what it shows"
+
+
+def test_blocks_with_a_mesh_ask_for_devices_before_importing_jax():
+  """A block that builds a multi-device mesh runs in a fresh ``python3`` on one CPU."""
+  meshes = [b for b in BLOCKS if "make_mesh" in b]
+  assert meshes
+  for block in meshes:
+    flag = block.index("--xla_force_host_platform_device_count=8")
+    assert flag < block.index("import jax"), block[:200]
+
+
+def test_first_block_runs_in_a_fresh_python():
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["JAX_PLATFORMS"] = "cpu"
+  result = subprocess.run([sys.executable, "-c", BLOCKS[0]], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=README.parent)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "EmbeddingPlan" in result.stdout
