@@ -40,9 +40,10 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 import embedlib
+from embedlib import axes
 from tests.embed.contract import make_mesh
 
-FSDP, TENSOR, DATA = "fsdp", "tensor", "data"  # the examples' mesh axis names
+FSDP, TENSOR, DATA = axes.FSDP, axes.TENSOR, axes.DATA  # the examples' mesh axis names
 VOCAB = 96  # divides the 4 row ranks: the parameter is the logical table
 UNEVEN_VOCAB = 99  # padded to 100 rows
 EMBED, HIDDEN = 16, 32
