@@ -7,9 +7,13 @@ Part 1, one device: ShardedEmbed (replicated, no mesh) vs raw ``jnp.take``
 on the same table and ids (target: median ratio <= 1.10), with its default
 kernel (on CPU the C++ gather of ``kernels/gather_cpu.py``) and, beside it,
 ``kernel="xla"`` (the jnp reference).
-Part 2, 8 simulated CPU devices: each strategy vs a replicated table with
-batch-split ids (what plain data parallelism does). Simulated devices share
-this machine's cores, so part 2 measures overhead, not scaling.
+Part 2, 8 simulated CPU devices: each strategy over one axis vs a
+replicated table with batch-split ids (what plain data parallelism does).
+Part 3, the same 8 devices as LLM training lays them out, fsdp=2 x tensor=4
+with the ids split over 'fsdp': the grid (rows over 'tensor', columns over
+'fsdp', what ``P('tensor', 'fsdp')`` asks for) beside vocab and hidden over
+'tensor', against the replicated table. Simulated devices share this
+machine's cores, so parts 2 and 3 measure overhead, not scaling.
 
 Before timing, every case's output is compared with ``reference`` (``jnp.take``
 on the case's logical table, on the host): it must be equal, exactly, since
@@ -97,23 +101,54 @@ def one_device(vocab, width, n, repeats, reference_fn=reference):
   return True
 
 
-def eight_devices(vocab, width, n, repeats, reference_fn=reference):
-  mesh = jax.make_mesh((8,), (axes.BATCH,))
-  ids = jax.device_put(zipf_ids(n, vocab), NamedSharding(mesh, P(axes.BATCH)))
+def mesh_cases(mesh, vocab, width, n, layouts, reference_fn=reference):
+  """Each layout's lookup of the same Zipf ids, split over the mesh's first axis.
+
+  Args:
+    layouts: strategy -> extra ``ShardedEmbed`` arguments; the first is the
+      baseline.
+
+  Returns:
+    The timed cases, or None when one differs from ``reference_fn``.
+  """
+  ids = jax.device_put(zipf_ids(n, vocab), NamedSharding(mesh, P(mesh.axis_names[0])))
   cases, wants = {}, {}
-  for strategy in options.STRATEGIES:
-    emb = embedlib.ShardedEmbed(vocab, width, mesh=mesh, sharding=strategy, rngs=nnx.Rngs(0))
+  for strategy, kwargs in layouts.items():
+    emb = embedlib.ShardedEmbed(vocab, width, mesh=mesh, sharding=strategy, rngs=nnx.Rngs(0),
+                                **kwargs)
     graphdef, state = nnx.split(emb)
     fn = jax.jit(lambda s, i, g=graphdef: nnx.merge(g, s)(i))
     name = f"{strategy} ({emb.plan.bytes_per_device / 2**20:.0f} MiB/device)"
     cases[name] = (fn, (state, ids))
     wants[name] = (emb.logical_table(), ids)
-  if not agree(cases, wants, reference_fn):
+  return cases if agree(cases, wants, reference_fn) else None
+
+
+def eight_devices(vocab, width, n, repeats, reference_fn=reference):
+  mesh = jax.make_mesh((8,), (axes.BATCH,))
+  # A grid needs a second axis for its columns: part 3.
+  layouts = {s: {} for s in options.STRATEGIES if s != options.GRID}
+  cases = mesh_cases(mesh, vocab, width, n, layouts, reference_fn)
+  if cases is None:
     return False
   times = interleaved(cases, repeats)
-  base = next(iter(cases))
-  print_table(times, base, f"8 simulated devices: {vocab} x {width} f32, {n} Zipf ids split "
-              "over 'batch', ms")
+  print_table(times, next(iter(cases)), f"8 simulated devices: {vocab} x {width} f32, {n} Zipf "
+              "ids split over 'batch', ms")
+  return True
+
+
+def fsdp_by_tensor(vocab, width, n, repeats, reference_fn=reference):
+  mesh = jax.make_mesh((2, 4), (axes.FSDP, axes.TENSOR))
+  rows = dict(table_axes=(axes.TENSOR,))
+  layouts = {options.REPLICATED: {}, options.VOCAB: rows, options.HIDDEN: rows,
+             options.GRID: dict(rows, column_axes=(axes.FSDP,))}
+  cases = mesh_cases(mesh, vocab, width, n, layouts, reference_fn)
+  if cases is None:
+    return False
+  times = interleaved(cases, repeats)
+  print_table(times, next(iter(cases)), f"fsdp=2 x tensor=4 simulated devices: {vocab} x "
+              f"{width} f32, {n} Zipf ids split over 'fsdp', tables over 'tensor' (grid: "
+              "columns over 'fsdp'), ms")
   return True
 
 
@@ -126,7 +161,7 @@ def main(argv=None, reference_fn=reference) -> int:
   vocab, width, n = (10_000, 64, 4096) if args.quick else (1_000_000, 64, 65_536)
   repeats = args.repeats or (3 if args.quick else 30)
   print(f"jax {jax.__version__}, {jax.default_backend()}, {len(jax.devices())} devices")
-  for part in (one_device, eight_devices):
+  for part in (one_device, eight_devices, fsdp_by_tensor):
     if not part(vocab, width, n, repeats, reference_fn):
       print("lookup: a case differs from the reference; not timing it.")
       return 1

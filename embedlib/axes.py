@@ -14,3 +14,7 @@ DATA = "data"
 MODEL = "model"
 BATCH = "batch"
 REPLICA = "replica"
+#: The FSDP x tensor-parallel mesh of LLM training (flax's Gemma example):
+#: ``P(TENSOR, FSDP)`` asks for a grid-sharded table.
+FSDP = "fsdp"
+TENSOR = "tensor"

@@ -1,8 +1,9 @@
 """``benchmarks/lookup.py`` checks every case against ``jnp.take`` before timing it.
 
-The quick run's checks pass and both parts are timed, with both CPU kernels
-and every strategy; a wrong reference, or a case whose output is off in one
-element, fails the check, and the script then exits 1 without timing. The
+The quick run's checks pass and its three parts are timed, with both CPU
+kernels and every strategy (the grid on the fsdp x tensor mesh); a wrong
+reference, or a case whose output is off in one element, fails the check,
+and the script then exits 1 without timing. The
 script runs in this process (the test suite's 8 CPU devices), so it uses
 this checkout's embedlib. No time is asserted.
 """
@@ -34,11 +35,13 @@ def test_quick_run_checks_then_times_both_kernels_and_every_strategy(monkeypatch
   require_cpu_kernels()
   lookup = load_script(monkeypatch)
   assert lookup.main(["--quick", "--repeats", "1"]) == 0
-  one_device, eight_devices = lookup.timed
+  one_device, eight_devices, fsdp_by_tensor = lookup.timed
   assert one_device == {"jnp.take", "ShardedEmbed (one device, kernel 'cpu')",
                         "ShardedEmbed (one device, kernel 'xla')"}
   assert kernels.resolve_kernel("auto") == "cpu"
-  assert {name.split(" ")[0] for name in eight_devices} == set(options.STRATEGIES)
+  assert {name.split(" ")[0] for name in eight_devices} == set(options.STRATEGIES) - {options.GRID}
+  assert {name.split(" ")[0] for name in fsdp_by_tensor} == {
+      options.REPLICATED, options.VOCAB, options.HIDDEN, options.GRID}
 
 
 def test_a_wrong_reference_fails_the_run_before_any_timing(monkeypatch, capsys):
