@@ -227,3 +227,15 @@ def test_kernels_on_empty_local_ids_inside_shard_map(kernel):
   np.testing.assert_array_equal(np.asarray(pooled, np.float32), 0)
   assert grad.shape == (N, F)
   np.testing.assert_array_equal(np.asarray(grad, np.float32), 0)
+
+
+@pytest.mark.parametrize("strategy", ["vocab", "routed"])
+def test_empty_bags_split_like_their_ids(strategy):
+  """Zeros for split ids come back split the same way, as a lookup's rows do."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  emb = build("8", strategy, "auto")
+  ids = jax.device_put(_ids(8, 0), NamedSharding(emb.mesh, P("batch")))
+  out = emb.bag(ids)
+  assert out.shape == (8, F) and out.dtype == DTYPE
+  assert out.sharding.spec[0] == "batch"
