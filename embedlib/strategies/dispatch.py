@@ -41,8 +41,8 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True,
   run = dict(plan=plan, mesh=mesh, gather=gather, bag=bag, check_vma=check_vma)
   if any(r.ids.size == 0 for r in requests):
     # A request without ids reads no row: its output is zeros, and it never
-    # reaches a shard_map, where a zero-size operand fails (Shardy rejects a
-    # body whose only operands are empty; XLA a zero-size all_to_all).
+    # reaches a shard_map, where empty operands fail (on Auto axes Shardy
+    # rejects a routed lookup of them; XLA a zero-size all_to_all).
     live = tuple(r for r in requests if r.ids.size)
     out, overflow = lookup_requests(
         table, live, num_unique=num_unique, on_overflow=on_overflow, **run
