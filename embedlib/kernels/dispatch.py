@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from embedlib import options
+from embedlib import sharding as sharding_lib
 from embedlib.kernels import cpu_library
 from embedlib.kernels import gpu_choice
 from embedlib.kernels import mosaic
@@ -165,6 +166,20 @@ def shard_map_check_vma(kernel: str = "auto", interpret: bool | None = None) -> 
   return TRITON_INTERPRET not in plan(kernel, interpret).values()
 
 
+def _empty(shape, table: jax.Array, *operands) -> jax.Array:
+  """Zeros of ``shape`` in ``table.dtype``, the result of a lookup with no ids.
+
+  One constant for every platform, without calling a kernel: a zero-size
+  ``pallas_call`` does not compile, and the kernels type an empty result
+  differently inside ``shard_map`` (the C++ gather's varies over the
+  operands' mesh axes, jnp's ops on zero-size arrays fold to a constant
+  that varies over none), which ``lax.platform_dependent`` rejects. Typed
+  to vary as XLA's ops on nonempty operands would, so a ``shard_map`` body
+  sees the same types whatever the batch.
+  """
+  return sharding_lib.match_varying(jnp.zeros(shape, table.dtype), table, *operands)[0]
+
+
 def _check_operands(name: str, table: jax.Array, ids: jax.Array) -> None:
   if table.ndim != 2 or not jnp.issubdtype(table.dtype, jnp.floating):
     raise ValueError(
@@ -248,6 +263,8 @@ def gather(table: jax.Array, ids: jax.Array, *, kernel: str = "auto", interpret:
   [[0.0, 0.0], [2.0, 2.0], [0.0, 0.0]]
   """
   _check_operands("gather", table, ids)
+  if ids.size == 0:
+    return _empty(ids.shape + (table.shape[1],), table, ids)
   return platforms.by_platform(table, ids, **_branches("gather", kernel, interpret))
 
 
@@ -289,10 +306,9 @@ def bag(
   _check_operands("bag", table, ids)
   reference.check_combiner(combiner)
   check_bag_shapes(ids, weights)
-  if ids.shape[-1] == 0:
-    # Every bag empty (zeros): a Pallas call on zero-size blocks doesn't
-    # compile inside shard_map.
-    return bag_xla(table, ids, weights, combiner=combiner)
+  if ids.size == 0:  # no bags, or every bag empty: zeros for every combiner
+    return _empty(ids.shape[:1] + (table.shape[1],), table, ids,
+                  *(() if weights is None else (weights,)))
   fns = _branches("bag", kernel, interpret)
   bound = {id(fn): functools.partial(fn, combiner=combiner) for fn in fns.values()}
   branches = {p: bound[id(fn)] for p, fn in fns.items()}

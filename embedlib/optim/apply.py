@@ -132,7 +132,7 @@ def init_slots(rule: rules_lib.RowRule, plan, mesh) -> dict[str, jax.Array]:
 
 
 def _flatten(pairs, plan):
-  """Flat, sanitised ``(ids [n], grads [n, features])`` per pair."""
+  """Flat, sanitised ``(ids [n], grads [n, features])`` per pair with ids (``n > 0``)."""
   out = []
   for ids, grads in pairs:
     ids = invalid_lib.as_ids(ids, plan.num_embeddings)
@@ -143,6 +143,10 @@ def _flatten(pairs, plan):
           f"of shape {ids.shape}; pass one [features={plan.features}] "
           f"gradient row per id, i.e. shape {ids.shape + (plan.features,)}."
       )
+    if not ids.size:
+      # Touches no row. Dropped here, so a step with only empty lookups
+      # returns the table as given and no update path meets zero-size ids.
+      continue
     flat = invalid_lib.sanitize(ids.reshape(-1), plan.num_embeddings)
     out.append((flat, grads.reshape(-1, plan.features)))
   return out

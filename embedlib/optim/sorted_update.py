@@ -72,8 +72,9 @@ def segmented_sums(keys, values):
   ([1.0, 3.0, 4.0, 1.0, 2.0, 3.0], [False, True, True, False, False, True])
   """
   n = keys.shape[0]
-  first = jnp.concatenate([jnp.ones((1,), bool), keys[1:] != keys[:-1]])
-  last = jnp.concatenate([keys[1:] != keys[:-1], jnp.ones((1,), bool)]) if n else first
+  edge = jnp.ones((min(n, 1),), bool)  # no run starts or ends in zero keys
+  first = jnp.concatenate([edge, keys[1:] != keys[:-1]])
+  last = jnp.concatenate([keys[1:] != keys[:-1], edge])
 
   def combine(a, b):
     a_start, a_sum = a

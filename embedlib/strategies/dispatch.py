@@ -8,7 +8,11 @@ counts a caller checks when a static capacity may overflow
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
 from embedlib import options
+from embedlib import sharding as sharding_lib
 from embedlib.strategies import dedup, sharded
 
 
@@ -35,6 +39,17 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True,
     (need, capacity)}`` for the caller's check in ``"error"`` mode.
   """
   run = dict(plan=plan, mesh=mesh, gather=gather, bag=bag, check_vma=check_vma)
+  if any(r.ids.size == 0 for r in requests):
+    # A request without ids reads no row: its output is zeros, and it never
+    # reaches a shard_map, where empty operands fail (on Auto axes Shardy
+    # rejects a routed lookup of them; XLA a zero-size all_to_all).
+    live = tuple(r for r in requests if r.ids.size)
+    out, overflow = lookup_requests(
+        table, live, num_unique=num_unique, on_overflow=on_overflow, **run
+    ) if live else ((), {})
+    out = iter(out)
+    return tuple(next(out) if r.ids.size else _no_rows(r, plan, mesh, table.dtype)
+                 for r in requests), overflow
   if num_unique is not None:
     out, need = dedup.lookup_requests(
         table, requests, capacity=num_unique, on_overflow=on_overflow, **run
@@ -46,3 +61,11 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True,
     )
     return out, {"route_capacity": (need, capacity)}
   return sharded.lookup_requests(table, requests, **run), {}
+
+
+def _no_rows(request, plan, mesh, dtype):
+  """The zeros a request without ids looks up, split like its ids (as a lookup returns them)."""
+  ids = request.ids
+  out = jnp.zeros((ids.shape[:1] if request.pooled else ids.shape) + (plan.features,), dtype)
+  spec = None if mesh is None else sharding_lib.leading_spec(ids, mesh)
+  return out if spec is None else sharding_lib.place(out, mesh, P(spec or None))
