@@ -34,10 +34,13 @@ MESHES = {
     "8": ((8,), ("batch",), None, None, None),
     "2x4-auto": ((2, 4), ("data", "model"), (AxisType.Auto,) * 2, ("model", "data"),
                  ("data",)),
+    # A grid: rows over tensor, columns over fsdp (the data axis).
+    "2x4-grid": ((2, 4), ("fsdp", "tensor"), None, ("tensor",), None),
 }
 # Every kernel on the Explicit mesh; the default kernel elsewhere.
 CASES = [(m, s, "auto") for m in ("none", "2x4-auto") for s in STRATEGIES] + [
-    ("8", s, k) for s in STRATEGIES for k in KERNELS]
+    ("8", s, k) for s in STRATEGIES for k in KERNELS] + [
+    ("2x4-grid", "grid", k) for k in ("auto", "pallas")]
 
 
 def _mesh(name):
