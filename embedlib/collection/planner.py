@@ -48,6 +48,7 @@ def _gather_bytes(plan: EmbeddingPlan, n: int) -> int:
     return 0
   token_ranks, rest_ranks = _ranks(plan)
   per_device = math.ceil(n / plan.data_shards)
+  column_token = mesh_axes.axes_size(dict(plan.mesh_shape), plan.column_token_axes)
   return cost.bytes_moved_per_lookup(
       plan.padded_shape,
       plan.strategy,
@@ -56,6 +57,8 @@ def _gather_bytes(plan: EmbeddingPlan, n: int) -> int:
       rest_ranks=rest_ranks,
       itemsize=plan.itemsize,
       capacity=plan.capacity_for(per_device) if plan.strategy == options.ROUTED else None,
+      column_token_ranks=column_token,
+      column_rest_ranks=plan.column_group_size // column_token,
   )
 
 
@@ -400,6 +403,10 @@ def plan_collection(
         p = dataclasses.replace(plan(t, sharding=options.REPLICATED), reason=(
             f"sharding={t.sharding!r} on a one-device group: the whole table on it"))
       plans[t.name] = p
+    elif t.sharding == options.GRID:
+      p = plan(t, sharding=t.sharding, column_axes=t.column_axes)
+      plans[t.name] = dataclasses.replace(p, reason=(
+          f"{p.reason}: rows over {p.table_axes}, columns over {p.column_axes}"))
     else:
       plans[t.name] = plan(t, sharding=t.sharding)
   kinds = {}
