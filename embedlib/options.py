@@ -20,6 +20,9 @@ ROW_SHARDED = (VOCAB, ROUTED)
 #: Layouts whose rows are split into blocks over ``table_axes`` (a rank owns
 #: a block of rows: the vocab-parallel logits and loss apply).
 ROW_BLOCKS = (VOCAB, ROUTED, GRID)
+#: Layouts whose ranks hold a slice of each row's columns (a row's update
+#: needs its whole gradient on every rank of the slice's group).
+COLUMN_SPLIT = (HIDDEN, GRID)
 #: Collection placements: a table whole on one device, or split over the
 #: devices of one host, inside a stack of tables of its width (routed).
 TABLE_WISE = "table"

@@ -160,7 +160,8 @@ class EmbeddingCollection(nnx.Module):
       p = table_plan.plan
       embeds[spec.name] = ShardedEmbed(
           spec.num_embeddings, spec.features, mesh=mesh, sharding=p.strategy,
-          table_axes=p.table_axes or None, data_axes=p.data_axes, kernel=kernel,
+          table_axes=p.table_axes or None, column_axes=p.column_axes or None,
+          data_axes=p.data_axes, kernel=kernel,
           ids_per_device=p.ids_per_device, route_capacity=p.route_capacity,
           on_overflow=on_overflow, name=spec.name, dtype=dtype, param_dtype=param_dtype,
           embedding_init=spec.initializer, rngs=rngs,

@@ -412,6 +412,10 @@ def plan_collection(
         p = dataclasses.replace(plan(t, sharding=options.REPLICATED), reason=(
             f"sharding={t.sharding!r} on a one-device group: the whole table on it"))
       plans[t.name] = p
+    elif t.sharding == options.GRID:
+      p = plan(t, sharding=t.sharding, column_axes=t.column_axes)
+      plans[t.name] = dataclasses.replace(p, reason=(
+          f"{p.reason}: rows over {p.table_axes}, columns over {p.column_axes}"))
     else:
       plans[t.name] = plan(t, sharding=t.sharding)
   kinds = {}

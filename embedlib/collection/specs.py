@@ -53,14 +53,19 @@ class TableSpec:
     num_embeddings: vocabulary size; ids lie in ``[0, num_embeddings)``.
     features: embedding width.
     initializer: ``init(key, shape, dtype)`` for the logical table.
-    sharding: ``"auto" | "replicated" | "vocab" | "hidden" | "routed"``, or
-      a placement in a stack of tables of its width: ``"table"`` (whole on
-      one device) or ``"table_row"`` (split over one host's devices);
-      ``auto`` lets the collection's planner choose.
+    sharding: ``"auto" | "replicated" | "vocab" | "hidden" | "routed" |
+      "grid"``, or a placement in a stack of tables of its width:
+      ``"table"`` (whole on one device) or ``"table_row"`` (split over one
+      host's devices); ``auto`` lets the collection's planner choose. A
+      grid table splits its rows over the collection's ``table_axes`` and
+      its columns over ``column_axes``, and is never stacked.
     device: for ``"table"``, the device (rank in the table group) to put it
       on; None lets the planner balance the devices.
     host: for ``"table_row"``, the host whose devices hold it; None lets
       the planner choose.
+    column_axes: for ``"grid"``, the mesh axes its columns are split over
+      (a name or a tuple of names); None: the data axes that are not table
+      axes.
   """
 
   name: str
@@ -70,6 +75,7 @@ class TableSpec:
   sharding: str = options.AUTO
   device: int | None = None
   host: int | None = None
+  column_axes: str | tuple[str, ...] | None = None
 
   def __post_init__(self):
     _name(self.name, "TableSpec")
@@ -97,6 +103,29 @@ class TableSpec:
         )
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{owner}: {field} must be an int >= 0, got {value!r}.")
+    self._check_column_axes(owner)
+
+  def _check_column_axes(self, owner: str) -> None:
+    """``column_axes`` as a tuple of names, given only with a grid."""
+    if self.column_axes is None:
+      return
+    if self.sharding != options.GRID:
+      raise ValueError(
+          f"{owner}: column_axes={self.column_axes!r} splits the columns as well as "
+          f"the rows, which only sharding='grid' does (got sharding={self.sharding!r}; "
+          f"a grid table is never stacked); pass sharding='grid', or drop column_axes."
+      )
+    axes = (self.column_axes,) if isinstance(self.column_axes, str) else self.column_axes
+    try:
+      axes = tuple(axes)
+    except TypeError:
+      axes = None
+    if not axes or not all(isinstance(a, str) and a for a in axes):
+      raise ValueError(
+          f"{owner}: column_axes={self.column_axes!r}; pass a mesh axis name or a "
+          f"tuple of them, e.g. column_axes=('fsdp',)."
+      )
+    object.__setattr__(self, "column_axes", axes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,8 @@ pairs for one table (one pair per lookup of it in the step), each rank:
    the same tables and slots (``tests/optim/test_dense_path.py``,
    ``tests/optim/test_marks_path.py``);
 3. local update: for the rows the rank owns (vocab: its block of rows;
-   hidden: its column slice of every touched row; replicated: all), it
+   hidden: its column slice of every touched row; grid: its column slice
+   of its block's touched rows; replicated: all), it
    gathers their slots, runs the rule and scatter-adds the rule's increment
    into its shard (the rules read slots, not weights, so the table itself is
    never gathered). Distinct ids never collide, and with the table donated
@@ -77,16 +78,21 @@ def slot_spec(slot: rules_lib.Slot, plan) -> tuple:
 
   Row slots are split with the rows for vocab sharding, and whole on every
   rank for hidden sharding: each hidden rank holds every row (a slice of its
-  columns), so it can update the row's slot without communication.
+  columns), so it can update the row's slot without communication. A grid's
+  row slots are split with its rows and whole over its column axes, for the
+  same reason.
 
   >>> from embedlib.plan import plan_embedding
   >>> p = plan_embedding(100, 64, mesh={"model": 4}, sharding="vocab")
   >>> slot_spec(rules_lib.Slot("row"), p), slot_spec(rules_lib.Slot("table"), p)
   ((('model',),), (('model',), None))
+  >>> g = plan_embedding(99, 10, mesh={"fsdp": 2, "tensor": 4}, sharding="grid")
+  >>> slot_spec(rules_lib.Slot("row"), g), slot_spec(rules_lib.Slot("table"), g)
+  ((('tensor',),), (('tensor',), ('fsdp',)))
   """
   if slot.kind == rules_lib.TABLE:
     return plan.table_spec
-  if plan.strategy in options.ROW_SHARDED:
+  if plan.strategy in options.ROW_BLOCKS:
     return (plan.table_axes,)
   return (None,)
 
@@ -325,11 +331,15 @@ def _local_update(rule, table, slots, ids, grads, lr, step, *, plan):
 
 
 def _shard_origin(table, plan):
-  """This rank's first global row (vocab) and first logical column (hidden); 0 otherwise."""
+  """This rank's first global row (vocab, grid) and first logical column (hidden, grid); 0 otherwise."""
   rows_here, cols_here = table.shape
-  rank = collectives.group_rank(plan.table_axes)
-  first_row = rank * rows_here if plan.strategy in options.ROW_SHARDED else 0
-  first_col = rank * cols_here if plan.strategy == options.HIDDEN else 0
+  first_row = first_col = 0
+  if plan.strategy in options.ROW_BLOCKS:
+    first_row = collectives.group_rank(plan.table_axes) * rows_here
+  if plan.strategy in options.COLUMN_SPLIT:
+    # A hidden table splits its columns over the table axes, a grid over its column axes.
+    columns = plan.column_axes if plan.strategy == options.GRID else plan.table_axes
+    first_col = collectives.group_rank(columns) * cols_here
   return first_row, first_col
 
 
@@ -379,7 +389,7 @@ def _xla_local_update(rule, table, slots, ids, grads, lr, step, *, plan):
     # Over the logical columns, before any column slicing: row-wise rules
     # normalise by the whole row on every rank.
     row_sq_mean = jnp.sum(g * g, axis=1) / plan.features
-  if plan.strategy == options.HIDDEN:
+  if plan.strategy in options.COLUMN_SPLIT:
     g = jnp.pad(g, ((0, 0), (0, plan.padded_shape[1] - plan.features)))
     g = lax.dynamic_slice_in_dim(g, first_col, cols_here, axis=1)
   # Owned indices are distinct, so adding the increment is the same as

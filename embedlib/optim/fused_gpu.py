@@ -6,7 +6,8 @@ kernel takes (`supports`) the runs of equal rows go to
 updates its table row (and Adam's moments) in place, instead of the scan,
 the rule over every sorted position and the writes of the XLA ops. Every
 strategy runs it: a row-sharded or replicated rank updates its rows, a
-hidden-sharded one its column slice of every touched row (the slice of the
+hidden-sharded one its column slice of every touched row, a grid one its
+column slice of its touched rows (the slice of the
 gradients goes in, and for AdaGrad the whole rows too, for the row's sum of
 squares). Elsewhere (other rules or dtypes, rows that are not whole 16-byte
 units, rows too wide for shared memory, jax 0.10) the XLA ops run.
@@ -54,14 +55,14 @@ def supports(rule, table, plan, slots=None) -> bool:
   if type(rule) not in _RULES:
     return False
   name = _RULES[type(rule)]
-  hidden = plan.strategy == options.HIDDEN
-  if not hidden and table.shape[1] != plan.features:
+  sliced = plan.strategy in options.COLUMN_SPLIT   # a slice of each row's columns
+  if not sliced and table.shape[1] != plan.features:
     return False
   table_slots = mosaic_update.TABLE_SLOTS[name]
   if slots is not None and any(slots[k].dtype != jnp.float32 for k in table_slots):
     return False
   # A column slice's AdaGrad also sums the whole rows, for their squares.
-  sq_width = plan.features if hidden and name == mosaic_update.ADAGRAD else 0
+  sq_width = plan.features if sliced and name == mosaic_update.ADAGRAD else 0
   return mosaic_update.supports(table.shape, table.dtype, rule=name, sq_width=sq_width)
 
 
@@ -100,7 +101,8 @@ def update(rule, table, slots, key, position, grads, lr, step, *, plan, first_co
     grads: ``[n, features]``, all logical columns.
     lr, step: scalars.
     plan: the table's ``EmbeddingPlan``.
-    first_col: this rank's first logical column (hidden sharding; else 0).
+    first_col: this rank's first logical column (hidden and grid sharding;
+      else 0).
     xla_ops: ``() -> (table, slots)``, the XLA ops' update: the other
       platforms' branch (and the CPU's, unless `use` (True)).
 
@@ -121,7 +123,7 @@ def _by_kernel(rule, table, slots, key, position, grads, lr, step, *, plan, firs
   starts, ends, rows = _runs(key, table.shape[0])
   grads = grads.astype(jnp.float32)
   sq_grads = None
-  if plan.strategy == options.HIDDEN:
+  if plan.strategy in options.COLUMN_SPLIT:
     if name == mosaic_update.ADAGRAD:
       sq_grads = grads
     cols_here = table.shape[1]

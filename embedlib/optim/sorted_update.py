@@ -128,7 +128,7 @@ def _by_scan(rule, table, slots, key, position, grads, lr, step, *, plan, first_
   # normalise by the whole row on every rank.
   row_sq_mean = jnp.sum(sums * sums, axis=1) / plan.features
   g = sums
-  if plan.strategy == options.HIDDEN:
+  if plan.strategy in options.COLUMN_SPLIT:
     g = jnp.pad(g, ((0, 0), (0, plan.padded_shape[1] - plan.features)))
     g = lax.dynamic_slice_in_dim(g, first_col, cols_here, axis=1)
   delta, new_slots = rule.update(old, g, row_sq_mean=row_sq_mean, lr=lr, step=step)

@@ -28,6 +28,15 @@ def make(tables=(T,), features=(FeatureSpec("f", "items"),), **kw):
     (lambda: make(num_unique={"other": 4}), "num_unique names table 'other'"),
     (lambda: make(num_unique=0), "table 'items': num_unique must be an int >= 1"),
     (lambda: make(on_overflow="ignore"), "on_overflow='ignore'"),
+    (lambda: TableSpec("items", 10, 4, sharding="table", column_axes="data"),
+     r"table 'items': column_axes='data' .* only sharding='grid' .* never stacked"),
+    (lambda: TableSpec("items", 10, 4, sharding="grid", column_axes=3),
+     r"table 'items': column_axes=3; pass a mesh axis name"),
+    (lambda: make(tables=[TableSpec("items", 20, 4, sharding="grid", column_axes="model")],
+                  mesh={"data": 2, "model": 4}),
+     r"items: axis 'model' is in both table_axes=\('model',\) \(rows\) and column_axes"),
+    (lambda: make(tables=[TableSpec("items", 20, 4, sharding="grid")], mesh={"batch": 8}),
+     r"items: sharding='grid' splits rows over table_axes and columns over column_axes"),
 ])
 def test_config_errors_raise_at_construction(build, match):
   with pytest.raises((ValueError, TypeError), match=match):
@@ -132,3 +141,17 @@ def test_collection_plan_matches_its_tables_on_an_abstract_mesh():
   plan = plan_collection([TableSpec("t", 1000, 64)], [FeatureSpec("f", "t")], mesh=mesh,
                          replicate_below_bytes=0)
   assert plan["t"].plan.table_axes == ("model",) and plan["t"].plan.data_axes == ("data",)
+
+
+def test_a_grid_table_prints_its_column_axes_and_is_never_stacked():
+  tables = [TableSpec("items", 99, 10, sharding="grid", column_axes="data"),
+            TableSpec("tags", 4000, 10, sharding="routed")]
+  feats = [FeatureSpec("f", "items"), FeatureSpec("g", "tags")]
+  plan = plan_collection(tables, feats, mesh={"data": 2, "model": 4}, batch_size=64,
+                         table_batched=True)
+  grid = plan["items"]
+  assert grid.stack is None and plan["tags"].stack is not None
+  assert (grid.plan.table_axes, grid.plan.column_axes) == (("model",), ("data",))
+  assert grid.plan.padded_shape == (100, 10)
+  row = [line for line in str(plan).splitlines() if line.startswith("items")][0]
+  assert "grid" in row and "columns over ('data',)" in row

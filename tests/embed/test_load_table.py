@@ -11,7 +11,8 @@ from jax.sharding import PartitionSpec as P
 import embedlib
 from tests.embed.contract import make_mesh
 
-LAYOUTS = [("vocab", 99, 12), ("hidden", 50, 10), ("replicated", 20, 6)]
+# The grid: rows over "model" (99 -> 100), columns over "data" (9 -> 10).
+LAYOUTS = [("vocab", 99, 12), ("hidden", 50, 10), ("replicated", 20, 6), ("grid", 99, 9)]
 
 
 class Recording(np.ndarray):
@@ -48,6 +49,11 @@ def test_host_table_is_read_one_shard_at_a_time(sharding, rows, cols):
   blocks = {tuple((s.start, s.stop) for s in index) for index in host.reads}
   if sharding == "replicated":
     assert blocks == {((0, rows), (0, cols))}
+  elif sharding == "grid":
+    # One read per device: a quarter of the rows and half the columns.
+    assert len(blocks) == 8
+    for (r0, r1), (c0, c1) in blocks:
+      assert r1 - r0 <= -(-rows // 4) and c1 - c0 <= -(-cols // 2)
   else:
     # One read per shard of the 4-way group, each at most a shard's rows
     # (vocab) or columns (hidden), padding cut off.

@@ -18,9 +18,12 @@ from embedlib.optim import LazyAdam, RowWiseAdagrad, SparseSGD
 #: (mesh shape, axis names, sharding, table_axes, data_axes); shape None is
 #: no mesh. Token-sharded layouts are those whose data axes overlap the
 #: table axes (every ("batch",) mesh, and the 2-D tables over both axes).
+#: A grid needs two groups of axes: rows over "model", columns over "data".
 LAYOUTS = [(None, None, options.REPLICATED, None, None)]
 for _n in (1, 2, 4, 8):
   for _s in options.STRATEGIES:
+    if _s == options.GRID:
+      continue
     LAYOUTS.append(((_n,), (axes.BATCH,), _s, None, None))
 for _s in options.STRATEGIES:
   LAYOUTS.append(((2, 4), (axes.DATA, axes.MODEL), _s, None, None))

@@ -176,6 +176,7 @@ SHARDED = {
     "vocab": ((2,), ("model",), "vocab", ("model",)),
     "hidden": ((2,), ("model",), "hidden", ("model",)),
     "routed": ((2,), ("batch",), "routed", None),
+    "grid": ((2, 2), ("batch", "model"), "grid", ("model",)),   # columns over "batch"
 }
 
 
@@ -183,13 +184,14 @@ SHARDED = {
 # moments); one rule on each of the other strategies.
 @pytest.mark.parametrize("strategy,name", [("hidden", "sgd"), ("hidden", "adagrad"),
                                            ("hidden", "adam"), ("vocab", "adam"),
-                                           ("routed", "adagrad"), ("replicated", "sgd")])
+                                           ("routed", "adagrad"), ("replicated", "sgd"),
+                                           ("grid", "adagrad")])
 def test_every_strategy_inside_shard_map_equals_xla_ops(strategy, name, monkeypatch):
   # Across a shard_map's devices the race detector misreports awaited TMA
   # copies (see tests/kernels/test_mosaic.py); one device checks races above.
   monkeypatch.setattr(mosaic, "DETECT_RACES", False)
   shape, names, sharding, table_axes = SHARDED[strategy]
-  mesh = jax.make_mesh(shape, names, devices=jax.devices()[:2])
+  mesh = jax.make_mesh(shape, names, devices=jax.devices()[:int(np.prod(shape))])
   plan = plan_embedding(ROWS, 128, mesh=mesh, sharding=sharding, table_axes=table_axes)
   rule = RULES[name]
   # No row more than twice (the XLA ops' sums in the same order), on both halves.

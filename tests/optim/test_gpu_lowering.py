@@ -32,6 +32,7 @@ GPU_CALL = {"mosaic": lowering.MOSAIC_GPU_CALL, "triton": lowering.TRITON_CALL}[
 CASES = {
     "vocab-tp": ((2, 4), ("data", "model"), "vocab"),
     "hidden-tp": ((2, 4), ("data", "model"), "hidden"),
+    "grid-tp": ((2, 4), ("data", "model"), "grid"),   # rows over model, columns over data
     "replicated": ((2, 4), ("data", "model"), "replicated"),
     "vocab-tokens": ((8,), ("batch",), "vocab"),
     "routed-tokens": ((8,), ("batch",), "routed"),

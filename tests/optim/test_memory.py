@@ -84,9 +84,10 @@ MEMORY_LAYOUTS = [
     layout for layout in ref.LAYOUTS
     if ref.layout_id(layout) in ("replicated-nomesh", "vocab-4", "hidden-2x4")
 ]
+GRID = [layout for layout in ref.LAYOUTS if ref.layout_id(layout) == "grid-2x4"]
 
 
-@pytest.mark.parametrize("layout", MEMORY_LAYOUTS, ids=ref.layout_id)
+@pytest.mark.parametrize("layout", MEMORY_LAYOUTS + GRID, ids=ref.layout_id)
 def test_sparse_step_has_no_table_sized_temporary(layout, update_path):
   small, large = (temp_bytes(layout, n, sparse=True) for n in (SMALL, LARGE))
   assert abs(large - small) <= 64 * 1024, (small, large)

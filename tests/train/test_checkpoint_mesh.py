@@ -1,5 +1,8 @@
 """A checkpoint saved on 8 devices restores onto 4, 3 and 1 device, shard by shard.
 
+And a grid table's (rows and columns split at once) onto the 1-D layouts
+and a grid on another mesh, and theirs onto a grid.
+
 Checkpoints hold logical (unpadded) tables and slots, so a new mesh with new
 padding gets identical tables and single-hot lookups, and the same next
 step; they are written and read one shard at a time, so no device holds a
@@ -12,14 +15,16 @@ import logging
 import urllib.parse
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorstore as ts
 from flax import nnx
 from jax.sharding import AxisType
 
+import embedlib
 from configs import quickstart
-from embedlib import checkpoint
+from embedlib import checkpoint, optim
 from embedlib.checkpoint import sharded
 from embedlib import data as data_lib
 from embedlib.training import setup, train_lib
@@ -127,3 +132,82 @@ def test_save_and_restore_move_shards_only_and_store_no_padding(config, tmp_path
   np.testing.assert_array_equal(np.asarray(model4.embeddings.tables["f0"].logical_table()),
                                 np.asarray(table.logical_table()))
   ckpt.close()
+
+
+class _Table(nnx.Module):
+  """One table and the layout it is given, for the grid's checkpoints below."""
+
+  def __init__(self, mesh, **layout):
+    self.emb = embedlib.ShardedEmbed(99, 9, mesh=mesh, rngs=nnx.Rngs(0), **layout)
+
+
+def _grid_state(shape, names, **layout):
+  """A 99 x 9 table (padded both ways as a grid) and its LazyAdam (row and table slots)."""
+  mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Explicit,) * len(shape),
+                       devices=jax.devices()[:int(np.prod(shape))])
+  model = _Table(mesh, **layout)
+  return model, optim.SparseAwareOptimizer(model, None, optim.LazyAdam(0.1))
+
+
+def _logical(model, optimizer):
+  emb = model.emb
+  n, f = emb.plan.logical_shape
+  slots = {k: np.asarray(v[...])[:n, :f] if v[...].ndim == 2 else np.asarray(v[...])[:n]
+           for k, v in optimizer.slots[0].items()}
+  return np.asarray(emb.logical_table()), slots
+
+
+# (mesh shape, names, layout): the grid on 8 devices, the 1-D layouts, a
+# grid the other way round on 4.
+GRID = ((2, 4), ("fsdp", "tensor"), {"sharding": "grid", "table_axes": "tensor"})
+ONTO = {
+    "vocab": ((2, 4), ("data", "model"), {"sharding": "vocab"}),
+    "hidden": ((8,), ("model",), {"sharding": "hidden"}),
+    "grid-4": ((2, 2), ("fsdp", "tensor"), {"sharding": "grid", "table_axes": "fsdp",
+                                            "column_axes": "tensor"}),
+}
+
+
+@pytest.mark.parametrize("onto", list(ONTO))
+def test_grid_checkpoint_restores_onto_other_layouts_and_back(onto, tmp_path, monkeypatch):
+  model, optimizer = _grid_state(GRID[0], GRID[1], **GRID[2])
+  assert model.emb.plan.padded_shape == (100, 10)
+
+  @nnx.jit
+  def step(model, optimizer, ids):
+    _, grads = optim.value_and_grad(lambda m: jnp.sum(jnp.tanh(m.emb(ids))))(model)
+    optimizer.update(model, grads)
+
+  step(model, optimizer, jnp.array([[0, 98, 5, 5], [50, 49, 98, 7]], jnp.int32))
+  want = _logical(model, optimizer)
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "grid"), asynchronous=False)
+  ckpt.save(1, model, optimizer, {})
+  ckpt.wait()
+  other, other_opt = _grid_state(ONTO[onto][0], ONTO[onto][1], **ONTO[onto][2])
+  ckpt.restore(other, other_opt)
+  ckpt.close()
+  got = _logical(other, other_opt)
+  np.testing.assert_array_equal(got[0], want[0])
+  for k in want[1]:
+    np.testing.assert_array_equal(got[1][k], want[1][k], err_msg=k)
+  physical = np.asarray(other.emb.embedding[...])
+  assert not physical[99:].any() and not physical[:, 9:].any()
+
+  # And back: the 1-D (or other grid) checkpoint onto a fresh grid.
+  back = checkpoint.Checkpointer(str(tmp_path / onto), asynchronous=False)
+  back.save(1, other, other_opt, {})
+  back.wait()
+  grid, grid_opt = _grid_state(GRID[0], GRID[1], **GRID[2])
+  reads = []
+  read_region = sharded._read_region
+  monkeypatch.setattr(sharded, "_read_region",
+                      lambda store, region: reads.append(region) or read_region(store, region))
+  back.restore(grid, grid_opt)
+  back.close()
+  # Each device read its own block of rows and columns, never the table.
+  assert reads and max(np.prod([s.stop - s.start for s in r]) for r in reads) <= 25 * 5
+  again = _logical(grid, grid_opt)
+  np.testing.assert_array_equal(again[0], want[0])
+  for k in want[1]:
+    np.testing.assert_array_equal(again[1][k], want[1][k], err_msg=k)
+  assert grid.emb.embedding[...].sharding.is_equivalent_to(model.emb.embedding[...].sharding, 2)
