@@ -3,6 +3,7 @@
     python3 benchmarks/sparse_step.py            # 1M x 64 and 10M x 32 f32, 65,536 Zipf ids
     python3 benchmarks/sparse_step.py --quick    # small sizes, a smoke run
     python3 benchmarks/sparse_step.py --check    # first: the sparse step vs a dense reference
+    python3 benchmarks/sparse_step.py --layouts  # the 2-D layout: 8 simulated devices
     bash benchmarks/install_peers.sh             # first, for the PyTorch columns
 
 One device of jax's default backend (a GPU where there is one: the lookup is
@@ -28,6 +29,16 @@ state donated: lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
   ``nn.Embedding(sparse=True)`` + ``torch.optim.Adagrad``, and the dense
   ``nn.Embedding`` + ``Adagrad``. ``--no-peers`` leaves them out. They are
   CPU workers, so they are left out on any other backend.
+
+``--layouts`` runs another part instead, on 8 simulated CPU devices laid
+out as LLM training lays them out (fsdp=2 x tensor=4, ids split over
+'fsdp'): the sparse step (fused CPU update) of a vocab and a hidden table
+over 'tensor' beside a grid (rows over 'tensor', columns over 'fsdp', what
+``P('tensor', 'fsdp')`` asks for): min / median / max ms and the ratio to
+vocab, each table's bytes per device, and the bytes one device receives
+per step, read from the compiled HLO's collectives. The simulated devices
+share this machine's cores: the times show each layout's overheads, not a
+speed-up.
 
 ``--check`` first runs a few sparse steps on a small table against a dense
 numpy reference of row-wise AdaGrad on the same ids (touched rows and
@@ -69,6 +80,9 @@ import sys
 import tempfile
 import time
 
+if "--layouts" in sys.argv:  # before jax is imported
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_force_host_platform_device_count=8")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(2, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
@@ -78,10 +92,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import embedlib  # noqa: E402
+from embedlib import axes, options  # noqa: E402
 from embedlib import optim  # noqa: E402
 from embedlib.optim import fused_cpu, sorted_update  # noqa: E402
+from embedlib.plan import hlo  # noqa: E402
 from timing import print_table  # noqa: E402
 from worker_protocol import default_env, missing_note, peak_rss_mib, start_or_note  # noqa: E402
 
@@ -109,16 +126,19 @@ def zipf_ids(n, vocab, seed=0):
 
 class Model(nnx.Module):
 
-  def __init__(self, vocab, width, rngs):
-    self.emb = embedlib.ShardedEmbed(vocab, width, rngs=rngs)
+  def __init__(self, vocab, width, rngs, **layout):
+    self.emb = embedlib.ShardedEmbed(vocab, width, rngs=rngs, **layout)
 
   def __call__(self, ids):
     return jnp.mean(jnp.sum(self.emb(ids), axis=-1) ** 2)
 
 
-def build_step(vocab, width, sparse):
-  """A jitted ``step(state, ids) -> (loss, state)`` with the state donated."""
-  model = Model(vocab, width, nnx.Rngs(0))
+def build_step(vocab, width, sparse, **layout):
+  """A jitted ``step(state, ids) -> (loss, state)`` with the state donated.
+
+  ``layout``: ``ShardedEmbed`` arguments (mesh, sharding, axes).
+  """
+  model = Model(vocab, width, nnx.Rngs(0), **layout)
   if sparse:
     opt = optim.SparseAwareOptimizer(model, None, optim.RowWiseAdagrad(LR))
   else:
@@ -355,6 +375,32 @@ def run(vocab, width, n, repeats, args):
   return times
 
 
+def layouts(vocab, width, n, repeats):
+  """``--layouts``: the sparse step of vocab, hidden and grid on fsdp=2 x tensor=4."""
+  mesh = jax.make_mesh((2, 4), (axes.FSDP, axes.TENSOR))
+  rows = dict(mesh=mesh, table_axes=(axes.TENSOR,))
+  kinds = {options.VOCAB: rows, options.HIDDEN: rows,
+           options.GRID: dict(rows, column_axes=(axes.FSDP,))}
+  ids = jax.device_put(zipf_ids(n, vocab), NamedSharding(mesh, P(axes.FSDP)))
+  steppers, lines = {}, []
+  for strategy, kwargs in kinds.items():
+    step, state = build_step(vocab, width, True, sharding=strategy, **kwargs)
+    compiled = step.lower(state, ids).compile()
+    plan = embedlib.plan_embedding(vocab, width, sharding=strategy, **kwargs)
+    steppers[strategy] = Stepper(compiled, state)
+    jax.block_until_ready(steppers[strategy](ids))
+    lines.append(f"  {strategy:8s} table {plan.bytes_per_device / MiB:8.2f} MiB/device "
+                 f"(shard {plan.shard_shape[0]:,} x {plan.shard_shape[1]}), receives "
+                 f"{hlo.bytes_moved(compiled.as_text()) / MiB:8.2f} MiB per step")
+  runs = {name: (lambda s=s: s.timed(ids)) for name, s in steppers.items()}
+  times = settled_rounds(runs, repeats)
+  print_table(times, options.VOCAB, f"fsdp=2 x tensor=4 simulated devices: {vocab:,} x "
+              f"{width} f32, {n:,} Zipf ids split over 'fsdp', sparse row-wise AdaGrad "
+              f"step, ms ({repeats} rounds)")
+  print("\n".join(lines))
+  return times
+
+
 def main(argv=None, reference=dense_adagrad_step) -> int:
   """Runs the benchmark; 1 if ``--check`` finds the sparse step differs from ``reference``."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -366,6 +412,8 @@ def main(argv=None, reference=dense_adagrad_step) -> int:
                       help="first compare the sparse step with a dense reference; exit 1 if they differ")
   parser.add_argument("--no-peers", dest="peers", action="store_false",
                       help="leave out the PyTorch columns")
+  parser.add_argument("--layouts", action="store_true",
+                      help="instead: vocab, hidden and grid on 8 simulated devices")
   parser.add_argument("--torch-threads", type=int, default=2)
   parser.add_argument("--peer-python", default=PEER_PYTHON,
                       help="python of the peer venv (default .peers/bin/python)")
@@ -378,6 +426,9 @@ def main(argv=None, reference=dense_adagrad_step) -> int:
     args.inner = 1 if backend == "cpu" else 20
   print(f"jax {jax.__version__}, backend {backend} ({jax.devices()[0].device_kind}), "
         f"{jax.device_count()} device(s)")
+  if args.layouts:
+    layouts(*sizes[0], n, repeats)
+    return 0
   if args.check:
     # The platform's own update, then the others it can trace.
     labels = {None: "", "xla": "XLA ops", "sorted": "sorted update"}

@@ -91,3 +91,14 @@ def test_the_reference_leaves_untouched_rows_and_counts_invalid_ids_out():
   np.testing.assert_array_equal(new_table[[1, 3]], table[[1, 3]])
   np.testing.assert_array_equal(new_acc[[1, 3]], 0)
   assert np.all(new_table[[0, 2]] < table[[0, 2]]) and np.all(new_acc[[0, 2]] > 0)
+
+
+def test_layouts_part_times_the_grid_beside_vocab_and_hidden(capsys):
+  sparse_step = benchmark_scripts.load("sparse_step")
+  times = sparse_step.layouts(1000, 16, 256, 1)
+  assert set(times) == {"vocab", "hidden", "grid"}
+  out = capsys.readouterr().out
+  # Each layout's table bytes per device and the step's received bytes,
+  # the grid holding half of vocab's table a device.
+  assert "grid     table     0.01 MiB/device (shard 250 x 8)" in out
+  assert "vocab    table     0.02 MiB/device (shard 250 x 16)" in out
