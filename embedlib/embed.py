@@ -21,6 +21,7 @@ from embedlib import sharding as sharding_lib
 from embedlib import table as table_lib
 from embedlib import options
 from embedlib import invalid_ids as invalid_lib
+from embedlib import param as param_lib
 from embedlib import kernels
 from embedlib import logits as logits_lib
 from embedlib import strategies
@@ -202,13 +203,21 @@ class ShardedEmbed(nnx.Module):
         embedding_metadata, box, spec=self.plan.table_spec, mesh=mesh,
         annotated=found is not None)
     value = table if box is None else dataclasses.replace(box, raw_value=table)
-    self.embedding = nnx.Param(value, **metadata)
+    self.embedding = param_lib.make(value, self.plan, mesh, metadata)
     self.dtype = dtype or self.embedding.dtype
 
   # -- the table ---------------------------------------------------------
 
   def _sharding(self):
     return table_lib.physical_sharding(self.plan, self.mesh)
+
+  def physical_table(self) -> jax.Array:
+    """The stored table: ``plan.padded_shape``, laid out by ``plan.table_spec``.
+
+    What lookups, the sparse optimizers and checkpoints read; the parameter
+    itself presents the logical table (``embedlib.param``).
+    """
+    return param_lib.physical(self.embedding, self.plan, self.mesh)
 
   def logical_table(self, *, replicated: bool = False) -> jax.Array:
     """The unpadded ``(num_embeddings, features)`` table.
@@ -219,7 +228,7 @@ class ShardedEmbed(nnx.Module):
     holds it whole unless no mesh axis divides either size, or
     ``replicated=True`` gathers it onto every device.
     """
-    return table_lib.unpad(self.embedding[...], self.plan, self.mesh, replicated=replicated)
+    return table_lib.unpad(self.physical_table(), self.plan, self.mesh, replicated=replicated)
 
   def load_table(self, table) -> None:
     """Sets the parameter from a logical ``(num_embeddings, features)`` table.
@@ -240,7 +249,8 @@ class ShardedEmbed(nnx.Module):
         dtype, or holding values that overflow ``param_dtype`` to inf.
     """
     table = table_lib.check_host_table(table, self.plan, self.param_dtype)
-    self.embedding.set_value(table_lib.load(table, self.plan, self.mesh, self.param_dtype))
+    param_lib.set_physical(self.embedding,
+                           table_lib.load(table, self.plan, self.mesh, self.param_dtype))
 
   # -- lookups -----------------------------------------------------------
 
@@ -331,7 +341,7 @@ class ShardedEmbed(nnx.Module):
     requests = tuple(r.replace(ids=self._sanitize(ids, r.pooled))
                      for ids, r in zip(raw, requests))
     on_overflow = on_overflow or self.on_overflow
-    if eager_on_mesh(self.mesh, requests, self.embedding[...]):
+    if eager_on_mesh(self.mesh, requests, self.embedding.get_raw_value()):
       out, overflow = _eager_requests(self, requests, num_unique, on_overflow)
     else:
       out, overflow = self._lookup_requests(requests, num_unique, on_overflow)
@@ -375,7 +385,7 @@ class ShardedEmbed(nnx.Module):
                                 self.num_embeddings)
 
   def _lookup_requests(self, requests, num_unique, on_overflow):
-    table = self.embedding[...]
+    table = self.physical_table()
     gather = functools.partial(kernels.gather, kernel=self.kernel)
     bag = functools.partial(kernels.bag, kernel=self.kernel)
     run = dict(plan=self.plan, mesh=self.mesh, gather=gather, bag=bag,
@@ -446,7 +456,7 @@ class ShardedEmbed(nnx.Module):
           f"{self.plan.name}: attend needs a query whose last dimension is "
           f"features={self.features}, got shape {query.shape}."
       )
-    if eager_on_mesh(self.mesh, query, self.embedding[...]):
+    if eager_on_mesh(self.mesh, query, self.embedding.get_raw_value()):
       return _eager_attend(self, query, out_sharding)
     return self._attend(query, out_sharding)
 
@@ -455,7 +465,7 @@ class ShardedEmbed(nnx.Module):
     if tape is not None:
       tape.attend(self)
     query, table = self.promote_dtype(
-        (query, self.embedding[...]), dtype=self.dtype
+        (query, self.physical_table()), dtype=self.dtype
     )
     flat = query.reshape(query.shape if query.ndim > 1 else (1,) + query.shape)
     sharding = None if out_sharding is None else self._named(out_sharding)
