@@ -55,8 +55,8 @@ class ShardedEmbed(nnx.Module):
   >>> import embedlib
   >>> mesh = jax.make_mesh((2, 4), ("data", "model"))
   >>> emb = embedlib.ShardedEmbed(50257, 100, mesh=mesh, tied=True, rngs=nnx.Rngs(0))
-  >>> emb.plan.strategy, emb.embedding.shape  # vocab rows padded to 4 ranks
-  ('vocab', (50260, 100))
+  >>> emb.plan.strategy, emb.embedding.shape, emb.plan.padded_shape  # stored padded
+  ('vocab', (50257, 100), (50260, 100))
   >>> ids = jnp.array([[0, 5, 50256], [7, -1, 3]])
   >>> emb(ids).shape
   (2, 3, 100)
@@ -84,12 +84,22 @@ class ShardedEmbed(nnx.Module):
   Mesh axes on the vocabulary dimension mean vocab sharding over them, on
   the feature dimension hidden sharding, none ``"auto"``; ``sharding`` and
   ``table_axes`` given too must agree with it. The parameter's
-  ``out_sharding`` is the physical spec.
+  ``out_sharding`` is the physical spec (of its raw value, what ``jit``
+  sees).
+
+  ``embedding`` reads and writes as ``nnx.Embed``'s does: ``[...]``,
+  ``get_value()``, ``.shape``, ``set_value``, ``nnx.state`` leaves and
+  ``nnx.bridge.to_linen`` give and take the logical table (see
+  ``embedlib.param``). It is stored padded: ``plan.padded_shape``, its raw
+  value (``embedding.get_raw_value()``, ``physical_table()``), what
+  ``nnx.split``, optax and checkpoints hold.
 
   Differences from ``nnx.Embed``: an invalid id (negative or
   ``>= num_embeddings``) looks up zeros with zero gradient, where
   ``nnx.Embed`` returns NaN or wraps (see ``embedlib.invalid_ids``), and
-  ``embedding`` is the physical (padded) parameter.
+  where the table is padded, ``emb.embedding[rows]`` indexes the stored
+  table and ``emb.embedding[rows] = x`` raises: index the logical one,
+  ``emb.embedding[...][rows]``.
 
   Args:
     num_embeddings: vocabulary size.

@@ -13,9 +13,9 @@ metadata hooks, module functions here, and a ``table_layout``
 
 - ``on_get_value``: ``[...]``, ``.value``, ``get_value()``, ``.shape``,
   ``nnx.state`` leaves and gradients give the logical view
-  (``table.unpad``). Only an array of the physical shape is cut; anything
-  else (an indexed read, a ``ShapeDtypeStruct``, a ``PartitionSpec``) is
-  returned as it is.
+  (``table.unpad``); an abstract one (``nnx.eval_shape``) a logical
+  ``ShapeDtypeStruct``. Only a value of the physical shape is cut; anything
+  else (an indexed read, a ``PartitionSpec``) is returned as it is.
 - ``on_set_value``: ``set_value`` / ``[...] =`` take the logical table,
   checked and laid out by ``table.load`` as ``load_table`` does; any other
   shape (an indexed write too) raises ``ValueError``.
@@ -47,6 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.nnx import variablelib
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from embedlib import table as table_lib
 
@@ -87,9 +89,20 @@ def _is_array(value) -> bool:
 def logical_view(variable, value):
   """``on_get_value``: a physical table as its logical view; anything else as it is."""
   layout = variable.get_metadata(LAYOUT)
-  if _is_array(value) and layout.is_physical(value):
+  if not layout.is_physical(value):
+    return value
+  if _is_array(value):
     return table_lib.unpad(value, layout.plan, layout.mesh)
+  if isinstance(value, jax.ShapeDtypeStruct):  # an abstract module (nnx.eval_shape)
+    return jax.ShapeDtypeStruct(layout.plan.logical_shape, value.dtype,
+                                sharding=_logical_sharding(layout))
   return value
+
+
+def _logical_sharding(layout):
+  if layout.mesh is None:
+    return None
+  return NamedSharding(layout.mesh, P(*layout.plan.logical_spec))
 
 
 def load_logical(variable, value):
