@@ -244,7 +244,7 @@ def test_sparse_optimizer_row_gradients_match_dense_gradients():
   dense = jax.jit(nnx.grad(loss))(coll)
   for spec in TABLES[:2]:
     (key,) = [k for k in rows if k.split("/")[-1] == spec.name]
-    acc = np.zeros(coll.tables[spec.name].embedding.shape, np.float32)
+    acc = np.zeros(coll.tables[spec.name].embedding.shape, np.float32)  # logical, as the gradient
     for ids, grads in rows[key]:
       ids = np.asarray(ids).reshape(-1)
       grads = np.asarray(grads).reshape(ids.shape[0], -1)
