@@ -108,8 +108,9 @@ def _logical_sharding(layout):
 def load_logical(variable, value):
   """``on_set_value``: the logical table, checked, cast and laid out physical."""
   layout = variable.get_metadata(LAYOUT)
-  raw = variable.get_raw_value()
-  dtype = np.dtype(getattr(raw, "dtype", None) or jnp.asarray(value).dtype)
+  # The stored dtype is param_dtype (np.dtype is falsy: no `or` here).
+  dtype = getattr(variable.get_raw_value(), "dtype", None)
+  dtype = np.dtype(jnp.asarray(value).dtype if dtype is None else dtype)
   plan = layout.plan
   if _shape(value) != tuple(plan.logical_shape) and _shape(value) is not None:
     raise ValueError(

@@ -119,6 +119,15 @@ def test_other_shapes_and_dtypes_raise_naming_the_table(built, layout):
   np.testing.assert_array_equal(emb.embedding[...], before)
 
 
+def test_set_value_casts_to_param_dtype():
+  emb = embedlib.ShardedEmbed(99, 8, mesh=_mesh("explicit"), sharding="vocab",
+                              table_axes=("model",), param_dtype=jnp.bfloat16,
+                              rngs=nnx.Rngs(0))
+  emb.embedding[...] = _table(99, 8)  # float32
+  assert emb.embedding.get_raw_value().dtype == jnp.bfloat16
+  np.testing.assert_array_equal(emb.embedding[...], _table(99, 8).astype(jnp.bfloat16))
+
+
 def test_a_table_that_divides_gets_a_plain_parameter():
   emb = embedlib.ShardedEmbed(100, 8, mesh=_mesh("explicit"), sharding="vocab",
                               table_axes=("model",), rngs=nnx.Rngs(0))
