@@ -34,7 +34,13 @@ Limits of hooks (flax calls them after indexing and before an index write):
 ``emb.embedding[...][rows]``); attributes read off the raw array
 (``.T``, ``.sharding``, ``.size``) are physical. A stack (``plan.placement``)
 whose padded shape equals its logical one can't tell a logical value from
-a physical one by shape: values of that shape are taken as physical.
+a physical one by shape: values of that shape are taken as physical. A raw
+value set to the logical table without hooks (``nnx.update`` after
+``nnx.replace_by_pure_dict`` of ``nnx.to_pure_dict``'s logical arrays, or
+Linen's ``apply``) is padded on the fly by every lookup (``physical``) and
+stored back padded by a sparse optimizer step; optax through
+``nnx.Optimizer`` needs the stored shape, so lay it out again first:
+``emb.load_table(emb.embedding[...])``.
 """
 
 from __future__ import annotations

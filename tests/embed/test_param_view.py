@@ -152,6 +152,21 @@ def test_gradients_read_logical_and_match_nnx_embed(built, layout):
   np.testing.assert_allclose(grad[...], want, rtol=1e-6, atol=1e-6)
 
 
+def test_pure_dict_round_trip_is_logical_and_still_looks_up():
+  sharding, n, f = LAYOUTS["vocab"]
+  emb = embedlib.ShardedEmbed(n, f, mesh=_mesh("explicit"), sharding=sharding,
+                              table_axes=("model",), rngs=nnx.Rngs(0))
+  pure = nnx.to_pure_dict(nnx.state(emb))
+  assert pure["embedding"].shape == (n, f)
+  state = nnx.state(emb)
+  nnx.replace_by_pure_dict(state, {"embedding": _table(n, f, scale=3.0)})
+  nnx.update(emb, state)  # sets the raw value to the logical table: padded per lookup
+  ids = IDS % n
+  np.testing.assert_array_equal(emb(ids), jnp.take(_table(n, f, scale=3.0), ids, axis=0))
+  emb.load_table(emb.embedding[...])  # laid out again, as nnx.Optimizer needs
+  assert emb.embedding.get_raw_value().shape == emb.plan.padded_shape
+
+
 class _Head(nnx.Module):
   """A table looked up and used as the output layer by ``nnx.Embed`` code."""
 
