@@ -21,6 +21,7 @@ from embedlib import sharding as sharding_lib
 from embedlib import table as table_lib
 from embedlib import options
 from embedlib import invalid_ids as invalid_lib
+from embedlib import param as param_lib
 from embedlib import kernels
 from embedlib import logits as logits_lib
 from embedlib import strategies
@@ -54,8 +55,8 @@ class ShardedEmbed(nnx.Module):
   >>> import embedlib
   >>> mesh = jax.make_mesh((2, 4), ("data", "model"))
   >>> emb = embedlib.ShardedEmbed(50257, 100, mesh=mesh, tied=True, rngs=nnx.Rngs(0))
-  >>> emb.plan.strategy, emb.embedding.shape  # vocab rows padded to 4 ranks
-  ('vocab', (50260, 100))
+  >>> emb.plan.strategy, emb.embedding.shape, emb.plan.padded_shape  # stored padded
+  ('vocab', (50257, 100), (50260, 100))
   >>> ids = jnp.array([[0, 5, 50256], [7, -1, 3]])
   >>> emb(ids).shape
   (2, 3, 100)
@@ -83,12 +84,22 @@ class ShardedEmbed(nnx.Module):
   Mesh axes on the vocabulary dimension mean vocab sharding over them, on
   the feature dimension hidden sharding, none ``"auto"``; ``sharding`` and
   ``table_axes`` given too must agree with it. The parameter's
-  ``out_sharding`` is the physical spec.
+  ``out_sharding`` is the physical spec (of its raw value, what ``jit``
+  sees).
+
+  ``embedding`` reads and writes as ``nnx.Embed``'s does: ``[...]``,
+  ``get_value()``, ``.shape``, ``set_value``, ``nnx.state`` leaves and
+  ``nnx.bridge.to_linen`` give and take the logical table (see
+  ``embedlib.param``). It is stored padded: ``plan.padded_shape``, its raw
+  value (``embedding.get_raw_value()``, ``physical_table()``), what
+  ``nnx.split``, optax and checkpoints hold.
 
   Differences from ``nnx.Embed``: an invalid id (negative or
   ``>= num_embeddings``) looks up zeros with zero gradient, where
   ``nnx.Embed`` returns NaN or wraps (see ``embedlib.invalid_ids``), and
-  ``embedding`` is the physical (padded) parameter.
+  where the table is padded, ``emb.embedding[rows]`` indexes the stored
+  table and ``emb.embedding[rows] = x`` raises: index the logical one,
+  ``emb.embedding[...][rows]``.
 
   Args:
     num_embeddings: vocabulary size.
@@ -214,13 +225,21 @@ class ShardedEmbed(nnx.Module):
         embedding_metadata, box, spec=self.plan.table_spec, mesh=mesh,
         annotated=found is not None)
     value = table if box is None else dataclasses.replace(box, raw_value=table)
-    self.embedding = nnx.Param(value, **metadata)
+    self.embedding = param_lib.make(value, self.plan, mesh, metadata)
     self.dtype = dtype or self.embedding.dtype
 
   # -- the table ---------------------------------------------------------
 
   def _sharding(self):
     return table_lib.physical_sharding(self.plan, self.mesh)
+
+  def physical_table(self) -> jax.Array:
+    """The stored table: ``plan.padded_shape``, laid out by ``plan.table_spec``.
+
+    What lookups, the sparse optimizers and checkpoints read; the parameter
+    itself presents the logical table (``embedlib.param``).
+    """
+    return param_lib.physical(self.embedding, self.plan, self.mesh)
 
   def logical_table(self, *, replicated: bool = False) -> jax.Array:
     """The unpadded ``(num_embeddings, features)`` table.
@@ -231,7 +250,7 @@ class ShardedEmbed(nnx.Module):
     holds it whole unless no mesh axis divides either size, or
     ``replicated=True`` gathers it onto every device.
     """
-    return table_lib.unpad(self.embedding[...], self.plan, self.mesh, replicated=replicated)
+    return table_lib.unpad(self.physical_table(), self.plan, self.mesh, replicated=replicated)
 
   def load_table(self, table) -> None:
     """Sets the parameter from a logical ``(num_embeddings, features)`` table.
@@ -252,7 +271,8 @@ class ShardedEmbed(nnx.Module):
         dtype, or holding values that overflow ``param_dtype`` to inf.
     """
     table = table_lib.check_host_table(table, self.plan, self.param_dtype)
-    self.embedding.set_value(table_lib.load(table, self.plan, self.mesh, self.param_dtype))
+    param_lib.set_physical(self.embedding,
+                           table_lib.load(table, self.plan, self.mesh, self.param_dtype))
 
   # -- lookups -----------------------------------------------------------
 
@@ -343,7 +363,7 @@ class ShardedEmbed(nnx.Module):
     requests = tuple(r.replace(ids=self._sanitize(ids, r.pooled))
                      for ids, r in zip(raw, requests))
     on_overflow = on_overflow or self.on_overflow
-    if eager_on_mesh(self.mesh, requests, self.embedding[...]):
+    if eager_on_mesh(self.mesh, requests, self.embedding.get_raw_value()):
       out, overflow = _eager_requests(self, requests, num_unique, on_overflow)
     else:
       out, overflow = self._lookup_requests(requests, num_unique, on_overflow)
@@ -387,7 +407,7 @@ class ShardedEmbed(nnx.Module):
                                 self.num_embeddings)
 
   def _lookup_requests(self, requests, num_unique, on_overflow):
-    table = self.embedding[...]
+    table = self.physical_table()
     gather = functools.partial(kernels.gather, kernel=self.kernel)
     bag = functools.partial(kernels.bag, kernel=self.kernel)
     run = dict(plan=self.plan, mesh=self.mesh, gather=gather, bag=bag,
@@ -458,7 +478,7 @@ class ShardedEmbed(nnx.Module):
           f"{self.plan.name}: attend needs a query whose last dimension is "
           f"features={self.features}, got shape {query.shape}."
       )
-    if eager_on_mesh(self.mesh, query, self.embedding[...]):
+    if eager_on_mesh(self.mesh, query, self.embedding.get_raw_value()):
       return _eager_attend(self, query, out_sharding)
     return self._attend(query, out_sharding)
 
@@ -467,7 +487,7 @@ class ShardedEmbed(nnx.Module):
     if tape is not None:
       tape.attend(self)
     query, table = self.promote_dtype(
-        (query, self.embedding[...]), dtype=self.dtype
+        (query, self.physical_table()), dtype=self.dtype
     )
     flat = query.reshape(query.shape if query.ndim > 1 else (1,) + query.shape)
     sharding = None if out_sharding is None else self._named(out_sharding)

@@ -196,31 +196,31 @@ def _program(init, unwrap, layout, dtype):
 # -- loading ----------------------------------------------------------------
 
 
-def check_host_table(table, plan, param_dtype):
+def check_host_table(table, plan, param_dtype, *, what="load_table"):
   """``table`` as an array (host arrays stay on the host), validated.
 
-  Raises ValueError naming the table for a wrong shape, a complex or a
-  non-numeric dtype.
+  Raises ValueError naming the table (and ``what`` was called) for a wrong
+  shape, a complex or a non-numeric dtype.
   """
   if not isinstance(table, (jax.Array, np.ndarray)):
     table = np.asarray(table)
   name, want = plan.name, plan.logical_shape
   if tuple(table.shape) != want:
     raise ValueError(
-        f"{name}: load_table got a table of shape {tuple(table.shape)}, expected the "
+        f"{name}: {what} got a table of shape {tuple(table.shape)}, expected the "
         f"logical shape {want} (num_embeddings, features), without padding; "
         f"pass the unpadded table."
     )
   dtype = np.dtype(table.dtype)
   if jnp.issubdtype(dtype, jnp.complexfloating):
     raise ValueError(
-        f"{name}: load_table got a complex table ({dtype}), but the table is real "
+        f"{name}: {what} got a complex table ({dtype}), but the table is real "
         f"(param_dtype {np.dtype(param_dtype)}); pass its real part (table.real) "
         f"if that is what you mean."
     )
   if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
     raise ValueError(
-        f"{name}: load_table got a table of dtype {dtype}, which is not numeric; "
+        f"{name}: {what} got a table of dtype {dtype}, which is not numeric; "
         f"pass an array of numbers (it is cast to param_dtype "
         f"{np.dtype(param_dtype)})."
     )

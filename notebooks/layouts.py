@@ -156,5 +156,5 @@ else:
       np.testing.assert_array_equal(np.asarray(emb(ids)), table[np.asarray(ids)])
       np.testing.assert_allclose(np.asarray(emb.attend(query)), np.asarray(query) @ table.T,
                                  rtol=1e-5, atol=1e-4)
-      print(f"{title:<22}{strategy:<8} physical {str(emb.embedding.shape):<14} "
+      print(f"{title:<22}{strategy:<8} physical {str(emb.plan.padded_shape):<14} "
             f"{ids.shape[0]} ids match jnp.take; attend matches query @ table.T")

@@ -71,13 +71,14 @@ print(emb.plan)
 # %% [markdown]
 # ## Where the table lives
 #
-# `emb.embedding` is the physical (padded) parameter; each block below is one
-# shard of it and the devices holding it. A vocab layout splits rows over
-# `model` and keeps a copy per `data` rank.
+# `emb.embedding` reads as the logical table, as `nnx.Embed`'s does; it is
+# stored padded (`emb.physical_table()`, of shape `emb.plan.padded_shape`).
+# Each block below is one shard of the stored table and the devices holding
+# it. A vocab layout splits rows over `model` and keeps a copy per `data` rank.
 
 # %%
-print("physical", emb.embedding.shape, "logical", emb.logical_table().shape)
-jax.debug.visualize_array_sharding(emb.embedding[...])
+print("physical", emb.plan.padded_shape, "logical", emb.embedding.shape)
+jax.debug.visualize_array_sharding(emb.physical_table())
 
 # %% [markdown]
 # ## Lookups and the tied output layer match the plain reference

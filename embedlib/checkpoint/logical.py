@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
+from embedlib import param as param_lib
 from embedlib.checkpoint.sharded import Logical, Stacked
 from embedlib.optim import row_grads
 
@@ -107,7 +108,7 @@ def split_state(model: nnx.Module, optimizer) -> tuple[dict, dict[str, Logical]]
     ``"slots/<key>/<slot>"`` (a stack's members by their own keys) to the
     padded arrays and their logical shapes.
   """
-  items = _sharded_items(model, optimizer, lambda var: var[...])
+  items = _sharded_items(model, optimizer, param_lib.physical)
   sharded = {}
   for name, item in items.items():
     sharded.update(item.members if isinstance(item, Stacked) else {name: item})
@@ -120,7 +121,7 @@ def restore_targets(model: nnx.Module, optimizer) -> tuple[dict, dict]:
   A stack's table and slots are ``Stacked`` targets, read from their members.
   """
   abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-  sharded = _sharded_items(model, optimizer, lambda var: abstract(var[...]))
+  sharded = _sharded_items(model, optimizer, lambda var: abstract(param_lib.physical(var)))
   return jax.tree.map(abstract, _dense_tree(model, optimizer)), sharded
 
 
@@ -131,7 +132,7 @@ def load_state(model: nnx.Module, optimizer, dense: dict, sharded: dict) -> None
   nnx.update(model, state)
   variables = _sharded_items(model, optimizer, lambda var: var)
   for name, item in variables.items():
-    item.array.set_value(sharded[name])
+    param_lib.set_physical(item.array, sharded[name])
   optimizer.step.set_value(dense["step"])
   if optimizer.dense is not None:
     state = nnx.state(optimizer.dense)

@@ -203,7 +203,7 @@ class EmbeddingCollection(nnx.Module):
     # Each member whole on every device (members are cut at uneven rows), the
     # stack never: it is moved to logical rows split over its devices first.
     module = self.stacks[stack.name]
-    return table_lib.stack_members(module.embedding[...], module.plan, module.mesh, names)
+    return table_lib.stack_members(module.physical_table(), module.plan, module.mesh, names)
 
   # -- lookups -----------------------------------------------------------
 

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from embedlib import embed as embed_lib
+from embedlib import param as param_lib
 from embedlib.optim import apply as apply_lib
 from embedlib.optim import row_grads as row_grads_lib
 from embedlib.optim import rules as rules_lib
@@ -149,14 +150,14 @@ class SparseAwareOptimizer(nnx.Pytree):
       if not pairs:
         continue
       emb = found[key]
-      table, values = emb.embedding[...], {k: v[...] for k, v in slots.items()}
+      table, values = emb.physical_table(), {k: v[...] for k, v in slots.items()}
       # Eager on a mesh: one cached jit, not a compile of every op per call.
       apply = (_apply_jitted if embed_lib.eager_on_mesh(emb.mesh, table, values, pairs, step)
                else apply_lib.apply_row_grads)
       table, new = apply(
           self.rule, table, values, tuple(pairs), plan=emb.plan, mesh=emb.mesh, step=step
       )
-      emb.embedding[...] = table
+      param_lib.set_physical(emb.embedding, table)
       for k, v in new.items():
         slots[k][...] = v
     self.step[...] = step + 1

@@ -46,7 +46,7 @@ def _contract_loss(lookups, logits, wo, wl):
 def _layout_results(emb, ids, query, wo, wl):
   """The lookup, attend and the loss's gradient, as one program: one compile per layout."""
   grads = nnx.grad(lambda m: _contract_loss(m(ids), m.attend(query), wo, wl))(emb)
-  return emb(ids), emb.attend(query), grads.embedding[...]
+  return emb(ids), emb.attend(query), grads.embedding.get_raw_value(), grads.embedding[...]
 
 
 @jax.jit
@@ -66,7 +66,7 @@ def check_contract(emb, ids, query, *, rtol=1e-5, grad_atol=None):
   # Weights that differ per column and per row catch a misplaced slice.
   wo = jnp.linspace(-1.0, 2.0, emb.features, dtype=jnp.float32)
   wl = jnp.linspace(0.5, 1.5, emb.num_embeddings, dtype=jnp.float32)
-  out, logits, grad = _layout_results(emb, ids, query, wo, wl)
+  out, logits, grad, logical_grad = _layout_results(emb, ids, query, wo, wl)
   want_out, want_logits, want_grad = _reference_results(ref, ids, query, wo, wl)
 
   assert out.shape == ids.shape + (emb.features,)
@@ -80,8 +80,11 @@ def check_contract(emb, ids, query, *, rtol=1e-5, grad_atol=None):
   v, f = emb.num_embeddings, emb.features
   np.testing.assert_allclose(
       physical[:v, :f], _host(want_grad), rtol=rtol, atol=grad_atol or rtol)
-  # Padding is storage only: it never receives a gradient.
+  # Padding is storage only: it never receives a gradient, and the gradient
+  # reads as the logical table, as the parameter does.
   assert not physical[v:].any() and not physical[:, f:].any()
+  assert logical_grad.shape == (v, f)
+  np.testing.assert_array_equal(_host(logical_grad), physical[:v, :f])
 
 
 def random_case(num_embeddings, features, batch, seed=0, dtype=jnp.float32):

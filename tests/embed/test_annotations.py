@@ -161,11 +161,11 @@ def test_flax_tools_read_the_physical_layout():
         61, 8, rngs=nnx.Rngs(0),
         embedding_init=nnx.with_partitioning(nnx.initializers.normal(), ("vocab", None)))
   state = nnx.state(emb)
-  assert emb.embedding.shape == (64, 8)  # 61 rows padded to 4 ranks
+  assert emb.physical_table().shape == (64, 8)  # 61 rows padded to 4 ranks
   assert emb.embedding.out_sharding == (("model",), None)
   assert nnx.get_partition_spec(state)["embedding"].get_value() == P("model", None)
   named = nnx.get_named_sharding(state, m)["embedding"].get_value()
-  assert named.is_equivalent_to(emb.embedding[...].sharding, 2)
+  assert named.is_equivalent_to(emb.physical_table().sharding, 2)
 
 
 def _linen_leaf(cls, **kwargs):

@@ -90,8 +90,9 @@ def test_parameter_carries_its_sharding():
   emb = embedlib.ShardedEmbed(99, 100, mesh=mesh, sharding="vocab", rngs=nnx.Rngs(0))
   spec = nnx.get_partition_spec(nnx.state(emb))["embedding"].get_value()
   assert spec == P(("model",), None)
-  assert emb.embedding[...].sharding.spec == P(("model",), None)
-  assert emb.embedding.shape == (100, 100)  # 99 rows padded to 4 ranks
+  assert emb.physical_table().sharding.spec == P(("model",), None)
+  assert emb.plan.padded_shape == (100, 100)  # 99 rows padded to 4 ranks
+  assert emb.embedding.shape == (99, 100)  # but the parameter reads logical
 
 
 def test_scalar_and_unsigned_ids_and_out_sharding():
@@ -111,9 +112,9 @@ def test_load_and_logical_table_round_trip_through_padding():
   emb = embedlib.ShardedEmbed(7, 3, mesh=mesh, sharding="hidden", rngs=nnx.Rngs(0))
   table = jnp.arange(21.0).reshape(7, 3)
   emb.load_table(table)
-  assert emb.embedding.shape == (7, 8)
+  assert emb.physical_table().shape == (7, 8) and emb.embedding.shape == (7, 3)
   np.testing.assert_array_equal(emb.logical_table(), table)
-  assert not np.asarray(emb.embedding[...])[:, 3:].any()
+  assert not np.asarray(emb.physical_table())[:, 3:].any()
   with pytest.raises(ValueError, match=r"logical shape \(7, 3\)"):
     emb.load_table(jnp.zeros((7, 8)))
 
@@ -175,9 +176,10 @@ def test_abstract_mesh_module_builds_under_eval_shape():
   with jax.sharding.use_abstract_mesh(abstract):
     emb = nnx.eval_shape(lambda: embedlib.ShardedEmbed(
         99, 100, mesh=abstract, sharding="vocab", name="item", rngs=nnx.Rngs(0)))
-  assert emb.embedding.shape == (100, 100)
+  assert emb.embedding.shape == (99, 100)  # abstract, and logical too
   assert emb.plan.table_axes == ("model",)
-  assert emb.embedding.get_value().sharding.spec == P(("model",), None)
+  assert emb.embedding.get_raw_value().shape == (100, 100)
+  assert emb.embedding.get_raw_value().sharding.spec == P(("model",), None)
   # A host table is placed shard by shard onto devices, which an abstract mesh lacks.
   with pytest.raises(ValueError, match="item: load_table needs a concrete mesh"):
     emb.load_table(np.zeros((99, 100), np.float32))

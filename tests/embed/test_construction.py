@@ -70,7 +70,7 @@ def test_values_are_the_eager_draw_and_padding_is_zero(sharding, rows, cols, axi
   mesh = make_mesh((2, 4), ("data", "model"), axis_types=(axis_types,) * 2)
   emb = embedlib.ShardedEmbed(rows, cols, mesh=mesh, sharding=sharding, rngs=nnx.Rngs(0))
   want = np.asarray(default_embed_init(nnx.Rngs(0).params(), (rows, cols), jnp.float32))
-  physical = np.asarray(emb.embedding[...])
+  physical = np.asarray(emb.physical_table())
   if (EXACT or cols > 3) and sharding != "grid":
     np.testing.assert_array_equal(physical[:rows, :cols], want)
   else:
@@ -79,7 +79,7 @@ def test_values_are_the_eager_draw_and_padding_is_zero(sharding, rows, cols, axi
     # XLA's default level).
     np.testing.assert_array_max_ulp(physical[:rows, :cols], want, maxulp=4)
   assert not physical[rows:].any() and not physical[:, cols:].any()
-  assert emb.embedding[...].sharding.is_equivalent_to(emb._sharding(), 2)
+  assert emb.physical_table().sharding.is_equivalent_to(emb._sharding(), 2)
 
 
 def test_other_initializers_and_dtypes_keep_their_values():
@@ -110,10 +110,10 @@ def test_drawn_under_set_mesh_and_inside_jit():
   with jax.set_mesh(mesh):
     eager = embedlib.ShardedEmbed(99, 16, sharding="vocab", rngs=nnx.Rngs(0))
     jitted = nnx.jit(lambda: embedlib.ShardedEmbed(99, 16, sharding="vocab", rngs=nnx.Rngs(0)))()
-  assert jitted.embedding[...].sharding.is_equivalent_to(eager._sharding(), 2)
+  assert jitted.physical_table().sharding.is_equivalent_to(eager._sharding(), 2)
   # A table drawn inside the caller's jit is rounded by that jit, as
   # nnx.Embed's would be.
-  np.testing.assert_allclose(np.asarray(jitted.embedding[...]), np.asarray(eager.embedding[...]),
+  np.testing.assert_allclose(np.asarray(jitted.physical_table()), np.asarray(eager.physical_table()),
                              rtol=1e-6, atol=1e-7)
 
 
@@ -130,10 +130,10 @@ def test_collection_tables_are_drawn_the_same_way():
       mesh=mesh, replicate_below_bytes=0, rngs=nnx.Rngs(0))
   emb = embedlib.ShardedEmbed(1001, 16, mesh=mesh, sharding=coll.plan["t"].plan.strategy,
                               rngs=nnx.Rngs(0))
-  np.testing.assert_array_equal(np.asarray(coll.tables["t"].embedding[...]),
-                                np.asarray(emb.embedding[...]))
+  np.testing.assert_array_equal(np.asarray(coll.tables["t"].physical_table()),
+                                np.asarray(emb.physical_table()))
   shard = coll.tables["t"].plan.shard_shape
-  assert {s.data.shape for s in coll.tables["t"].embedding[...].addressable_shards} == {shard}
+  assert {s.data.shape for s in coll.tables["t"].physical_table().addressable_shards} == {shard}
 
 
 def test_logical_table_stays_split_unless_asked():
@@ -146,7 +146,7 @@ def test_logical_table_stays_split_unless_asked():
   whole = emb.logical_table(replicated=True)
   assert whole.sharding.is_fully_replicated
   np.testing.assert_array_equal(np.asarray(table), np.asarray(whole))
-  np.testing.assert_array_equal(np.asarray(whole), np.asarray(emb.embedding[...])[:99])
+  np.testing.assert_array_equal(np.asarray(whole), np.asarray(emb.physical_table())[:99])
   unpadded = embedlib.ShardedEmbed(96, 12, mesh=mesh, sharding="vocab", rngs=nnx.Rngs(0))
   assert unpadded.logical_table() is unpadded.embedding[...]
   odd = embedlib.ShardedEmbed(99, 7, mesh=mesh, sharding="vocab", rngs=nnx.Rngs(0))

@@ -41,11 +41,11 @@ def test_host_table_is_read_one_shard_at_a_time(sharding, rows, cols):
   values = np.arange(rows * cols, dtype=np.float64).reshape(rows, cols)
   host = _recording(values)
   emb.load_table(host)
-  physical = np.asarray(emb.embedding[...])
+  physical = np.asarray(emb.physical_table())
   np.testing.assert_array_equal(physical[:rows, :cols], values.astype(np.float32))
   assert not physical[rows:].any() and not physical[:, cols:].any()
-  assert emb.embedding[...].sharding.is_equivalent_to(emb._sharding(), 2)
-  assert emb.embedding[...].dtype == jnp.float32
+  assert emb.physical_table().sharding.is_equivalent_to(emb._sharding(), 2)
+  assert emb.physical_table().dtype == jnp.float32
   blocks = {tuple((s.start, s.stop) for s in index) for index in host.reads}
   if sharding == "replicated":
     assert blocks == {((0, rows), (0, cols))}

@@ -56,17 +56,17 @@ def test_allreduced_update_equals_the_all_gather(layout, monkeypatch):
   assert allreduce.pays(emb.plan, local_ids, 4)
   rule = optim.LazyAdam(0.1)
   fn, slots = _compiled(emb, rule, pairs)
-  assert "all-gather" not in fn.lower(emb.embedding[...], slots, pairs).compile().as_text()
-  got = jax.device_get(fn(emb.embedding[...], slots, pairs))
+  assert "all-gather" not in fn.lower(emb.physical_table(), slots, pairs).compile().as_text()
+  got = jax.device_get(fn(emb.physical_table(), slots, pairs))
   monkeypatch.setattr(allreduce, "pays", lambda *a: False)
   fn, slots = _compiled(emb, rule, pairs)
-  want = jax.device_get(fn(emb.embedding[...], slots, pairs))
+  want = jax.device_get(fn(emb.physical_table(), slots, pairs))
   for name, value in got[1].items():
     # Touched rows (row 5's cancelling gradients included) step their moments.
     np.testing.assert_array_equal(value != 0, want[1][name] != 0, err_msg=name)
     np.testing.assert_allclose(value, want[1][name], rtol=1e-5, atol=1e-6, err_msg=name)
   np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
-  assert (got[0] != np.asarray(emb.embedding[...])).any()
+  assert (got[0] != np.asarray(emb.physical_table())).any()
 
 
 def test_allreduce_moves_what_the_cost_model_says(monkeypatch):
@@ -74,7 +74,7 @@ def test_allreduce_moves_what_the_cost_model_says(monkeypatch):
   rule = optim.SparseSGD(0.1)
   moved = lambda: hlo.bytes_moved(jax.jit(
       lambda t, p: optim.apply_row_grads(rule, t, {}, p, plan=emb.plan, mesh=emb.mesh, step=0)
-  ).lower(emb.embedding[...], pairs).compile().as_text())
+  ).lower(emb.physical_table(), pairs).compile().as_text())
   local = (8 * 24 + 32) // 8
   assert moved() == cost.allreduce_bytes(ROWS, 8, FEATURES)
   monkeypatch.setattr(allreduce, "pays", lambda *a: False)

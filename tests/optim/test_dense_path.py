@@ -43,9 +43,9 @@ def run_steps(emb, rules, dense: bool, monkeypatch, marks: bool = True):
     m.setattr(allreduce, "pays", lambda *a: False)
     if not marks:
       m.setattr(apply_lib, "_scratch_slot", lambda slots, n: None)
-    table = np.array(emb.embedding[...])
+    table = np.array(emb.physical_table())
     state = {
-        name: (jax.device_put(table, emb.embedding[...].sharding),
+        name: (jax.device_put(table, emb.physical_table().sharding),
                optim.init_slots(rule, emb.plan, emb.mesh))
         for name, rule in rules.items()
     }
@@ -79,7 +79,7 @@ def test_dense_path_equals_by_ids_path(layout, monkeypatch):
   assert dense_sorts == 0 and ids_sorts > 0, (dense_sorts, ids_sorts)
   assert_same_states(dense, by_ids, rules)
   # The steps did change something (the comparison is not of two no-ops).
-  assert not np.array_equal(dense["sgd"][0], np.asarray(emb.embedding[...]))
+  assert not np.array_equal(dense["sgd"][0], np.asarray(emb.physical_table()))
 
 
 def assert_same_states(got, want, rules):

@@ -53,7 +53,7 @@ def run(layout, path_is_fused):
                                     mesh=emb.mesh, step=k)
         for name in rules
     }, donate_argnums=0)
-    state = {name: (jnp.array(emb.embedding[...]), optim.init_slots(rule, emb.plan, emb.mesh))
+    state = {name: (jnp.array(emb.physical_table()), optim.init_slots(rule, emb.plan, emb.mesh))
              for name, rule in rules.items()}
     for k in range(2):
       state = step(state, step_pairs(k), jnp.int32(k))

@@ -43,7 +43,7 @@ def _step(emb, rule, pairs):
   slots = optim.init_slots(rule, emb.plan, emb.mesh)
   fn = jax.jit(lambda t, s, p: optim.apply_row_grads(rule, t, s, p, plan=emb.plan,
                                                      mesh=emb.mesh, step=0))
-  table, slots = fn(emb.embedding[...], slots, pairs)
+  table, slots = fn(emb.physical_table(), slots, pairs)
   return np.asarray(table), {k: np.asarray(v) for k, v in slots.items()}, fn, slots
 
 
@@ -63,7 +63,7 @@ def test_routed_update_equals_the_all_gather(layout, strategy, capacity, monkeyp
   want_table, want_slots, _, _ = _step(emb, rule, pairs)
   np.testing.assert_allclose(table, want_table, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(slots["acc"], want_slots["acc"], rtol=1e-5, atol=1e-6)
-  assert (table != np.asarray(emb.embedding[...])).any()
+  assert (table != np.asarray(emb.physical_table())).any()
 
 
 def test_routed_update_moves_less_than_the_all_gather(monkeypatch):
@@ -71,7 +71,7 @@ def test_routed_update_moves_less_than_the_all_gather(monkeypatch):
   rule = optim.SparseSGD(0.1)
   compiled = lambda: hlo.bytes_moved(jax.jit(
       lambda t, p: optim.apply_row_grads(rule, t, {}, p, plan=emb.plan, mesh=emb.mesh, step=0)
-  ).lower(emb.embedding[...], pairs).compile().as_text())
+  ).lower(emb.physical_table(), pairs).compile().as_text())
   routed = compiled()
   monkeypatch.setattr(route, "pays", lambda *a: False)
   gathered = compiled()
@@ -97,8 +97,8 @@ def test_routed_update_never_copies_the_table(update_path):
   text = jax.jit(
       lambda t, s, p: optim.apply_row_grads(rule, t, s, p, plan=emb.plan, mesh=emb.mesh, step=0),
       donate_argnums=(0, 1),
-  ).lower(emb.embedding[...], slots, pairs).compile().as_text()
-  rows = emb.embedding.shape[0] // 8
+  ).lower(emb.physical_table(), slots, pairs).compile().as_text()
+  rows = emb.physical_table().shape[0] // 8
   assert " while(" in text  # the rounds are there
   copies = re.findall(rf"= f32\[{rows}(?:,16)?\]\S* copy\(", text)
   assert not copies, copies
@@ -115,7 +115,7 @@ def test_routed_update_scratch_is_sized_by_the_route(rule, monkeypatch):
   temp = lambda: jax.jit(
       lambda t, s, p: optim.apply_row_grads(rule, t, s, p, plan=emb.plan, mesh=emb.mesh, step=0),
       donate_argnums=(0, 1),
-  ).lower(emb.embedding[...], slots, pairs).compile().memory_analysis().temp_size_in_bytes
+  ).lower(emb.physical_table(), slots, pairs).compile().memory_analysis().temp_size_in_bytes
   entry = 4 + 16 * 4
   local = (8 * 48 + 64) // 8
   slots_per_round = 8 * emb.plan.capacity_for(local)

@@ -66,7 +66,7 @@ def check_step(name, emb, rule, table, slots, prev, want, touched):
   np.testing.assert_array_equal(got[:n][~touched], prev[0][:n][~touched], err_msg=name)
   assert not got[n:].any() and not got[:, f:].any(), f"{name}: padding was written"
   if emb.mesh is not None:
-    assert table.sharding.is_equivalent_to(emb.embedding[...].sharding, 2), name
+    assert table.sharding.is_equivalent_to(emb.physical_table().sharding, 2), name
   for slot_name, slot in rule.slots().items():
     value, before = np.array(slots[slot_name]), prev[1][slot_name]
     logical = value[:n, :f] if slot.kind == "table" else value[:n]
@@ -104,8 +104,8 @@ def test_rules_match_dense_reference(layout, schedule, update_path):
   emb = make_table(layout)
   names = ref.RULES if schedule or layout[0] is None else ref.LAYOUT_RULES
   rules = {name: ref.make_rule(name, schedule) for name in names}
-  physical = np.array(emb.embedding[...])
-  sharding = emb.embedding[...].sharding
+  physical = np.array(emb.physical_table())
+  sharding = emb.physical_table().sharding
   state = {
       name: (jax.device_put(physical, sharding),
              optim.init_slots(rule, emb.plan, emb.mesh))

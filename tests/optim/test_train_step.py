@@ -103,7 +103,7 @@ def test_mixed_train_step_matches_reference(layout):
   assert int(model.calls[...]) == 2, "state changed by the loss was not kept"
   assert int(opt.step[...]) == 2
   if model.emb.mesh is not None:
-    assert model.emb.embedding[...].sharding.is_equivalent_to(model.emb._sharding(), 2)
+    assert model.emb.physical_table().sharding.is_equivalent_to(model.emb._sharding(), 2)
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])

@@ -72,7 +72,7 @@ def test_restore_on_fewer_devices_gives_identical_lookups_and_next_step(config, 
     model_n, optimizer_n, source_n = _state(config, mesh)
     source_n.set_state(ckpt.restore(model_n, optimizer_n))
     assert source_n.position == 2
-    padded = {t.embedding.shape for t in model_n.embeddings.tables.values()}
+    padded = {t.physical_table().shape for t in model_n.embeddings.tables.values()}
     for k, t in model_n.embeddings.tables.items():
       np.testing.assert_array_equal(np.asarray(t.logical_table()), tables8[k])
     global_batch = data_lib.to_global_batch(next(source_n), mesh)
@@ -95,10 +95,10 @@ def test_save_and_restore_move_shards_only_and_store_no_padding(config, tmp_path
   model, optimizer, source = _state(config, mesh8)
   model4, optimizer4, _ = _state(config, mesh4)
   table = model.embeddings.tables["f0"]
-  rows8 = table.embedding.sharding.shard_shape(table.embedding.shape)[0]
-  rows4 = model4.embeddings.tables["f0"].embedding.sharding.shard_shape(
-      model4.embeddings.tables["f0"].embedding.shape)[0]
-  assert table.embedding.shape == (1008, 16) and (rows8, rows4) == (126, 251)
+  physical8, physical4 = table.physical_table(), model4.embeddings.tables["f0"].physical_table()
+  rows8 = physical8.sharding.shard_shape(physical8.shape)[0]
+  rows4 = physical4.sharding.shard_shape(physical4.shape)[0]
+  assert physical8.shape == (1008, 16) and (rows8, rows4) == (126, 251)
   reads = []
   read_region = sharded._read_region
   monkeypatch.setattr(sharded, "_read_region",
@@ -127,7 +127,7 @@ def test_save_and_restore_move_shards_only_and_store_no_padding(config, tmp_path
   # device holds its own shard of the restored table.
   assert (slice(753, 1001), slice(0, 16)) in reads  # f0's last shard, without its padding
   assert max(r[0].stop - r[0].start for r in reads) <= rows4
-  restored = model4.embeddings.tables["f0"].embedding[...]
+  restored = model4.embeddings.tables["f0"].physical_table()
   assert {s.data.shape for s in restored.addressable_shards} == {(rows4, 16)}
   np.testing.assert_array_equal(np.asarray(model4.embeddings.tables["f0"].logical_table()),
                                 np.asarray(table.logical_table()))
