@@ -25,6 +25,7 @@ EXPECTED_ERRORS = (
     checkpoint.CheckpointRestoreError,
     writers.MetricWriteError,
     FileNotFoundError,
+    IsADirectoryError,
 )
 
 

@@ -151,6 +151,14 @@ def test_missing_data_path_fails_before_the_workdir_exists(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def test_data_path_that_is_a_directory_is_called_one(tmp_path):
+  config = dlrm_criteo.get_config(str(tmp_path))
+  with pytest.raises(setup.ConfigError, match=rf"config.data.train_path: '{tmp_path}' is a "
+                     r"directory; pass the path of a .tsv or .tsv.gz file in it"):
+    train_lib.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     "override, line",
     [
