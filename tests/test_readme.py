@@ -41,3 +41,14 @@ def test_first_block_runs_in_a_fresh_python():
                           text=True, timeout=600, cwd=README.parent)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "EmbeddingPlan" in result.stdout
+
+
+def test_the_tensorboard_sentence_names_the_extra_that_installs_the_viewer():
+  import tomllib  # pylint: disable=g-import-not-at-top
+
+  with open(README.parent / "pyproject.toml", "rb") as f:
+    extras = tomllib.load(f)["project"]["optional-dependencies"]
+  assert extras["tensorboard"] == ["tensorboard"]
+  text = " ".join(README.read_text().split())
+  sentence = text[text.index("tensorboard --logdir"):][:200]
+  assert "pip install -e '.[tensorboard]'" in sentence
