@@ -99,8 +99,8 @@ CORRUPTIONS = {
     "garbage table index": lambda d: (d / "tables" / "arrays.json").write_text("[1, 2"),
     "garbage data position": lambda d: (d / "data" / "metadata").write_text("\x00\x01"),
 }
-# One dense and one table corruption in the default run; each resumes a training.
-FAST = ("dense data file truncated", "table chunk deleted")
+# One dense, one table and one JSON corruption in the default run; each resumes a training.
+FAST = ("dense data file truncated", "table chunk deleted", "garbage data position")
 
 
 @pytest.mark.parametrize("kind", [
@@ -116,6 +116,9 @@ def test_corrupt_newest_checkpoint_is_set_aside_and_the_previous_one_resumes(
   messages = [r.getMessage() for r in caplog.records]
   (warning,) = [m for m in messages if "does not restore" in m]
   assert f"checkpoint {workdir / 'checkpoints' / '6'} does not restore (" in warning
+  # The reason names the damaged file (or the table's chunk directory) in it.
+  reason = warning.split(" does not restore (", 1)[1]
+  assert f"{workdir / 'checkpoints' / '6'}/" in reason.split("); moved it to")[0], warning
   assert "trying step 3" in warning
   assert "resumed from the checkpoint at step 3" in messages
   assert (workdir / "checkpoints" / "corrupt" / "6" / "state").is_dir()  # kept, not deleted
