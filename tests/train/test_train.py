@@ -164,6 +164,8 @@ def test_data_path_that_is_a_directory_is_called_one(tmp_path):
     [
         ("--config.batch_sise=8", "--config.batch_sise: the config has no key 'batch_sise'. "
          'Did you mean "batch_size" instead of "batch_sise"?'),
+        ("--config.qqq=1", "--config.qqq: the config has no key 'qqq'. No key is near it: "
+         "see configs/quickstart.py for the keys"),
         ("--config.batch_size=abc", "flag --config.batch_size=abc: invalid literal for int()"),
         ("--config.optim.sparse.name=adamw", "error: config.optim.sparse.name: 'adamw'; use one of"),
     ],
