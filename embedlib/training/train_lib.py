@@ -110,6 +110,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     The last eval's metrics (``{}`` if none ran).
 
   Raises:
+    setup.WorkdirError: ``workdir`` can't be written (before the model is
+      built).
     checkpoint.CheckpointSaveError: a checkpoint could not be written; the
       earlier ones are intact.
     writers.MetricWriteError: a metrics file could not be written.
@@ -124,6 +126,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   train_source, eval_source = setup.sources(config, spec)
   eval_start = eval_source.get_state()
   log.info("eval data: %s", setup.describe_eval(config))
+  setup.check_workdir(workdir)
   model, optimizer = setup.model_and_optimizer(config, spec, mesh)
   log.info("mesh %s; embedding plan:\n%s", dict(mesh.shape), _plans(model))
 

@@ -183,6 +183,43 @@ def test_bad_config_fails_at_start_up_in_one_line(tmp_path, override, line):
   assert not workdir.exists()
 
 
+def _read_only(path):
+  """``path`` as a directory nobody here can write: a read-only tmpfs as root, else chmod."""
+  path.mkdir()
+  if os.geteuid() == 0:
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)],
+                             capture_output=True)
+    if mounted.returncode:
+      pytest.skip("root without a read-only mount: every directory is writable")
+    return lambda: subprocess.run(["umount", "-l", str(path)], check=False)
+  path.chmod(0o500)
+  return lambda: path.chmod(0o700)
+
+
+@pytest.mark.parametrize("where", ["read-only", "under a file"])
+def test_unwritable_workdir_fails_before_the_model_in_one_line(tmp_path, where):
+  if where == "read-only":
+    undo = _read_only(tmp_path / "ro")
+    workdir, line = tmp_path / "ro" / "run", f"the workdir {tmp_path / 'ro' / 'run'} can't be written"
+  else:
+    (tmp_path / "file").write_text("")
+    undo = lambda: None
+    workdir = tmp_path / "file" / "run"
+    line = f"the workdir {workdir} is under {tmp_path / 'file'}, which is a file"
+  cmd = [sys.executable, "-m", "train", "--config", "configs/quickstart.py:smoke",
+         f"--workdir={workdir}"]
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  try:
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  finally:
+    undo()
+  assert result.returncode == 1
+  (error,) = [l for l in result.stderr.splitlines() if "error" in l.lower()]
+  assert line in error and "pass a --workdir" in error, result.stderr
+  assert "Traceback" not in result.stderr
+  assert "embedding plan" not in result.stderr  # the model was never built
+
+
 def test_unknown_variant_names_the_choices():
   with pytest.raises(ValueError, match="smoke"):
     quickstart.get_config("tiny")
