@@ -127,6 +127,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   eval_start = eval_source.get_state()
   log.info("eval data: %s", setup.describe_eval(config))
   setup.check_workdir(workdir)
+  # Building and placing large tables takes a while with nothing else to show.
+  log.info("building the model and optimizer ...")
   model, optimizer = setup.model_and_optimizer(config, spec, mesh)
   log.info("mesh %s; embedding plan:\n%s", dict(mesh.shape), _plans(model))
 
@@ -207,6 +209,8 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
   losses, timed, paused, tic = [], 0, 0.0, time.perf_counter()
   try:
     for step in range(start + 1, config.num_train_steps + 1):
+      if step == start + 1:
+        log.info("compiling train_step (step %d waits for it) ...", step)
       loss = step_fn(next(prefetch), **static)
       if sync:
         jax.block_until_ready(loss)

@@ -31,6 +31,10 @@ def test_smoke_run_writes_metrics_checkpoints_and_resumes(tmp_path, caplog, monk
   assert sum(m.startswith("Compiling jit(train_step)") for m in messages) == 1
   assert any(m.startswith("step 1 took") and "compiling train_step included" in m
              for m in messages)
+  # Setup and the first compile each say what the wait is for before it starts.
+  order = [m.split(" ")[0] for m in messages if m.startswith(
+      ("building the model", "mesh ", "compiling train_step", "step 1 took"))]
+  assert order == ["building", "mesh", "compiling", "step"], order
   assert any("40 samples per step" in m for m in messages)  # the plan knows the real batch
   assert "eval data: the synthetic source's eval stream (2 batches" in "\n".join(messages)
 
