@@ -6,6 +6,7 @@ Importable (notebooks and tests call it), independent of flags.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import sys
@@ -53,11 +54,64 @@ def _last_eval(workdir: str, through_step: int) -> dict:
   return records[-1] if records else {}
 
 
+#: The config of the run in a workdir, written at each start, so a rerun can tell
+#: whether it is the same run.
+CONFIG_FILE = "config.json"
+
+
+def _flat_config(tree, prefix="") -> dict:
+  """``{"optim.dense.name": "adam", ...}`` of a config's JSON form."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict) and value:
+      out.update(_flat_config(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def _config_json(config) -> dict:
+  return json.loads(config.to_json_best_effort())
+
+
+def _save_config(config, workdir: str) -> None:
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+
+
+def _config_differences(config, workdir: str, shown: int = 4) -> str | None:
+  """What differs between ``config`` and the one saved in ``workdir``; None if nothing.
+
+  A workdir without a saved config (an earlier embedlib's) differs in nothing.
+  """
+  path = os.path.join(workdir, CONFIG_FILE)
+  try:
+    with open(path) as f:
+      saved = _flat_config(json.load(f))
+  except FileNotFoundError:
+    return None
+  except ValueError as e:
+    raise setup.WorkdirError(f"{path} is not a config ({e}); delete it to accept the "
+                             "workdir's run as this config's, or pass a new --workdir.") from None
+  here = _flat_config(_config_json(config))
+  keys = sorted(k for k in set(saved) | set(here) if saved.get(k, "absent") != here.get(k, "absent"))
+  if not keys:
+    return None
+  described = [f"{k} is {saved.get(k, 'absent')!r} there, {here.get(k, 'absent')!r} here"
+               for k in keys[:shown]]
+  more = f" (and {len(keys) - shown} more)" if len(keys) > shown else ""
+  return "; ".join(described) + more
+
+
 def _finished(config, workdir: str) -> dict | None:
   """The last eval if ``workdir`` already holds the final checkpoint, else None.
 
   Looks only at the checkpoint directory's listing, so a finished run is
   recognised without building the model or compiling anything.
+
+  Raises:
+    setup.WorkdirError: the finished run there had another config.
   """
   directory = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(directory):
@@ -69,6 +123,12 @@ def _finished(config, workdir: str) -> dict | None:
     ckpt.close()
   if step is None or step < config.num_train_steps:
     return None
+  differences = _config_differences(config, workdir)
+  if differences is not None:
+    raise setup.WorkdirError(
+        f"{workdir} holds a finished run of another config: {differences}. Pass a new "
+        f"--workdir for this config, or rerun with the config in "
+        f"{os.path.join(workdir, CONFIG_FILE)} to see its result.")
   log.info("%s is complete: its newest checkpoint is at step %d of num_train_steps=%d, so "
            "there is nothing to train. Raise --config.num_train_steps to train on, or pass "
            "a new --workdir.", workdir, step, config.num_train_steps)
@@ -127,6 +187,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   eval_start = eval_source.get_state()
   log.info("eval data: %s", setup.describe_eval(config))
   setup.check_workdir(workdir)
+  _save_config(config, workdir)
   # Building and placing large tables takes a while with nothing else to show.
   log.info("building the model and optimizer ...")
   model, optimizer = setup.model_and_optimizer(config, spec, mesh)

@@ -168,6 +168,28 @@ def test_checkpoint_of_the_earlier_whole_table_format_is_named_not_set_aside(tmp
   assert os.listdir(directory) == ["3"]
 
 
+def test_rerun_of_a_finished_workdir_is_complete_with_its_config_and_stops_with_another(
+    finished_run):
+  same = subprocess.run(_command(finished_run), cwd=ROOT, env=_env(), capture_output=True,
+                        text=True, timeout=300)
+  assert same.returncode == 0, same.stderr[-3000:]
+  assert "is complete: its newest checkpoint is at step 6 of num_train_steps=6" in same.stderr
+
+  # Fewer steps, so the checkpoint at step 6 is past the end: finished, but not this run.
+  another = _command(finished_run, "--config.num_train_steps=3", "--config.seed=1",
+                     "--config.batch_size=16", "--config.model.embed_dim=8",
+                     "--config.log_every=1")
+  other = subprocess.run(another, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                         timeout=300)
+  assert other.returncode == 1, other.stderr[-3000:]
+  (line,) = [l for l in other.stderr.splitlines() if "error:" in l]
+  assert (f"{finished_run} holds a finished run of another config: batch_size is 64 there, "
+          "16 here; log_every is 2 there, 1 here; model.embed_dim is 16 there, 8 here; "
+          "num_train_steps is 6 there, 3 here (and 1 more). Pass a new --workdir") in line
+  assert "Traceback" not in other.stderr
+  assert sorted(os.listdir(finished_run / "checkpoints")) == ["3", "6"]
+
+
 # -- SIGTERM and SIGINT ------------------------------------------------------------
 
 
