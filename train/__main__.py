@@ -98,7 +98,18 @@ def main(argv):
     log.error("stopped at once (%s); rerun to resume from the newest checkpoint in %s.",
               e or "interrupted", os.path.join(_WORKDIR.value, "checkpoints"))
     sys.exit(130)
-  log.info("final eval: %s", result or "none")
+  log.info("%s", _last_eval_line(result, config.num_train_steps))
+
+
+def _last_eval_line(result: dict, num_train_steps: int) -> str:
+  """The run's last eval, labelled with its step; not "final" when the run stopped early."""
+  if not result:
+    return "no eval ran."
+  metrics = "  ".join(f"{k} {v:.4f}" for k, v in result.items() if k != "step")
+  if result["step"] >= num_train_steps:
+    return f"final eval, at step {result['step']}: {metrics}"
+  return (f"the run stopped before num_train_steps={num_train_steps}; its last eval, at "
+          f"step {result['step']}: {metrics}")
 
 
 if __name__ == "__main__":

@@ -174,6 +174,7 @@ def test_rerun_of_a_finished_workdir_is_complete_with_its_config_and_stops_with_
                         text=True, timeout=300)
   assert same.returncode == 0, same.stderr[-3000:]
   assert "is complete: its newest checkpoint is at step 6 of num_train_steps=6" in same.stderr
+  assert re.search(r"final eval, at step 6: auc 0\.\d{4}  logloss", same.stderr), same.stderr
 
   # Fewer steps, so the checkpoint at step 6 is past the end: finished, but not this run.
   another = _command(finished_run, "--config.num_train_steps=3", "--config.seed=1",
@@ -217,6 +218,7 @@ def test_sigterm_and_sigint_save_the_step_reached_and_exit_0(tmp_path):
   (first,) = re.findall(r"stopped by SIGTERM at step (\d+) of 100000; the checkpoint at step "
                         r"\1 is in .*\. Rerun the same command to resume\.", err)
   assert "Traceback" not in err
+  assert "final eval" not in err  # a stopped run is not labelled final
   assert os.listdir(workdir / "checkpoints") == [first]
   assert _steps(workdir / "train.jsonl") == list(range(1, int(first) + 1))
 
