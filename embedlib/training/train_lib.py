@@ -308,16 +308,19 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
           result = run_eval(step)
           eval_writer.write(step, {k: v for k, v in result.items() if k != "step"})
         if is_save:
-          ckpt.save(step, model, optimizer, prefetch.get_state())
+          with stop.deferred():
+            ckpt.save(step, model, optimizer, prefetch.get_state())
           saved = step
         paused += time.perf_counter() - pause
-      ckpt.check()  # a failed background save stops the run here, not steps later
+      with stop.deferred():
+        ckpt.check()  # a failed background save stops the run here, not steps later
       if _stop_agreed(stop, step, config.log_every):
         break
     if stop.requested is not None and step < config.num_train_steps:
-      if saved < step:
-        ckpt.save(step, model, optimizer, prefetch.get_state())
-      ckpt.wait()
+      with stop.deferred():
+        if saved < step:
+          ckpt.save(step, model, optimizer, prefetch.get_state())
+        ckpt.wait()
       log.info("stopped by %s at step %d of %d; the checkpoint at step %d is in %s. "
                "Rerun the same command to resume.", stop.requested, step,
                config.num_train_steps, step, ckpt.directory)

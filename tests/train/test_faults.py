@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import urllib.parse
 
 import numpy as np
@@ -24,7 +25,8 @@ import pytest
 
 from configs import quickstart
 from embedlib import checkpoint
-from embedlib.training import events, train_lib
+from embedlib.training import events, setup, train_lib
+from embedlib.training.signals import StopSignals
 from embedlib.training.writers import read_jsonl
 
 # A failed orbax read leaves tensorstore callbacks on a closed event loop;
@@ -243,6 +245,32 @@ def test_sigterm_and_sigint_save_the_step_reached_and_exit_0(tmp_path):
   starts = {1, int(first) + 1, int(second) + 1}
   assert [s for s, _ in scalars["examples_per_sec"]] == [
       s for s in range(1, last + 1) if s not in starts]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01, 0.03])
+def test_a_second_sigterm_during_the_final_save_keeps_max_to_keep(tmp_path, delay):
+  """The trainer's stop: save and wait inside ``deferred()``, with the second signal landing
+  while orbax writes the checkpoint or waits to remove the oldest (where it used to leave 3)."""
+  config = _smoke()
+  mesh = setup.make_mesh(config)
+  model, optimizer = setup.model_and_optimizer(config, setup.data_spec(config), mesh)
+  ckpt = checkpoint.Checkpointer(str(tmp_path), max_to_keep=2)
+  ckpt.save(1, model, optimizer, {})
+  ckpt.save(2, model, optimizer, {})
+  with pytest.raises(KeyboardInterrupt, match="SIGTERM received twice"):
+    try:
+      with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested == "SIGTERM"
+        second = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGTERM))
+        with stop.deferred():
+          second.start()
+          ckpt.save(3, model, optimizer, {})
+          ckpt.wait()
+          second.join()
+    finally:
+      ckpt.close()
+  assert sorted(os.listdir(tmp_path)) == ["2", "3"]
 
 
 # -- a full disk -------------------------------------------------------------------
