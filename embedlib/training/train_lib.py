@@ -153,7 +153,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   eval metrics; everything else here is the same for each. Resumes from the
   newest checkpoint in ``workdir`` that restores (one that doesn't is moved
   into ``checkpoints/corrupt/`` with a warning); a workdir that already
-  holds the final checkpoint returns at once. Writes ``eval.jsonl`` (one
+  holds the final checkpoint returns at once (and raises if that run's
+  config, saved as ``config.json`` at each start, differs from ``config``). Writes ``eval.jsonl`` (one
   object per eval: ``step``, the task's metrics, e.g. ``auc`` and
   ``logloss`` for ``ctr``, and the planted optimum's as ``oracle_*`` for a
   planted source), ``train.jsonl`` (``loss``, ``examples_per_sec``, and the
@@ -171,7 +172,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   Raises:
     setup.WorkdirError: ``workdir`` can't be written (before the model is
-      built).
+      built), or holds a finished run of another config.
     checkpoint.CheckpointSaveError: a checkpoint could not be written; the
       earlier ones are intact.
     writers.MetricWriteError: a metrics file could not be written.

@@ -224,6 +224,17 @@ def test_unwritable_workdir_fails_before_the_model_in_one_line(tmp_path, where):
   assert "embedding plan" not in result.stderr  # the model was never built
 
 
+def test_the_last_eval_printed_says_its_step_and_whether_the_run_finished():
+  from train.__main__ import _last_eval_line  # pylint: disable=g-import-not-at-top
+
+  result = {"step": 100, "auc": 0.75, "logloss": 0.5}
+  assert _last_eval_line(result, 100) == "final eval, at step 100: auc 0.7500  logloss 0.5000"
+  stopped = _last_eval_line(result, 1200)  # a signal stopped it at step 150
+  assert stopped.startswith("the run stopped before num_train_steps=1200; its last eval, at "
+                            "step 100: auc 0.7500") and "final" not in stopped
+  assert _last_eval_line({}, 1200) == "no eval ran."
+
+
 def test_unknown_variant_names_the_choices():
   with pytest.raises(ValueError, match="smoke"):
     quickstart.get_config("tiny")
