@@ -95,7 +95,8 @@ def _config_differences(config, workdir: str, shown: int = 4) -> str | None:
     raise setup.WorkdirError(f"{path} is not a config ({e}); delete it to accept the "
                              "workdir's run as this config's, or pass a new --workdir.") from None
   here = _flat_config(_config_json(config))
-  keys = sorted(k for k in set(saved) | set(here) if saved.get(k, "absent") != here.get(k, "absent"))
+  keys = sorted(k for k in set(saved) | set(here)
+                if saved.get(k, "absent") != here.get(k, "absent"))
   if not keys:
     return None
   described = [f"{k} is {saved.get(k, 'absent')!r} there, {here.get(k, 'absent')!r} here"
@@ -154,10 +155,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
   newest checkpoint in ``workdir`` that restores (one that doesn't is moved
   into ``checkpoints/corrupt/`` with a warning); a workdir that already
   holds the final checkpoint returns at once (and raises if that run's
-  config, saved as ``config.json`` at each start, differs from ``config``). Writes ``eval.jsonl`` (one
-  object per eval: ``step``, the task's metrics, e.g. ``auc`` and
-  ``logloss`` for ``ctr``, and the planted optimum's as ``oracle_*`` for a
-  planted source), ``train.jsonl`` (``loss``, ``examples_per_sec``, and the
+  config, saved as ``config.json`` at each start, differs from ``config``).
+  Writes ``eval.jsonl`` (one object per eval: ``step``, the task's
+  metrics, e.g. ``auc`` and ``logloss`` for ``ctr``, and the planted
+  optimum's as ``oracle_*`` for a planted source), ``train.jsonl`` (``loss``, ``examples_per_sec``, and the
   task's ``log_scalars``) and TensorBoard event files under
   ``tensorboard/train`` and ``tensorboard/eval``; after a resume, each step
   appears once in each. SIGTERM or SIGINT stops after the current step with

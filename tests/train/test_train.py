@@ -204,7 +204,8 @@ def _read_only(path):
 def test_unwritable_workdir_fails_before_the_model_in_one_line(tmp_path, where):
   if where == "read-only":
     undo = _read_only(tmp_path / "ro")
-    workdir, line = tmp_path / "ro" / "run", f"the workdir {tmp_path / 'ro' / 'run'} can't be written"
+    workdir = tmp_path / "ro" / "run"
+    line = f"the workdir {workdir} can't be written"
   else:
     (tmp_path / "file").write_text("")
     undo = lambda: None
