@@ -9,6 +9,7 @@ Layers, each importing only those above it in this list:
 
 from embedlib.collection import EmbeddingCollection, FeatureSpec, TableSpec
 from embedlib.embed import ShardedEmbed
+from embedlib.export_checks import export_disabled_checks
 from embedlib.logits import VocabShardedLogits
 from embedlib.losses import vocab_parallel_cross_entropy
 from embedlib.optim import LazyAdam, RowWiseAdagrad, SparseAwareOptimizer, SparseSGD
@@ -25,6 +26,7 @@ __all__ = [
     "SparseSGD",
     "TableSpec",
     "VocabShardedLogits",
+    "export_disabled_checks",
     "plan_embedding",
     "vocab_parallel_cross_entropy",
 ]

@@ -34,6 +34,16 @@ def test_blocks_with_a_mesh_ask_for_devices_before_importing_jax():
     assert flag < block.index("import jax"), block[:200]
 
 
+def test_export_block_runs_in_a_fresh_python_on_one_cpu():
+  (block,) = [b for b in BLOCKS if "jax.export.export" in b]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["JAX_PLATFORMS"] = "cpu"
+  result = subprocess.run([sys.executable, "-c", block], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=README.parent)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.strip() == "('cpu',) (2, 2, 16) True"
+
+
 def test_first_block_runs_in_a_fresh_python():
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env["JAX_PLATFORMS"] = "cpu"
@@ -41,3 +51,14 @@ def test_first_block_runs_in_a_fresh_python():
                           text=True, timeout=600, cwd=README.parent)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "EmbeddingPlan" in result.stdout
+
+
+def test_the_tensorboard_sentence_names_the_extra_that_installs_the_viewer():
+  import tomllib  # pylint: disable=g-import-not-at-top
+
+  with open(README.parent / "pyproject.toml", "rb") as f:
+    extras = tomllib.load(f)["project"]["optional-dependencies"]
+  assert extras["tensorboard"] == ["tensorboard"]
+  text = " ".join(README.read_text().split())
+  sentence = text[text.index("tensorboard --logdir"):][:200]
+  assert "pip install -e '.[tensorboard]'" in sentence

@@ -29,6 +29,16 @@ _DISTRIBUTED = flags.DEFINE_bool(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _config_file(argv) -> str:
+  """The --config file named in ``argv`` (without its :variant), for messages."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1].split(":")[0]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1].split(":")[0]
+  return "the --config file"
+
+
 def _parse_flags(argv):
   """absl's parsing, with a config error (a misspelt key, a bad variant) as one line."""
   try:
@@ -38,12 +48,16 @@ def _parse_flags(argv):
     while (chain[-1].__cause__ or chain[-1].__context__) is not None:
       chain.append(chain[-1].__cause__ or chain[-1].__context__)
     texts = [x.args[0] for x in chain if x.args and isinstance(x.args[0], str)] or [str(e)]
-    text = next((t for t in texts if "Did you mean" in t), None)
-    if text is not None:  # ConfigDict's KeyError: "'key'\nDid you mean ...?"
-      key, hint = text.split("\n", 1)
+    missing = next((x for x in chain if isinstance(x, KeyError)), None)
+    if missing is not None and missing.args and isinstance(missing.args[0], str):
+      # ConfigDict's KeyError: "'key'\nDid you mean ...?" when a key is near, else "key".
+      key, _, hint = missing.args[0].partition("\n")
+      key = key.strip("'")
       flag = next((a.split("=")[0] for a in argv if a.startswith("--config.") and
-                   key.strip("'") in a), "--config")
-      text = f"{flag}: the config has no key {key}. {hint}"
+                   a.split("=")[0].rsplit(".", 1)[-1] == key), "--config")
+      hint = hint or (f"No key is near it: see {_config_file(argv)} for the keys, or "
+                      "drop the override.")
+      text = f"{flag}: the config has no key {key!r}. {hint}"
     else:
       text = next((t for t in texts if "Traceback" not in t), texts[-1])
     sys.exit("FATAL Flags parsing error: " + " ".join(text.split()))
@@ -84,7 +98,18 @@ def main(argv):
     log.error("stopped at once (%s); rerun to resume from the newest checkpoint in %s.",
               e or "interrupted", os.path.join(_WORKDIR.value, "checkpoints"))
     sys.exit(130)
-  log.info("final eval: %s", result or "none")
+  log.info("%s", _last_eval_line(result, config.num_train_steps))
+
+
+def _last_eval_line(result: dict, num_train_steps: int) -> str:
+  """The run's last eval, labelled with its step; not "final" when the run stopped early."""
+  if not result:
+    return "no eval ran."
+  metrics = "  ".join(f"{k} {v:.4f}" for k, v in result.items() if k != "step")
+  if result["step"] >= num_train_steps:
+    return f"final eval, at step {result['step']}: {metrics}"
+  return (f"the run stopped before num_train_steps={num_train_steps}; its last eval, at "
+          f"step {result['step']}: {metrics}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ Two faults get handled here rather than surfacing as raw TensorStore errors:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -43,8 +44,39 @@ class CheckpointMismatchError(ValueError):
   """A checkpoint was saved from another model config (its arrays differ from the model's)."""
 
 
-def _cause(exc: BaseException) -> str:
-  """The most specific one-line reason in an exception chain: an OS error's if any."""
+#: The checkpoint's JSON files (orbax's, zarr's and ours): a parse error of one
+#: (``Expecting value: line 1 ...``) names no file, so a failed restore looks for it.
+_JSON_NAMES = ("_CHECKPOINT_METADATA", "_METADATA", "metadata", ".zarray", "arrays.json")
+
+
+def _unreadable_json(directory: str) -> str | None:
+  """``"<path>: <parse error>"`` of the first JSON file in ``directory`` that doesn't parse."""
+  for root, dirs, files in os.walk(directory):
+    dirs.sort()
+    for name in sorted(files):
+      if name in _JSON_NAMES:
+        path = os.path.join(root, name)
+        try:
+          with open(path, encoding="utf-8") as f:
+            json.load(f)
+        except (OSError, ValueError) as e:
+          return f"{path}: {e}"
+  return None
+
+
+def _cause(exc: BaseException, directory: str | None = None) -> str:
+  """The most specific one-line reason in an exception chain: an OS error's if any.
+
+  With ``directory`` (a checkpoint's), a reason that names no file in it
+  names the checkpoint's unreadable JSON file instead, when there is one.
+  """
+  text = _reason(exc)
+  if directory is not None and directory not in text:
+    text = _unreadable_json(directory) or f"{text} in {directory}"
+  return text
+
+
+def _reason(exc: BaseException) -> str:
   seen, chain = set(), []
   while exc is not None and id(exc) not in seen:
     seen.add(id(exc))
@@ -262,6 +294,7 @@ class Checkpointer:
   def _set_aside(self, step: int, exc: BaseException) -> None:
     source = os.path.join(self.directory, str(step))
     destination = os.path.join(self.corrupt_directory, str(step))
+    reason = _cause(exc, source)  # before the move: it may name a file in it
     multihost_utils.sync_global_devices(f"embedlib_checkpoint_corrupt_{step}")
     if jax.process_index() == 0:
       os.makedirs(self.corrupt_directory, exist_ok=True)
@@ -274,7 +307,7 @@ class Checkpointer:
     self._manager.reload()
     older = self.all_steps()
     log.warning(
-        "checkpoint %s does not restore (%s); moved it to %s and %s.", source, _cause(exc),
+        "checkpoint %s does not restore (%s); moved it to %s and %s.", source, reason,
         destination, f"trying step {older[-1]}" if older else "no older checkpoint is left")
 
   def close(self) -> None:

@@ -199,7 +199,7 @@ class ShardedArraysHandler(ocp.AsyncCheckpointHandler):
       if tuple(store.shape) != tuple(part.logical_shape):
         raise ValueError(f"{name} is {list(store.shape)} in the checkpoint, "
                          f"{list(part.logical_shape)} in the model.")
-      _check_complete(store, name)
+      _check_complete(store, name, _spec(directory, name)["kvstore"]["path"])
       stores[name] = (store, part)
     shard_shape = target.sharding.shard_shape(target.shape)
     cache = {}
@@ -217,7 +217,7 @@ class ShardedArraysHandler(ocp.AsyncCheckpointHandler):
     return jax.make_array_from_callback(target.shape, target.sharding, read)
 
 
-def _check_complete(store, name: str) -> None:
+def _check_complete(store, name: str, path: str) -> None:
   """Raises if a chunk file is missing (zarr would read it as zeros)."""
   chunks = store.chunk_layout.read_chunk.shape
   grid = [range(math.ceil(n / c)) for n, c in zip(store.shape, chunks)]
@@ -225,7 +225,8 @@ def _check_complete(store, name: str) -> None:
   present = {k.decode() for k in store.kvstore.list().result()}
   missing = sorted(expected - present)
   if missing:
-    raise ValueError(f"{name}: chunk file(s) {missing[:4]} of the checkpoint are missing.")
+    raise ValueError(f"{name}: chunk file(s) {missing[:4]} of the checkpoint are missing "
+                     f"from {path}.")
 
 
 @ocp.args.register_with_handler(ShardedArraysHandler, for_save=True)

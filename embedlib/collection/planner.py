@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -167,10 +168,12 @@ class CollectionPlan:
   ('replicated', 'routed')
   >>> print(p)  # doctest: +ELLIPSIS
   EmbeddingCollection plan: 2 tables, mesh batch=8, 1024 samples per step
-  table  strategy    padded shape  bytes/device  moved/step  moved/step dedup  update/step  reason
-  small  replicated  100 x 8       3.12 KiB      0 B         -                 6.15 KiB     small table ...
-  big    routed      1048576 x 64  32.00 MiB     167.08 KiB  -                 167.07 KiB   moves the fewest ...
-  total                            32.00 MiB     167.08 KiB                    173.22 KiB
+  table  strategy    padded shape  bytes/device  moved/step  dedup/step  update/step
+  small  replicated  100 x 8       3.12 KiB      0 B         -           6.15 KiB
+      small table (3.12 KiB <= 1.00 MiB): a copy per device moves 6.15 KiB per step ...
+  big    routed      1048576 x 64  32.00 MiB     167.08 KiB  -           167.07 KiB
+      moves the fewest bytes per step (lookup and sparse update) ...
+  total                            32.00 MiB     167.08 KiB              173.22 KiB
   """
 
   tables: tuple[TablePlan, ...]
@@ -213,44 +216,63 @@ class CollectionPlan:
     return sum(t.bytes_moved_update for t in self._apart)
 
   def __str__(self) -> str:
+    """One row of sizes per table or stack, its reason wrapped below it, within 100 columns."""
     mesh = ", ".join(f"{a}={n}" for a, n in self.mesh_shape) or "one device"
-    head = ("table", "strategy", "padded shape", "bytes/device", "moved/step",
-            "moved/step dedup", "update/step", "reason")
-    rows = [head]
+    head = ("table", "strategy", "padded shape", "bytes/device", "moved/step", "dedup/step",
+            "update/step")
+    rows = [(head, "")]  # (cells, the note wrapped below them)
     for t in self.tables:
       if t.stack is not None:
-        rows.append((t.name, t.kind, f"in {t.stack}", "", "", "", "", t.placed))
+        rows.append(((t.name, t.kind, f"in {t.stack}", "", "", "", ""), t.placed))
         continue
       dedup = "-" if t.bytes_moved_dedup is None else _human(t.bytes_moved_dedup)
-      rows.append((
+      rows.append(((
           t.name, t.kind,
           f"{t.plan.padded_shape[0]} x {t.plan.padded_shape[1]}",
           _human(t.plan.bytes_per_device), _human(t.bytes_moved), dedup,
-          _human(t.bytes_moved_update), t.plan.reason,
-      ))
+          _human(t.bytes_moved_update)), t.plan.reason))
     for s in self.stacks:
       dedup = "-" if s.bytes_moved_dedup is None else _human(s.bytes_moved_dedup)
-      rows.append((
+      rows.append(((
           s.name, s.plan.strategy, f"{s.plan.padded_shape[0]} x {s.plan.padded_shape[1]}",
           _human(s.plan.bytes_per_device), _human(s.bytes_moved), dedup,
-          _human(s.bytes_moved_update),
-          f"{len(s.members)} table{'s' if len(s.members) > 1 else ''}, one route per step",
-      ))
-    total = ("total", "", "", _human(self.bytes_per_device), _human(self.bytes_moved), "",
-             _human(self.bytes_moved_update), "")
-    rows.append(total)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
-    lines = [
-        f"EmbeddingCollection plan: {len(self.tables)} tables, mesh {mesh}, "
-        f"{self.batch_size} samples per step"
-    ]
-    for r in rows:
-      cells = [c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]
-      lines.append("  ".join(cells).rstrip())
+          _human(s.bytes_moved_update)),
+          f"{len(s.members)} table{'s' if len(s.members) > 1 else ''}, one route per step"))
+    rows.append((("total", "", "", _human(self.bytes_per_device), _human(self.bytes_moved), "",
+                  _human(self.bytes_moved_update)), ""))
+    lines = [f"EmbeddingCollection plan: {len(self.tables)} tables, mesh {mesh}, "
+             f"{self.batch_size} samples per step"]
+    lines += _columns(rows)
     for s in self.stacks:
       lines.append(f"{s.name} placement ({s.plan.placement.rows_per_rank} rows per device):")
-      lines.extend(f"  {line}" for line in s.plan.placement.describe())
+      for line in s.plan.placement.describe():
+        lines += textwrap.wrap(line, PRINT_WIDTH, initial_indent="  ", subsequent_indent="    ",
+                               break_on_hyphens=False)
     return "\n".join(lines)
+
+
+#: Columns a printed plan fits in (a terminal, a log line, a code review).
+PRINT_WIDTH = 100
+
+
+def _columns(rows) -> list[str]:
+  """``rows`` of ``(cells, note)`` as aligned columns, each note wrapped below its row.
+
+  Names too long for the row to fit ``PRINT_WIDTH`` go on a line of their own.
+  """
+  widths = [max(len(cells[i]) for cells, _ in rows) for i in range(len(rows[0][0]))]
+  name_apart = sum(widths) + 2 * (len(widths) - 1) > PRINT_WIDTH
+  lines = []
+  for cells, note in rows:
+    if name_apart:
+      lines.append(cells[0])
+      cells, shown = ("",) + cells[1:], [2] + widths[1:]
+    else:
+      shown = widths
+    lines.append("  ".join(c.ljust(w) for c, w in zip(cells, shown)).rstrip())
+    lines += textwrap.wrap(note, PRINT_WIDTH, initial_indent="    ", subsequent_indent="    ",
+                           break_on_hyphens=False)
+  return lines
 
 
 def _given(capacity):

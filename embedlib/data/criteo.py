@@ -35,6 +35,7 @@ import dataclasses
 import gzip
 import logging
 import os
+import re
 import zlib
 from collections.abc import Iterator, Sequence
 
@@ -49,6 +50,7 @@ _NUM_FIELDS = 1 + CRITEO_NUM_DENSE + CRITEO_NUM_SPARSE
 #: How many malformed lines ``BadLines`` keeps for the report (and the reader logs).
 MAX_REPORTED = 10
 _GZIP_MAGIC = b"\x1f\x8b"
+_INTEGER = re.compile(r"-?[0-9]+")
 #: Resolution of the hold-out fraction: a line is held out when its hash mod this is below it.
 _HOLDOUT_BUCKETS = 1 << 20
 _HOLDOUT_SALT = _hashing.derive_key("criteo", "holdout")
@@ -130,10 +132,12 @@ def parse_line(text: str) -> tuple[int, list[int], list[int]]:
     raise ValueError(f"label must be 0 or 1, got {fields[0]!r}")
   ints = []
   for i, field in enumerate(fields[1 : 1 + CRITEO_NUM_DENSE]):
-    try:
-      value = int(field) if field else 0
-    except ValueError:
-      raise ValueError(f"integer feature I{i + 1} is not an integer: {field!r}") from None
+    # Criteo writes an optional "-" and ASCII digits; int() would also take
+    # "1_000", " 7 ", "+3" and non-ASCII digits, none of which a real file holds.
+    if field and not _INTEGER.fullmatch(field):
+      raise ValueError(f"integer feature I{i + 1} is not an integer (an optional '-' and "
+                       f"ASCII digits): {field!r}")
+    value = int(field) if field else 0
     if not -(1 << 63) <= value < (1 << 63):
       raise ValueError(f"integer feature I{i + 1} does not fit in 64 bits: {field!r}")
     ints.append(value)
@@ -181,6 +185,7 @@ class CriteoReader(Iterator[dict]):
 
   Raises:
     FileNotFoundError: at construction, naming a path that does not exist.
+    IsADirectoryError: at construction, naming a path that is a directory.
     CriteoFormatError: at construction, for a ``.gz`` path that isn't gzip
       data (or a gzip file without ``.gz``); while reading, as described in
       the module docstring.
@@ -204,6 +209,10 @@ class CriteoReader(Iterator[dict]):
       raise ValueError("CriteoReader needs at least one path.")
     self.paths = [os.fspath(p) for p in paths]
     for path in self.paths:
+      if os.path.isdir(path):
+        raise IsADirectoryError(
+            f"Criteo data file {path!r} is a directory; pass the path of a .tsv or .tsv.gz "
+            "file in it (or a list of them).")
       if not os.path.isfile(path):
         raise FileNotFoundError(
             f"Criteo data file {path!r} does not exist (or is not a file); pass the path "

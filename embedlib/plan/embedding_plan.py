@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 
 import numpy as np
 
@@ -249,8 +250,9 @@ class EmbeddingPlan:
     return (rows, cols)
 
   def __str__(self) -> str:
+    """One field a line; a line past 100 columns wraps, indented under its field's value."""
     mesh = ", ".join(f"{a}={n}" for a, n in self.mesh_shape) or "one device"
-    return "\n".join([
+    lines = [
         f"EmbeddingPlan({self.name}: {self.num_embeddings} x {self.features})",
         f"  strategy        {self.strategy}",
         f"  mesh            {mesh}",
@@ -270,7 +272,13 @@ class EmbeddingPlan:
         f"  reason          {self.reason}",
         *([f"  placement       {line}" for line in self.placement.describe()]
           if self.placement is not None else []),
-    ])
+    ]
+    return "\n".join(wrapped for line in lines for wrapped in textwrap.wrap(
+        line, _PRINT_WIDTH, subsequent_indent=" " * _VALUE_COLUMN, break_on_hyphens=False))
+
+
+#: Columns a printed plan fits in, and where its field values start.
+_PRINT_WIDTH, _VALUE_COLUMN = 100, 18
 
 
 def _human(n: int) -> str:

@@ -18,6 +18,7 @@ from embedlib.training import setup, writers
 #: line (no traceback) and exits 1. Anything else is a bug and keeps its traceback.
 EXPECTED_ERRORS = (
     setup.ConfigError,
+    setup.WorkdirError,
     data.CriteoFormatError,
     data.BadBatchError,
     checkpoint.CheckpointSaveError,
@@ -25,6 +26,7 @@ EXPECTED_ERRORS = (
     checkpoint.CheckpointRestoreError,
     writers.MetricWriteError,
     FileNotFoundError,
+    IsADirectoryError,
 )
 
 

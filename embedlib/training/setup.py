@@ -7,6 +7,9 @@ leaves no half-made run.
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import jax
 import numpy as np
 import optax
@@ -24,6 +27,34 @@ SPARSE_OPTIMIZERS = {
     "lazy_adam": optim.LazyAdam,
     "sgd": optim.SparseSGD,
 }
+
+
+class WorkdirError(RuntimeError):
+  """The workdir can't be written; the message names the path and the fix."""
+
+
+def check_workdir(workdir: str) -> None:
+  """Creates ``workdir`` and writes a file there, so a read-only one fails before the model.
+
+  Raises:
+    WorkdirError: naming the path, why it can't be written, and the fix.
+  """
+  path = os.path.abspath(workdir)
+  above = path
+  while not os.path.exists(above):
+    above = os.path.dirname(above)
+  if not os.path.isdir(above):
+    where = "is a file" if above == path else f"is under {above}, which is a file"
+    raise WorkdirError(f"the workdir {path} {where}, not a directory; pass a --workdir "
+                       "that is a directory or does not exist yet.")
+  try:
+    os.makedirs(path, exist_ok=True)
+    with tempfile.TemporaryFile(dir=path):
+      pass
+  except OSError as e:
+    reason = e.strerror or type(e).__name__
+    raise WorkdirError(f"the workdir {path} can't be written ({reason}); pass a --workdir "
+                       "you can write to, or make this one writable.") from None
 
 
 def validate(config) -> None:

@@ -6,6 +6,7 @@ Importable (notebooks and tests call it), independent of flags.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import sys
@@ -53,11 +54,65 @@ def _last_eval(workdir: str, through_step: int) -> dict:
   return records[-1] if records else {}
 
 
+#: The config of the run in a workdir, written at each start, so a rerun can tell
+#: whether it is the same run.
+CONFIG_FILE = "config.json"
+
+
+def _flat_config(tree, prefix="") -> dict:
+  """``{"optim.dense.name": "adam", ...}`` of a config's JSON form."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict) and value:
+      out.update(_flat_config(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def _config_json(config) -> dict:
+  return json.loads(config.to_json_best_effort())
+
+
+def _save_config(config, workdir: str) -> None:
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+
+
+def _config_differences(config, workdir: str, shown: int = 4) -> str | None:
+  """What differs between ``config`` and the one saved in ``workdir``; None if nothing.
+
+  A workdir without a saved config (an earlier embedlib's) differs in nothing.
+  """
+  path = os.path.join(workdir, CONFIG_FILE)
+  try:
+    with open(path) as f:
+      saved = _flat_config(json.load(f))
+  except FileNotFoundError:
+    return None
+  except ValueError as e:
+    raise setup.WorkdirError(f"{path} is not a config ({e}); delete it to accept the "
+                             "workdir's run as this config's, or pass a new --workdir.") from None
+  here = _flat_config(_config_json(config))
+  keys = sorted(k for k in set(saved) | set(here)
+                if saved.get(k, "absent") != here.get(k, "absent"))
+  if not keys:
+    return None
+  described = [f"{k} is {saved.get(k, 'absent')!r} there, {here.get(k, 'absent')!r} here"
+               for k in keys[:shown]]
+  more = f" (and {len(keys) - shown} more)" if len(keys) > shown else ""
+  return "; ".join(described) + more
+
+
 def _finished(config, workdir: str) -> dict | None:
   """The last eval if ``workdir`` already holds the final checkpoint, else None.
 
   Looks only at the checkpoint directory's listing, so a finished run is
   recognised without building the model or compiling anything.
+
+  Raises:
+    setup.WorkdirError: the finished run there had another config.
   """
   directory = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(directory):
@@ -69,6 +124,12 @@ def _finished(config, workdir: str) -> dict | None:
     ckpt.close()
   if step is None or step < config.num_train_steps:
     return None
+  differences = _config_differences(config, workdir)
+  if differences is not None:
+    raise setup.WorkdirError(
+        f"{workdir} holds a finished run of another config: {differences}. Pass a new "
+        f"--workdir for this config, or rerun with the config in "
+        f"{os.path.join(workdir, CONFIG_FILE)} to see its result.")
   log.info("%s is complete: its newest checkpoint is at step %d of num_train_steps=%d, so "
            "there is nothing to train. Raise --config.num_train_steps to train on, or pass "
            "a new --workdir.", workdir, step, config.num_train_steps)
@@ -93,10 +154,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
   eval metrics; everything else here is the same for each. Resumes from the
   newest checkpoint in ``workdir`` that restores (one that doesn't is moved
   into ``checkpoints/corrupt/`` with a warning); a workdir that already
-  holds the final checkpoint returns at once. Writes ``eval.jsonl`` (one
-  object per eval: ``step``, the task's metrics, e.g. ``auc`` and
-  ``logloss`` for ``ctr``, and the planted optimum's as ``oracle_*`` for a
-  planted source), ``train.jsonl`` (``loss``, ``examples_per_sec``, and the
+  holds the final checkpoint returns at once (and raises if that run's
+  config, saved as ``config.json`` at each start, differs from ``config``).
+  Writes ``eval.jsonl`` (one object per eval: ``step``, the task's
+  metrics, e.g. ``auc`` and ``logloss`` for ``ctr``, and the planted
+  optimum's as ``oracle_*`` for a planted source), ``train.jsonl`` (``loss``, ``examples_per_sec``, and the
   task's ``log_scalars``) and TensorBoard event files under
   ``tensorboard/train`` and ``tensorboard/eval``; after a resume, each step
   appears once in each. SIGTERM or SIGINT stops after the current step with
@@ -110,6 +172,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     The last eval's metrics (``{}`` if none ran).
 
   Raises:
+    setup.WorkdirError: ``workdir`` can't be written (before the model is
+      built), or holds a finished run of another config.
     checkpoint.CheckpointSaveError: a checkpoint could not be written; the
       earlier ones are intact.
     writers.MetricWriteError: a metrics file could not be written.
@@ -124,6 +188,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
   train_source, eval_source = setup.sources(config, spec)
   eval_start = eval_source.get_state()
   log.info("eval data: %s", setup.describe_eval(config))
+  setup.check_workdir(workdir)
+  _save_config(config, workdir)
+  # Building and placing large tables takes a while with nothing else to show.
+  log.info("building the model and optimizer ...")
   model, optimizer = setup.model_and_optimizer(config, spec, mesh)
   log.info("mesh %s; embedding plan:\n%s", dict(mesh.shape), _plans(model))
 
@@ -204,6 +272,8 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
   losses, timed, paused, tic = [], 0, 0.0, time.perf_counter()
   try:
     for step in range(start + 1, config.num_train_steps + 1):
+      if step == start + 1:
+        log.info("compiling train_step (step %d waits for it) ...", step)
       loss = step_fn(next(prefetch), **static)
       if sync:
         jax.block_until_ready(loss)
@@ -240,16 +310,19 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
           result = run_eval(step)
           eval_writer.write(step, {k: v for k, v in result.items() if k != "step"})
         if is_save:
-          ckpt.save(step, model, optimizer, prefetch.get_state())
+          with stop.deferred():
+            ckpt.save(step, model, optimizer, prefetch.get_state())
           saved = step
         paused += time.perf_counter() - pause
-      ckpt.check()  # a failed background save stops the run here, not steps later
+      with stop.deferred():
+        ckpt.check()  # a failed background save stops the run here, not steps later
       if _stop_agreed(stop, step, config.log_every):
         break
     if stop.requested is not None and step < config.num_train_steps:
-      if saved < step:
-        ckpt.save(step, model, optimizer, prefetch.get_state())
-      ckpt.wait()
+      with stop.deferred():
+        if saved < step:
+          ckpt.save(step, model, optimizer, prefetch.get_state())
+        ckpt.wait()
       log.info("stopped by %s at step %d of %d; the checkpoint at step %d is in %s. "
                "Rerun the same command to resume.", stop.requested, step,
                config.num_train_steps, step, ckpt.directory)

@@ -89,9 +89,44 @@ def test_plan_prints_one_row_per_table_and_sums_memory():
   assert plan.bytes_moved == plan["wide"].bytes_moved + plan["tall"].bytes_moved_dedup
   text = str(plan).splitlines()
   assert text[0].startswith("EmbeddingCollection plan: 3 tables, mesh batch=8")
-  assert [line.split()[0] for line in text[1:]] == ["table", "tiny", "wide", "tall", "total"]
-  assert "update/step" in text[1]
-  assert "-" in text[2] and plan["tiny"].bytes_moved == 0
+  rows = [line for line in text[1:] if not line.startswith(" ")]  # reasons are indented
+  assert [line.split()[0] for line in rows] == ["table", "tiny", "wide", "tall", "total"]
+  assert "update/step" in rows[0]
+  assert "-" in rows[1] and plan["tiny"].bytes_moved == 0
+  below = text[text.index(rows[2]) + 1]  # the reason starts below its row, indented
+  assert below.startswith("    ") and plan["wide"].plan.reason.startswith(below.strip())
+
+
+def _fit(text, width=100):
+  too_wide = [line for line in text.splitlines() if len(line) > width]
+  assert not too_wide, "\n".join(too_wide)
+
+
+def test_printed_plans_fit_100_columns():
+  # The Criteo config's tables (26 x 1M x 64) and batch, on 8 devices.
+  criteo = plan_collection([TableSpec(f"C{i + 1}", 1_000_000, 64) for i in range(26)],
+                           [FeatureSpec(f"C{i + 1}", f"C{i + 1}") for i in range(26)],
+                           mesh={"batch": 8}, batch_size=8192,
+                           num_unique={f"C{i + 1}": "auto" for i in range(26)})
+  # Every layout, a stack of both placements, long names and long reasons.
+  layouts = ["replicated", "vocab", "hidden", "routed", "auto", "table", "table", "table_row"]
+  tables = [TableSpec(f"{kind}_table_with_a_long_descriptive_name_{i}", 4096 << i, 64,
+                      sharding=kind) for i, kind in enumerate(layouts)]
+  feats = [FeatureSpec(f"f{i}", t.name, max_ids_per_sample=8) for i, t in enumerate(tables)]
+  every = plan_collection(tables, feats, mesh={"batch": 8}, batch_size=4096,
+                          num_unique={tables[3].name: "auto"})
+  assert {t.kind for t in every.tables} >= {"replicated", "vocab", "hidden", "routed", "table",
+                                            "table_row"}
+  for plan in (criteo, every):
+    text = str(plan)
+    _fit(text)
+    for t in plan.tables:
+      _fit(str(t.plan))
+      note = t.plan.reason if t.stack is None else t.placed
+      assert " ".join(note.split()) in " ".join(text.split())  # wrapped, not cut
+  # A table the rows can't fit beside: its name takes a line of its own.
+  named = every.tables[0].name
+  assert any(line == named for line in str(every).splitlines())
 
 
 def test_a_small_table_is_copied_only_where_its_gradients_move_less():

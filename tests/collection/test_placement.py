@@ -126,7 +126,9 @@ def test_plan_places_and_prints_every_table():
   assert plan["big"].kind == "routed" and plan["small"].kind == "replicated"
   text = str(plan)
   assert "stack_8 placement" in text and "device 3:" in text and ", b" in text
-  assert f"device {p.devices('a')[0]}" in text.split("\n")[3 + 1]  # the row of "a"
+  lines = text.split("\n")
+  row = next(i for i, line in enumerate(lines) if line.split()[:1] == ["a"])
+  assert f"device {p.devices('a')[0]}" in lines[row + 1]  # wrapped below the row of "a"
   # Logical rows don't depend on the placement: the members one after the other.
   assert p.num_embeddings == 3000 + 300 + 50 + 40 and p.start("b") == 3350
 

@@ -78,7 +78,13 @@ BAD_LINES = {
     "fields": ("1\t2\t3\n", "expected 40 tab-separated fields, got 3"),
     "label": (make_line(label="2"), "label must be 0 or 1, got '2'"),
     "label_text": (make_line(label="yes"), "label must be 0 or 1"),
-    "integer": (make_line(ints=["1.5"] + [""] * 12), "integer feature I1 is not an integer: '1.5'"),
+    "integer": (make_line(ints=["1.5"] + [""] * 12),
+                "integer feature I1 is not an integer .*: '1.5'"),
+    "integer_underscore": (make_line(ints=["1_000"] + [""] * 12),
+                           "integer feature I1 is not an integer .*: '1_000'"),
+    "integer_spaces": (make_line(ints=[""] * 12 + [" 7 "]), "integer feature I13 .*: ' 7 '"),
+    "integer_plus": (make_line(ints=["+3"] + [""] * 12), "integer feature I1 .*: '\\+3'"),
+    "integer_exponent": (make_line(ints=["1e3"] + [""] * 12), "integer feature I1 .*: '1e3'"),
     "hex": (make_line(cats=["zz"] + [""] * 25), "categorical feature C1 is not hex: 'zz'"),
     "hex_sign": (make_line(cats=[""] * 25 + ["-1f"]), "categorical feature C26 is not a hex string"),
     "not_ascii": ("1" + "\t" * 39 + "\xe9\n", "not ASCII"),
@@ -112,6 +118,11 @@ def test_missing_path_fails_at_construction_naming_it(tmp_path):
   missing = str(tmp_path / "nope.tsv.gz")
   with pytest.raises(FileNotFoundError, match="nope.tsv.gz"):
     CriteoReader([write(tmp_path, numbered_lines(2)), missing], SPEC, batch_size=1)
+
+
+def test_a_directory_is_called_a_directory(tmp_path):
+  with pytest.raises(IsADirectoryError, match=f"{tmp_path}' is a directory; pass the path of a"):
+    CriteoReader(str(tmp_path), SPEC, batch_size=1)
 
 
 def test_gzip_equals_plain_and_files_concatenate(tmp_path):

@@ -30,9 +30,21 @@ from embedlib.models import build_model
 GPU_CALLS = (lowering.TRITON_CALL, lowering.MOSAIC_GPU_CALL)
 CPU_CALLS = tuple(f"custom_call @{t}" for t in cpu_library.TARGETS)
 # The CPU's FFI targets are this library's own, and Triton IR has no
-# stability guarantee: export refuses both unless told.
-CHECKS = [export.DisabledSafetyCheck.custom_call(t)
-          for t in (*cpu_library.TARGETS, lowering.TRITON_CALL)]
+# stability guarantee: export refuses both unless told, as the library says.
+CHECKS = embedlib.export_disabled_checks()
+
+
+def test_plain_export_names_the_custom_calls_and_the_library_checks_let_it_through():
+  embed = embedlib.ShardedEmbed(1000, 16, rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(embed)
+  lookup = jax.jit(lambda state, ids: nnx.merge(graphdef, state)(ids))
+  ids = jnp.array([[1, 5], [7, 999]], dtype=jnp.int32)
+  if cpu_library.available():  # else the lookup is XLA's gather and holds no custom call
+    with pytest.raises(ValueError, match="custom calls whose targets have no compatibility"):
+      export.export(lookup)(state, ids)
+  exported = export.export(lookup, disabled_checks=CHECKS)(state, ids)
+  assert "embedlib_gather" in exported.mlir_module() or not cpu_library.available()
+  np.testing.assert_array_equal(exported.call(state, ids), embed(ids))
 
 
 def split_abstract(build, mesh):

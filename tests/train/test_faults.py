@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import urllib.parse
 
 import numpy as np
@@ -24,7 +25,8 @@ import pytest
 
 from configs import quickstart
 from embedlib import checkpoint
-from embedlib.training import events, train_lib
+from embedlib.training import events, setup, train_lib
+from embedlib.training.signals import StopSignals
 from embedlib.training.writers import read_jsonl
 
 # A failed orbax read leaves tensorstore callbacks on a closed event loop;
@@ -99,8 +101,8 @@ CORRUPTIONS = {
     "garbage table index": lambda d: (d / "tables" / "arrays.json").write_text("[1, 2"),
     "garbage data position": lambda d: (d / "data" / "metadata").write_text("\x00\x01"),
 }
-# One dense and one table corruption in the default run; each resumes a training.
-FAST = ("dense data file truncated", "table chunk deleted")
+# One dense, one table and one JSON corruption in the default run; each resumes a training.
+FAST = ("dense data file truncated", "table chunk deleted", "garbage data position")
 
 
 @pytest.mark.parametrize("kind", [
@@ -116,6 +118,9 @@ def test_corrupt_newest_checkpoint_is_set_aside_and_the_previous_one_resumes(
   messages = [r.getMessage() for r in caplog.records]
   (warning,) = [m for m in messages if "does not restore" in m]
   assert f"checkpoint {workdir / 'checkpoints' / '6'} does not restore (" in warning
+  # The reason names the damaged file (or the table's chunk directory) in it.
+  reason = warning.split(" does not restore (", 1)[1]
+  assert f"{workdir / 'checkpoints' / '6'}/" in reason.split("); moved it to")[0], warning
   assert "trying step 3" in warning
   assert "resumed from the checkpoint at step 3" in messages
   assert (workdir / "checkpoints" / "corrupt" / "6" / "state").is_dir()  # kept, not deleted
@@ -165,6 +170,29 @@ def test_checkpoint_of_the_earlier_whole_table_format_is_named_not_set_aside(tmp
   assert os.listdir(directory) == ["3"]
 
 
+def test_rerun_of_a_finished_workdir_is_complete_with_its_config_and_stops_with_another(
+    finished_run):
+  same = subprocess.run(_command(finished_run), cwd=ROOT, env=_env(), capture_output=True,
+                        text=True, timeout=300)
+  assert same.returncode == 0, same.stderr[-3000:]
+  assert "is complete: its newest checkpoint is at step 6 of num_train_steps=6" in same.stderr
+  assert re.search(r"final eval, at step 6: auc 0\.\d{4}  logloss", same.stderr), same.stderr
+
+  # Fewer steps, so the checkpoint at step 6 is past the end: finished, but not this run.
+  another = _command(finished_run, "--config.num_train_steps=3", "--config.seed=1",
+                     "--config.batch_size=16", "--config.model.embed_dim=8",
+                     "--config.log_every=1")
+  other = subprocess.run(another, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                         timeout=300)
+  assert other.returncode == 1, other.stderr[-3000:]
+  (line,) = [l for l in other.stderr.splitlines() if "error:" in l]
+  assert (f"{finished_run} holds a finished run of another config: batch_size is 64 there, "
+          "16 here; log_every is 2 there, 1 here; model.embed_dim is 16 there, 8 here; "
+          "num_train_steps is 6 there, 3 here (and 1 more). Pass a new --workdir") in line
+  assert "Traceback" not in other.stderr
+  assert sorted(os.listdir(finished_run / "checkpoints")) == ["3", "6"]
+
+
 # -- SIGTERM and SIGINT ------------------------------------------------------------
 
 
@@ -192,6 +220,7 @@ def test_sigterm_and_sigint_save_the_step_reached_and_exit_0(tmp_path):
   (first,) = re.findall(r"stopped by SIGTERM at step (\d+) of 100000; the checkpoint at step "
                         r"\1 is in .*\. Rerun the same command to resume\.", err)
   assert "Traceback" not in err
+  assert "final eval" not in err  # a stopped run is not labelled final
   assert os.listdir(workdir / "checkpoints") == [first]
   assert _steps(workdir / "train.jsonl") == list(range(1, int(first) + 1))
 
@@ -216,6 +245,32 @@ def test_sigterm_and_sigint_save_the_step_reached_and_exit_0(tmp_path):
   starts = {1, int(first) + 1, int(second) + 1}
   assert [s for s, _ in scalars["examples_per_sec"]] == [
       s for s in range(1, last + 1) if s not in starts]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01, 0.03])
+def test_a_second_sigterm_during_the_final_save_keeps_max_to_keep(tmp_path, delay):
+  """The trainer's stop: save and wait inside ``deferred()``, with the second signal landing
+  while orbax writes the checkpoint or waits to remove the oldest (where it used to leave 3)."""
+  config = _smoke()
+  mesh = setup.make_mesh(config)
+  model, optimizer = setup.model_and_optimizer(config, setup.data_spec(config), mesh)
+  ckpt = checkpoint.Checkpointer(str(tmp_path), max_to_keep=2)
+  ckpt.save(1, model, optimizer, {})
+  ckpt.save(2, model, optimizer, {})
+  with pytest.raises(KeyboardInterrupt, match="SIGTERM received twice"):
+    try:
+      with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested == "SIGTERM"
+        second = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGTERM))
+        with stop.deferred():
+          second.start()
+          ckpt.save(3, model, optimizer, {})
+          ckpt.wait()
+          second.join()
+    finally:
+      ckpt.close()
+  assert sorted(os.listdir(tmp_path)) == ["2", "3"]
 
 
 # -- a full disk -------------------------------------------------------------------

@@ -31,6 +31,10 @@ def test_smoke_run_writes_metrics_checkpoints_and_resumes(tmp_path, caplog, monk
   assert sum(m.startswith("Compiling jit(train_step)") for m in messages) == 1
   assert any(m.startswith("step 1 took") and "compiling train_step included" in m
              for m in messages)
+  # Setup and the first compile each say what the wait is for before it starts.
+  order = [m.split(" ")[0] for m in messages if m.startswith(
+      ("building the model", "mesh ", "compiling train_step", "step 1 took"))]
+  assert order == ["building", "mesh", "compiling", "step"], order
   assert any("40 samples per step" in m for m in messages)  # the plan knows the real batch
   assert "eval data: the synthetic source's eval stream (2 batches" in "\n".join(messages)
 
@@ -151,11 +155,21 @@ def test_missing_data_path_fails_before_the_workdir_exists(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def test_data_path_that_is_a_directory_is_called_one(tmp_path):
+  config = dlrm_criteo.get_config(str(tmp_path))
+  with pytest.raises(setup.ConfigError, match=rf"config.data.train_path: '{tmp_path}' is a "
+                     r"directory; pass the path of a .tsv or .tsv.gz file in it"):
+    train_lib.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     "override, line",
     [
         ("--config.batch_sise=8", "--config.batch_sise: the config has no key 'batch_sise'. "
          'Did you mean "batch_size" instead of "batch_sise"?'),
+        ("--config.qqq=1", "--config.qqq: the config has no key 'qqq'. No key is near it: "
+         "see configs/quickstart.py for the keys"),
         ("--config.batch_size=abc", "flag --config.batch_size=abc: invalid literal for int()"),
         ("--config.optim.sparse.name=adamw", "error: config.optim.sparse.name: 'adamw'; use one of"),
     ],
@@ -171,6 +185,55 @@ def test_bad_config_fails_at_start_up_in_one_line(tmp_path, override, line):
   assert len(problems) == 1 and line in problems[0], result.stderr
   assert "Traceback" not in result.stderr
   assert not workdir.exists()
+
+
+def _read_only(path):
+  """``path`` as a directory nobody here can write: a read-only tmpfs as root, else chmod."""
+  path.mkdir()
+  if os.geteuid() == 0:
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)],
+                             capture_output=True)
+    if mounted.returncode:
+      pytest.skip("root without a read-only mount: every directory is writable")
+    return lambda: subprocess.run(["umount", "-l", str(path)], check=False)
+  path.chmod(0o500)
+  return lambda: path.chmod(0o700)
+
+
+@pytest.mark.parametrize("where", ["read-only", "under a file"])
+def test_unwritable_workdir_fails_before_the_model_in_one_line(tmp_path, where):
+  if where == "read-only":
+    undo = _read_only(tmp_path / "ro")
+    workdir = tmp_path / "ro" / "run"
+    line = f"the workdir {workdir} can't be written"
+  else:
+    (tmp_path / "file").write_text("")
+    undo = lambda: None
+    workdir = tmp_path / "file" / "run"
+    line = f"the workdir {workdir} is under {tmp_path / 'file'}, which is a file"
+  cmd = [sys.executable, "-m", "train", "--config", "configs/quickstart.py:smoke",
+         f"--workdir={workdir}"]
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  try:
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  finally:
+    undo()
+  assert result.returncode == 1
+  (error,) = [l for l in result.stderr.splitlines() if "error" in l.lower()]
+  assert line in error and "pass a --workdir" in error, result.stderr
+  assert "Traceback" not in result.stderr
+  assert "embedding plan" not in result.stderr  # the model was never built
+
+
+def test_the_last_eval_printed_says_its_step_and_whether_the_run_finished():
+  from train.__main__ import _last_eval_line  # pylint: disable=g-import-not-at-top
+
+  result = {"step": 100, "auc": 0.75, "logloss": 0.5}
+  assert _last_eval_line(result, 100) == "final eval, at step 100: auc 0.7500  logloss 0.5000"
+  stopped = _last_eval_line(result, 1200)  # a signal stopped it at step 150
+  assert stopped.startswith("the run stopped before num_train_steps=1200; its last eval, at "
+                            "step 100: auc 0.7500") and "final" not in stopped
+  assert _last_eval_line({}, 1200) == "no eval ran."
 
 
 def test_unknown_variant_names_the_choices():

@@ -60,6 +60,9 @@ class CTRTask(base.Task):
         path = data[key]
         if key == "train_path" and not path:
           base.fail(f"data.{key}", "the criteo source needs a path to a Criteo TSV file.")
+        if path and os.path.isdir(path):
+          base.fail(f"data.{key}", f"{path!r} is a directory; pass the path of a .tsv or "
+                    ".tsv.gz file in it.")
         if path and not os.path.isfile(path):
           base.fail(f"data.{key}", f"{path!r} does not exist; pass an existing .tsv or "
                     ".tsv.gz file in the Criteo layout.")
