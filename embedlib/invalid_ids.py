@@ -104,6 +104,8 @@ def check(ids, num_embeddings: int, name: str, *, padding: bool = False) -> None
   ...
   IndexError: user_id: id 7 (at flat position 1) is outside [0, 5); ...
   """
+  if np.size(ids) == 0:  # nothing to check (and a split empty array can't be flattened)
+    return
   if isinstance(ids, jax.core.Tracer):
     valid = _allowed(ids, num_embeddings, padding)
     # The first invalid id, by reductions only: indexing a sharded array

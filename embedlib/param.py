@@ -114,6 +114,8 @@ def _logical_sharding(layout):
 def load_logical(variable, value):
   """``on_set_value``: the logical table, checked, cast and laid out physical."""
   layout = variable.get_metadata(LAYOUT)
+  if isinstance(value, jax.ShapeDtypeStruct):
+    return _abstract_physical(layout, value)
   # The stored dtype is param_dtype (np.dtype is falsy: no `or` here).
   dtype = getattr(variable.get_raw_value(), "dtype", None)
   dtype = np.dtype(jnp.asarray(value).dtype if dtype is None else dtype)
@@ -129,6 +131,19 @@ def load_logical(variable, value):
     )
   table = table_lib.check_host_table(value, plan, dtype, what="embedding.set_value")
   return table_lib.load(table, layout.plan, layout.mesh, dtype)
+
+
+def _abstract_physical(layout, value):
+  """An abstract table (``nnx.eval_shape`` sets one) as the physical one it stands for."""
+  if layout.is_physical(value):
+    return value
+  if not layout.is_logical(value):
+    raise ValueError(
+        f"{layout.plan.name}: embedding.set_value got an abstract table of shape "
+        f"{_shape(value)}, expected the logical shape {tuple(layout.plan.logical_shape)}.")
+  sharding = None if layout.mesh is None else table_lib.physical_sharding(
+      layout.plan, layout.mesh)
+  return jax.ShapeDtypeStruct(layout.plan.padded_shape, value.dtype, sharding=sharding)
 
 
 def pad_created(variable, value):

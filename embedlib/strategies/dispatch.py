@@ -9,10 +9,8 @@ counts a caller checks when a static capacity may overflow
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 from embedlib import options
-from embedlib import sharding as sharding_lib
 from embedlib.strategies import dedup, sharded
 
 
@@ -65,7 +63,9 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True,
 
 def _no_rows(request, plan, mesh, dtype):
   """The zeros a request without ids looks up, split like its ids (as a lookup returns them)."""
-  ids = request.ids
-  out = jnp.zeros((ids.shape[:1] if request.pooled else ids.shape) + (plan.features,), dtype)
-  spec = None if mesh is None else sharding_lib.leading_spec(ids, mesh)
-  return out if spec is None else sharding_lib.place(out, mesh, P(spec or None))
+  # Made from the ids, so their split carries over without a reshard, which
+  # jit rejects on Explicit axes outside a mesh context.
+  base = jnp.asarray(request.ids).astype(dtype)[..., None] * 0
+  if request.pooled:
+    base = jnp.sum(base, axis=1)
+  return jnp.broadcast_to(base, base.shape[:-1] + (plan.features,))

@@ -34,7 +34,11 @@ class WorkdirError(RuntimeError):
 
 
 def check_workdir(workdir: str) -> None:
-  """Creates ``workdir`` and writes a file there, so a read-only one fails before the model.
+  """Writes a file in ``workdir`` (or a directory where it would be created) and removes it.
+
+  A read-only workdir fails before the model is built; a workdir that
+  doesn't exist yet is not created here, so a config error found later,
+  while the model is built, still leaves nothing behind.
 
   Raises:
     WorkdirError: naming the path, why it can't be written, and the fix.
@@ -48,9 +52,11 @@ def check_workdir(workdir: str) -> None:
     raise WorkdirError(f"the workdir {path} {where}, not a directory; pass a --workdir "
                        "that is a directory or does not exist yet.")
   try:
-    os.makedirs(path, exist_ok=True)
-    with tempfile.TemporaryFile(dir=path):
-      pass
+    if above == path:
+      with tempfile.TemporaryFile(dir=path):
+        pass
+    else:  # the first directory the run would create
+      os.rmdir(tempfile.mkdtemp(dir=above))
   except OSError as e:
     reason = e.strerror or type(e).__name__
     raise WorkdirError(f"the workdir {path} can't be written ({reason}); pass a --workdir "

@@ -189,7 +189,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
   eval_start = eval_source.get_state()
   log.info("eval data: %s", setup.describe_eval(config))
   setup.check_workdir(workdir)
-  _save_config(config, workdir)
   # Building and placing large tables takes a while with nothing else to show.
   log.info("building the model and optimizer ...")
   model, optimizer = setup.model_and_optimizer(config, spec, mesh)
@@ -200,7 +199,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
   if oracle:
     log.info("planted oracle on the eval set: %s", _line(oracle))
 
+  # Created once the model is built: a config error found while building it
+  # leaves nothing behind.
   os.makedirs(workdir, exist_ok=True)
+  _save_config(config, workdir)
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                  max_to_keep=config.max_checkpoints)
   try:

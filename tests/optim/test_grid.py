@@ -59,8 +59,8 @@ def test_grid_steps_match_dense_reference(grid, update_path):
   n, f = ROWS, emb.features
   assert emb.plan.padded_shape[0] > n and emb.plan.padded_shape[1] >= f
   rules = {name: ref.make_rule(name, schedule=False) for name in ref.LAYOUT_RULES}
-  sharding = emb.embedding[...].sharding
-  physical = np.array(emb.embedding[...])
+  sharding = emb.physical_table().sharding
+  physical = np.array(emb.physical_table())
   state = {name: (jax.device_put(physical, sharding), optim.init_slots(rule, emb.plan, emb.mesh))
            for name, rule in rules.items()}
   want = {name: (np.asarray(emb.logical_table(), np.float64), ref.init_slots(rule, n, f))
