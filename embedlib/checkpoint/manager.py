@@ -8,9 +8,10 @@ Two faults get handled here rather than surfacing as raw TensorStore errors:
   from a different model config is *not* corrupt: that raises
   ``CheckpointMismatchError`` and moves nothing.
 * A save that fails (a full disk, a vanished directory) raises
-  ``CheckpointSaveError`` naming the step, the path and the cause, on the
-  next ``check``/``save``/``wait`` after the background write ends; the
-  checkpoints written before it stay as they were.
+  ``CheckpointSaveError`` naming the step, the path and the cause, from
+  ``save`` (or, with ``asynchronous=True``, the next ``check``/``save``/``wait``
+  after the background write ends); the checkpoints written before it stay
+  as they were.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def _metadata_mismatch(saved: dict, target: dict) -> list[str]:
 
 
 class Checkpointer:
-  """Saves (asynchronously) and restores training state by step.
+  """Saves and restores training state by step.
 
   >>> import tempfile
   >>> ckpt = Checkpointer(tempfile.mkdtemp())
@@ -127,10 +128,16 @@ class Checkpointer:
   Args:
     directory: where checkpoints go (``workdir/checkpoints``).
     max_to_keep: how many recent checkpoints to keep.
-    asynchronous: write in the background while training continues.
+    asynchronous: return from ``save`` before the arrays are on disk and write
+      them while training continues. Off by default: a write in flight holds
+      every shard of every table (host views of the device buffers), so the
+      next donated train step can't update the tables in place and XLA
+      copies them all, 1x the tables more until the write ends (and host
+      memory that stays fragmented after it). Only for state that isn't
+      donated while the write runs.
   """
 
-  def __init__(self, directory: str, *, max_to_keep: int = 3, asynchronous: bool = True):
+  def __init__(self, directory: str, *, max_to_keep: int = 3, asynchronous: bool = False):
     self.directory = os.path.abspath(directory)
     self.corrupt_directory = os.path.join(self.directory, CORRUPT_DIR)
     options = ocp.CheckpointManagerOptions(

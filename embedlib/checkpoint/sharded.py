@@ -12,9 +12,10 @@ reads the part of the logical array its new shard covers, zeros beyond it.
 No XLA program runs and no buffer larger than a shard exists, on the device
 or on the host.
 
-``ShardedArraysHandler`` is an orbax ``AsyncCheckpointHandler``: the copies
-to the host happen in ``save`` (the arrays may be donated right after), the
-writes in the background.
+``ShardedArraysHandler`` is an orbax ``AsyncCheckpointHandler``: ``save``
+takes host views of the shards (no copy on CPU), and the writes read them,
+so arrays that are donated while a write runs get copied by XLA instead
+(see ``Checkpointer``'s ``asynchronous``).
 """
 
 from __future__ import annotations
