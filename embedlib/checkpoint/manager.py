@@ -262,14 +262,20 @@ class Checkpointer:
   def _restore(self, step, model, optimizer, targets) -> dict:
     """Restores ``step`` into ``model``/``optimizer``; returns the data state.
 
-    The model is only changed once every array has been read.
+    Each table and slot replaces the model's as soon as it is read, so the
+    restore holds one table twice at most, not every table. The checkpoint's
+    metadata and chunk files are checked first, so a damaged checkpoint
+    changes nothing; one whose data fails to read (a corrupt chunk) leaves
+    the tables read before it loaded, and ``restore_newest`` then loads an
+    older checkpoint over every array.
     """
     dense, tables = targets
     self._check_matches(step, dense, tables)
     restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(dense), tables=sharded.ShardedArraysRestore(tables),
+        state=ocp.args.StandardRestore(dense),
+        tables=sharded.ShardedArraysRestore(tables, logical.table_loader(model, optimizer)),
         data=ocp.args.JsonRestore()))
-    logical.load_state(model, optimizer, restored["state"], restored["tables"])
+    logical.load_state(model, optimizer, restored["state"])
     return restored["data"]
 
   def _check_matches(self, step, dense, tables) -> None:
