@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
+from embedlib import host_memory
 from embedlib import param as param_lib
 from embedlib.checkpoint.sharded import Logical, Stacked
 from embedlib.optim import row_grads
@@ -136,6 +137,7 @@ def table_loader(model: nnx.Module, optimizer):
 
   def load(name: str, array) -> None:
     param_lib.set_physical(variables[name].array, array)
+    host_memory.release_freed()  # the replaced table's pages, before the next is read
   return load
 
 

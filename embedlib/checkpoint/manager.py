@@ -25,6 +25,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from embedlib import host_memory
 from embedlib.checkpoint import logical, sharded
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,8 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-exception-caught
       raise self._save_error(step, e) from None
     self._pending = step
+    if not self._manager.is_saving_in_progress():
+      host_memory.release_freed()  # the writers' encoding buffers, one per shard
 
   def check(self) -> None:
     """Raises ``CheckpointSaveError`` if a background save has ended in failure.
