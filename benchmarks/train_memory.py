@@ -39,6 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_TABLES, FEATURES = 26, 64
 #: Rows of the baseline's tables: small enough that what it holds is the process constant.
 BASELINE_ROWS = 1_000
+
+
 def _rss(pid: int) -> int:
   try:
     with open(f"/proc/{pid}/status") as f:
@@ -58,7 +60,7 @@ def _env():
 
 
 def run_trainer(data: str, workdir: str, args, steps: int, interval: float = 0.05) -> dict:
-  """Runs the trainer; returns its RSS samples ``[(t, rss, phase)]`` and marks."""
+  """Runs the trainer; ``{"samples": [(s, RSS)], "log": [(s, line)], "base": RSS}``."""
   overrides = [
       "--config.data.table_sizes=(" + ",".join([str(args.rows)] * NUM_TABLES) + ")",
       f"--config.batch_size={args.batch}", f"--config.num_train_steps={steps}",
@@ -84,7 +86,8 @@ def run_trainer(data: str, workdir: str, args, steps: int, interval: float = 0.0
     time.sleep(interval)
   reader.join()
   if proc.returncode:
-    raise RuntimeError(f"the trainer exited {proc.returncode}:\n{''.join(l for _, l in state['log'][-30:])}")
+    tail = "".join(line for _, line in state["log"][-30:])
+    raise RuntimeError(f"the trainer exited {proc.returncode}:\n{tail}")
   return {"samples": samples, "base": state["base"], "log": state["log"]}
 
 
