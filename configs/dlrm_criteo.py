@@ -14,7 +14,9 @@ or ``smoke`` for a tiny model whose paths are given with
 ``--config.data.train_path=...`` and ``--config.data.eval_path=...`` (or
 ``--config.data.eval_holdout=0.05``).
 Expected: no full-data run has been measured with this config. The smoke
-variant checks the pipeline, not the model: on a 2,000-line file,
+variant checks the pipeline, not the model: on a 2,000-line file (a
+Criteo-format one with a planted label: ``python -m embedlib.data.criteo_synth
+day.tsv --lines 2000``),
 
     python -m train --config configs/dlrm_criteo.py:smoke \
         --config.data.train_path=day.tsv --config.data.eval_holdout=0.05 --workdir /tmp/cr

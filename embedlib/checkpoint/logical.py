@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
+from embedlib import host_memory
 from embedlib import param as param_lib
 from embedlib.checkpoint.sharded import Logical, Stacked
 from embedlib.optim import row_grads
@@ -125,14 +126,32 @@ def restore_targets(model: nnx.Module, optimizer) -> tuple[dict, dict]:
   return jax.tree.map(abstract, _dense_tree(model, optimizer)), sharded
 
 
-def load_state(model: nnx.Module, optimizer, dense: dict, sharded: dict) -> None:
-  """Puts restored arrays (on ``restore_targets``' layout) into the model and optimizer."""
+def table_loader(model: nnx.Module, optimizer):
+  """``load(name, array)``: puts one restored table or slot into the model or optimizer.
+
+  Restoring through it replaces each table as it is read, so the old one is
+  freed before the next is read: one table held twice at most, where reading
+  them all first holds every table twice.
+  """
+  variables = _sharded_items(model, optimizer, lambda var: var)
+
+  def load(name: str, array) -> None:
+    param_lib.set_physical(variables[name].array, array)
+    host_memory.release_freed()  # the replaced table's pages, before the next is read
+  return load
+
+
+def load_state(model: nnx.Module, optimizer, dense: dict, sharded: dict | None = None) -> None:
+  """Puts restored arrays (on ``restore_targets``' layout) into the model and optimizer.
+
+  ``sharded`` None: the tables and slots are already in (``table_loader``).
+  """
   state = nnx.state(model, row_grads.NotTables(frozenset(optimizer.keys)))
   nnx.replace_by_pure_dict(state, dense["dense"])
   nnx.update(model, state)
-  variables = _sharded_items(model, optimizer, lambda var: var)
-  for name, item in variables.items():
-    param_lib.set_physical(item.array, sharded[name])
+  load = table_loader(model, optimizer)
+  for name, array in (sharded or {}).items():
+    load(name, array)
   optimizer.step.set_value(dense["step"])
   if optimizer.dense is not None:
     state = nnx.state(optimizer.dense)

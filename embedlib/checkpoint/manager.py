@@ -8,9 +8,10 @@ Two faults get handled here rather than surfacing as raw TensorStore errors:
   from a different model config is *not* corrupt: that raises
   ``CheckpointMismatchError`` and moves nothing.
 * A save that fails (a full disk, a vanished directory) raises
-  ``CheckpointSaveError`` naming the step, the path and the cause, on the
-  next ``check``/``save``/``wait`` after the background write ends; the
-  checkpoints written before it stay as they were.
+  ``CheckpointSaveError`` naming the step, the path and the cause, from
+  ``save`` (or, with ``asynchronous=True``, the next ``check``/``save``/``wait``
+  after the background write ends); the checkpoints written before it stay
+  as they were.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from embedlib import host_memory
 from embedlib.checkpoint import logical, sharded
 
 log = logging.getLogger(__name__)
@@ -117,7 +119,7 @@ def _metadata_mismatch(saved: dict, target: dict) -> list[str]:
 
 
 class Checkpointer:
-  """Saves (asynchronously) and restores training state by step.
+  """Saves and restores training state by step.
 
   >>> import tempfile
   >>> ckpt = Checkpointer(tempfile.mkdtemp())
@@ -127,10 +129,16 @@ class Checkpointer:
   Args:
     directory: where checkpoints go (``workdir/checkpoints``).
     max_to_keep: how many recent checkpoints to keep.
-    asynchronous: write in the background while training continues.
+    asynchronous: return from ``save`` before the arrays are on disk and write
+      them while training continues. Off by default: a write in flight holds
+      every shard of every table (host views of the device buffers), so the
+      next donated train step can't update the tables in place and XLA
+      copies them all, 1x the tables more until the write ends (and host
+      memory that stays fragmented after it). Only for state that isn't
+      donated while the write runs.
   """
 
-  def __init__(self, directory: str, *, max_to_keep: int = 3, asynchronous: bool = True):
+  def __init__(self, directory: str, *, max_to_keep: int = 3, asynchronous: bool = False):
     self.directory = os.path.abspath(directory)
     self.corrupt_directory = os.path.join(self.directory, CORRUPT_DIR)
     options = ocp.CheckpointManagerOptions(
@@ -167,6 +175,8 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-exception-caught
       raise self._save_error(step, e) from None
     self._pending = step
+    if not self._manager.is_saving_in_progress():
+      host_memory.release_freed()  # the writers' encoding buffers, one per shard
 
   def check(self) -> None:
     """Raises ``CheckpointSaveError`` if a background save has ended in failure.
@@ -255,14 +265,20 @@ class Checkpointer:
   def _restore(self, step, model, optimizer, targets) -> dict:
     """Restores ``step`` into ``model``/``optimizer``; returns the data state.
 
-    The model is only changed once every array has been read.
+    Each table and slot replaces the model's as soon as it is read, so the
+    restore holds one table twice at most, not every table. The checkpoint's
+    metadata and chunk files are checked first, so a damaged checkpoint
+    changes nothing; one whose data fails to read (a corrupt chunk) leaves
+    the tables read before it loaded, and ``restore_newest`` then loads an
+    older checkpoint over every array.
     """
     dense, tables = targets
     self._check_matches(step, dense, tables)
     restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(dense), tables=sharded.ShardedArraysRestore(tables),
+        state=ocp.args.StandardRestore(dense),
+        tables=sharded.ShardedArraysRestore(tables, logical.table_loader(model, optimizer)),
         data=ocp.args.JsonRestore()))
-    logical.load_state(model, optimizer, restored["state"], restored["tables"])
+    logical.load_state(model, optimizer, restored["state"])
     return restored["data"]
 
   def _check_matches(self, step, dense, tables) -> None:

@@ -12,9 +12,10 @@ reads the part of the logical array its new shard covers, zeros beyond it.
 No XLA program runs and no buffer larger than a shard exists, on the device
 or on the host.
 
-``ShardedArraysHandler`` is an orbax ``AsyncCheckpointHandler``: the copies
-to the host happen in ``save`` (the arrays may be donated right after), the
-writes in the background.
+``ShardedArraysHandler`` is an orbax ``AsyncCheckpointHandler``: ``save``
+takes host views of the shards (no copy on CPU), and the writes read them,
+so arrays that are donated while a write runs get copied by XLA instead
+(see ``Checkpointer``'s ``asynchronous``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import dataclasses
 import itertools
 import json
 import math
+import typing as tp
 import urllib.parse
 
 import jax
@@ -185,14 +187,29 @@ class ShardedArraysHandler(ocp.AsyncCheckpointHandler):
   def restore(self, directory, args: "ShardedArraysRestore") -> dict[str, jax.Array]:
     """Each target's padded array, on its sharding, read shard by shard.
 
-    Raises:
-      ValueError: an array is missing, has another shape, or lacks a chunk.
-    """
-    return {name: self._restore_one(directory, name, item)
-            for name, item in args.targets.items()}
+    With ``args.load``, each array goes to ``load(name, array)`` as soon as it
+    is read, and the result holds None for it: a caller that replaces its
+    arrays one by one holds one array twice at most, not all of them.
 
-  def _restore_one(self, directory, name: str, item) -> jax.Array:
-    target = item.array
+    Raises:
+      ValueError: an array is missing, has another shape, or lacks a chunk
+        (checked for every array before any is read).
+    """
+    for name, item in args.targets.items():
+      self._open(directory, name, item)
+    out = {}
+    for name, item in args.targets.items():
+      array = self._restore_one(directory, name, item)
+      if args.load is None:
+        out[name] = array
+      else:
+        args.load(name, array)
+        out[name] = None
+      del array
+    return out
+
+  def _open(self, directory, name: str, item) -> dict:
+    """``{stored name: (store, Logical)}`` of a target, checked complete."""
     stores = {}
     for name, part in stored({name: item}).items():
       store = ts.open(_spec(directory, name), open=True).result()
@@ -201,6 +218,11 @@ class ShardedArraysHandler(ocp.AsyncCheckpointHandler):
                          f"{list(part.logical_shape)} in the model.")
       _check_complete(store, name, _spec(directory, name)["kvstore"]["path"])
       stores[name] = (store, part)
+    return stores
+
+  def _restore_one(self, directory, name: str, item) -> jax.Array:
+    target = item.array
+    stores = self._open(directory, name, item)
     shard_shape = target.sharding.shard_shape(target.shape)
     cache = {}
 
@@ -239,3 +261,4 @@ class ShardedArraysSave(ocp.args.CheckpointArgs):
 @dataclasses.dataclass
 class ShardedArraysRestore(ocp.args.CheckpointArgs):
   targets: dict[str, Logical | Stacked]
+  load: tp.Callable[[str, jax.Array], None] | None = None

@@ -21,6 +21,7 @@ from embedlib.data.criteo import (
     CriteoReader,
     criteo_spec,
 )
+from embedlib.data.criteo_synth import CriteoSynth
 from embedlib.data.multi_hash import MultiHash, hash_collisions
 from embedlib.data.planted_ranking import PlantedRankingSource
 from embedlib.data.planted_retrieval import PlantedRetrievalSource
@@ -38,6 +39,7 @@ __all__ = [
     "BadLines",
     "CriteoFormatError",
     "criteo_spec",
+    "CriteoSynth",
     "MultiHash",
     "hash_collisions",
     "ACTIONS",

@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from embedlib import host_memory
 from embedlib import optim
 from embedlib.training import tasks
 from embedlib.training.tasks.base import ConfigError, fail as _fail
@@ -165,4 +166,5 @@ def model_and_optimizer(config, spec, mesh):
   optimizer = optim.SparseAwareOptimizer(model, tx, rule)
   _on_mesh(model, mesh)
   _on_mesh(optimizer, mesh)
+  host_memory.release_freed()  # the initialisers' temporaries
   return model, optimizer

@@ -27,9 +27,12 @@ def train_step(model, optimizer, batch, task=None):
   return loss
 
 
-@nnx.jit(static_argnames=("task",))
+# graph_updates=False: nnx.jit's default returns every variable of its module
+# arguments as outputs, so an undonated step would write a fresh copy of every
+# table on each call; this way only variables the step changes come back.
+@nnx.jit(static_argnames=("task",), graph_updates=False)
 def eval_step(model, batch, task=None):
-  """``task.predict`` (default: a click model's logits ``[batch]``)."""
+  """``task.predict`` (default: a click model's logits ``[batch]``); changes nothing."""
   if task is None:
     return model(batch["dense"], batch["sparse"])
   return task.predict(model, batch)

@@ -317,7 +317,7 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
           saved = step
         paused += time.perf_counter() - pause
       with stop.deferred():
-        ckpt.check()  # a failed background save stops the run here, not steps later
+        ckpt.check()  # with background saves, a failed one stops the run here
       if _stop_agreed(stop, step, config.log_every):
         break
     if stop.requested is not None and step < config.num_train_steps:

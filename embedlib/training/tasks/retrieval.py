@@ -39,12 +39,13 @@ from embedlib.training.tasks import base, requests
 LOG_Q = ("none", "batch", "streaming")
 
 
-@nnx.jit
+# Without graph updates: nnx.jit would return (copy) every table of the model.
+@nnx.jit(graph_updates=False)
 def _users(model, batch):
   return model.users(batch)
 
 
-@nnx.jit
+@nnx.jit(graph_updates=False)
 def _candidates(model, rows, authors):
   return model.candidates(rows, authors)
 
