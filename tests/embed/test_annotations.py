@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 import embedlib
 from tests.embed.contract import make_mesh
+from tests.embed.test_flax_examples import scaled_embed
 
 FEATURES = 16
 
@@ -38,16 +39,6 @@ def mesh(axis_types=AxisType.Auto):
 @dataclasses.dataclass(frozen=True)
 class ShardingConfig:
   emb_vd: P | None = None
-
-
-def scaled_embed(base):
-  class ScaledEmbed(base):
-    def __call__(self, x, out_sharding=None):
-      x = super().__call__(x, out_sharding)
-      x *= jnp.sqrt(x.shape[-1])
-      return x
-
-  return ScaledEmbed
 
 
 class TinyGemma(nnx.Module):
