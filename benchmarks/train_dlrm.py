@@ -2,6 +2,7 @@
 
     python3 benchmarks/train_dlrm.py              # full run
     python3 benchmarks/train_dlrm.py --quick      # small tables and batch: a smoke run
+    python3 benchmarks/train_dlrm.py --full       # configs/dlrm_criteo.py's 26 x 1M x 64
     bash benchmarks/install_peers.sh              # first, for the TorchRec columns
 
 The Criteo-like DLRM of issue 6: 13 dense features, 26 single-hot tables of
@@ -44,6 +45,12 @@ one is timed). ``--keep-freed-malloc`` runs every worker, JAX and PyTorch
 alike, with glibc's mmap and trim thresholds raised (``MALLOC_MMAP_THRESHOLD_``
 and ``MALLOC_TRIM_THRESHOLD_`` at 2^31 - 1), so a step's freed temporaries
 are reused by the next instead of faulting in fresh pages.
+``--full`` takes ``configs/dlrm_criteo.py``'s tables instead, 26 of
+1,000,000 rows (6.2 GiB of f32), and times embedlib on one device beside
+TorchRec fused only, one worker at a time (built, warmed up, timed for every
+round, closed, then the next): two full-size workers side by side would not
+fit a 24 GB machine, and the dense JAX variant (a table-sized gradient and
+Adagrad slot) would not fit alone.
 Without ``.peers/`` the peer columns are skipped with a note. Never asserts
 a time.
 """
@@ -74,6 +81,8 @@ from worker_protocol import Worker, WorkerError, default_env, serve  # noqa: E40
 #: hold exactly 643,601 rows (157 MiB of f32 at width 64). The skew of the
 #: original survives: 8 tables at the cap hold 93% of the rows, 7 have
 #: fewer than 30.
+#: Rows of each table at ``--full``: configs/dlrm_criteo.py's ``table_sizes``.
+FULL_ROWS = 1_000_000
 TABLE_SIZES = (
     1460, 583, 74528, 74525, 305, 24, 12517, 633, 3, 74525, 5683, 74525, 3194,
     27, 14992, 74525, 10, 5652, 2173, 4, 74525, 18, 15, 74525, 105, 74525,
@@ -263,10 +272,12 @@ def _workers(args, data, sizes):
   env = lambda **kw: default_env(**malloc, **kw)  # noqa: E731
   jax_env = lambda n: env(JAX_PLATFORMS="cpu", XLA_FLAGS=_xla_flags(n))
   out = {EMBEDLIB: (me + ["--worker", "embedlib"] + common, jax_env(1))}
-  if args.eight_devices:
+  if args.eight_devices and not args.full:
     out["embedlib, 8 simulated devices"] = (me + ["--worker", "embedlib"] + common, jax_env(8))
-  out["JAX dense: nnx.Embed + optax.adagrad"] = (me + ["--worker", "dense"] + common, jax_env(1))
-  out["JAX frozen tables (MLPs only)"] = (me + ["--worker", "frozen"] + common, jax_env(1))
+  if not args.full:
+    out["JAX dense: nnx.Embed + optax.adagrad"] = (me + ["--worker", "dense"] + common,
+                                                   jax_env(1))
+    out["JAX frozen tables (MLPs only)"] = (me + ["--worker", "frozen"] + common, jax_env(1))
   if os.path.exists(args.peer_python):
     torch_env = env(OMP_WAIT_POLICY="PASSIVE")
     torch = [args.peer_python, TORCH_SCRIPT, "--threads", str(args.torch_threads),
@@ -274,7 +285,8 @@ def _workers(args, data, sizes):
              "--bottom", ",".join(map(str, BOTTOM)), "--top", ",".join(map(str, TOP)),
              "--dense-lr", str(DENSE_LR), "--sparse-lr", str(SPARSE_LR)] + common
     out[TORCHREC] = (torch + ["--variant", "fused"], torch_env)
-    out["PyTorch frozen tables (MLPs only)"] = (torch + ["--variant", "frozen"], torch_env)
+    if not args.full:
+      out["PyTorch frozen tables (MLPs only)"] = (torch + ["--variant", "frozen"], torch_env)
   return out
 
 
@@ -310,6 +322,8 @@ def _print_results(rates, rss, batch):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="small tables, batch 256: a smoke run")
+  parser.add_argument("--full", action="store_true",
+                      help="26 tables of 1M rows, embedlib and TorchRec fused one at a time")
   parser.add_argument("--repeats", type=int, default=None,
                       help="interleaved rounds (default 7)")
   parser.add_argument("--steps", type=int, default=None,
@@ -332,6 +346,8 @@ def main():
     return
 
   sizes = [max(2, n // 100) for n in TABLE_SIZES] if args.quick else list(TABLE_SIZES)
+  if args.full:
+    sizes = [FULL_ROWS] * len(TABLE_SIZES)
   batch = 256 if args.quick else BATCH
   repeats = args.repeats or (2 if args.quick else 7)
   steps = args.steps or (3 if args.quick else 16)
@@ -356,6 +372,24 @@ def run(args, sizes, batch, repeats, steps, data):
   if TORCHREC not in specs:
     print(f"TorchRec columns skipped: {args.peer_python} not found; install the peers "
           "with `bash benchmarks/install_peers.sh` (the recipe of ../shared/PEERS.md).")
+  rates, rss, losses = {}, {}, {}
+  # At --full one worker at a time (the module docstring says why).
+  groups = [{n: spec} for n, spec in specs.items()] if args.full else [specs]
+  for group in groups:
+    r, m, l = _time_workers(group, repeats, steps, batch)
+    rates.update(r), rss.update(m), losses.update(l)
+  load = os.getloadavg()
+  _print_results(rates, rss, batch)
+  print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end; last loss: "
+        + ", ".join(f"{n.split(':')[0]} {l:.3f}" for n, l in losses.items()))
+  if TORCHREC in rates:
+    ratio = statistics.median(rates[EMBEDLIB]) / statistics.median(rates[TORCHREC])
+    print(f"embedlib / TorchRec fused (medians): {ratio:.2f}x  (target >= 0.95x)")
+  else:
+    print("TorchRec columns skipped (no .peers/): run `bash benchmarks/install_peers.sh`.")
+
+def _time_workers(specs, repeats, steps, batch):
+  """Builds ``specs``' workers, times them in shuffled rounds; ``(rates, rss, losses)``."""
   start = time.perf_counter()
   workers, info = _start(specs)
   for name, i in info.items():
@@ -383,15 +417,8 @@ def run(args, sizes, batch, repeats, steps, data):
   finally:
     for w in workers.values():
       w.kill()
-  load = os.getloadavg()
-  _print_results(rates, rss, batch)
-  print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end; last loss: "
-        + ", ".join(f"{n.split(':')[0]} {l:.3f}" for n, l in losses.items()))
-  if TORCHREC in rates:
-    ratio = statistics.median(rates[EMBEDLIB]) / statistics.median(rates[TORCHREC])
-    print(f"embedlib / TorchRec fused (medians): {ratio:.2f}x  (target >= 0.95x)")
-  else:
-    print("TorchRec columns skipped (no .peers/): run `bash benchmarks/install_peers.sh`.")
+  return rates, rss, losses
+
 
 if __name__ == "__main__":
   main()

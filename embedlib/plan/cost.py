@@ -118,11 +118,14 @@ def distinct_ids(ids: int, rows: int) -> tuple[float, float]:
   [12.0, 0.0]
   >>> round(distinct_ids(100, 1_000_000)[0], 2)
   100.0
+  >>> [round(x, 2) for x in distinct_ids(10, 2)]
+  [2.0, 0.0]
   """
   if rows <= 1 or ids <= 0:
     return float(min(ids, rows)), 0.0
   q_n = math.exp(ids * math.log1p(-1.0 / rows))
-  q2_n = math.exp(ids * math.log1p(-2.0 / rows))
+  # Two rows: no draw misses both (and log1p(-1) is undefined).
+  q2_n = math.exp(ids * math.log1p(-2.0 / rows)) if rows > 2 else 0.0
   mean = rows * (1.0 - q_n)
   var = rows * q_n + rows * (rows - 1) * q2_n - rows * rows * q_n * q_n
   return mean, max(var, 0.0)
