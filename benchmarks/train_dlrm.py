@@ -305,11 +305,11 @@ def _start(specs):
   return workers, info
 
 
-def _print_results(rates, rss, batch):
+def _print_results(rates, rss, batch, rounds="interleaved rounds"):
   base = statistics.median(rates[TORCHREC]) if TORCHREC in rates else None
   ref = "TorchRec fused" if base else EMBEDLIB
   base = base or statistics.median(rates[EMBEDLIB])
-  print(f"\nexamples/s over {len(next(iter(rates.values())))} interleaved rounds "
+  print(f"\nexamples/s over {len(next(iter(rates.values())))} {rounds} "
         f"(batch {batch}); ratio = median / median of {ref}")
   print(f"{'variant':40s} {'min':>8s} {'median':>8s} {'max':>8s} {'ratio':>6s} "
         f"{'ms/step':>8s} {'peak RSS MiB':>13s}")
@@ -379,7 +379,8 @@ def run(args, sizes, batch, repeats, steps, data):
     r, m, l = _time_workers(group, repeats, steps, batch)
     rates.update(r), rss.update(m), losses.update(l)
   load = os.getloadavg()
-  _print_results(rates, rss, batch)
+  _print_results(rates, rss, batch,
+                 "rounds, one worker at a time" if args.full else "interleaved rounds")
   print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end; last loss: "
         + ", ".join(f"{n.split(':')[0]} {l:.3f}" for n, l in losses.items()))
   if TORCHREC in rates:
