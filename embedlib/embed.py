@@ -97,8 +97,10 @@ class ShardedEmbed(nnx.Module):
   Differences from ``nnx.Embed``: an invalid id (negative or
   ``>= num_embeddings``) looks up zeros with zero gradient, where
   ``nnx.Embed`` returns NaN or wraps (see ``embedlib.invalid_ids``), and
-  where the table is padded, ``emb.embedding[rows]`` indexes the stored
-  table and ``emb.embedding[rows] = x`` raises: index the logical one,
+  where the table is padded, a negative index or one column
+  (``emb.embedding[-1]``, ``emb.embedding[:, j]``) reads the stored table
+  (rows by id, ``emb.embedding[ids]``, are cut to the logical width) and
+  ``emb.embedding[rows] = x`` raises: index the logical one,
   ``emb.embedding[...][rows]``.
 
   Args:

@@ -30,9 +30,12 @@ physical array; reads inside the library go through ``physical``. A table
 whose physical layout is its logical one gets no hooks at all.
 
 Limits of hooks (flax calls them after indexing and before an index write):
-``emb.embedding[rows]`` indexes the physical table (index the logical one:
-``emb.embedding[...][rows]``); attributes read off the raw array
-(``.T``, ``.sharding``, ``.size``) are physical. A stack (``plan.placement``)
+an indexed read sees the stored table, indexed; the hook cuts the padding
+off what it can recognise (rows read by id, ``embedding[ids]``; 2-D reads
+over every row, ``embedding[:, :k]``), but a negative index or a read of
+one column (``embedding[-1]``, ``embedding[:, j]``) indexes the stored
+table: index the logical one, ``emb.embedding[...][rows]``. Attributes read
+off the raw array (``.T``, ``.sharding``, ``.size``) are physical. A stack (``plan.placement``)
 whose padded shape equals its logical one can't tell a logical value from
 a physical one by shape: values of that shape are taken as physical. A raw
 value set to the logical table without hooks (``nnx.update`` after
@@ -93,15 +96,32 @@ def _is_array(value) -> bool:
 
 
 def logical_view(variable, value):
-  """``on_get_value``: a physical table as its logical view; anything else as it is."""
+  """``on_get_value``: a physical table as its logical view; an indexed read cut to it."""
   layout = variable.get_metadata(LAYOUT)
   if not layout.is_physical(value):
-    return value
+    return _cut_indexed(layout, value)
   if _is_array(value):
     return table_lib.unpad(value, layout.plan, layout.mesh)
   if isinstance(value, jax.ShapeDtypeStruct):  # an abstract module (nnx.eval_shape)
     return jax.ShapeDtypeStruct(layout.plan.logical_shape, value.dtype,
                                 sharding=_logical_sharding(layout))
+  return value
+
+
+def _cut_indexed(layout, value):
+  """An indexed read of the stored table (flax indexes before this hook) without its padding.
+
+  Rows read by id (``embedding[ids]``, ``embedding[i]``) are the logical
+  rows with the padded columns after them: those are cut. A 2-D read over
+  every stored row (``embedding[:, :k]``) loses the padded rows.
+  """
+  if not _is_array(value) or layout.plan.placement is not None or value.ndim == 0:
+    return value
+  (rows, cols), (n, f) = layout.plan.padded_shape, layout.plan.logical_shape
+  if cols != f and value.shape[-1] == cols and (value.ndim >= 2 or rows != cols):
+    value = value[..., :f]
+  if rows != n and value.ndim == 2 and value.shape[0] == rows:
+    value = value[:n]
   return value
 
 

@@ -75,6 +75,23 @@ def test_reads_are_logical(built, layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_indexed_reads_nnx_embed_code_writes_are_logical(built, layout):
+  """``embedding[ids]`` (flax's older Gemma ``Embedder.encode``) and 2-D slices, cut.
+
+  On Auto axes: on Explicit ones jax itself refuses to gather from a split
+  array without an ``out_sharding``, for ``nnx.Embed`` too.
+  """
+  emb = built("auto", layout)
+  _, n, f = LAYOUTS[layout]
+  logical = np.asarray(emb.logical_table())
+  ids = jnp.asarray(IDS.reshape(2, 4))
+  np.testing.assert_array_equal(emb.embedding[ids], logical[np.asarray(ids)])
+  np.testing.assert_array_equal(emb.embedding[(ids,)], logical[np.asarray(ids)])
+  np.testing.assert_array_equal(emb.embedding[3], logical[3])
+  np.testing.assert_array_equal(emb.embedding[:, :2], logical[:, :2])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_nnx_embed_attend_code_gives_num_embeddings_logits(built, layout):
   emb = built("explicit", layout)
   _, n, f = LAYOUTS[layout]
