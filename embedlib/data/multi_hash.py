@@ -46,7 +46,7 @@ PAD_ROW = 0
 
 @dataclasses.dataclass(frozen=True)
 class MultiHash:
-  """``num_hashes`` hash functions of ids into rows ``1 .. num_buckets - 1``.
+  """``num_hashes`` hash functions of ids into rows 1 to ``num_buckets - 1``.
 
   >>> h = MultiHash(num_buckets=1000, num_hashes=2, seed=0)
   >>> rows = h(np.array([7, 7, 123456789012, -1]))

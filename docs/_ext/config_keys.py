@@ -1,0 +1,185 @@
+"""Every key of ``configs/*.py``, explained once: the "Config keys" table of the training guide.
+
+The keys and each config's values come from the configs themselves
+(``get_config()`` of every ``configs/NAME.py`` but ``parts.py``); only the
+explanations are written here, one per key (``*`` matches any part of a
+name, so the user and item hashes share theirs). ``tests/test_docs.py``
+checks that every key has exactly one explanation and every explanation a
+key.
+"""
+
+import fnmatch
+import importlib
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+EXPLAINED = {
+    # The run
+    "seed": "Seed of the model's initialisation and of the planted data.",
+    "mesh_shape": "Shape of the device mesh; one `-1` stands for the devices the other "
+                  "axes leave.",
+    "mesh_axes": "Names of the mesh axes, one per `mesh_shape` entry. `batch` (or `data`) "
+                 "is a data axis: the batch is split over it and tables span it.",
+    "batch_size": "Examples (or requests) per global batch, over all processes.",
+    "num_train_steps": "Steps to train; a rerun of a finished workdir stops at once.",
+    "log_every": "Steps between lines of `train.jsonl` (loss, examples/s) and the log.",
+    "eval_every": "Steps between evals (`eval.jsonl`); the last step always evaluates.",
+    "eval_batches": "Batches in each eval.",
+    "checkpoint_every": "Steps between checkpoints; a stop by signal saves one too.",
+    "max_checkpoints": "Checkpoints kept; older ones are deleted.",
+    # The task: batch layout, loss, metrics
+    "task.name": "`ctr` (one click label per example), `ranking` (several actions per "
+                 "candidate) or `retrieval` (one engaged item per request, in-batch "
+                 "negatives): the batch layout, the loss and the eval metrics.",
+    "task.loss_weights": "Weight of each action's sigmoid cross-entropy, one per "
+                         "`data.actions` entry.",
+    "task.ndcg_weights": "Gain of each action in the NDCG label (a reply or a share counts "
+                         "more than a click), one per `data.actions` entry.",
+    "task.ndcg_k": "K of the eval's NDCG@K over each request's candidates.",
+    "task.log_q": "Log-Q correction of the in-batch softmax: `streaming` (a frequency "
+                  "estimate kept in the model and checkpointed), `batch` (each item's "
+                  "count in the batch) or `none`.",
+    "task.remove_accidental_hits": "Mask an in-batch negative that is the request's own "
+                                   "positive item.",
+    "task.recall_ks": "The K of each recall@K the eval reports.",
+    "task.frequency_buckets": "Buckets of the streaming frequency estimate.",
+    "task.frequency_alpha": "Update rate of the streaming frequency estimate.",
+    "task.corpus_chunk": "Catalogue items embedded per call when an eval embeds them all.",
+    # Data
+    "data.source": "Where batches come from: `synthetic` (planted CTR data), `criteo` "
+                   "(TSV files), `planted_ranking` or `planted_retrieval`.",
+    "data.num_dense": "Dense features per example.",
+    "data.table_sizes": "Rows of each categorical feature's table, one per feature.",
+    "data.bag_sizes": "Ids per example of each feature (1: one-hot; more: a multi-hot "
+                      "bag pooled with `model.combiner`); empty for all one-hot.",
+    "data.zipf_exponent": "Popularity skew of the planted ids (rank r drawn with weight "
+                          "about `r ** -zipf_exponent`).",
+    "data.signal_scale": "Strength of the planted CTR signal: below 1 is harder (oracle "
+                         "AUC nearer 0.5), above 1 easier.",
+    "data.train_path": "Criteo: the training TSV (plain or `.gz`).",
+    "data.eval_path": "Criteo: the eval TSV; set this or `data.eval_holdout`, not both.",
+    "data.eval_holdout": "Criteo: fraction of the training lines held out of training "
+                         "for eval, instead of `data.eval_path`.",
+    "data.max_bad_lines": "Criteo: malformed lines skipped (each logged) before the run "
+                          "stops; `-1` skips them all.",
+    "data.prefetch": "Batches a background thread prepares ahead of the step.",
+    "data.num_users": "Users of the planted request world.",
+    "data.num_items": "Items of the planted catalogue.",
+    "data.num_authors": "Authors of the planted items.",
+    "data.num_topics": "Topics the planted items and users' interests fall into.",
+    "data.history_len": "Most history events per request (longer histories are an error "
+                        "naming this key).",
+    "data.num_candidates": "Most candidates per ranking request.",
+    "data.actions": "Names of the actions, in label order.",
+    # Model
+    "model.name": "The model: `dlrm`, `dcn` (DCN-v2), `ranker` or `two_tower`.",
+    "model.embed_dim": "Width of every DLRM / DCN-v2 table.",
+    "model.bottom_sizes": "Widths of the bottom MLP over the dense features.",
+    "model.top_sizes": "Widths of the top MLP, ending in 1 (the logit).",
+    "model.combiner": "Pooling of a multi-hot bag: `sum`, `mean` or `sqrtn`.",
+    "model.cross_layers": "Cross layers of DCN-v2 (`model.name=\"dcn\"`).",
+    "model.num_unique": "Distinct ids per data shard a collection's lookup dedups to; "
+                        "None turns dedup off.",
+    "model.kernel": "The local lookup kernel: `auto`, `xla`, `pallas`, `mosaic`, "
+                    "`triton` or `cpu`.",
+    "model.replicate_below_bytes": "Tables up to this many bytes are replicated (None: "
+                                   "the library default).",
+    "model.width": "Width of the transformer's tokens.",
+    "model.num_layers": "Transformer layers.",
+    "model.num_heads": "Attention heads; `model.width` must divide into them.",
+    "model.mlp_ratio": "Width of each transformer MLP, as a multiple of `model.width`.",
+    "model.causal": "History events attend to earlier events only (the ranker's "
+                    "`:causal`).",
+    "model.item_features": "Width of the ranker's item table.",
+    "model.author_features": "Width of the author table.",
+    "model.action_features": "Width of the multi-hot actions' projection in a history "
+                             "token.",
+    "model.features": "Width of the two-tower item table and of both towers' outputs.",
+    "model.tower_sizes": "Hidden widths of each tower's MLP.",
+    "model.user_tower": "`pooled` (the history's events pooled) or `trunk` (the ranker's "
+                        "transformer).",
+    "model.temperature": "Initial softmax temperature (scores are cosine similarities "
+                         "divided by it).",
+    "model.min_temperature": "Lowest temperature learning may reach.",
+    "model.max_temperature": "Highest temperature learning may reach (at most 1).",
+    "model.learn_temperature": "Learn the temperature, or keep it fixed.",
+    "model.*_hash.num_buckets": "Rows of a multi-hash table (row 0 pads).",
+    "model.*_hash.num_hashes": "Hashes per id (1 to 16, below `num_buckets`).",
+    "model.*_hash.features": "Width of each hashed row.",
+    "model.*_hash.combiner": "How an id's rows combine: `concat` (then projected) or "
+                             "`sum`.",
+    "model.*_hash.seed": "Seed of the hash coefficients: the same rows on every host.",
+    # Optimizers
+    "optim.dense.name": "Optimizer of the dense weights: `adam`, `adagrad` or `sgd` (optax).",
+    "optim.sparse.name": "Row-wise optimizer of the tables: `rowwise_adagrad`, "
+                         "`lazy_adam` or `sgd`.",
+    "optim.*.learning_rate": "Peak learning rate.",
+    "optim.*.schedule": "`constant` or `warmup_cosine` (linear warmup, then cosine decay "
+                        "to 0 at the last step).",
+    "optim.*.warmup_steps": "Steps of linear warmup (`warmup_cosine`).",
+}
+
+
+def config_names() -> list[str]:
+  return sorted(p.stem for p in (ROOT / "configs").glob("*.py")
+                if p.stem not in ("__init__", "parts"))
+
+
+def _flatten(config, prefix=""):
+  for key, value in config.items():
+    if hasattr(value, "items"):
+      yield from _flatten(value, prefix + key + ".")
+    else:
+      yield prefix + key, value
+
+
+def config_values() -> dict[str, dict[str, object]]:
+  """key -> {config name: its value in the config's default variant}."""
+  if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+  values: dict[str, dict[str, object]] = {}
+  for name in config_names():
+    config = importlib.import_module(f"configs.{name}").get_config()
+    for key, value in _flatten(config):
+      values.setdefault(key, {})[name] = value
+  return values
+
+
+def explanations_of(key: str) -> list[str]:
+  return [pattern for pattern in EXPLAINED if fnmatch.fnmatchcase(key, pattern)]
+
+
+def _show(value) -> str:
+  if isinstance(value, tuple) and len(value) > 4 and len(set(value)) == 1:
+    return f"`({value[0]!r},) * {len(value)}`"
+  if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+    return "`" + ", ".join(value) + "`"
+  return f"`{value!r}`"
+
+
+def write_page(path: pathlib.Path) -> list[str]:
+  """Writes the table of keys to ``path``; returns the keys without an explanation."""
+  values = config_values()
+  names = config_names()
+  groups = {"": "The run", "task": "The task", "data": "Data", "model": "Model",
+            "optim": "Optimizers"}
+  lines, unexplained = [], []
+  for group, title in groups.items():
+    keys = sorted(k for k in values if (k.split(".")[0] if "." in k else "") == group)
+    lines += [f"### {title}", "", "| key | what | " + " | ".join(names) + " |",
+              "|---|---|" + "---|" * len(names)]
+    for key in keys:
+      found = explanations_of(key)
+      if len(found) != 1:
+        unexplained.append(key)
+      what = EXPLAINED[found[0]] if len(found) == 1 else "**not explained**"
+      cells = [_show(values[key][n]) if n in values[key] else "" for n in names]
+      lines.append(f"| `{key}` | {what} | " + " | ".join(cells) + " |")
+    lines.append("")
+  path.parent.mkdir(parents=True, exist_ok=True)
+  text = "\n".join(lines)
+  if not path.exists() or path.read_text() != text:
+    path.write_text(text)
+  return unexplained
