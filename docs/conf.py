@@ -69,7 +69,7 @@ myst_heading_anchors = 3
 
 html_theme = "sphinx_book_theme"
 html_title = "embedlib"
-html_theme_options = {"show_toc_level": 2}
+html_theme_options = {"show_toc_level": 2, "max_navbar_depth": 2, "collapse_navbar": True}
 
 
 def _generate(app):

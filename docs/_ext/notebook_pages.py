@@ -26,7 +26,10 @@ def _page(source: pathlib.Path) -> str:
   if not _has_outputs(notebook):
     # After the title cell, so the page keeps the notebook's own title.
     at = 1 if notebook["cells"] and notebook["cells"][0]["cell_type"] == "markdown" else 0
-    notebook["cells"].insert(at, {"cell_type": "markdown", "metadata": {}, "source": NOTE})
+    note = {"cell_type": "markdown", "metadata": {}, "source": NOTE}
+    if any("id" in cell for cell in notebook["cells"]):  # nbformat >= 4.5 cells carry ids
+      note["id"] = "stored-without-outputs"
+    notebook["cells"].insert(at, note)
   return json.dumps(notebook, indent=1) + "\n"
 
 

@@ -120,6 +120,15 @@ def restore_targets(model: nnx.Module, optimizer) -> tuple[dict, dict]:
   """``split_state``'s structure as ``ShapeDtypeStruct`` targets on ``model``'s layout.
 
   A stack's table and slots are ``Stacked`` targets, read from their members.
+
+  Args:
+    model: the model to restore into, on the mesh to restore onto.
+    optimizer: its ``SparseAwareOptimizer``.
+
+  Returns:
+    ``(dense, sharded)``: targets of the dense state (parameters other than
+    tables, the optax state and the step) and ``{name: target}`` of each
+    table and slot at its logical shape.
   """
   abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
   sharded = _sharded_items(model, optimizer, lambda var: abstract(param_lib.physical(var)))
@@ -144,7 +153,12 @@ def table_loader(model: nnx.Module, optimizer):
 def load_state(model: nnx.Module, optimizer, dense: dict, sharded: dict | None = None) -> None:
   """Puts restored arrays (on ``restore_targets``' layout) into the model and optimizer.
 
-  ``sharded`` None: the tables and slots are already in (``table_loader``).
+  Args:
+    model: the model the targets were made from.
+    optimizer: its ``SparseAwareOptimizer``.
+    dense: the restored dense state.
+    sharded: the restored tables and slots; None when they are already in
+      (restored through ``table_loader``, one at a time).
   """
   state = nnx.state(model, row_grads.NotTables(frozenset(optimizer.keys)))
   nnx.replace_by_pure_dict(state, dense["dense"])

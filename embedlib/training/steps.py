@@ -21,7 +21,17 @@ def _loss(task):
 @nnx.jit(donate_argnums=(0, 1), static_argnames=("task",))
 def train_step(model, optimizer, batch, task=None):
   """One step of ``task`` (default: click-through): row gradients for the tables,
-  dense gradients for the rest; returns the loss."""
+  dense gradients for the rest.
+
+  Args:
+    model: the model; its tables and other parameters change in place.
+    optimizer: its ``SparseAwareOptimizer``.
+    batch: a global batch of ``task``'s layout (``task.featurize``).
+    task: a ``Task``; None for a click model called as ``model(dense, sparse)``.
+
+  Returns:
+    The loss, a float32 scalar.
+  """
   loss, grads = optim.value_and_grad(_loss(task))(model, batch)
   optimizer.update(model, grads)
   return loss
@@ -32,7 +42,13 @@ def train_step(model, optimizer, batch, task=None):
 # table on each call; this way only variables the step changes come back.
 @nnx.jit(static_argnames=("task",), graph_updates=False)
 def eval_step(model, batch, task=None):
-  """``task.predict`` (default: a click model's logits ``[batch]``); changes nothing."""
+  """``task.predict`` (default: a click model's logits ``[batch]``); changes nothing.
+
+  Args:
+    model: the model.
+    batch: a global batch of ``task``'s layout.
+    task: a ``Task``; None for a click model called as ``model(dense, sparse)``.
+  """
   if task is None:
     return model(batch["dense"], batch["sparse"])
   return task.predict(model, batch)

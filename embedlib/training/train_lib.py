@@ -30,7 +30,20 @@ log = logging.getLogger("embedlib.train")
 
 
 def evaluate(model, source, start_state, mesh, max_batches, task=None) -> dict:
-  """``task``'s eval metrics (default: AUC and log-loss) over every process's rows."""
+  """``task``'s eval metrics (default: AUC and log-loss) over every process's rows.
+
+  Args:
+    model: the model ``task`` evaluates (its ``predict`` runs under ``eval_step``).
+    source: this process's eval source; read from ``start_state`` each time,
+      so every eval sees the same examples.
+    start_state: ``source.get_state()`` where the eval starts.
+    mesh: the mesh each global batch is laid out on.
+    max_batches: batches read (fewer when the source ends first).
+    task: a ``Task``; None for a click-through model.
+
+  Returns:
+    ``{metric name: float}``, the same on every process.
+  """
   task = task or tasks.CTRTask()
   source.set_state(start_state)
   batches = (data_lib.to_global_batch(task.featurize(b), mesh)
@@ -338,5 +351,15 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
 
 
 def oracle_gap(result: dict) -> float:
-  """How far an eval's AUC is below the planted oracle's."""
+  """How far an eval's AUC is below the planted oracle's.
+
+  Args:
+    result: an eval's metrics with ``auc`` and ``oracle_auc`` (a planted source).
+
+  Returns:
+    ``oracle_auc - auc``.
+
+  >>> oracle_gap({"auc": 0.80, "oracle_auc": 0.81})
+  0.01...
+  """
   return float(result["oracle_auc"] - result["auc"])

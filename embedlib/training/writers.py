@@ -105,6 +105,13 @@ class MetricWriter:
 
 
 def read_jsonl(path: str) -> list[dict]:
-  """The records of a metrics JSONL file, in order."""
+  """The records of a metrics JSONL file, in order.
+
+  Args:
+    path: a workdir's ``train.jsonl`` or ``eval.jsonl``.
+
+  Returns:
+    One dict per line (blank lines skipped).
+  """
   with open(path, encoding="utf-8") as f:
     return [json.loads(line) for line in f if line.strip()]
