@@ -10,6 +10,7 @@ napoleon for the Google style); the notebooks are rendered as stored in
 generated from ``configs/``.
 """
 
+import inspect
 import pathlib
 import sys
 
@@ -19,6 +20,7 @@ ROOT = DOCS.parent
 # generators this file runs.
 sys.path[:0] = [str(ROOT), str(DOCS / "_ext")]
 
+from sphinx.util import inspect as sphinx_inspect  # noqa: E402  pylint: disable=g-import-not-at-top
 from sphinx.util import logging  # noqa: E402  pylint: disable=g-import-not-at-top
 
 import config_keys  # noqa: E402  pylint: disable=g-import-not-at-top
@@ -36,7 +38,7 @@ extensions = [
     "sphinx.ext.viewcode",
 ]
 
-exclude_patterns = ["_build", "_generated", "_ext", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "_generated", "_executed", "_ext", "Thumbs.db", ".DS_Store"]
 templates_path = ["_templates"]
 
 # Every reference to an embedlib name must resolve; names of other packages
@@ -72,6 +74,21 @@ html_title = "embedlib"
 html_theme_options = {"show_toc_level": 2, "max_navbar_depth": 2, "collapse_navbar": True}
 
 
+def _init_signature(app, what, name, obj, options, signature, return_annotation):
+  """An nnx.Module's own ``__init__`` signature, where autodoc found its metaclass's.
+
+  ``nnx.Module``'s metaclass defines ``__call__(*args, **kwargs)``, which
+  autodoc shows for every module class in place of its constructor.
+  """
+  del app, name, options, return_annotation
+  if what != "class" or signature != "(*args: Any, **kwargs: Any)":
+    return None
+  sig = inspect.signature(obj.__init__)
+  sig = sig.replace(parameters=list(sig.parameters.values())[1:],
+                    return_annotation=inspect.Signature.empty)
+  return sphinx_inspect.stringify_signature(sig, show_return_annotation=False), None
+
+
 def _generate(app):
   unexplained = config_keys.write_page(DOCS / "_generated" / "config_keys.md")
   for key in unexplained:
@@ -83,3 +100,4 @@ def _generate(app):
 
 def setup(app):
   app.connect("builder-inited", _generate)
+  app.connect("autodoc-process-signature", _init_signature)
