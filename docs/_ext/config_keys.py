@@ -27,7 +27,8 @@ EXPLAINED = {
     "log_every": "Steps between lines of `train.jsonl` (loss, examples/s) and the log.",
     "eval_every": "Steps between evals (`eval.jsonl`); the last step always evaluates.",
     "eval_batches": "Batches in each eval.",
-    "checkpoint_every": "Steps between checkpoints; a stop by signal saves one too.",
+    "checkpoint_every": "Steps between checkpoints; the last step and a stop by signal "
+                        "save one too.",
     "max_checkpoints": "Checkpoints kept; older ones are deleted.",
     # The task: batch layout, loss, metrics
     "task.name": "`ctr` (one click label per example), `ranking` (several actions per "
@@ -163,11 +164,16 @@ def write_page(path: pathlib.Path) -> list[str]:
   """Writes the table of keys to ``path``; returns the keys without an explanation."""
   values = config_values()
   names = config_names()
+  group_of = lambda key: key.split(".")[0] if "." in key else ""
   groups = {"": "The run", "task": "The task", "data": "Data", "model": "Model",
             "optim": "Optimizers"}
+  # A group a new config brings gets its key as its title.
+  groups.update({g: f"`{g}`" for g in sorted({group_of(k) for k in values}) if g not in groups})
   lines, unexplained = [], []
   for group, title in groups.items():
-    keys = sorted(k for k in values if (k.split(".")[0] if "." in k else "") == group)
+    keys = sorted(k for k in values if group_of(k) == group)
+    if not keys:
+      continue
     lines += [f"### {title}", "", "| key | what | " + " | ".join(names) + " |",
               "|---|---|" + "---|" * len(names)]
     for key in keys:
