@@ -5,9 +5,10 @@ Build it from the repository root (warnings are errors, as in CI):
     python -m sphinx -W --keep-going -b html docs docs/_build/html
 
 The reference is generated from the docstrings (autodoc, autosummary,
-napoleon for the Google style); the notebooks are rendered as stored in
-``notebooks/`` and never executed here; the table of config keys is
-generated from ``configs/``.
+napoleon for the Google style), and a public name without a docstring is
+a warning; the notebooks are rendered as stored in ``notebooks/`` (or as
+``docs/_ext/execute_notebooks.py`` ran them), never executed here; the table
+of config keys is generated from ``configs/``.
 """
 
 import inspect
@@ -89,6 +90,16 @@ def _init_signature(app, what, name, obj, options, signature, return_annotation)
   return sphinx_inspect.stringify_signature(sig, show_return_annotation=False), None
 
 
+def _warn_without_docstring(app, what, name, obj, options, lines):
+  """A page of the reference (a name the API pages list) must say what its name is."""
+  del app, obj, options
+  parent = name.rpartition(".")[0]
+  if what in ("class", "exception", "function") and parent in sys.modules and not any(
+      line.strip() for line in lines):
+    logging.getLogger(__name__).warning(
+        "%s has no docstring; write one (what it is, Args / Returns, an example)", name)
+
+
 def _generate(app):
   unexplained = config_keys.write_page(DOCS / "_generated" / "config_keys.md")
   for key in unexplained:
@@ -101,3 +112,4 @@ def _generate(app):
 def setup(app):
   app.connect("builder-inited", _generate)
   app.connect("autodoc-process-signature", _init_signature)
+  app.connect("autodoc-process-docstring", _warn_without_docstring)
