@@ -174,6 +174,7 @@ for user in range(3):
   top = np.argsort(-scores[user])[:10]
   held_out = rows["target"][user]
   print(f"user {user}: last movies {history}")
-  print(f"  held out: {title(held_out)} (ranked {int((scores[user] > scores[user, held_out]).sum()) + 1})")
-  for rank, item in enumerate(top, 1):
-    print(f"  {rank:2d}. {title(item)}{'  <- held out' if item == held_out else ''}")
+  rank = int((scores[user] > scores[user, held_out]).sum()) + 1
+  print(f"  held out: {title(held_out)} (ranked {rank})")
+  for place, item in enumerate(top, 1):
+    print(f"  {place:2d}. {title(item)}{'  <- held out' if item == held_out else ''}")
