@@ -7,11 +7,14 @@ tests; the slow one runs it again to step 6, resumes to 9 and compares.
 import os
 
 import numpy as np
+import optax
 import pytest
+from flax import nnx
 
 from configs import movielens
+from embedlib import ShardedEmbed, optim
 from embedlib.training import events, setup, train_lib
-from embedlib.training.tasks import ConfigError
+from embedlib.training.tasks import ConfigError, sequential
 from embedlib.training.writers import read_jsonl
 
 METRICS = {f"{m}@{k}" for m in ("hr", "ndcg", "mrr") for k in (10, 20)}
@@ -88,12 +91,8 @@ def test_the_epoch_covers_every_training_target(runs):
   train, _ = setup.sources(config, setup.data_spec(config))
   assert train.batches_per_epoch == 4  # what the resume test above relies on
   targets = sum(int((train.batch(i)["targets"] > 0).sum()) for i in range(4))
-  assert targets == train.targets_per_epoch == sum(len(s) - 1 for s in train_split(config))
-
-
-def train_split(config):
-  from embedlib.training.tasks import sequential  # pylint: disable=g-import-not-at-top
-  return sequential.load_split(config).train_items
+  train_items = sequential.load_split(config).train_items
+  assert targets == train.targets_per_epoch == sum(len(s) - 1 for s in train_items)
 
 
 @pytest.mark.parametrize("key, value, match", [
@@ -114,3 +113,11 @@ def test_bad_config_fails_before_the_workdir_naming_the_key(runs, tmp_path, key,
   with pytest.raises(ConfigError, match=match):
     train_lib.train_and_evaluate(config, str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
+
+
+def test_a_dense_trained_table_needs_no_row_rule():
+  emb = ShardedEmbed(10, 4, rngs=nnx.Rngs(0))
+  opt = optim.SparseAwareOptimizer(emb, optax.adam(0.1), None)
+  assert opt.keys == () and opt.tables is optim.optimizer.no_tables
+  with pytest.raises(ValueError, match="sparse=None trains every table densely; drop tables="):
+    optim.SparseAwareOptimizer(emb, optax.adam(0.1), None, tables=lambda key, m: True)
