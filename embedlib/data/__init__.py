@@ -1,4 +1,5 @@
-"""Data sources for embedlib: the batch format, planted synthetic data, Criteo TSV, id hashing.
+"""Data sources for embedlib: the batch format, planted synthetic data, Criteo TSV, id hashing,
+and MovieLens / RecBole files to a leave-one-out split (``embedlib.data.movielens``).
 
 Every source yields the batch dict documented in ``embedlib.data.spec`` (this
 process's rows only), keeps a resumable position (``get_state`` /

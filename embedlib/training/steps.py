@@ -32,7 +32,7 @@ def train_step(model, optimizer, batch, task=None):
   Returns:
     The loss, a float32 scalar.
   """
-  loss, grads = optim.value_and_grad(_loss(task))(model, batch)
+  loss, grads = optim.value_and_grad(_loss(task), tables=optimizer.tables)(model, batch)
   optimizer.update(model, grads)
   return loss
 
