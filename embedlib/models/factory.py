@@ -3,6 +3,8 @@
 - ``dlrm`` / ``dcn``: the DLRM family on an ``EmbeddingCollection``.
 - ``ranker``: the transformer ranker with candidate isolation.
 - ``two_tower``: two-tower retrieval.
+- ``sasrec`` / ``hstu``: next-item encoders over a user's recent items, with
+  the item table tied to the output.
 
 ``hashers(model_config)`` gives the ``MultiHash`` functions a model's
 embeddings expect, so the data path hashes ids exactly as the model was
@@ -15,21 +17,27 @@ from flax import nnx
 
 from embedlib.collection import FeatureSpec, TableSpec
 from embedlib.data.multi_hash import MultiHash
+from embedlib.data.next_item import NextItemSpec
 from embedlib.data.sequences import SequenceSpec
 from embedlib.data.spec import DataSpec
 from embedlib.embed import ShardedEmbed
 from embedlib.models import two_tower as two_tower_lib
 from embedlib.models.dlrm import CROSS, DLRM, DOT
+from embedlib.models.hstu import HSTU
 from embedlib.models.multi_hash_embed import MultiHashEmbed
 from embedlib.models.ranker import RankerTrunk, TransformerRanker
+from embedlib.models.sasrec import SASRec
 
 #: config.model.name -> interaction of the DLRM family.
 _FAMILY = {"dlrm": DOT, "dcn": CROSS}
 RANKER = "ranker"
 TWO_TOWER = "two_tower"
+SASREC = "sasrec"
+HSTU_NAME = "hstu"
+NEXT_ITEM = (SASREC, HSTU_NAME)
 #: The hashed entities of each sequence model (config.model.<entity>_hash).
 _HASHED = {RANKER: ("user",), TWO_TOWER: ("user", "item")}
-NAMES = tuple(_FAMILY) + (RANKER, TWO_TOWER)
+NAMES = tuple(_FAMILY) + (RANKER, TWO_TOWER) + NEXT_ITEM
 
 
 def hashers(model_config) -> dict[str, MultiHash]:
@@ -66,7 +74,8 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
   'DLRM'
 
   Args:
-    model_config: ``name`` (``"dlrm" | "dcn" | "ranker" | "two_tower"``); for
+    model_config: ``name`` (``"dlrm" | "dcn" | "ranker" | "two_tower" |
+      "sasrec" | "hstu"``); for
       DLRM and DCN: ``embed_dim``,
       ``bottom_sizes`` (hidden layers; the bottom MLP ends in ``embed_dim``),
       ``top_sizes`` (ending in 1), ``combiner``, ``num_unique``,
@@ -82,6 +91,12 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
   name = model_config.name
   if name not in NAMES:
     raise ValueError(f"config.model.name={name!r}; use one of {NAMES}.")
+  if name in NEXT_ITEM:
+    if not isinstance(data_spec, NextItemSpec):
+      raise ValueError(f"config.model.name={name!r} reads next-item batches (a NextItemSpec), "
+                       f"not {type(data_spec).__name__}; use the sequential task.")
+    return build_next_item(model_config, data_spec, mesh=mesh, batch_size=batch_size,
+                           rngs=rngs)
   if name in (RANKER, TWO_TOWER):
     if not isinstance(data_spec, SequenceSpec):
       raise ValueError(f"config.model.name={name!r} reads request batches (a SequenceSpec), "
@@ -209,3 +224,24 @@ def build_two_tower(model_config, spec: SequenceSpec, *, mesh=None, batch_size: 
       temperature=model_config.temperature, min_temperature=model_config.min_temperature,
       max_temperature=model_config.max_temperature,
       learn_temperature=model_config.learn_temperature, mesh=mesh, rngs=rngs)
+
+
+def build_next_item(model_config, spec: NextItemSpec, *, mesh=None, batch_size: int = 4096,
+                    rngs: nnx.Rngs):
+  """``SASRec`` or ``HSTU`` over a tied item table of ``num_items + 1`` rows (0 pads).
+
+  Config keys: ``width`` (the item rows' and the model's), ``num_layers``,
+  ``num_heads``, ``scale_embeddings``, for SASRec ``mlp_ratio``, for HSTU
+  ``num_time_buckets``; ``kernel``, ``replicate_below_bytes``. The table
+  is planned as an output layer (``tied``) for ``batch_size`` rows of
+  ``max_len`` items split over the mesh.
+  """
+  ids = _requests_per_device(batch_size, mesh) * spec.max_len
+  items = ShardedEmbed(spec.vocab_size, model_config.width, name="item", tied=True,
+                       ids_per_device=ids, rngs=rngs, **_tables(model_config, mesh))
+  common = dict(max_len=spec.max_len, num_layers=model_config.num_layers,
+                num_heads=model_config.num_heads,
+                scale_embeddings=model_config.scale_embeddings, rngs=rngs)
+  if model_config.name == SASREC:
+    return SASRec(items, mlp_ratio=model_config.mlp_ratio, **common)
+  return HSTU(items, num_time_buckets=model_config.num_time_buckets, **common)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from embedlib.models.blocks import MLP
+from embedlib.models.blocks import MLP, no_dropout
 
 
 def isolation_mask(history_valid: jax.Array, candidate_valid: jax.Array, *,
@@ -88,9 +88,10 @@ class Block(nnx.Module):
     self.norm2 = nnx.LayerNorm(width, rngs=rngs)
     self.mlp = MLP(width, (mlp_ratio * width, width), activation=jax.nn.gelu, rngs=rngs)
 
-  def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
-    x = x + self.attention(self.norm1(x), mask)
-    return x + self.mlp(self.norm2(x))
+  def __call__(self, x: jax.Array, mask: jax.Array, dropout=no_dropout) -> jax.Array:
+    """``dropout``: applied to each residual branch (``blocks.RowDropout`` in training)."""
+    x = x + dropout(self.attention(self.norm1(x), mask))
+    return x + dropout(self.mlp(self.norm2(x)))
 
 
 class Transformer(nnx.Module):
@@ -114,7 +115,7 @@ class Transformer(nnx.Module):
                             for _ in range(num_layers)])
     self.norm = nnx.LayerNorm(width, rngs=rngs)
 
-  def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, mask: jax.Array, dropout=no_dropout) -> jax.Array:
     for block in self.blocks:
-      x = block(x, mask)
+      x = block(x, mask, dropout)
     return self.norm(x)

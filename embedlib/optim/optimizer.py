@@ -28,6 +28,12 @@ class SparseSlot(nnx.OptState):
   """A sparse optimizer slot: laid out like its table (``out_sharding``)."""
 
 
+def no_tables(key, module) -> bool:
+  """The ``tables=`` selection of no table: every table trains densely."""
+  del key, module
+  return False
+
+
 class SparseAwareOptimizer(nnx.Pytree):
   """Updates dense parameters with optax and sparse tables row by row.
 
@@ -65,7 +71,10 @@ class SparseAwareOptimizer(nnx.Pytree):
     model: the ``nnx.Module`` to train.
     tx: optax transformation for the dense parameters, or None when the
       model has none.
-    sparse: the row-wise rule for every sparse table.
+    sparse: the row-wise rule for every sparse table, or None to train
+      every table densely with ``tx`` (a table tied to an output layer,
+      whose gradient is dense anyway); ``tables`` is then ``no_tables``:
+      pass ``tables=optimizer.tables`` to ``value_and_grad``.
     wrt: nnx filter of the trainable variables (tables included or not:
       sparse tables are always taken out of the dense set).
     tables: which ``ShardedEmbed`` modules are sparse: None for all, or a
@@ -82,14 +91,21 @@ class SparseAwareOptimizer(nnx.Pytree):
       wrt=nnx.Param,
       tables=None,
   ):
-    if not isinstance(sparse, rules_lib.RowRule):
+    if sparse is None:
+      if tables is not None:
+        raise ValueError(
+            "SparseAwareOptimizer: sparse=None trains every table densely; drop tables=, "
+            "or pass a row-wise rule for the tables it selects."
+        )
+      tables = no_tables
+    elif not isinstance(sparse, rules_lib.RowRule):
       raise TypeError(
           f"SparseAwareOptimizer: sparse={sparse!r} is not a row-wise rule; "
           "pass SparseSGD(...), RowWiseAdagrad(...) or LazyAdam(...) (optax "
           "transformations go in tx, for the dense parameters)."
       )
     found = row_grads_lib.sparse_tables(model, tables)
-    if not found:
+    if not found and sparse is not None:
       raise ValueError(
           "SparseAwareOptimizer: the model has no ShardedEmbed "
           + ("that tables= selects" if tables is not None else "table")

@@ -153,7 +153,11 @@ def _on_mesh(module, mesh) -> None:
 
 
 def model_and_optimizer(config, spec, mesh):
-  """The model and its ``SparseAwareOptimizer``, every array on ``mesh``."""
+  """The model and its ``SparseAwareOptimizer``, every array on ``mesh``.
+
+  The tables train row-wise with ``config.optim.sparse``, or with the dense
+  optimizer where the task says so (``Task.sparse_tables``).
+  """
   try:
     model = task(config).build_model(config, spec, mesh, nnx.Rngs(config.seed))
   except ValueError as e:  # the factory names the config key and the fix
@@ -161,8 +165,9 @@ def model_and_optimizer(config, spec, mesh):
   dense = config.optim.dense
   tx = DENSE_OPTIMIZERS[dense.name](_schedule(dense, config.num_train_steps))
   sparse = config.optim.sparse
+  # A task whose tables feed an output layer trains them with the dense optimizer.
   rule = SPARSE_OPTIMIZERS[sparse.name](
-      learning_rate=_schedule(sparse, config.num_train_steps))
+      learning_rate=_schedule(sparse, config.num_train_steps)) if task(config).sparse_tables else None
   optimizer = optim.SparseAwareOptimizer(model, tx, rule)
   _on_mesh(model, mesh)
   _on_mesh(optimizer, mesh)

@@ -22,7 +22,7 @@ def _loss(task):
 def train_step(model, optimizer, batch, task=None):
   """One step of ``task`` (default: click-through): row gradients for the tables,
   dense gradients for the rest; returns the loss."""
-  loss, grads = optim.value_and_grad(_loss(task))(model, batch)
+  loss, grads = optim.value_and_grad(_loss(task), tables=optimizer.tables)(model, batch)
   optimizer.update(model, grads)
   return loss
 

@@ -149,7 +149,8 @@ def _stop_agreed(stop: StopSignals, step: int, log_every: int) -> bool:
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains ``config``'s model on its task, evaluating and checkpointing in ``workdir``.
 
-  The task (``config.task.name``: ``ctr``, ``ranking`` or ``retrieval``; see
+  The task (``config.task.name``: ``ctr``, ``ranking``, ``retrieval`` or
+  ``sequential``; see
   ``embedlib.training.tasks``) owns the data, the model, the loss and the
   eval metrics; everything else here is the same for each. Resumes from the
   newest checkpoint in ``workdir`` that restores (one that doesn't is moved
@@ -157,8 +158,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   holds the final checkpoint returns at once (and raises if that run's
   config, saved as ``config.json`` at each start, differs from ``config``).
   Writes ``eval.jsonl`` (one object per eval: ``step``, the task's
-  metrics, e.g. ``auc`` and ``logloss`` for ``ctr``, and the planted
-  optimum's as ``oracle_*`` for a planted source), ``train.jsonl`` (``loss``, ``examples_per_sec``, and the
+  metrics, e.g. ``auc`` and ``logloss`` for ``ctr``, the planted
+  optimum's as ``oracle_*`` for a planted source, and at the last step
+  the task's ``test_*`` metrics where it has a test set), ``train.jsonl`` (``loss``, ``examples_per_sec``, and the
   task's ``log_scalars``) and TensorBoard event files under
   ``tensorboard/train`` and ``tensorboard/eval``; after a resume, each step
   appears once in each. SIGTERM or SIGINT stops after the current step with
@@ -216,6 +218,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     def run_eval(step):
       scalars = {**evaluate(model, eval_source, eval_start, mesh, config.eval_batches, task),
                  **oracle}
+      if step == config.num_train_steps:  # the held-out test set, once, at the end
+        scalars.update(task.test(model, eval_source, mesh))
       log.info("eval at step %d: %s", step, _line(scalars))
       return {"step": step, **scalars}
 

@@ -5,6 +5,8 @@
   ranker): per-action AUC, NDCG@K.
 - ``retrieval``: one engaged item per request, in-batch softmax (two towers):
   recall@K over a held-out corpus.
+- ``sequential``: the next item of a user's history (SASRec, HSTU), softmax
+  over every item through the tied table: HR / NDCG / MRR@K by full ranking.
 
 See ``base.Task`` for what a task provides.
 """
@@ -15,8 +17,9 @@ from embedlib.training.tasks.base import ConfigError, Task
 from embedlib.training.tasks.ctr import CTRTask
 from embedlib.training.tasks.ranking import RankingTask
 from embedlib.training.tasks.retrieval import RetrievalTask
+from embedlib.training.tasks.sequential import SequentialTask
 
-_TASKS = {cls.name: cls for cls in (CTRTask, RankingTask, RetrievalTask)}
+_TASKS = {cls.name: cls for cls in (CTRTask, RankingTask, RetrievalTask, SequentialTask)}
 
 
 def task_name(config) -> str:
@@ -36,5 +39,5 @@ def make_task(config) -> Task:
   return _TASKS[name].from_config(config)
 
 
-__all__ = ["ConfigError", "CTRTask", "RankingTask", "RetrievalTask", "Task", "make_task",
-           "task_name"]
+__all__ = ["ConfigError", "CTRTask", "RankingTask", "RetrievalTask", "SequentialTask", "Task",
+           "make_task", "task_name"]

@@ -70,6 +70,9 @@ class Task:
     batches (``source``: the eval source they come from).
   - ``log_scalars(model)``: scalars read off the model at each logging
     step, written beside the loss (``{}`` for none).
+  - ``test(model, eval_source, mesh)``: metrics on a held-out test set,
+    once, after the last step (``test_*`` keys, written with the last
+    eval), or ``{}``.
 
   Traced (inside the jitted steps):
 
@@ -78,6 +81,10 @@ class Task:
   """
 
   name: tp.ClassVar[str] = "task"
+  #: Whether the model's tables train row-wise (``config.optim.sparse``); a
+  #: task whose table is also the output layer (``attend``: a dense
+  #: gradient) trains it with the dense optimizer instead.
+  sparse_tables: tp.ClassVar[bool] = True
 
   @classmethod
   def from_config(cls, config) -> Task:
@@ -109,6 +116,10 @@ class Task:
 
   def log_scalars(self, model) -> dict:
     del model
+    return {}
+
+  def test(self, model, eval_source, mesh) -> dict:
+    del model, eval_source, mesh
     return {}
 
   def loss(self, model, batch):

@@ -1,0 +1,196 @@
+"""``sequential``: the next item of each user's history, over the whole item vocabulary.
+
+Data: a MovieLens release or RecBole atomic files (``config.data.path``),
+read by ``embedlib.data.movielens`` and split leave-one-out; batches from
+``embedlib.data.next_item`` (training windows of up to ``max_len + 1``
+items, every training item but a user's first a target once per epoch;
+eval rows of the last ``max_len`` items before the held-out one).
+
+Loss: softmax cross-entropy of every position's next item over the whole
+vocabulary, the logits made by the tied item table
+(``ShardedEmbed.attend``) and reduced by ``vocab_parallel_cross_entropy``:
+where the table is split by rows, each device keeps its own rows' logits,
+so an item vocabulary of any size shards. The item table trains with the
+dense optimizer (``sparse_tables``: its gradient through ``attend`` is
+dense). Dropout (``config.model.dropout``) draws its masks from the batch's
+per-row seeds, so a resumed run trains exactly as an uninterrupted one.
+
+Eval: the rank of each user's held-out item among all items
+(``metrics.full_ranking``; no sampled negatives), HR@K, NDCG@K and MRR@K for
+``config.task.ks``: the validation item at each eval, the test item once at
+the end (``test_*``). ``config.task.mask_seen`` leaves the items a user has
+already had out of the ranking; off by default, as RecBole evaluates
+sequential models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from embedlib import data as data_lib
+from embedlib import logits as logits_lib
+from embedlib import options
+from embedlib.data import next_item
+from embedlib.losses import vocab_parallel_cross_entropy
+from embedlib.metrics import full_ranking
+from embedlib.models import build_model
+from embedlib.models import factory
+from embedlib.models.blocks import RowDropout, no_dropout
+from embedlib.training import steps
+from embedlib.training.tasks import base, requests
+
+SOURCES = ("movielens",)
+
+
+@functools.lru_cache(maxsize=2)
+def _split(path: str, stamp: tuple):
+  """The leave-one-out split of ``path``; ``stamp`` (its mtime and size) renews the cache."""
+  del stamp
+  from embedlib.data import movielens  # pylint: disable=g-import-not-at-top
+  return movielens.leave_one_out(movielens.load(path))
+
+
+def load_split(config):
+  """The split ``config.data.path`` holds, read once per run (the task asks several times).
+
+  Raises:
+    ConfigError: the path is missing or holds no readable MovieLens data.
+  """
+  path = os.path.abspath(os.path.expanduser(config.data.path or ""))
+  if not config.data.path or not os.path.exists(path):
+    base.fail("data.path", f"{config.data.path!r} does not exist; pass the MovieLens folder or "
+              "ratings file: configs/movielens.py:/path/to/ml-100k.")
+  info = os.stat(path)
+  try:
+    return _split(path, (info.st_mtime_ns, info.st_size))
+  except (OSError, ValueError) as e:
+    raise base.ConfigError(f"config.data.path={config.data.path!r}: {e}") from None
+
+
+def _to_int32_offsets(batch: dict) -> dict:
+  """Times as int32 seconds since the row's earliest: only gaps matter, and they fit."""
+  times, query = np.asarray(batch["times"]), np.asarray(batch["query_times"])
+  real = np.asarray(batch["items"]) > 0
+  big = np.iinfo(np.int64).max
+  first = np.minimum(np.where(real, times, big).min(axis=1), np.where(real, query, big).min(axis=1))
+  first = np.where(first == big, 0, first)[:, None]
+  out = dict(batch)
+  out["times"] = np.where(real, times - first, 0).astype(np.int32)
+  out["query_times"] = np.where(real, query - first, 0).astype(np.int32)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SequentialTask(base.Task):
+  """Next-item prediction: ``config.task.name = "sequential"``.
+
+  Attributes:
+    dropout: the models' dropout rate in training.
+    mask_seen: leave each user's earlier items out of the ranking.
+    ks: the metrics' cut-offs.
+  """
+
+  name = "sequential"
+  sparse_tables = False
+  dropout: float = 0.0
+  mask_seen: bool = False
+  ks: tuple[int, ...] = (10, 20)
+
+  @classmethod
+  def from_config(cls, config) -> SequentialTask:
+    ks = tuple(sorted(int(k) for k in config.task.ks))
+    if not ks or ks[0] < 1:
+      base.fail("task.ks", f"{tuple(config.task.ks)}: give cut-offs >= 1, e.g. (10, 20).")
+    dropout = float(config.model.dropout)
+    if not 0.0 <= dropout < 1.0:
+      base.fail("model.dropout", f"{dropout} must lie in [0, 1).")
+    base.check_positive(config, "data.max_len")
+    return cls(dropout=dropout, mask_seen=bool(config.task.mask_seen), ks=ks)
+
+  def validate(self, config) -> None:
+    requests.check_model(config, factory.NEXT_ITEM, self.name)
+    if config.data.source not in SOURCES:
+      base.fail("data.source", f"{config.data.source!r}: the {self.name} task reads one of "
+                f"{SOURCES}.")
+    load_split(config)
+
+  def data_spec(self, config):
+    split = load_split(config)
+    return next_item.NextItemSpec(num_items=int(split.num_items),
+                                  max_len=int(config.data.max_len))
+
+  def _source(self, config, kind: str) -> next_item.NextItemSource:
+    return next_item.NextItemSource(
+        load_split(config), max_len=config.data.max_len, batch_size=config.batch_size,
+        seed=config.seed, kind=kind, exclude_seen=self.mask_seen,
+        process_index=jax.process_index(), process_count=jax.process_count())
+
+  def sources(self, config, spec):
+    del spec
+    train, valid = self._source(config, next_item.TRAIN), self._source(config, next_item.VALID)
+    # The test rows travel with the validation source, for ``test`` at the end.
+    valid.test_source = self._source(config, next_item.TEST)
+    return train, valid
+
+  def describe_eval(self, config) -> str:
+    split = load_split(config)
+    rows = min(split.num_users, config.eval_batches * config.batch_size)
+    seen = "without" if self.mask_seen else "with"
+    return (f"the validation item of {rows} of {split.num_users} users ranked among all "
+            f"{split.num_items} items ({seen} their earlier items), HR/NDCG/MRR@"
+            f"{list(self.ks)}; the test item at the end")
+
+  def featurize(self, batch: dict) -> dict:
+    return _to_int32_offsets(batch)
+
+  def build_model(self, config, spec, mesh, rngs):
+    return build_model(config.model, spec, mesh=mesh, batch_size=config.batch_size, rngs=rngs)
+
+  # -- traced ---------------------------------------------------------------
+
+  def loss(self, model, batch):
+    dropout = RowDropout(batch["seed"], self.dropout) if self.dropout else no_dropout
+    hidden = model(batch, dropout)
+    logits = model.logits(hidden, vocab_split=True)
+    labels = jnp.where(batch["targets"] > 0, batch["targets"], -1)
+    plan = model.items.plan
+    split = {}
+    if (not isinstance(logits, logits_lib.VocabShardedLogits) and model.items.mesh is not None
+        and plan.strategy in options.ROW_BLOCKS):
+      # Traced on Auto axes the logits carry no layout: name the split.
+      split = dict(mesh=model.items.mesh, vocab_axes=plan.table_axes)
+    return vocab_parallel_cross_entropy(logits, labels, reduction="mean", **split)
+
+  def predict(self, model, batch):
+    """The 0-based rank of each row's held-out item among all items: int32 ``[B]``."""
+    hidden = model(batch)[:, -1]
+    scores = model.logits(hidden)
+    return full_ranking.target_ranks(scores, batch["target"], exclude=batch.get("exclude"))
+
+  # -- host -----------------------------------------------------------------
+
+  def _rank(self, model, batches) -> dict:
+    acc = full_ranking.FullRankingMetrics(self.ks)
+    for batch in batches:
+      ranks = steps.eval_step(model, batch, task=self)
+      acc.update(requests.gather(ranks), requests.gather(batch["weight"]))
+    result = acc.result()
+    if not result.pop("count"):
+      raise base.ConfigError("the eval data yielded no row; check config.eval_batches.")
+    return result
+
+  def evaluate(self, model, batches, mesh, source) -> dict:
+    del mesh, source
+    return self._rank(model, batches)
+
+  def test(self, model, eval_source, mesh) -> dict:
+    source = eval_source.test_source
+    source.set_state({"position": 0})
+    batches = (data_lib.to_global_batch(self.featurize(b), mesh) for b in source)
+    return {f"test_{k}": v for k, v in self._rank(model, batches).items()}
