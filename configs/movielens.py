@@ -51,7 +51,10 @@ def get_config(arg=None):
       mask_seen=False,
       ks=(10, 20)))
   config.data = ml_collections.ConfigDict(dict(
-      source="movielens", path=path, max_len=50, prefetch=2))
+      source="movielens", path=path, max_len=50,
+      # Targets per training window (None: max_len); the window's items before
+      # them are context only, so every target sees at least max_len - stride.
+      stride=None, prefetch=2))
   config.model = ml_collections.ConfigDict(dict(
       name=model,
       width=64,

@@ -157,3 +157,20 @@ def load_state(model: nnx.Module, optimizer, dense: dict, sharded: dict | None =
     state = nnx.state(optimizer.dense)
     nnx.replace_by_pure_dict(state, dense["dense_opt"])
     nnx.update(optimizer.dense, state)
+  _lay_out_dense_tables(model)
+  if optimizer.dense is not None:
+    _lay_out_dense_tables(optimizer.dense)
+
+
+def _lay_out_dense_tables(module) -> None:
+  """Stores padded again the tables (and their optax slots) a dense restore set logical.
+
+  A table trained by the dense optimizer (``SparseAwareOptimizer(sparse=
+  None)``) is saved, with its optax slots, as its logical view, and
+  ``nnx.update`` sets that as the raw value; the train step was compiled
+  for the physical layout, and optax needs the parameter and its slots
+  alike.
+  """
+  for _, node in nnx.iter_graph(module):
+    if isinstance(node, nnx.Variable) and node.get_metadata(param_lib.LAYOUT, None) is not None:
+      param_lib.set_physical(node, param_lib.physical(node))

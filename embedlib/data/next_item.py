@@ -31,7 +31,11 @@ item back (the oldest window the shortest), so every training item but a
 user's first (it has no history to predict it from) is a target exactly
 once per epoch, as in RecBole's augmented sequential epoch; windows are
 shuffled per epoch by ``seed``, and the last batch of an epoch is filled out
-with empty rows. A batch is a function of its number alone, so setting
+with empty rows. With ``stride < max_len`` windows end every ``stride``
+items and only their last ``stride`` positions are targets: the earlier
+ones are context, so every target sees at least ``max_len - stride``
+earlier items (where the user has them), for ``max_len / stride`` times
+the work. A batch is a function of its number alone, so setting
 ``position`` resumes exactly.
 
 >>> import numpy as np, types
@@ -109,6 +113,8 @@ class NextItemSource(Iterator[dict]):
     batch_size: global rows per batch; each process yields
       ``batch_size // process_count`` of them.
     seed: shuffles the training windows (per epoch) and draws the rows' seeds.
+    stride: targets per training window, at most ``max_len`` (the default);
+      the window's positions before them are context.
     kind: ``"train"``, ``"valid"`` (history: the training items) or
       ``"test"`` (history: the training items and the validation item).
     exclude_seen: eval rows carry ``exclude``, every item the user had
@@ -117,8 +123,8 @@ class NextItemSource(Iterator[dict]):
   """
 
   def __init__(self, split, *, max_len: int, batch_size: int, seed: int = 0,
-               kind: str = TRAIN, exclude_seen: bool = False, process_index: int = 0,
-               process_count: int = 1):
+               stride: int | None = None, kind: str = TRAIN, exclude_seen: bool = False,
+               process_index: int = 0, process_count: int = 1):
     if kind not in KINDS:
       raise ValueError(f"NextItemSource: kind={kind!r}; use one of {KINDS}.")
     if max_len < 1:
@@ -129,7 +135,10 @@ class NextItemSource(Iterator[dict]):
     if batch_size < 1 or batch_size % process_count:
       raise ValueError(f"config.batch_size={batch_size} must be a positive multiple of "
                        f"process_count={process_count}.")
-    self.kind, self.max_len, self.seed = kind, int(max_len), int(seed)
+    stride = max_len if stride is None else stride
+    if not 1 <= stride <= max_len:
+      raise ValueError(f"config.data.stride={stride} must lie in [1, max_len={max_len}].")
+    self.kind, self.max_len, self.seed, self.stride = kind, int(max_len), int(seed), int(stride)
     self.batch_size = batch_size
     self.local_batch_size = batch_size // process_count
     self.process_index = process_index
@@ -142,6 +151,7 @@ class NextItemSource(Iterator[dict]):
       if not len(self._windows[0]):
         raise ValueError("the split has no training target: every user's training sequence "
                          "holds one item; use data with more interactions per user.")
+      self._target_columns = np.arange(self.max_len) >= self.max_len - self.stride
       self.num_batches = None
       self.batches_per_epoch = -(-len(self._windows[0]) // batch_size)
     else:
@@ -156,7 +166,7 @@ class NextItemSource(Iterator[dict]):
     lengths = np.diff(self._starts)
     for u in np.flatnonzero(lengths >= 2):
       start, n = self._starts[u], lengths[u]
-      cuts = np.arange(n, 1, -self.max_len)  # window ends, each with min(L, end - 1) targets
+      cuts = np.arange(n, 1, -self.stride)  # window ends, each with min(stride, end - 1) targets
       ends.append(start + cuts)
       starts.append(np.full(len(cuts), start))
     if not ends:
@@ -248,8 +258,9 @@ class NextItemSource(Iterator[dict]):
         "items": items,
         "times": stamps[:, :-1],
         "query_times": np.where(items > 0, stamps[:, 1:], 0),
-        # A window's first item is input only: its predecessor is in no window.
-        "targets": np.where(items > 0, seq[:, 1:], 0).astype(np.int32),
+        # A window's first item is input only, and so are those before its
+        # last `stride` positions: an earlier window has them as targets.
+        "targets": np.where((items > 0) & self._target_columns, seq[:, 1:], 0).astype(np.int32),
         "seed": (seeds & np.uint64(0xFFFFFFFF)).astype(np.uint32),
     }
 

@@ -111,6 +111,10 @@ class SequentialTask(base.Task):
     if not 0.0 <= dropout < 1.0:
       base.fail("model.dropout", f"{dropout} must lie in [0, 1).")
     base.check_positive(config, "data.max_len")
+    stride = config.data.get("stride")
+    if stride is not None and not 1 <= stride <= config.data.max_len:
+      base.fail("data.stride", f"{stride} must lie in [1, data.max_len={config.data.max_len}] "
+                "(None: max_len).")
     return cls(dropout=dropout, mask_seen=bool(config.task.mask_seen), ks=ks)
 
   def validate(self, config) -> None:
@@ -128,7 +132,8 @@ class SequentialTask(base.Task):
   def _source(self, config, kind: str) -> next_item.NextItemSource:
     return next_item.NextItemSource(
         load_split(config), max_len=config.data.max_len, batch_size=config.batch_size,
-        seed=config.seed, kind=kind, exclude_seen=self.mask_seen,
+        seed=config.seed, stride=config.data.get("stride"), kind=kind,
+        exclude_seen=self.mask_seen,
         process_index=jax.process_index(), process_count=jax.process_count())
 
   def sources(self, config, spec):

@@ -1,0 +1,116 @@
+"""The sequential task through the training loop on a tiny ML-100K-format file: metrics, resume, bad config.
+
+One smoke run (``configs/movielens.py:smoke``, 9 steps) serves the fast
+tests; the slow one runs it again to step 6, resumes to 9 and compares.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from configs import movielens
+from embedlib.training import events, setup, train_lib
+from embedlib.training.tasks import ConfigError
+from embedlib.training.writers import read_jsonl
+
+METRICS = {f"{m}@{k}" for m in ("hr", "ndcg", "mrr") for k in (10, 20)}
+
+
+def write_ml100k(folder, num_users=40, num_items=60, seed=0):
+  """``u.data`` as GroupLens ships it: user, item, rating, timestamp, tab-separated."""
+  rng = np.random.default_rng(seed)
+  folder.mkdir()
+  lines = []
+  for user in range(1, num_users + 1):
+    count = rng.integers(5, 16)
+    items = rng.choice(num_items, count, replace=False) + 1
+    for t, item in enumerate(items):
+      lines.append(f"{user}\t{item}\t{rng.integers(1, 6)}\t{880000000 + 3600 * t + user}\n")
+  (folder / "u.data").write_text("".join(lines))
+  return folder
+
+
+def _config(path, steps):
+  config = movielens.get_config("smoke")
+  config.data.path = str(path)
+  config.num_train_steps = steps
+  return config
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """The data folder and the smoke run's workdir."""
+  data = write_ml100k(tmp_path_factory.mktemp("data") / "ml-100k")
+  straight = tmp_path_factory.mktemp("straight")
+  train_lib.train_and_evaluate(_config(data, 9), str(straight))
+  return data, straight
+
+
+def test_metrics_on_validation_at_each_eval_and_on_test_at_the_end(runs):
+  _, straight = runs
+  evals = read_jsonl(straight / "eval.jsonl")
+  assert [e["step"] for e in evals] == [3, 6, 9]
+  assert set(evals[0]) == METRICS | {"step"}
+  assert set(evals[-1]) == METRICS | {f"test_{k}" for k in METRICS} | {"step"}
+  for e in evals:
+    for k in e.keys() - {"step"}:
+      assert 0.0 <= e[k] <= 1.0, k
+    assert e["hr@10"] <= e["hr@20"] and e["ndcg@10"] <= e["hr@10"]
+  assert evals[-1]["test_hr@20"] > 0  # 60 items, 20 ranked: a hit is near certain
+  tags = set(events.read_scalars(str(straight / "tensorboard" / "eval")))
+  assert tags == set(evals[-1]) - {"step"}
+  train = read_jsonl(straight / "train.jsonl")
+  assert [r["step"] for r in train] == [2, 4, 6, 8, 9]
+  assert all(np.isfinite(r["loss"]) for r in train)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_equals_an_uninterrupted_one(runs, tmp_path):
+  data, straight = runs
+  resumed = tmp_path / "resumed"
+  train_lib.train_and_evaluate(_config(data, 6), str(resumed))
+  train_lib.train_and_evaluate(_config(data, 9), str(resumed))
+  # Step 6 is inside the second epoch (4 batches of 16 windows each): the data
+  # position, the dropout seeds and the optimizer come back exactly.
+  assert sorted(os.listdir(resumed / "checkpoints")) == ["6", "9"]
+  want = {e["step"]: e for e in read_jsonl(straight / "eval.jsonl")}
+  got = {e["step"]: e for e in read_jsonl(resumed / "eval.jsonl")}
+  assert got[9] == want[9] and got[3] == want[3]
+  assert {k: v for k, v in got[6].items() if not k.startswith("test_")} == want[6]
+  loss = lambda d: [r["loss"] for r in read_jsonl(d / "train.jsonl") if r["step"] > 6]
+  assert loss(resumed) == loss(straight)
+
+
+def test_the_epoch_covers_every_training_target(runs):
+  data, _ = runs
+  config = _config(data, 9)
+  train, _ = setup.sources(config, setup.data_spec(config))
+  assert train.batches_per_epoch == 4  # what the resume test above relies on
+  targets = sum(int((train.batch(i)["targets"] > 0).sum()) for i in range(4))
+  assert targets == train.targets_per_epoch == sum(len(s) - 1 for s in train_split(config))
+
+
+def train_split(config):
+  from embedlib.training.tasks import sequential  # pylint: disable=g-import-not-at-top
+  return sequential.load_split(config).train_items
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("model.name", "ranker", r"config.model.name: 'ranker' can't train the sequential task; "
+     r"use one of \('sasrec', 'hstu'\)"),
+    ("data.path", "/no/such/ml-100k", r"config.data.path: '/no/such/ml-100k' does not exist"),
+    ("task.ks", (0,), r"config.task.ks: \(0,\): give cut-offs >= 1"),
+    ("model.dropout", 1.0, r"config.model.dropout: 1.0 must lie in \[0, 1\)"),
+])
+def test_bad_config_fails_before_the_workdir_naming_the_key(runs, tmp_path, key, value, match):
+  data, _ = runs
+  config = _config(data, 9)
+  *parents, leaf = key.split(".")
+  node = config
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+  with pytest.raises(ConfigError, match=match):
+    train_lib.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
