@@ -3,8 +3,7 @@
     bash benchmarks/install_peers.sh                      # first, for the RecBole rows
     python3 benchmarks/movielens.py --data /work/data/ml-100k
     python3 benchmarks/movielens.py --data ... --seeds 2020 --recbole-budget-s 300 --steps 190
-    python3 benchmarks/movielens.py --data ... --peer-results DIR   # RecBole rows from a
-                                                          # previous run's --out DIR
+    python3 benchmarks/movielens.py --data ... --reuse DIR   # runs a previous --out DIR holds
 
 ``--data`` is RecBole's ML-100K atomic files (``ml-100k.inter`` and
 ``ml-100k.item``), e.g. unzipped from its wheel::
@@ -46,8 +45,10 @@ asserts a time.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -82,6 +83,13 @@ def embedlib_worker(args) -> None:
 
   config = movielens_config.get_config(f"{args.variant},{args.data}")
   config.seed = args.seed
+  for item in args.set or ():
+    key, _, value = item.partition("=")
+    *parents, leaf = key.split(".")
+    node = config
+    for name in parents:
+      node = node[name]
+    node[leaf] = ast.literal_eval(value)
   if args.steps:
     config.num_train_steps = args.steps
     config.eval_every = min(config.eval_every, args.steps)
@@ -153,6 +161,8 @@ def run_embedlib(model, seed, args, workroot) -> dict:
           "--workdir", os.path.join(workroot, f"{model}_{seed}")]
   if args.steps:
     argv += ["--steps", str(args.steps)]
+  for item in args.set or ():
+    argv += ["--set", item]
   return _run(argv, env, f"embedlib {model} seed {seed}")
 
 
@@ -263,10 +273,14 @@ def main():
   parser.add_argument("--recbole-budget-s", type=float, default=900.0)
   parser.add_argument("--steps", type=int, default=None,
                       help="embedlib training steps (default: the config's)")
+  parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                      help="override a configs/movielens.py value for embedlib's runs, "
+                           "e.g. --set batch_size=64 --set optim.dense.learning_rate=2e-3")
   parser.add_argument("--threads", type=int, default=2, help="torch threads for RecBole")
   parser.add_argument("--out", default=None, help="write every run's result here (JSON)")
-  parser.add_argument("--peer-results", default=None,
-                      help="read RecBole's runs from a previous --out folder instead of running them")
+  parser.add_argument("--reuse", default=None,
+                      help="read the runs a previous --out folder holds instead of running them "
+                           "(RecBole's SASRec takes its budget per seed)")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--variant", help=argparse.SUPPRESS)
   parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
@@ -280,38 +294,40 @@ def main():
   unknown = set(models) - set(EMBEDLIB_MODELS) - set(RECBOLE_MODELS)
   if unknown:
     parser.error(f"--models: unknown {sorted(unknown)}; use {EMBEDLIB_MODELS + RECBOLE_MODELS}")
-  have_peers = os.path.exists(PEER_PYTHON) or args.peer_results
+  have_peers = os.path.exists(PEER_PYTHON)
   if not have_peers:
-    print("note: no .peers/ (run bash benchmarks/install_peers.sh): RecBole rows skipped.")
+    print("note: no .peers/ (run bash benchmarks/install_peers.sh): RecBole runs are skipped "
+          "unless --reuse holds them.")
   runs: dict[str, list[dict]] = {}
   out = args.out or tempfile.mkdtemp(prefix="movielens_bench_")
   os.makedirs(out, exist_ok=True)
   split_file = os.path.join(out, "recbole_split.json")
+  reused_split = os.path.join(args.reuse or out, "recbole_split.json")
+  if os.path.exists(reused_split) and not os.path.exists(split_file):
+    shutil.copy(reused_split, split_file)
   with tempfile.TemporaryDirectory() as workroot:
     for seed in seeds:
       for model in models:
-        if model in EMBEDLIB_MODELS:
-          name, result = f"embedlib {model}", run_embedlib(model, seed, args, workroot)
-        elif not have_peers:
-          continue
+        embedlib = model in EMBEDLIB_MODELS
+        name = f"embedlib {model}" if embedlib else f"RecBole {model}"
+        file = f"{'embedlib' if embedlib else 'recbole'}_{model}_{seed}.json"
+        if args.reuse and os.path.exists(os.path.join(args.reuse, file)):
+          with open(os.path.join(args.reuse, file), encoding="utf-8") as f:
+            result = json.load(f)
+          print(f"  {name} seed {seed}: from {args.reuse}")
+        elif embedlib:
+          result = run_embedlib(model, seed, args, workroot)
+        elif have_peers:
+          first = not os.path.exists(split_file)
+          result = run_recbole(model, seed, args, split_file if first else None)
         else:
-          name = f"RecBole {model}"
-          saved = os.path.join(args.peer_results or out, f"recbole_{model}_{seed}.json")
-          if args.peer_results:
-            with open(saved, encoding="utf-8") as f:
-              result = json.load(f)
-          else:
-            first = not os.path.exists(split_file)
-            result = run_recbole(model, seed, args, split_file if first else None)
+          continue
         runs.setdefault(name, []).append(result)
-        tag = name.replace(" ", "_").replace("RecBole_", "recbole_")
-        with open(os.path.join(out, f"{tag}_{seed}.json"), "w", encoding="utf-8") as f:
+        with open(os.path.join(out, file), "w", encoding="utf-8") as f:
           json.dump(result, f)
   print(f"\nMovieLens-100K, leave-one-out, full ranking over all items; results in {out}")
-  split_source = os.path.join(args.peer_results, "recbole_split.json") if args.peer_results \
-      else split_file
-  if os.path.exists(split_source):
-    differ, users = compare_splits(args.data, split_source)
+  if os.path.exists(split_file):
+    differ, users = compare_splits(args.data, split_file)
     print(f"split: {users - differ} of {users} users hold out the same validation and test "
           "item on both sides")
   summary = {name: summarize(name, rs) for name, rs in runs.items()}

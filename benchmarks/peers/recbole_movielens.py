@@ -106,14 +106,16 @@ def main():
   args = parser.parse_args()
   torch.set_num_threads(args.threads)
   logging.disable(logging.INFO)
+  split_out = os.path.abspath(args.split_out) if args.split_out else None
   with tempfile.TemporaryDirectory() as checkpoints:
+    os.chdir(checkpoints)  # RecBole's trainer writes log_tensorboard/ into the working directory
     config = config_for(args.model, args.seed, checkpoints)
     init_seed(config["seed"], config["reproducibility"])
     t0 = time.perf_counter()
     dataset = create_dataset(config)
     train_data, valid_data, test_data = data_preparation(config, dataset)
-    if args.split_out:
-      with open(args.split_out, "w") as f:
+    if split_out:
+      with open(split_out, "w") as f:
         json.dump(split_of(dataset, valid_data, test_data), f)
     init_seed(config["seed"] + config["local_rank"], config["reproducibility"])
     model = get_model(config["model"])(config, train_data._dataset).to(config["device"])
