@@ -213,7 +213,7 @@ def summarize(name: str, runs: list[dict]) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-  print(f"\n{'model':<22}" + "".join(f"{m.upper():>24}" for m in METRICS)
+  print(f"\n{'model':<22}" + "".join(f"{m.upper().replace('HIT', 'HR'):>24}" for m in METRICS)
         + f"{'epochs':>9}{'wall s':>9}{'s/epoch':>9}{'RSS MiB':>9}")
   for r in rows:
     cells = "".join(f"{f'{r[m][0]:.4f} ± {r[m][1]:.4f}':>24}" for m in METRICS)
@@ -281,6 +281,8 @@ def main():
   parser.add_argument("--reuse", default=None,
                       help="read the runs a previous --out folder holds instead of running them "
                            "(RecBole's SASRec takes its budget per seed)")
+  parser.add_argument("--report-only", action="store_true",
+                      help="with --reuse: report the runs it holds, run nothing")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--variant", help=argparse.SUPPRESS)
   parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
@@ -315,6 +317,8 @@ def main():
           with open(os.path.join(args.reuse, file), encoding="utf-8") as f:
             result = json.load(f)
           print(f"  {name} seed {seed}: from {args.reuse}")
+        elif args.report_only:
+          continue
         elif embedlib:
           result = run_embedlib(model, seed, args, workroot)
         elif have_peers:
