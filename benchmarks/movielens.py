@@ -253,6 +253,14 @@ def print_targets(summary: dict, runs: dict, budget: float) -> None:
       print(f"  seed {ours['seed']}: embedlib SASRec {value:.4f} ({kind}, {ours['wall_s']:.0f} s "
             f"for {ours['epochs']:.0f} epochs); RecBole SASRec {theirs['test']['ndcg@10']:.4f} "
             f"after {theirs['epochs']:.2f} epochs")
+    print("Validation NDCG@10 at each of RecBole SASRec's evaluations, beside embedlib SASRec's "
+          "last evaluation by then:")
+    for ours, theirs in zip(runs["embedlib sasrec"], runs["RecBole SASRec"]):
+      for point in theirs["valid_curve"]:
+        before = [r for r in ours["valid_curve"] if r["t"] <= point["t"]]
+        mine = f"{before[-1]['ndcg@10']:.4f} ({before[-1]['epochs']:.0f} epochs)" if before else "none"
+        print(f"  seed {ours['seed']}, {point['t']:.0f} s: RecBole {point['ndcg@10']:.4f} "
+              f"({point['epochs']:.2f} epochs), embedlib {mine}")
     ours = statistics.fmean(at_budget(r, budget)[1] for r in runs["embedlib sasrec"])
     checks.append((f"embedlib SASRec above RecBole SASRec at {budget:.0f} s: {ours:.4f} vs "
                    f"{mean('RecBole SASRec'):.4f}", ours > mean("RecBole SASRec")))
