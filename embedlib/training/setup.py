@@ -165,9 +165,9 @@ def model_and_optimizer(config, spec, mesh):
   dense = config.optim.dense
   tx = DENSE_OPTIMIZERS[dense.name](_schedule(dense, config.num_train_steps))
   sparse = config.optim.sparse
-  # A task whose tables feed an output layer trains them with the dense optimizer.
-  rule = SPARSE_OPTIMIZERS[sparse.name](
-      learning_rate=_schedule(sparse, config.num_train_steps)) if task(config).sparse_tables else None
+  rule = None  # a task whose table is an output layer trains it with the dense optimizer
+  if task(config).sparse_tables:
+    rule = SPARSE_OPTIMIZERS[sparse.name](learning_rate=_schedule(sparse, config.num_train_steps))
   optimizer = optim.SparseAwareOptimizer(model, tx, rule)
   _on_mesh(model, mesh)
   _on_mesh(optimizer, mesh)

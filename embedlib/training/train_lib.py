@@ -160,9 +160,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   Writes ``eval.jsonl`` (one object per eval: ``step``, the task's
   metrics, e.g. ``auc`` and ``logloss`` for ``ctr``, the planted
   optimum's as ``oracle_*`` for a planted source, and at the last step
-  the task's ``test_*`` metrics where it has a test set), ``train.jsonl`` (``loss``, ``examples_per_sec``, and the
-  task's ``log_scalars``) and TensorBoard event files under
-  ``tensorboard/train`` and ``tensorboard/eval``; after a resume, each step
+  the task's ``test_*`` metrics where it has a test set), ``train.jsonl``
+  (``loss``, ``examples_per_sec``, and the task's ``log_scalars``) and
+  TensorBoard event files under ``tensorboard/train`` and ``tensorboard/eval``; after a resume, each step
   appears once in each. SIGTERM or SIGINT stops after the current step with
   a checkpoint (it returns normally).
 

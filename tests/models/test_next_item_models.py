@@ -1,4 +1,4 @@
-"""SASRec and HSTU: causal (a later item never changes an earlier output), padding, time bias, dropout."""
+"""SASRec and HSTU: causal (a later item changes no earlier output), padding, time bias, dropout."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""The sequential task through the training loop on a tiny ML-100K-format file: metrics, resume, bad config.
+"""The sequential task trained on a tiny ML-100K-format file: metrics, resume, bad config.
 
 One smoke run (``configs/movielens.py:smoke``, 9 steps) serves the fast
 tests; the slow one runs it again to step 6, resumes to 9 and compares.
