@@ -1,9 +1,12 @@
 """MovieLens-100K next-item: embedlib's SASRec and HSTU beside RecBole 1.2.1's SASRec and BPR.
 
     bash benchmarks/install_peers.sh                      # first, for the RecBole rows
-    python3 benchmarks/movielens.py --data /work/data/ml-100k
-    python3 benchmarks/movielens.py --data ... --seeds 2020 --recbole-budget-s 300 --steps 190
-    python3 benchmarks/movielens.py --data ... --reuse DIR   # runs a previous --out DIR holds
+    python3 benchmarks/movielens.py --data /work/data/ml-100k    # the configs' defaults
+    python3 benchmarks/movielens.py --data /work/data/ml-100k --steps 1140 \
+        --set batch_size=64 --set data.stride=50 --set eval_every=190 --out DIR
+    python3 benchmarks/movielens.py --data ... --models sasrec --label masked \
+        --set task.mask_seen=True ...       # embedlib on BPR's protocol, as sasrec-masked
+    python3 benchmarks/movielens.py --data ... --reuse DIR --report-only   # report DIR's runs
 
 ``--data`` is RecBole's ML-100K atomic files (``ml-100k.inter`` and
 ``ml-100k.item``), e.g. unzipped from its wheel::
@@ -34,8 +37,7 @@ Each run is its own process (its own peak RSS), one after the other:
   stopped at ``--recbole-budget-s`` of wall clock; an epoch takes longer
   than a benchmark can give it on a CPU), ``benchmarks/peers/recbole_movielens.py``.
 
-Per model: test metrics as mean ± standard deviation over ``--seeds`` (and
-min..max), epochs, wall seconds (training and evaluation, after the data is
+Per model: test metrics as mean ± standard deviation over ``--seeds``, epochs, wall seconds (training and evaluation, after the data is
 loaded), seconds per epoch (training steps only), peak RSS. Then the issue's
 targets, each marked met or not, and embedlib's SASRec at RecBole SASRec's
 budget. Without ``.peers/`` the RecBole rows are skipped with a note. Never
