@@ -50,7 +50,7 @@ def _column(path: str, columns: list[tuple[str, str]], name: str, kind: str,
 def read_ratings(layout: Layout, path: str, items_path: str | None) -> RawRatings:
   """Reads ``<dataset>.inter`` and, when present beside it, titles from ``<dataset>.item``."""
   with open(path, "rb") as f:
-    text = formats.decode(path, f.read())
+    text = formats.decode(f.read())
   columns = _header(path, text)
   iu = _column(path, columns, "user_id", "token")
   ii = _column(path, columns, "item_id", "token")
@@ -58,7 +58,7 @@ def read_ratings(layout: Layout, path: str, items_path: str | None) -> RawRating
   ir = _column(path, columns, "rating", "float", required=False)
   what = "\\t".join(n for n, _ in columns)
   users, items, times, ratings = [], [], [], []
-  for number, line in formats.lines(path, text, skip=1):
+  for number, line in formats.lines(text, skip=1):
     fields = formats.fields_of(path, number, line.rstrip("\r\n"), "\t", len(columns), what)
     if not fields[iu] or not fields[ii]:
       raise MovieLensFormatError(f"{path}:{number}: empty user_id or item_id: {line[:120]!r}")
@@ -78,7 +78,7 @@ def read_ratings(layout: Layout, path: str, items_path: str | None) -> RawRating
 def read_titles(path: str) -> dict[str, str]:
   """Raw item id -> title from a ``.item`` file; empty if it has no title field."""
   with open(path, "rb") as f:
-    text = formats.decode(path, f.read())
+    text = formats.decode(f.read())
   columns = _header(path, text)
   ii = _column(path, columns, "item_id", "token")
   it = next((i for i, (name, _) in enumerate(columns) if "title" in name), None)
@@ -86,7 +86,7 @@ def read_titles(path: str) -> dict[str, str]:
     return {}
   what = "\\t".join(n for n, _ in columns)
   titles = {}
-  for number, line in formats.lines(path, text, skip=1):
+  for number, line in formats.lines(text, skip=1):
     fields = formats.fields_of(path, number, line.rstrip("\r\n"), "\t", len(columns), what)
     titles[fields[ii]] = fields[it]
   return titles

@@ -95,7 +95,7 @@ def _items_beside(layout: Layout, ratings: str) -> str | None:
   return items if os.path.isfile(items) else None
 
 
-def decode(path: str, data: bytes) -> str:
+def decode(data: bytes) -> str:
   """UTF-8, or Latin-1 for the older releases' item files (ML-100K, ML-1M) that aren't UTF-8."""
   try:
     return data.decode("utf-8")
@@ -103,9 +103,14 @@ def decode(path: str, data: bytes) -> str:
     return data.decode("latin-1")
 
 
-def lines(path: str, text: str, skip: int = 0):
-  """``(1-based line number, line)`` of the non-blank lines after the first ``skip``."""
-  for number, line in enumerate(text.splitlines(), start=1):
+def lines(text: str, skip: int = 0):
+  """``(1-based line number, line)`` of the non-blank lines after the first ``skip``.
+
+  Split at ``\n`` only: ``str.splitlines`` would also split at characters a
+  Latin-1 title may hold (``\x85``), and the line numbers would drift.
+  """
+  for number, line in enumerate(text.split("\n"), start=1):
+    line = line.rstrip("\r")
     if number > skip and line.strip():
       yield number, line
 

@@ -24,7 +24,7 @@ _NAMES = ("user id", "item id", "rating", "timestamp")
 def read_ratings(layout: Layout, path: str, items_path: str | None) -> RawRatings:
   """Reads a GroupLens ratings file and, when present beside it, its titles."""
   with open(path, "rb") as f:
-    text = formats.decode(path, f.read())
+    text = formats.decode(f.read())
   skip = 0
   if layout.ratings.endswith(".csv"):
     header = text.split("\n", 1)[0].strip().split(",")
@@ -44,7 +44,7 @@ def read_ratings(layout: Layout, path: str, items_path: str | None) -> RawRating
 
 def _parse_lines(layout: Layout, path: str, text: str, skip: int) -> np.ndarray:
   rows = []
-  for number, line in formats.lines(path, text, skip):
+  for number, line in formats.lines(text, skip):
     fields = formats.fields_of(path, number, line.strip(), layout.separator, 4, layout.fields)
     rows.append([formats.number(path, number, value, name, integer=name != "rating")
                  for value, name in zip(fields, _NAMES)])
@@ -65,7 +65,7 @@ def _check_ids(layout: Layout, path: str, text: str, skip: int, table: np.ndarra
 def read_titles(layout: Layout, path: str) -> dict[int, str]:
   """Raw item id -> title from ``u.item``, ``movies.dat`` or ``movies.csv``."""
   with open(path, "rb") as f:
-    text = formats.decode(path, f.read())
+    text = formats.decode(f.read())
   titles = {}
   if path.endswith(".csv"):
     rows = csv.reader(io.StringIO(text))
@@ -83,7 +83,7 @@ def read_titles(layout: Layout, path: str) -> dict[int, str]:
   separator, count = ("|", 24) if layout.name == "ml-100k" else ("::", 3)
   what = "movie id|title|release date|...|19 genre flags" if separator == "|" else \
       "MovieID::Title::Genres"
-  for number, line in formats.lines(path, text):
+  for number, line in formats.lines(text):
     fields = formats.fields_of(path, number, line.rstrip("\r\n"), separator, count, what)
     titles[int(formats.number(path, number, fields[0], "movie id", integer=True))] = fields[1]
   return titles

@@ -145,7 +145,9 @@ def build_interactions(raw: RawRatings, *, time_order: str = "recbole",
   items, raw_items = first_appearance_ids(raw.item[keep])
   items = items + 1
   time = raw.time[keep]
-  order = np.lexsort((np.arange(len(users)), sort_key(time, time_order), users))
+  # Scaled over every row, skipped users' too, as RecBole (which keeps them) scales.
+  key = sort_key(raw.time, time_order)[keep]
+  order = np.lexsort((np.arange(len(users)), key, users))
   pad = np.array(["[PAD]"]) if raw_items.dtype.kind in "US" else np.array([-1])
   raw_item_ids = np.concatenate([pad, raw_items])
   dense_of = {r: i for i, r in enumerate(raw_item_ids.tolist()) if i}
