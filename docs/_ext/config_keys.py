@@ -32,8 +32,12 @@ EXPLAINED = {
     "max_checkpoints": "Checkpoints kept; older ones are deleted.",
     # The task: batch layout, loss, metrics
     "task.name": "`ctr` (one click label per example), `ranking` (several actions per "
-                 "candidate) or `retrieval` (one engaged item per request, in-batch "
-                 "negatives): the batch layout, the loss and the eval metrics.",
+                 "candidate), `retrieval` (one engaged item per request, in-batch "
+                 "negatives) or `sequential` (each user's next item, a softmax over every "
+                 "item): the batch layout, the loss and the eval metrics.",
+    "task.mask_seen": "Sequential: leave the items a user has already rated out of the "
+                      "eval's ranking (RecBole does for BPR, not for sequential models).",
+    "task.ks": "Sequential: the K of each HR@K, NDCG@K and MRR@K the eval reports.",
     "task.loss_weights": "Weight of each action's sigmoid cross-entropy, one per "
                          "`data.actions` entry.",
     "task.ndcg_weights": "Gain of each action in the NDCG label (a reply or a share counts "
@@ -50,7 +54,13 @@ EXPLAINED = {
     "task.corpus_chunk": "Catalogue items embedded per call when an eval embeds them all.",
     # Data
     "data.source": "Where batches come from: `synthetic` (planted CTR data), `criteo` "
-                   "(TSV files), `planted_ranking` or `planted_retrieval`.",
+                   "(TSV files), `planted_ranking`, `planted_retrieval` or `movielens` "
+                   "(a MovieLens release or RecBole's atomic files).",
+    "data.path": "MovieLens: the release's folder or ratings file (any GroupLens format, "
+                 "or RecBole's `.inter`).",
+    "data.max_len": "Sequential: the most history items a row holds (SASRec's window).",
+    "data.stride": "Sequential: targets per training window (at most `data.max_len`); the "
+                   "window's earlier items are context only.",
     "data.num_dense": "Dense features per example.",
     "data.table_sizes": "Rows of each categorical feature's table, one per feature.",
     "data.bag_sizes": "Ids per example of each feature (1: one-hot; more: a multi-hot "
@@ -75,7 +85,8 @@ EXPLAINED = {
     "data.num_candidates": "Most candidates per ranking request.",
     "data.actions": "Names of the actions, in label order.",
     # Model
-    "model.name": "The model: `dlrm`, `dcn` (DCN-v2), `ranker` or `two_tower`.",
+    "model.name": "The model: `dlrm`, `dcn` (DCN-v2), `ranker`, `two_tower`, or the "
+                  "next-item `sasrec` and `hstu`.",
     "model.embed_dim": "Width of every DLRM / DCN-v2 table.",
     "model.bottom_sizes": "Widths of the bottom MLP over the dense features.",
     "model.top_sizes": "Widths of the top MLP, ending in 1 (the logit).",
@@ -88,6 +99,10 @@ EXPLAINED = {
     "model.replicate_below_bytes": "Tables up to this many bytes are replicated (None: "
                                    "the library default).",
     "model.width": "Width of the transformer's tokens.",
+    "model.dropout": "Sequential models: dropout rate of the input rows and each residual "
+                     "branch.",
+    "model.num_time_buckets": "HSTU: buckets of log time gap in its relative time bias.",
+    "model.scale_embeddings": "Sequential models: multiply item rows by sqrt(width).",
     "model.num_layers": "Transformer layers.",
     "model.num_heads": "Attention heads; `model.width` must divide into them.",
     "model.mlp_ratio": "Width of each transformer MLP, as a multiple of `model.width`.",
