@@ -108,11 +108,13 @@ def _assert_same(sharded, reference, tokens):
     np.testing.assert_allclose(logical, g, rtol=1e-5, atol=1e-6, err_msg=k)
 
 
-@pytest.mark.parametrize("emb_vd, strategy", [
-    (None, "replicated"), (P("model", None), "vocab"), (P(None, "model"), "hidden"),
-    (P(("data", "model"), None), "vocab"), (P("model", "data"), "grid")],
-    ids=["none", "vocab", "hidden", "vocab-2-axes", "grid"])
-@pytest.mark.parametrize("vocab", [64, 61], ids=["even", "padded"])
+# Each annotation with a vocabulary that doesn't divide the shards (61: the
+# padded table must never show), and the plain even case once.
+@pytest.mark.parametrize("emb_vd, strategy, vocab", [
+    (None, "replicated", 61), (P("model", None), "vocab", 61), (P(None, "model"), "hidden", 61),
+    (P(("data", "model"), None), "vocab", 61), (P("model", "data"), "grid", 61),
+    (P("model", None), "vocab", 64)],
+    ids=["none", "vocab", "hidden", "vocab-2-axes", "grid", "vocab-even"])
 def test_gemma_style_metadata(emb_vd, strategy, vocab):
   m = mesh(AxisType.Explicit)
   with jax.set_mesh(m):

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("xla_update")
 SLOT_RULES = ("adagrad", "adam_row", "adam_global")
 
 
-@pytest.mark.parametrize("layout", ref.LAYOUTS, ids=ref.layout_id)
+@pytest.mark.parametrize("layout", ref.PATH_LAYOUTS, ids=ref.layout_id)
 def test_marks_path_equals_sort_path(layout, monkeypatch):
   emb = make_table(layout)
   rules = {name: ref.make_rule(name, schedule=True) for name in SLOT_RULES}
