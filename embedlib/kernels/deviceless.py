@@ -53,7 +53,8 @@ def unavailable_reason() -> str | None:
   >>> reason is None or "gpu-compile" in reason
   True
   """
-  if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+  if importlib.util.find_spec("jax_plugins") is None or (
+      importlib.util.find_spec("jax_plugins.xla_cuda12") is None):
     return ("the CUDA PJRT plugin is not installed; on Python >= 3.12 run "
             "pip install -e '.[gpu-compile]' (jax-cuda12-plugin matching jax "
             f"{jax.__version__}, nvcc and nvJitLink).")

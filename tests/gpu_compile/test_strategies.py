@@ -40,7 +40,7 @@ def test_lookup_and_gradient_compile(case):
     rows, vjp = jax.vjp(forward, s)
     return rows, vjp(2 * rows)
 
-  program = compiled.compile_checked(case, lookup_and_grad, compiled.abstract(state), ids,
+  program = compiled.compile_checked(case, lookup_and_grad, compiled.abstract(state, mesh), ids,
                                      mesh=mesh)
   compiled.check_all(program, kernels=("embedlib_gather_mosaic", "embedlib_segment_sum_mosaic"),
                      collectives_=[OPCODES[c] for c in collectives])
