@@ -97,14 +97,13 @@ def sparse_step(graphdef, state, inputs, loss_fn, mesh):
 
 
 def abstract_pair(build, mesh):
+  """``(pair, graphdef, abstract state)`` of ``build()``, sharded as a concrete build places it."""
+  from tests.gpu_compile import compiled  # pylint: disable=g-import-not-at-top
+
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     pair = nnx.eval_shape(build)
   graphdef, state = nnx.split(pair)
-  replicated = NamedSharding(mesh, P())
-  state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-      x.shape, x.dtype, sharding=x.sharding if isinstance(getattr(x, "sharding", None),
-                                                          NamedSharding) else replicated), state)
-  return pair, graphdef, state
+  return pair, graphdef, compiled.abstract(state, mesh)
 
 
 def planned_bytes(coll) -> int:
@@ -200,6 +199,7 @@ def llm(target) -> None:
               emb.plan.bytes_per_device, time.perf_counter() - start))
 
 
+ID_LIMIT = (2**31 - 1) // 1_000_000 * 1_000_000
 LARGEST_LAYOUTS = ("replicated", "vocab", "hidden", "routed", "table")
 
 
@@ -227,10 +227,14 @@ def largest(mesh) -> None:
     a, b = total(layout, step), total(layout, 2 * step)
     per_row = (b - a) / step
     rows = int(step + (hbm - a) / per_row) // 1_000_000 * 1_000_000
+    # int32 ids (x64 off) address 2**31 - 1 rows: past that, the table is the ids' limit.
+    capped = rows > ID_LIMIT
+    rows = min(rows, ID_LIMIT)
     fits = total(layout, rows)
     print(f"  {layout:11s} {per_row:7.1f} B/row a device -> {rows / 1e6:8,.0f}M rows "
-          f"({rows * WIDTH * 4 / GIB:7.1f} GiB of table); compiled there: "
-          f"{fits / GIB:6.1f} GiB a device {'fits' if fits <= hbm else 'DOES NOT FIT'}")
+          f"({rows * WIDTH * 4 / GIB:7.1f} GiB of table{'; int32 ids limit' if capped else ''}); "
+          f"compiled there: {fits / GIB:6.1f} GiB a device "
+          f"{'fits' if fits <= hbm else 'DOES NOT FIT'}")
 
 
 def main(argv=None) -> int:

@@ -206,26 +206,30 @@ def assert_fits(program: Program) -> None:
 def abstract(state, mesh):
   """``ShapeDtypeStruct`` leaves of an ``nnx.eval_shape``-built state, each sharded as built.
 
-  A variable's ``out_sharding`` annotation wins over the sharding
-  ``eval_shape`` gives it: the optimizer's slots come out of an abstract
-  build replicated, while a concrete build places them as annotated (row
-  sharded like their table). A variable with neither is replicated
+  The optimizer's slots come out of an abstract build replicated, while a
+  concrete build places them as annotated (row sharded like their table):
+  a variable ``eval_shape`` leaves replicated or without a sharding takes
+  its ``out_sharding`` annotation. One with neither is replicated
   (``setup._on_mesh``).
   """
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
 
-  def one(variable):
-    value = variable.get_value() if hasattr(variable, "get_value") else variable.value
+  # One stored array per variable, in the same order: the variables give the
+  # annotations, the leaves the stored (padded, physical) arrays.
+  variables = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  values, treedef = jax.tree.flatten(state)
+  assert len(variables) == len(values), "a variable with more than one array"
+
+  def one(variable, value):
     spec = variable.get_metadata().get("out_sharding")
     sharding = getattr(value, "sharding", None)
-    if spec is not None:
-      sharding = NamedSharding(mesh, P(*spec))
-    elif not isinstance(sharding, NamedSharding):
-      sharding = NamedSharding(mesh, P())
-    return variable.replace(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding))
+    split = isinstance(sharding, NamedSharding) and any(a is not None for a in sharding.spec)
+    if not split:
+      sharding = NamedSharding(mesh, P(*spec) if spec is not None else P())
+    return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
 
-  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  return jax.tree.unflatten(treedef, [one(v, x) for v, x in zip(variables, values)])
 
 
 def check_all(program: Program, *, kernels=(), collectives_=()) -> None:
