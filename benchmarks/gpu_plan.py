@@ -230,7 +230,12 @@ def largest(mesh) -> None:
     # int32 ids (x64 off) address 2**31 - 1 rows: past that, the table is the ids' limit.
     capped = rows > ID_LIMIT
     rows = min(rows, ID_LIMIT)
-    fits = total(layout, rows)
+    try:
+      fits = total(layout, rows)
+    except (OverflowError, ValueError) as e:   # the library's own limits, reported as found
+      print(f"  {layout:11s} {per_row:7.1f} B/row a device -> {rows / 1e6:8,.0f}M rows does not "
+            f"build: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
+      continue
     print(f"  {layout:11s} {per_row:7.1f} B/row a device -> {rows / 1e6:8,.0f}M rows "
           f"({rows * WIDTH * 4 / GIB:7.1f} GiB of table{'; int32 ids limit' if capped else ''}); "
           f"compiled there: {fits / GIB:6.1f} GiB a device "

@@ -108,8 +108,9 @@ def test_fused_update_of_every_rule_compiles_for_a_table_past_2_31_elements(mesh
     "Mosaic GPU gather / bag keep at least 32 rows a block in shared memory "
     "(kernels/mosaic.py block_rows), 32 x 2048 float32 rows = 256 KiB > an H100's "
     "227 KiB: a local shard 2048 or more float32 columns wide does not build"))
-def test_lookups_of_rows_2048_floats_wide_compile(mesh):
+def test_gather_of_rows_2048_floats_wide_compiles(mesh):
+  rep = NamedSharding(mesh, P())
   program = compiled.compile_checked(
-      "wide rows", lookups_and_grads("mosaic"), *lookup_args(mesh, 1000, 2048, jnp.float32),
-      mesh=mesh)
-  compiled.check_all(program, kernels=LOOKUP_KERNELS)
+      "wide rows", lambda t, i: kernels.gather(t, i, kernel="mosaic"),
+      S((1000, 2048), jnp.float32, sharding=rep), S((512,), jnp.int32, sharding=rep), mesh=mesh)
+  compiled.check_all(program, kernels=("embedlib_gather_mosaic",))
