@@ -126,6 +126,8 @@ def lower(fn: Callable, *abstract_args, mesh: jax.sharding.Mesh, **jit_kwargs):
   happens under ``use_abstract_mesh``.
   """
   with _sharding.use_abstract_mesh(mesh.abstract_mesh):
+    # Named, because a program on one compile-only device is otherwise lowered
+    # for the platform alias "gpu", which only a registered GPU backend resolves.
     return jax.jit(fn, **jit_kwargs).trace(*abstract_args).lower(lowering_platforms=("cuda",))
 
 
