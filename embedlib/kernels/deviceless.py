@@ -8,9 +8,10 @@ installed (``pip install -e '.[gpu-compile]'``, Python >= 3.12) and
 ``cuInit`` and the plugin never registers as a backend, but its compiler
 still answers `gpu_mesh`'s topology request.
 
-The devices are described by XLA's own target specs (``gpu_targets/``,
-copied from ``xla/backends/gpu/target_config/specs``: the H100 SXM and the
-H200), so memory size and bandwidth are the real ones. Nothing is
+The devices are described by XLA's own target specs (``gpu_targets/``:
+``xla/backends/gpu/target_config/specs``' H100 SXM and H200 files, as
+embedded in jax-cuda12-plugin 0.12.0.1), so memory size and bandwidth are
+the real ones. Nothing is
 autotuned: a compile proves the program builds and shows its buffers, not
 how fast it runs.
 
