@@ -1,0 +1,266 @@
+"""Per-device HBM on 8 x H200 from deviceless compiles, beside the planner's estimate.
+
+    JAX_PLATFORMS=cpu python benchmarks/gpu_plan.py            # all three parts
+    JAX_PLATFORMS=cpu python benchmarks/gpu_plan.py --only llm
+
+Needs the CUDA plugin (``pip install -e '.[gpu-compile]'``, Python >= 3.12);
+nothing runs on a GPU: every figure is XLA's ``memory_analysis()`` of a
+program compiled for 8 H200s (``embedlib.kernels.deviceless``), per device:
+arguments, temporaries, and the total the program holds at once
+(arguments + outputs not aliased to them + temporaries). "planned" is the
+planner's ``bytes_per_device`` summed over the tables (the tables only: the
+optimizer's slots, dense weights and the batch are the difference).
+
+1. ``dlrm``: MLPerf DLRM-DCNv2 on Criteo 1TB (26 tables, the MLPerf
+   cardinalities capped at 40M rows: 204M rows, width 128; 3 cross layers,
+   bottom 512-256-128, top 1024-1024-512-256-1, global batch 65536,
+   row-wise AdaGrad): the train step as ``train`` builds it from the DLRM
+   config (the planner's layout per table), then the sparse step of its
+   tables alone in each layout (every table ``vocab``, ``routed``, or
+   table-wise stacks).
+2. ``llm``: a 262,144 x 1024 float32 tied embedding: token lookup, tied
+   output layer and ``vocab_parallel_cross_entropy``, gradient of the
+   table, 8192 tokens a device; vocab-parallel over 8, and 2 x 4 data x
+   model. (Not 2048 or wider: the Mosaic GPU lookups' row blocks then
+   overflow an H100's shared memory, see ``tests/gpu_compile/test_kernels.py``.)
+3. ``largest``: per layout, the largest 128-wide table whose sparse step
+   (row-wise AdaGrad, 65536 ids a step) fits one H200: the step compiled at
+   two sizes, the bytes per row between them, extrapolated to the HBM, then
+   compiled at that size to check.
+
+The pipelined step (which compute the schedule places between the next
+batch's all-to-all start and done) waits for the asynchronous pipeline
+(issue 26).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import time
+
+if __name__ == "__main__":
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import embedlib
+from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim
+from embedlib.kernels import deviceless
+
+TARGET = "H200"
+GIB = 2**30
+#: MLPerf DLRM-DCNv2's Criteo 1TB cardinalities (max_ind_range 40M).
+MLPERF_CARDINALITIES = (
+    40_000_000, 39_060, 17_295, 7_424, 20_265, 3, 7_122, 1_543, 63, 40_000_000, 3_067_956,
+    405_282, 10, 2_209, 11_938, 155, 4, 976, 14, 40_000_000, 40_000_000, 40_000_000, 590_152,
+    12_973, 108, 36)
+WIDTH = 128
+BATCH = 65536
+
+
+def total_bytes(memory) -> int:
+  return (memory.argument_size_in_bytes + memory.output_size_in_bytes
+          - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
+
+
+def row(name, memory, planned=None, seconds=None) -> str:
+  planned_s = f"{planned / GIB:9.2f}" if planned is not None else f"{'-':>9s}"
+  took = f"{seconds:6.0f} s" if seconds is not None else ""
+  return (f"  {name:34s} {memory.argument_size_in_bytes / GIB:9.2f} "
+          f"{memory.temp_size_in_bytes / GIB:9.2f} {total_bytes(memory) / GIB:9.2f} "
+          f"{planned_s}  {took}")
+
+
+HEADER = (f"  {'program':34s} {'args GiB':>9s} {'temp GiB':>9s} {'total GiB':>9s} "
+          f"{'planned':>9s}  compile")
+
+
+def sparse_step(graphdef, state, inputs, loss_fn, mesh):
+  """The sparse train step, compiled: ``(compiled, seconds)``."""
+  def step(state, inputs):
+    module, opt = nnx.merge(graphdef, state)
+    loss, grads = optim.value_and_grad(lambda m: loss_fn(m, inputs))(module)
+    opt.update(module, grads)
+    return loss, nnx.state((module, opt))
+
+  start = time.perf_counter()
+  compiled = deviceless.gpu_compile(step, state, inputs, mesh=mesh, donate_argnums=0)
+  return compiled, time.perf_counter() - start
+
+
+def abstract_pair(build, mesh):
+  """``(pair, graphdef, abstract state)`` of ``build()``, sharded as a concrete build places it."""
+  from tests.gpu_compile import compiled  # pylint: disable=g-import-not-at-top
+
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    pair = nnx.eval_shape(build)
+  graphdef, state = nnx.split(pair)
+  return pair, graphdef, compiled.abstract(state, mesh)
+
+
+def planned_bytes(coll) -> int:
+  plans = [t.plan for t in coll.plan.tables if t.stack is None] + [s.plan for s in coll.plan.stacks]
+  return sum(p.bytes_per_device for p in plans)
+
+
+def dlrm_config():
+  from configs import dlrm_criteo  # pylint: disable=g-import-not-at-top
+
+  config = dlrm_criteo.get_config()
+  config.data.table_sizes = MLPERF_CARDINALITIES
+  config.model.update(name="dcn", embed_dim=WIDTH, cross_layers=3, bottom_sizes=(512, 256),
+                      top_sizes=(1024, 1024, 512, 256, 1))
+  config.batch_size = BATCH
+  return config
+
+
+def dlrm(mesh) -> None:
+  from tests.gpu_compile import train_steps  # pylint: disable=g-import-not-at-top
+
+  config = dlrm_config()
+  print(f"DLRM-DCNv2 (MLPerf Criteo 1TB): {sum(MLPERF_CARDINALITIES):,} rows x {WIDTH}, "
+        f"batch {BATCH}, 8 x {TARGET}")
+  print(HEADER)
+  step, state, batch = train_steps.train_step(config, mesh)
+  start = time.perf_counter()
+  compiled = deviceless.gpu_compile(step, state, batch, mesh=mesh, donate_argnums=0)
+  seconds = time.perf_counter() - start
+  # The planner's figure for the same tables (the model's collection plans them alike).
+  spec_tables = [TableSpec(f"C{i + 1}", n, WIDTH) for i, n in enumerate(MLPERF_CARDINALITIES)]
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    coll = nnx.eval_shape(lambda: EmbeddingCollection(
+        spec_tables, [FeatureSpec(t.name, t.name, max_ids_per_sample=1) for t in spec_tables],
+        mesh=mesh, kernel="auto", replicate_below_bytes=0, batch_size=BATCH, rngs=nnx.Rngs(0)))
+  print(row("train step (planner's layouts)", compiled.memory_analysis(), planned_bytes(coll),
+            seconds))
+  for layout in ("vocab", "routed", "table"):
+    tables = [TableSpec(t.name, t.num_embeddings, WIDTH, sharding=layout) for t in spec_tables]
+    features = [FeatureSpec(t.name, t.name, max_ids_per_sample=1) for t in tables]
+
+    def build():
+      c = EmbeddingCollection(tables, features, mesh=mesh, kernel="auto", replicate_below_bytes=0,
+                              batch_size=BATCH, rngs=nnx.Rngs(0))
+      return c, optim.SparseAwareOptimizer(c, None, optim.RowWiseAdagrad(0.05))
+
+    try:
+      (coll, _), graphdef, state = abstract_pair(build, mesh)
+    except ValueError as e:
+      print(f"  tables {layout}: not buildable ({str(e).splitlines()[0][:120]})")
+      continue
+    ids = {t.name: jax.ShapeDtypeStruct((BATCH,), jnp.int32, sharding=NamedSharding(mesh, P("batch")))
+           for t in tables}
+    loss = lambda c, f: sum(jnp.sum(v**2) for v in c(f).values())
+    compiled, seconds = sparse_step(graphdef, state, ids, loss, mesh)
+    print(row(f"tables' sparse step, {layout}", compiled.memory_analysis(), planned_bytes(coll),
+              seconds))
+
+
+LLM_VOCAB, LLM_WIDTH, LLM_TOKENS = 262_144, 1024, 8192
+
+
+def llm(target) -> None:
+  print(f"LLM tied embedding {LLM_VOCAB:,} x {LLM_WIDTH} float32, vocab-parallel loss, "
+        f"{LLM_TOKENS} tokens a device, 8 x {target}")
+  print(HEADER)
+  for data, model in ((1, 8), (2, 4)):
+    names = ("model",) if data == 1 else ("data", "model")
+    mesh = deviceless.gpu_mesh((8,) if data == 1 else (data, model), names, target=target)
+    tokens_axis = "data" if data > 1 else None
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      emb = nnx.eval_shape(lambda: embedlib.ShardedEmbed(
+          LLM_VOCAB, LLM_WIDTH, mesh=mesh, sharding="vocab", tied=True, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(emb)
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                         state)
+    split = NamedSharding(mesh, P(tokens_axis))
+    tokens = LLM_TOKENS * data
+    ids = jax.ShapeDtypeStruct((tokens,), jnp.int32, sharding=split)
+    labels = jax.ShapeDtypeStruct((tokens,), jnp.int32, sharding=split)
+
+    def step(state, ids, labels):
+      def loss(state):
+        emb = nnx.merge(graphdef, state)
+        logits = emb.attend(emb(ids), out_sharding=P(tokens_axis, "model"))
+        return embedlib.vocab_parallel_cross_entropy(logits, labels, reduction="mean")
+
+      return jax.value_and_grad(loss)(state)
+
+    start = time.perf_counter()
+    compiled = deviceless.gpu_compile(step, state, ids, labels, mesh=mesh)
+    print(row(f"vocab, {data} x {model} data x model", compiled.memory_analysis(),
+              emb.plan.bytes_per_device, time.perf_counter() - start))
+
+
+ID_LIMIT = (2**31 - 1) // 1_000_000 * 1_000_000
+LARGEST_LAYOUTS = ("replicated", "vocab", "hidden", "routed", "table")
+
+
+def largest(mesh) -> None:
+  hbm = deviceless.device_memory_bytes(TARGET)
+  print(f"Largest {WIDTH}-wide float32 table a layout trains (row-wise AdaGrad, {BATCH} ids a "
+        f"step) on 8 x {TARGET} ({hbm / GIB:.1f} GiB each)")
+  ids = jax.ShapeDtypeStruct((BATCH,), jnp.int32, sharding=NamedSharding(mesh, P("batch")))
+
+  def total(layout, rows):
+    def build():
+      c = EmbeddingCollection([TableSpec("t", rows, WIDTH, sharding=layout)],
+                              [FeatureSpec("t", "t", max_ids_per_sample=1)], mesh=mesh,
+                              kernel="auto", replicate_below_bytes=0, batch_size=BATCH,
+                              rngs=nnx.Rngs(0))
+      return c, optim.SparseAwareOptimizer(c, None, optim.RowWiseAdagrad(0.05))
+
+    _, graphdef, state = abstract_pair(build, mesh)
+    compiled, _ = sparse_step(graphdef, state, {"t": ids},
+                              lambda c, f: jnp.sum(c(f)["t"] ** 2), mesh)
+    return total_bytes(compiled.memory_analysis())
+
+  step = 1 << 24
+  for layout in LARGEST_LAYOUTS:
+    a, b = total(layout, step), total(layout, 2 * step)
+    per_row = (b - a) / step
+    rows = int(step + (hbm - a) / per_row) // 1_000_000 * 1_000_000
+    # int32 ids (x64 off) address 2**31 - 1 rows: past that, the table is the ids' limit.
+    capped = rows > ID_LIMIT
+    rows = min(rows, ID_LIMIT)
+    try:
+      fits = total(layout, rows)
+    except (OverflowError, ValueError) as e:   # the library's own limits, reported as found
+      print(f"  {layout:11s} {per_row:7.1f} B/row a device -> {rows / 1e6:8,.0f}M rows does not "
+            f"build: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
+      continue
+    print(f"  {layout:11s} {per_row:7.1f} B/row a device -> {rows / 1e6:8,.0f}M rows "
+          f"({rows * WIDTH * 4 / GIB:7.1f} GiB of table{'; int32 ids limit' if capped else ''}); "
+          f"compiled there: {fits / GIB:6.1f} GiB a device "
+          f"{'fits' if fits <= hbm else 'DOES NOT FIT'}")
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--only", choices=["dlrm", "llm", "largest"], action="append")
+  args = parser.parse_args(argv)
+  reason = deviceless.unavailable_reason()
+  if reason:
+    print(f"gpu_plan: {reason}")
+    return 1
+  parts = args.only or ["dlrm", "llm", "largest"]
+  mesh = deviceless.gpu_mesh((8,), ("batch",), target=TARGET,
+                             axis_types=(jax.sharding.AxisType.Auto,))
+  if "llm" in parts:
+    llm(TARGET)
+  if "largest" in parts:
+    largest(mesh)
+  if "dlrm" in parts:
+    dlrm(mesh)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
