@@ -96,9 +96,16 @@ CASES = [(layout, False) for layout in ref.LAYOUTS] + [
 ]
 
 
+# The XLA ops on every case; the fused CPU and sorted updates (local paths)
+# on the layouts that pad apart (``ref.PATH_LAYOUTS``).
+PATH_CASES = [(layout, schedule, path) for layout, schedule in CASES
+              for path in ("fused", "xla", "sorted")
+              if path == "xla" or layout in ref.PATH_LAYOUTS]
+
+
 @pytest.mark.parametrize(
-    "layout,schedule", CASES,
-    ids=[ref.layout_id(l) + ("-schedule" if s else "") for l, s in CASES],
+    "layout,schedule,update_path", PATH_CASES, indirect=["update_path"],
+    ids=[ref.layout_id(l) + ("-schedule" if s else "") + f"-{p}" for l, s, p in PATH_CASES],
 )
 def test_rules_match_dense_reference(layout, schedule, update_path):
   emb = make_table(layout)
