@@ -53,11 +53,11 @@ the work. A batch is a function of its number alone, so setting
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import numpy as np
 
 from embedlib.data import _hashing
+from embedlib.data.numbered_stream import NumberedStream
 
 TRAIN, VALID, TEST = "train", "valid", "test"
 KINDS = (TRAIN, VALID, TEST)
@@ -104,7 +104,7 @@ def _gather(items, times, ends, starts, width):
   return rows, stamps
 
 
-class NextItemSource(Iterator[dict]):
+class NextItemSource(NumberedStream):
   """Training windows (an endless stream of epochs) or one split's eval rows.
 
   Args:
@@ -129,22 +129,14 @@ class NextItemSource(Iterator[dict]):
       raise ValueError(f"NextItemSource: kind={kind!r}; use one of {KINDS}.")
     if max_len < 1:
       raise ValueError(f"config.data.max_len must be >= 1, got {max_len}.")
-    if not 0 <= process_index < process_count:
-      raise ValueError(
-          f"process_index={process_index} must lie in [0, process_count={process_count}).")
-    if batch_size < 1 or batch_size % process_count:
-      raise ValueError(f"config.batch_size={batch_size} must be a positive multiple of "
-                       f"process_count={process_count}.")
+    super().__init__(batch_size=batch_size, process_index=process_index,
+                     process_count=process_count)
     stride = max_len if stride is None else stride
     if not 1 <= stride <= max_len:
       raise ValueError(f"config.data.stride={stride} must lie in [1, max_len={max_len}].")
     self.kind, self.max_len, self.seed, self.stride = kind, int(max_len), int(seed), int(stride)
-    self.batch_size = batch_size
-    self.local_batch_size = batch_size // process_count
-    self.process_index = process_index
     self.exclude_seen = exclude_seen
     self.num_users = int(split.num_users)
-    self._position = 0
     if kind == TRAIN:
       self._items, self._times, self._starts = _flat(split.train_items, split.train_times)
       self._windows = self._cut_windows()
@@ -197,41 +189,6 @@ class NextItemSource(Iterator[dict]):
     """Training targets in an epoch: every training item but each user's first."""
     lengths = np.diff(self._starts)
     return int(np.maximum(lengths - 1, 0).sum())
-
-  # -- position -----------------------------------------------------------
-
-  @property
-  def position(self) -> int:
-    """Number of the next batch ``next`` yields; set it to resume."""
-    return self._position
-
-  @position.setter
-  def position(self, value: int) -> None:
-    if value < 0:
-      raise ValueError(f"position must be >= 0, got {value}.")
-    self._position = int(value)
-
-  def get_state(self) -> dict:
-    """The data position, for a checkpoint: ``{"position": next batch number}``."""
-    return {"position": self._position}
-
-  def set_state(self, state: dict) -> None:
-    self.position = state["position"]
-
-  def __iter__(self):
-    return self
-
-  def __len__(self) -> int:
-    if self.num_batches is None:
-      raise TypeError("the training stream is endless: it has no len().")
-    return self.num_batches
-
-  def __next__(self) -> dict:
-    if self.num_batches is not None and self._position >= self.num_batches:
-      raise StopIteration
-    batch = self.batch(self._position)
-    self._position += 1
-    return batch
 
   def batch(self, index: int) -> dict:
     """This process's rows of global batch ``index`` (position unchanged)."""
