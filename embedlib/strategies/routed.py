@@ -93,10 +93,24 @@ def exchange(table, send, *, plan, gather):
     ``[group * capacity, features]``: in each slot, the row of the id that
     left from it.
   """
-  axes = plan.table_axes
-  received = lax.all_to_all(send, axes, 0, 0, tiled=True)
-  rows = gather(table, received)
-  return lax.all_to_all(rows, axes, 0, 0, tiled=True)
+  return rows_back(gather(table, send_ids(send, plan=plan)), plan=plan)
+
+
+def send_ids(send, *, plan):
+  """Step 1's exchange: the ids each owner looks up, from every rank of its group.
+
+  Depends on the ids alone, never on the table, so a step can run it ahead.
+
+  Returns:
+    int32 ``[group * capacity]``: the owner-local rows asked of this rank,
+    ``-1`` in empty slots, in block order of the asking rank.
+  """
+  return lax.all_to_all(send, plan.table_axes, 0, 0, tiled=True)
+
+
+def rows_back(rows, *, plan):
+  """Step 3's exchange: each looked-up row back to the slot its id left from."""
+  return lax.all_to_all(rows, plan.table_axes, 0, 0, tiled=True)
 
 
 def _my_slice(flat, rest_axes):
