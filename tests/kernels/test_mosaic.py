@@ -119,13 +119,17 @@ def test_bag_and_gradients_equal_reference(width, combiner, weighted, dtype):
   assert not np.asarray(got[0], np.float32)[2].any()  # the empty bag pools to zeros
 
 
-STRATEGIES = [("replicated", None), ("vocab", None), ("hidden", None), ("routed", None),
-              ("vocab", ("data", "model")), ("hidden", ("data", "model"))]
+# One case per kind of shard_map body the kernels run in: rows split (vocab),
+# columns split over both axes (hidden), ids sent to owners (routed). The
+# interpreter runs each kernel once per device, so each case is costly; the
+# contract (tests/embed/test_contract.py) covers every layout with the XLA
+# and Pallas-interpret kernels.
+STRATEGIES = [("vocab", None), ("hidden", ("data", "model")), ("routed", None)]
 
 
 @pytest.mark.parametrize("strategy,table_axes", STRATEGIES)
 def test_every_strategy_inside_shard_map_equals_xla(strategy, table_axes):
-  mesh = jax.make_mesh((2, 4), ("data", "model"),
+  mesh = jax.make_mesh((2, 2), ("data", "model"),
                        axis_types=(jax.sharding.AxisType.Explicit,) * 2)
   ids = ids_of((16, 3), seed=7) % 40 - 2
   make = lambda kernel: embedlib.ShardedEmbed(
