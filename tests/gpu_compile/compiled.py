@@ -206,30 +206,18 @@ def assert_fits(program: Program) -> None:
 def abstract(state, mesh):
   """``ShapeDtypeStruct`` leaves of an ``nnx.eval_shape``-built state, each sharded as built.
 
-  The optimizer's slots come out of an abstract build replicated, while a
-  concrete build places them as annotated (row sharded like their table):
-  a variable ``eval_shape`` leaves replicated or without a sharding takes
-  its ``out_sharding`` annotation. One with neither is replicated
-  (``setup._on_mesh``).
+  A leaf ``eval_shape`` leaves without a mesh sharding (a dense array, which
+  ``setup._on_mesh`` places replicated in a concrete build) is replicated.
   """
-  from flax import nnx  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
 
-  # One stored array per variable, in the same order: the variables give the
-  # annotations, the leaves the stored (padded, physical) arrays.
-  variables = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-  values, treedef = jax.tree.flatten(state)
-  assert len(variables) == len(values), "a variable with more than one array"
-
-  def one(variable, value):
-    spec = variable.get_metadata().get("out_sharding")
+  def one(value):
     sharding = getattr(value, "sharding", None)
-    split = isinstance(sharding, NamedSharding) and any(a is not None for a in sharding.spec)
-    if not split:
-      sharding = NamedSharding(mesh, P(*spec) if spec is not None else P())
+    if not isinstance(sharding, NamedSharding):
+      sharding = NamedSharding(mesh, P())
     return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
 
-  return jax.tree.unflatten(treedef, [one(v, x) for v, x in zip(variables, values)])
+  return jax.tree.map(one, state)
 
 
 def check_all(program: Program, *, kernels=(), collectives_=()) -> None:
