@@ -75,12 +75,13 @@ class Program:
 
 
 def compile_checked(name, fn, *args, mesh, target="H100", known_xla_spills=False,
-                    **jit_kwargs) -> Program:
+                    options=None, **jit_kwargs) -> Program:
   """Compiles ``fn`` for ``mesh``'s GPUs with the checks' options; raises what XLA raises.
 
   ``known_xla_spills``: where XLA's own kernels of the program are known to
   spill, compile again without failing on it and say so (``xla_spills``),
-  so that the program's other checks still run.
+  so that the program's other checks still run. ``options``: XLA options
+  over `CHECK_OPTIONS`.
   """
   with tempfile.TemporaryDirectory() as dump:
     saved = {k: os.environ.get(k) for k in ("MOSAIC_GPU_DUMP_TO", "MOSAIC_GPU_DUMP_PTXAS")}
@@ -89,7 +90,8 @@ def compile_checked(name, fn, *args, mesh, target="H100", known_xla_spills=False
       start = time.perf_counter()
       xla_spills = False
       try:
-        compiled = deviceless.gpu_compile(fn, *args, mesh=mesh, compiler_options=CHECK_OPTIONS,
+        compiled = deviceless.gpu_compile(fn, *args, mesh=mesh,
+                                          compiler_options={**CHECK_OPTIONS, **(options or {})},
                                           **jit_kwargs)
       except jax.errors.JaxRuntimeError as e:
         if not (known_xla_spills and "register spilling" in str(e)):
@@ -97,7 +99,8 @@ def compile_checked(name, fn, *args, mesh, target="H100", known_xla_spills=False
         xla_spills = True
         compiled = deviceless.gpu_compile(
             fn, *args, mesh=mesh, **jit_kwargs, compiler_options={
-                **CHECK_OPTIONS, "xla_gpu_fail_ptx_compilation_on_register_spilling": False})
+                **CHECK_OPTIONS, **(options or {}),
+                "xla_gpu_fail_ptx_compilation_on_register_spilling": False})
       seconds = time.perf_counter() - start
     finally:
       for k, v in saved.items():
