@@ -8,7 +8,9 @@ sorted (that is, original) order to a float32 accumulator in registers,
 then writes the segment's row with one TMA copy. The ``[segments,
 features]`` sums are then written into the zero table gradient by XLA, at
 distinct rows: no two writes collide, so nothing is summed by atomics and
-the result is the same on every run.
+the result is the same on every run. Rows too wide for the buffers in one
+block's shared memory are split by columns (`mosaic.program_columns`): each
+program then sums its block's segments over its own columns.
 """
 
 from __future__ import annotations
@@ -36,16 +38,21 @@ def _segment_rows(grads, starts, ends, src, coef, *, interpret):
   pad = grid * BLOCK - num
   starts = jnp.pad(starts, (0, pad))
   ends = jnp.pad(ends, (0, pad))
-  zero = jnp.zeros((1, features), grads.dtype)
+  itemsize = grads.dtype.itemsize
+  columns = mosaic.program_columns(
+      features, grads.dtype,
+      lambda w: 8 * BLOCK + (GROUP * itemsize + BLOCK * 4) * mosaic.row_floats(w))
+  zero = jnp.zeros((1, columns), grads.dtype)
   starts, ends, src, coef, grads, zero = match_varying(starts, ends, src, coef, grads, zero)
-  chunks = mosaic.column_chunks(features)
+  chunks = mosaic.column_chunks(columns)
   last = src.shape[0] - 1
 
   def embedlib_segment_sum_mosaic(starts_ref, ends_ref, src_ref, coef_ref, grads_ref, zero_ref,
                                   out_ref, starts_smem, ends_smem, *rest):
     n = len(chunks)
     rows, stage, (meta_barrier, rows_barrier) = rest[:n], rest[n:2 * n], rest[2 * n:]
-    first = mosaic.block_index() * BLOCK
+    b, col0 = mosaic.block_and_column(columns, features)
+    first = b * BLOCK
     mosaic.copy_flat(starts_ref, first, starts_smem, meta_barrier)
     mosaic.copy_flat(ends_ref, first, ends_smem, meta_barrier)
     plgpu.barrier_wait(meta_barrier)
@@ -60,7 +67,8 @@ def _segment_rows(grads, starts, ends, src, coef, *, interpret):
         for i in range(GROUP):
           j = jnp.minimum(base + i, last)
           inside = base + i < end
-          mosaic.copy_valid_row(grads_ref, zero_ref, src_ref[j], inside, rows, i, rows_barrier)
+          mosaic.copy_valid_row(grads_ref, zero_ref, src_ref[j], inside, rows, i, rows_barrier,
+                                col0=col0)
           coefs.append(jnp.where(inside, coef_ref[j], 0.0))
         plgpu.barrier_wait(rows_barrier)
         for i in range(GROUP):
@@ -77,7 +85,7 @@ def _segment_rows(grads, starts, ends, src, coef, *, interpret):
       def _():
         for (c0, width), buf in zip(chunks, stage):
           plgpu.copy_smem_to_gmem(buf.at[pl.ds(k, 1), pl.ds(0, width)],
-                                  out_ref.at[pl.ds(first + k, 1), pl.ds(c0, width)])
+                                  out_ref.at[pl.ds(first + k, 1), pl.ds(col0 + c0, width)])
 
       return carry
 
@@ -87,12 +95,12 @@ def _segment_rows(grads, starts, ends, src, coef, *, interpret):
   out = mosaic.kernel(
       embedlib_segment_sum_mosaic,
       out_type=out_struct((num, features), jnp.float32, starts, src, grads),
-      grid=grid,
+      grid=grid * (features // columns),
       scratch=[
           plgpu.SMEM((BLOCK,), jnp.int32),
           plgpu.SMEM((BLOCK,), jnp.int32),
-          *mosaic.row_buffers(GROUP, features, grads.dtype, pad=True),
-          *mosaic.row_buffers(BLOCK, features, jnp.float32, pad=True),
+          *mosaic.row_buffers(GROUP, columns, grads.dtype, pad=True),
+          *mosaic.row_buffers(BLOCK, columns, jnp.float32, pad=True),
           plgpu.Barrier(num_arrivals=2),
           plgpu.Barrier(num_arrivals=GROUP * len(chunks)),
       ],

@@ -9,7 +9,9 @@ padding), waits, adds ``coef * row`` to a float32 accumulator held in
 registers across the warpgroup, and moves on to the next group, so the
 ``[batch, bag, features]`` rows are never written out. Each pooled row is
 written with one TMA copy. Terms are added in slot order, as the
-reference sums them.
+reference sums them. Rows too wide for the buffers in one block's shared
+memory are split by columns (`mosaic.program_columns`): each program then
+sums its block's bags over its own columns.
 """
 
 from __future__ import annotations
@@ -57,16 +59,21 @@ def bag_mosaic(table: jax.Array, ids: jax.Array, coef: jax.Array, *,
   pad = ((0, grid * block - batch), (0, slots - bag))
   ids = jnp.pad(ids, pad, constant_values=-1).reshape(-1)
   coef = jnp.pad(coef.astype(jnp.float32), pad).reshape(-1)
-  zero = jnp.zeros((1, features), table.dtype)
-  ids, coef, table, zero = match_varying(ids, coef, table, zero)
-  chunks = mosaic.column_chunks(features)
   per_block = block * slots
+  itemsize = table.dtype.itemsize
+  columns = mosaic.program_columns(
+      features, table.dtype,
+      lambda w: 8 * per_block + (group + block) * mosaic.row_floats(w) * itemsize)
+  zero = jnp.zeros((1, columns), table.dtype)
+  ids, coef, table, zero = match_varying(ids, coef, table, zero)
+  chunks = mosaic.column_chunks(columns)
 
   def embedlib_bag_mosaic(ids_ref, coef_ref, table_ref, zero_ref, out_ref,
                           ids_smem, coef_smem, *rest):
     n = len(chunks)
     rows, stage, (meta_barrier, rows_barrier) = rest[:n], rest[n:2 * n], rest[2 * n:]
-    start = mosaic.block_index() * block
+    b, col0 = mosaic.block_and_column(columns, features)
+    start = b * block
     for src, dst in ((ids_ref, ids_smem), (coef_ref, coef_smem)):
       mosaic.copy_flat(src, start * slots, dst, meta_barrier)
     plgpu.barrier_wait(meta_barrier)
@@ -80,7 +87,7 @@ def bag_mosaic(table: jax.Array, ids: jax.Array, coef: jax.Array, *,
         for i in range(group):
           row = ids_smem[first + i]
           mosaic.copy_valid_row(table_ref, zero_ref, jnp.maximum(row, 0), row >= 0, rows, i,
-                                rows_barrier)
+                                rows_barrier, col0=col0)
         plgpu.barrier_wait(rows_barrier)
         for i in range(group):
           c = coef_smem[first + i]
@@ -97,7 +104,7 @@ def bag_mosaic(table: jax.Array, ids: jax.Array, coef: jax.Array, *,
       def _():
         for (c0, width), buf in zip(chunks, stage):
           plgpu.copy_smem_to_gmem(buf.at[pl.ds(k, 1), pl.ds(0, width)],
-                                  out_ref.at[pl.ds(start + k, 1), pl.ds(c0, width)])
+                                  out_ref.at[pl.ds(start + k, 1), pl.ds(col0 + c0, width)])
 
       return carry
 
@@ -107,12 +114,12 @@ def bag_mosaic(table: jax.Array, ids: jax.Array, coef: jax.Array, *,
   out = mosaic.kernel(
       embedlib_bag_mosaic,
       out_type=out_struct((batch, features), table.dtype, ids, coef, table),
-      grid=grid,
+      grid=grid * (features // columns),
       scratch=[
           plgpu.SMEM((per_block,), jnp.int32),
           plgpu.SMEM((per_block,), jnp.float32),
-          *mosaic.row_buffers(group, features, table.dtype, pad=True),
-          *mosaic.row_buffers(block, features, table.dtype, pad=True),
+          *mosaic.row_buffers(group, columns, table.dtype, pad=True),
+          *mosaic.row_buffers(block, columns, table.dtype, pad=True),
           plgpu.Barrier(num_arrivals=2 * len(mosaic.flat_chunks(per_block))),
           plgpu.Barrier(num_arrivals=group * len(chunks)),
       ],

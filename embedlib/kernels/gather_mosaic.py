@@ -8,6 +8,9 @@ copy. No register touches the rows: the copy engine moves every byte, and
 a block's copies are all in flight at once. The last block's rows past the
 end of the output are clipped by the copy out (TMA drops out-of-bounds
 writes); its ids past the end are padding (-1) added outside the kernel.
+Rows too wide for a block of them in shared memory are split by columns
+(`mosaic.program_columns`): each program then copies its block's rows'
+columns ``[col0, col0 + columns)``.
 """
 
 from __future__ import annotations
@@ -45,38 +48,42 @@ def gather_mosaic(table: jax.Array, ids: jax.Array, *, interpret: bool = False) 
   if n == 0 or num_embeddings == 0:
     return jnp.zeros(ids.shape + (features,), table.dtype)
   flat = jnp.where((flat >= 0) & (flat < num_embeddings), flat, -1).astype(jnp.int32)
-  block = mosaic.block_rows(n, features * table.dtype.itemsize)
+  itemsize = table.dtype.itemsize
+  columns = mosaic.program_columns(
+      features, table.dtype, lambda w: mosaic.block_rows(n, w * itemsize) * (4 + w * itemsize))
+  block = mosaic.block_rows(n, columns * itemsize)
   grid = pl.cdiv(n, block)
   flat = jnp.pad(flat, (0, grid * block - n), constant_values=-1)
-  zero = jnp.zeros((1, features), table.dtype)
+  zero = jnp.zeros((1, columns), table.dtype)
   flat, table, zero = match_varying(flat, table, zero)
-  chunks = mosaic.column_chunks(features)
+  chunks = mosaic.column_chunks(columns)
 
   def embedlib_gather_mosaic(ids_ref, table_ref, zero_ref, out_ref, ids_smem, *rest):
     *rows, ids_barrier, rows_barrier = rest
-    start = mosaic.block_index() * block
+    b, col0 = mosaic.block_and_column(columns, features)
+    start = b * block
     plgpu.copy_gmem_to_smem(ids_ref.at[pl.ds(start, block)], ids_smem, ids_barrier)
     plgpu.barrier_wait(ids_barrier)
 
     def issue(k, carry):
       row = ids_smem[k]
       mosaic.copy_valid_row(table_ref, zero_ref, jnp.maximum(row, 0), row >= 0, rows, k,
-                            rows_barrier)
+                            rows_barrier, col0=col0)
       return carry
 
     jax.lax.fori_loop(0, block, issue, 0)
     plgpu.barrier_wait(rows_barrier)
     for (c0, width), buf in zip(chunks, rows):
-      plgpu.copy_smem_to_gmem(buf, out_ref.at[pl.ds(start, block), pl.ds(c0, width)])
+      plgpu.copy_smem_to_gmem(buf, out_ref.at[pl.ds(start, block), pl.ds(col0 + c0, width)])
     plgpu.wait_smem_to_gmem(0)
 
   out = mosaic.kernel(
       embedlib_gather_mosaic,
       out_type=out_struct((n, features), table.dtype, flat, table),
-      grid=grid,
+      grid=grid * (features // columns),
       scratch=[
           plgpu.SMEM((block,), jnp.int32),
-          *mosaic.row_buffers(block, features, table.dtype),
+          *mosaic.row_buffers(block, columns, table.dtype),
           plgpu.Barrier(num_arrivals=1),
           plgpu.Barrier(num_arrivals=block * len(chunks)),
       ],

@@ -9,7 +9,10 @@ by row and column, never by a flat element offset, so no offset exceeds
 the row count (tables past 2**31 elements are fine). TMA needs each row to
 be a whole number of 16-byte units and at most 256 elements per copied box,
 so rows are copied in column chunks of at most 256; tables whose rows are
-not 16-byte multiples (`supports`) take the XLA ops instead. An invalid id
+not 16-byte multiples (`supports`) take the XLA ops instead. A row too wide
+for a program's rows to fit in one block's shared memory (`SMEM_LIMIT`) is
+split by columns across programs (`program_columns`): each program moves
+and sums its own columns, so the result is the same as one program's. An invalid id
 copies a zero row (an operand of the kernel), so it reads zeros without
 relying on out-of-bounds behaviour.
 
@@ -35,6 +38,9 @@ LANES = 128
 BLOCKS = "blocks"
 #: Shared-memory bytes a kernel's row buffer may take (several blocks share an SM).
 SMEM_BYTES = 32 * 1024
+#: Shared memory one program may take: an H100's / H200's 227 KiB a block, less
+#: room for the barriers and the buffers' alignment.
+SMEM_LIMIT = 220 * 1024
 #: Turned on by tests: the interpreter checks every access for races.
 DETECT_RACES = False
 
@@ -108,6 +114,49 @@ def lanes(features: int) -> int:
   return -(-features // LANES) * LANES
 
 
+def row_floats(width: int) -> int:
+  """Register floats of a row ``width`` wide: each column chunk padded to `LANES`."""
+  return sum(lanes(w) for _, w in column_chunks(width))
+
+
+def program_columns(features: int, dtype, smem_bytes) -> int:
+  """Columns of a row one program takes: all of them, or the widest even split that fits.
+
+  ``smem_bytes(columns)`` is a program's shared memory for rows ``columns``
+  wide; the result is the largest divisor of ``features`` that is a whole
+  number of copy units (`copy_align`) and keeps it within `SMEM_LIMIT`, so
+  every program's copies have one shape. If none fits, the narrowest (one
+  copy unit) is the answer: the rest of the program is then too large.
+
+  >>> program_columns(512, jnp.float32, lambda w: 32 * 4 * w)
+  512
+  >>> program_columns(2048, jnp.float32, lambda w: 32 * 4 * w)
+  1024
+  """
+  unit = max(copy_align() // jnp.dtype(dtype).itemsize, 1)
+  if features % unit:
+    return features   # not a table the kernels take (`supports`); nothing to split
+  splits = [s for s in range(1, features // unit + 1)
+            if features % s == 0 and (features // s) % unit == 0]
+  for s in splits:
+    if smem_bytes(features // s) <= SMEM_LIMIT:
+      return features // s
+  return features // splits[-1]
+
+
+def block_and_column(columns: int, features: int):
+  """This program's block of rows and the first of its ``columns`` (`program_columns`).
+
+  Programs ``b * splits`` to ``b * splits + splits - 1`` take block ``b``'s
+  column splits in order; with one split the column is a static 0.
+  """
+  splits = features // columns
+  if splits == 1:
+    return block_index(), 0
+  p = block_index()
+  return p // splits, (p % splits) * columns
+
+
 def zero_row(width: int, row_dtype):
   """Float32 zeros of ``[width]`` in the register layout a row of ``row_dtype`` loads into.
 
@@ -159,25 +208,31 @@ def copy_flat(src_ref, start, dst_ref, barrier) -> None:
                             barrier)
 
 
-def copy_row(src_ref, row, dst_refs, slot, barrier) -> None:
-  """Starts the copy of ``src_ref[row]`` into row ``slot`` of the chunk buffers ``dst_refs``.
+def copy_row(src_ref, row, dst_refs, slot, barrier, *, col0=0, columns: int | None = None) -> None:
+  """Starts the copy of ``src_ref[row, col0:col0 + columns]`` into row ``slot`` of ``dst_refs``.
 
-  Arrives on ``barrier`` once per chunk (``len(column_chunks(features))``).
+  ``dst_refs`` are the chunk buffers of `row_buffers` ``columns`` wide (by
+  default the whole row). Arrives on ``barrier`` once per chunk
+  (``len(column_chunks(columns))``).
   """
-  for (start, width), dst in zip(column_chunks(src_ref.shape[1]), dst_refs):
+  columns = src_ref.shape[1] if columns is None else columns
+  for (start, width), dst in zip(column_chunks(columns), dst_refs):
     plgpu.copy_gmem_to_smem(
-        src_ref.at[pl.ds(row, 1), pl.ds(start, width)],
+        src_ref.at[pl.ds(row, 1), pl.ds(col0 + start, width)],
         dst.at[pl.ds(slot, 1), pl.ds(0, width)],
         barrier,
     )
 
 
-def copy_valid_row(table_ref, zero_ref, row, valid, dst_refs, slot, barrier) -> None:
-  """`copy_row` of ``table_ref[row]`` if ``valid``, else of the zero row."""
+def copy_valid_row(table_ref, zero_ref, row, valid, dst_refs, slot, barrier, *, col0=0) -> None:
+  """`copy_row` of ``table_ref[row]``'s columns from ``col0`` if ``valid``, else of the zero row.
+
+  The zero row (``[1, columns]``) is as wide as the columns one program takes.
+  """
 
   @pl.when(valid)
   def _():
-    copy_row(table_ref, row, dst_refs, slot, barrier)
+    copy_row(table_ref, row, dst_refs, slot, barrier, col0=col0, columns=zero_ref.shape[1])
 
   @pl.when(jnp.logical_not(valid))
   def _():

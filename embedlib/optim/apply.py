@@ -129,9 +129,12 @@ def init_slots(rule: rules_lib.RowRule, plan, mesh) -> dict[str, jax.Array]:
     sharding = NamedSharding(mesh, P(*slot_spec(slot, plan)))
     if sharding_lib.has_devices(mesh):
       # Built in place on each device: no full-size slot on one device first.
-      out[name] = jnp.full(
-          slot_shape(slot, plan), slot.init, slot.dtype, device=sharding
-      )
+      value = jnp.full(slot_shape(slot, plan), slot.init, slot.dtype, device=sharding)
+      # Traced (``nnx.eval_shape``, jit), ``device=`` may leave the value
+      # typed replicated (on compile-only devices it does): an abstract
+      # build would then hold every slot whole on each device.
+      out[name] = (sharding_lib.place_always(value, sharding)
+                   if isinstance(value, jax.core.Tracer) else value)
     else:
       out[name] = sharding_lib.place_always(make(), sharding)
   return out

@@ -27,6 +27,9 @@ MIN_SHARD_WIDTH = 8
 MAX_EXTRA_PADDING = 0.10
 #: Ids per device per lookup assumed when the caller doesn't say.
 IDS_PER_DEVICE = 512
+#: Most rows a physical table (or stack) may have: ids are int32 (x64 off),
+#: and a row count past int32's largest can't even be compared with them.
+MAX_PHYSICAL_ROWS = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -517,6 +520,7 @@ def plan_embedding(
   padded = cost.padded_shape(num_embeddings, features, strategy, group, column_group)
   if placement is not None:
     padded = (group * placement.rows_per_rank, features)
+  _check_rows(num_embeddings, padded[0], strategy, group, placement, name)
   plan = EmbeddingPlan(
       num_embeddings=num_embeddings,
       features=features,
@@ -614,6 +618,25 @@ def _column_axes(shape, sharding, table, data, column_axes, name):
         f"{dict(shape)}; pass both, e.g. table_axes=('tensor',), column_axes=('fsdp',)."
     )
   return tuple(a for a in columns if a in data) + tuple(a for a in columns if a not in data)
+
+
+def _check_rows(num_embeddings, rows, strategy, group, placement, name):
+  """Raises unless every (physical) row of the table is an int32 id."""
+  if max(num_embeddings, rows) <= MAX_PHYSICAL_ROWS:
+    return
+  if placement is not None:
+    members = ", ".join(f"{m} ({r:,} rows)" for m, r in placement.members)
+    raise ValueError(
+        f"{name}: this stack of tables [{members}] has {rows:,} physical rows "
+        f"({group} devices x {placement.rows_per_rank:,}), past the {MAX_PHYSICAL_ROWS:,} "
+        f"that int32 ids address; give its largest tables another layout "
+        f"(sharding='vocab' or 'routed' splits a table's rows over the devices instead of "
+        f"holding it whole on one), or split them into smaller tables.")
+  padding = f" (padded to {rows:,} for {strategy} over {group})" if rows != num_embeddings else ""
+  raise ValueError(
+      f"{name}: {num_embeddings:,} rows{padding} is past the {MAX_PHYSICAL_ROWS:,} that "
+      f"int32 ids address; split the table into tables of at most {MAX_PHYSICAL_ROWS:,} "
+      f"rows, or hash its ids into fewer rows.")
 
 
 def _check_placement(placement, num_embeddings, group, sharding, name):

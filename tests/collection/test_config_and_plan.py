@@ -193,3 +193,20 @@ def test_a_grid_table_prints_its_column_axes_and_is_never_stacked():
   assert "grid" in row
   # The reason is wrapped below its row (plans fit 100 columns).
   assert "columns over ('data',)" in " ".join(text.split())
+
+
+def test_tables_past_int32_rows_raise_at_plan_time_naming_the_table_and_the_fix():
+  """Planned only (no table is built): a stack of 8 whole 293M-row tables is 2.3e9 rows."""
+  rows = 293_000_000
+  tables = [TableSpec(f"t{i}", rows, 128, sharding="table") for i in range(8)]
+  feats = [FeatureSpec(f"f{i}", f"t{i}", max_ids_per_sample=1) for i in range(8)]
+  with pytest.raises(ValueError, match=r"t0 \(293,000,000 rows\).*2,344,000,000 physical rows"
+                     r".*int32 ids.*sharding='vocab' or 'routed'"):
+    plan_collection(tables, feats, mesh={"batch": 8}, batch_size=512)
+  # Split by rows over the same devices, each table fits.
+  split = [TableSpec(f"t{i}", rows, 128, sharding="vocab") for i in range(8)]
+  assert plan_collection(split, feats, mesh={"batch": 8}, batch_size=512)
+  with pytest.raises(ValueError, match=r"big: 2,147,483,647 rows \(padded to 2,147,483,648 "
+                     r"for vocab over 8\).*split the table"):
+    plan_collection([TableSpec("big", 2**31 - 1, 64, sharding="vocab")],
+                    [FeatureSpec("f", "big")], mesh={"batch": 8}, batch_size=512)

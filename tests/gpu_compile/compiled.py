@@ -75,12 +75,13 @@ class Program:
 
 
 def compile_checked(name, fn, *args, mesh, target="H100", known_xla_spills=False,
-                    **jit_kwargs) -> Program:
+                    options=None, **jit_kwargs) -> Program:
   """Compiles ``fn`` for ``mesh``'s GPUs with the checks' options; raises what XLA raises.
 
   ``known_xla_spills``: where XLA's own kernels of the program are known to
   spill, compile again without failing on it and say so (``xla_spills``),
-  so that the program's other checks still run.
+  so that the program's other checks still run. ``options``: XLA options
+  over `CHECK_OPTIONS`.
   """
   with tempfile.TemporaryDirectory() as dump:
     saved = {k: os.environ.get(k) for k in ("MOSAIC_GPU_DUMP_TO", "MOSAIC_GPU_DUMP_PTXAS")}
@@ -89,7 +90,8 @@ def compile_checked(name, fn, *args, mesh, target="H100", known_xla_spills=False
       start = time.perf_counter()
       xla_spills = False
       try:
-        compiled = deviceless.gpu_compile(fn, *args, mesh=mesh, compiler_options=CHECK_OPTIONS,
+        compiled = deviceless.gpu_compile(fn, *args, mesh=mesh,
+                                          compiler_options={**CHECK_OPTIONS, **(options or {})},
                                           **jit_kwargs)
       except jax.errors.JaxRuntimeError as e:
         if not (known_xla_spills and "register spilling" in str(e)):
@@ -97,7 +99,8 @@ def compile_checked(name, fn, *args, mesh, target="H100", known_xla_spills=False
         xla_spills = True
         compiled = deviceless.gpu_compile(
             fn, *args, mesh=mesh, **jit_kwargs, compiler_options={
-                **CHECK_OPTIONS, "xla_gpu_fail_ptx_compilation_on_register_spilling": False})
+                **CHECK_OPTIONS, **(options or {}),
+                "xla_gpu_fail_ptx_compilation_on_register_spilling": False})
       seconds = time.perf_counter() - start
     finally:
       for k, v in saved.items():
@@ -206,30 +209,18 @@ def assert_fits(program: Program) -> None:
 def abstract(state, mesh):
   """``ShapeDtypeStruct`` leaves of an ``nnx.eval_shape``-built state, each sharded as built.
 
-  The optimizer's slots come out of an abstract build replicated, while a
-  concrete build places them as annotated (row sharded like their table):
-  a variable ``eval_shape`` leaves replicated or without a sharding takes
-  its ``out_sharding`` annotation. One with neither is replicated
-  (``setup._on_mesh``).
+  A leaf ``eval_shape`` leaves without a mesh sharding (a dense array, which
+  ``setup._on_mesh`` places replicated in a concrete build) is replicated.
   """
-  from flax import nnx  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
 
-  # One stored array per variable, in the same order: the variables give the
-  # annotations, the leaves the stored (padded, physical) arrays.
-  variables = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-  values, treedef = jax.tree.flatten(state)
-  assert len(variables) == len(values), "a variable with more than one array"
-
-  def one(variable, value):
-    spec = variable.get_metadata().get("out_sharding")
+  def one(value):
     sharding = getattr(value, "sharding", None)
-    split = isinstance(sharding, NamedSharding) and any(a is not None for a in sharding.spec)
-    if not split:
-      sharding = NamedSharding(mesh, P(*spec) if spec is not None else P())
+    if not isinstance(sharding, NamedSharding):
+      sharding = NamedSharding(mesh, P())
     return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
 
-  return jax.tree.unflatten(treedef, [one(v, x) for v, x in zip(variables, values)])
+  return jax.tree.map(one, state)
 
 
 def check_all(program: Program, *, kernels=(), collectives_=()) -> None:

@@ -104,13 +104,9 @@ def test_fused_update_of_every_rule_compiles_for_a_table_past_2_31_elements(mesh
   assert tables <= program.memory.alias_size_in_bytes < tables + tables // 1000
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "Mosaic GPU gather / bag keep at least 32 rows a block in shared memory "
-    "(kernels/mosaic.py block_rows), 32 x 2048 float32 rows = 256 KiB > an H100's "
-    "227 KiB: a local shard 2048 or more float32 columns wide does not build"))
-def test_gather_of_rows_2048_floats_wide_compiles(mesh):
-  rep = NamedSharding(mesh, P())
+def test_lookups_and_backward_of_rows_2048_floats_wide_compile(mesh):
+  """32 rows of 2048 floats (256 KiB) exceed a block's 227 KiB: the kernels split the columns."""
   program = compiled.compile_checked(
-      "wide rows", lambda t, i: kernels.gather(t, i, kernel="mosaic"),
-      S((1000, 2048), jnp.float32, sharding=rep), S((512,), jnp.int32, sharding=rep), mesh=mesh)
-  compiled.check_all(program, kernels=("embedlib_gather_mosaic",))
+      "wide rows", lookups_and_grads("mosaic"), *lookup_args(mesh, 1000, 2048, jnp.float32),
+      mesh=mesh)
+  compiled.check_all(program, kernels=LOOKUP_KERNELS)

@@ -8,6 +8,7 @@ with vocab rows, and whole on every rank of a hidden table, whose ranks each
 hold every row (a slice of its columns): 1 / features of the table.
 """
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -57,3 +58,27 @@ def test_the_optimizer_holds_the_slots_built_not_copies(monkeypatch):
     assert pointers(slot[...]) == pointers(built[0][name]), name
     want = P(*apply_lib.slot_spec(rule.slots()[name], model.plan))
     assert nnx.get_partition_spec(nnx.state(opt.slots[0]))[name].get_value() == want, name
+
+
+@pytest.mark.parametrize("sharding", ["vocab", "hidden"])
+def test_an_abstract_build_shards_the_slots_as_a_concrete_one(sharding):
+  """``nnx.eval_shape`` (checkpoint restore targets, AOT compiles) types each slot as built.
+
+  Traced, ``jnp.full(..., device=)`` leaves its value replicated; the
+  abstract optimizer would then hold every slot whole on each device.
+  """
+  mesh = make_mesh((2, 4), ("data", "model"))
+
+  def build():
+    emb = embedlib.ShardedEmbed(1001, 32, mesh=mesh, sharding=sharding, rngs=nnx.Rngs(0))
+    return optim.SparseAwareOptimizer(emb, None, optim.LazyAdam(0.1))
+
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    abstract = nnx.state(nnx.eval_shape(build).slots)
+  concrete = nnx.state(build().slots)
+  pairs = list(zip(jax.tree.leaves(abstract), jax.tree.leaves(concrete)))
+  assert len(pairs) == 3   # count, m, v
+  for got, want in pairs:
+    assert got.shape == want.shape
+    assert tuple(got.sharding.spec) == tuple(want.sharding.spec), (got.sharding, want.sharding)
+  assert any(a is not None for a in pairs[1][1].sharding.spec)   # the moments are split
