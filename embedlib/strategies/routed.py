@@ -23,27 +23,12 @@ than the capacity is never dropped or corrupted: the whole group takes the
 vocab path for that step (``lax.cond`` on the group's largest count), or,
 with ``on_overflow="error"``, the count goes back to the caller to check.
 
-Across nodes (``plan.node_route``: the group spans ``plan.nodes`` nodes of
-``plan.devices_per_node`` ranks), steps 1 and 3 each take two levels, so a
-row crosses between two nodes once however many of their ranks ask for it:
-
-1a. inside each node, an ``all_to_all`` gives rank ``l`` of the node every
-    id its node's ranks send to rank ``l`` of any node;
-1b. those ids are deduplicated per destination (at most
-    ``plan.node_capacity_for(capacity)`` distinct ids each) and an
-    ``all_to_all`` across the nodes, among the ranks of one local index,
-    takes them to their owners;
-3.  the rows come back across the nodes, are expanded to the ids that
-    asked for them (the dedup's inverse), and go back inside the node.
-
-A step with more distinct ids for one destination than the node capacity
-crosses with the flat route's buffers instead (every id, ``lax.cond`` on
-the group's largest count): the same rows, never a dropped one.
+Across nodes (``plan.node_route``), steps 1 and 3 each take two levels,
+inside each node and then across, and a row crosses between two nodes once
+however many of their ranks ask for it (``strategies.nodes``).
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +36,7 @@ from jax import lax
 
 from embedlib import sharding as sharding_lib
 from embedlib.kernels import reference
-from embedlib.strategies import collectives, vocab
+from embedlib.strategies import collectives, nodes, vocab
 
 
 def bucketize(ids, rows_per_rank: int, group: int, capacity: int):
@@ -116,25 +101,6 @@ def exchange(table, send, *, plan, gather):
   return rows_back(gather(table, asked(sent)), plan=plan, sent=sent)
 
 
-class NodeSent(NamedTuple):
-  """What the two-level route's ids step leaves for its rows step (``send_ids``).
-
-  Attributes:
-    ids: int32 ``[group * capacity]``, the owner-local rows asked of this
-      rank, ``-1`` in empty slots, by asking node.
-    inverse: int32 ``[nodes, devices_per_node * capacity]``: per
-      destination node, each id's place among the distinct ids this rank
-      sent it (``-1`` for none).
-    crowded: bool scalar: some node held more distinct ids for one
-      destination than the node capacity, and this step crossed with the
-      flat route's buffers.
-  """
-
-  ids: jax.Array
-  inverse: jax.Array
-  crowded: jax.Array
-
-
 def send_ids(send, *, plan):
   """Step 1's exchange: the ids each owner looks up, from every rank of its group.
 
@@ -143,17 +109,17 @@ def send_ids(send, *, plan):
   Returns:
     int32 ``[group * capacity]``: the owner-local rows asked of this rank,
     ``-1`` in empty slots, in block order of the asking rank. Over several
-    nodes (``plan.node_route``), a ``NodeSent`` holding them with what
+    nodes (``plan.node_route``), a ``nodes.NodeSent`` holding them with what
     ``rows_back`` needs; ``asked`` reads the ids of either.
   """
   if plan.node_route:
-    return _node_send(send, plan)
+    return nodes.send_ids(send, plan)
   return lax.all_to_all(send, plan.table_axes, 0, 0, tiled=True)
 
 
 def asked(sent):
   """The owner-local rows ``send_ids`` asked of this rank (``-1`` for none), to look up."""
-  return sent.ids if isinstance(sent, NodeSent) else sent
+  return sent.ids if isinstance(sent, nodes.NodeSent) else sent
 
 
 def rows_back(rows, *, plan, sent=None):
@@ -163,69 +129,12 @@ def rows_back(rows, *, plan, sent=None):
   ``sent``: what ``send_ids`` returned, needed over several nodes.
   """
   if plan.node_route:
-    if not isinstance(sent, NodeSent):
+    if not isinstance(sent, nodes.NodeSent):
       raise ValueError(
           f"{plan.name}: the two-level route's rows_back needs what send_ids returned "
           f"(rows_back(rows, plan=plan, sent=sent)), got {type(sent).__name__}.")
-    return _node_back(rows, sent, plan)
+    return nodes.rows_back(rows, sent, plan)
   return lax.all_to_all(rows, plan.table_axes, 0, 0, tiled=True)
-
-
-def _inside(x, plan):
-  """``all_to_all`` of ``x``'s leading dimension among the ranks of this rank's node."""
-  per = plan.devices_per_node
-  if per == 1:
-    return x
-  groups = [[n * per + k for k in range(per)] for n in range(plan.nodes)]
-  return lax.all_to_all(x, plan.table_axes, 0, 0, tiled=True, axis_index_groups=groups)
-
-
-def _across(x, plan):
-  """``all_to_all`` of ``x``'s leading dimension among the ranks of this local index."""
-  per = plan.devices_per_node
-  groups = [[m * per + k for m in range(plan.nodes)] for k in range(per)]
-  return lax.all_to_all(x, plan.table_axes, 0, 0, tiled=True, axis_index_groups=groups)
-
-
-def _node_send(send, plan):
-  """Steps 1a and 1b: ids inside the node, distinct ones across (see the module)."""
-  from embedlib.strategies import dedup  # dedup builds on this module's callers
-
-  nodes, per = plan.nodes, plan.devices_per_node
-  capacity = send.shape[0] // plan.group_size
-  cap = plan.node_capacity_for(capacity)
-  # [destination local index, destination node, slot]: rank l of the node
-  # gets block l, the ids of every rank of the node for local index l.
-  x = _inside(send.reshape(nodes, per, capacity).transpose(1, 0, 2), plan)
-  x = x.transpose(1, 0, 2).reshape(nodes, per * capacity)  # per destination node
-  unique, inverse, count = jax.vmap(lambda i: dedup.unique_with_inverse(i, cap))(x)
-  crowded = lax.pmax(jnp.max(count), plan.table_axes) > cap
-
-  def distinct():
-    got = _across(unique, plan)
-    return jnp.pad(got, ((0, 0), (0, per * capacity - cap)), constant_values=-1)
-
-  ids = lax.cond(crowded, lambda: _across(x, plan), distinct)
-  return NodeSent(ids.reshape(-1), inverse, crowded)
-
-
-def _node_back(rows, sent, plan):
-  """Step 3 over nodes: rows across, expanded to the ids that asked, then inside the node."""
-  nodes, per = plan.nodes, plan.devices_per_node
-  capacity = rows.shape[0] // plan.group_size
-  cap = plan.node_capacity_for(capacity)
-  rows = rows.reshape(nodes, per * capacity, rows.shape[-1])
-
-  def distinct():
-    got = _across(rows[:, :cap], plan)
-    expand = lambda r, i: jnp.where((i >= 0)[:, None],
-                                    jnp.take(r, jnp.maximum(i, 0), axis=0, mode="clip"), 0)
-    return jax.vmap(expand)(got, sent.inverse).astype(rows.dtype)
-
-  back = lax.cond(sent.crowded, lambda: _across(rows, plan), distinct)
-  back = back.reshape(nodes, per, capacity, -1).transpose(1, 0, 2, 3)
-  back = _inside(back, plan)  # [destination local index, destination node, slot]
-  return back.transpose(1, 0, 2, 3).reshape(plan.group_size * capacity, -1)
 
 
 def _my_slice(flat, rest_axes):
