@@ -309,18 +309,20 @@ def node_route_bytes(capacity: int, node_cap: int, group: int, devices_per_node:
 
   Ids out: an all-to-all inside the node of ``group * capacity`` ids, then
   one across the nodes of ``node_cap`` distinct ids per destination rank;
-  rows back the same way reversed. The group's two overflow counts (one
-  all-reduce each) cross nodes.
+  rows back the same way reversed. The group's two overflow counts (an
+  all-reduce each) split as every group collective does
+  (``inter_node_share``).
 
   >>> node_route_bytes(173, 400, 64, 8, 64, 4)
-  (2518880, 728015)
+  (2518880, 728014)
   """
   nodes = group // devices_per_node
   entry = ID_BYTES + cols * itemsize
-  intra = (devices_per_node - 1) * nodes * capacity * entry
-  inter = (nodes - 1) * node_cap * entry
-  flags = 2 * 2 * (group - 1) * ID_BYTES // group
-  return intra, inter + flags
+  flag = 2 * (group - 1) * ID_BYTES // group
+  flag_inter = 2 * (group - devices_per_node) * ID_BYTES // group
+  intra = (devices_per_node - 1) * nodes * capacity * entry + 2 * (flag - flag_inter)
+  inter = (nodes - 1) * node_cap * entry + 2 * flag_inter
+  return intra, inter
 
 
 def inter_node_share(group: int, devices_per_node: int | None) -> float:

@@ -110,7 +110,9 @@ class EmbeddingPlan:
         return intra + gathered, inter
       group, per = self.group_size, self.devices_per_node
       flag = 2 * (group - 1) * cost.ID_BYTES // group
-      return (per - 1) * capacity * entry + gathered, (group - per) * capacity * entry + flag
+      flag_inter = 2 * (group - per) * cost.ID_BYTES // group
+      return ((per - 1) * capacity * entry + flag - flag_inter + gathered,
+              (group - per) * capacity * entry + flag_inter)
     inter = int(self.bytes_moved_per_lookup * cost.inter_node_share(self.group_size,
                                                                     self.devices_per_node))
     return self.bytes_moved_per_lookup - inter, inter
