@@ -14,7 +14,7 @@ the few rows it owns. For a row-split table whose group holds different ids
    (replicas of its shard, whose updates must agree).
 
 The owner then dedups and updates as before (it may receive one id from
-several ranks). Over several nodes (``plan.node_route``) step 2 takes two
+several ranks). Over several nodes (``plan.node_update``) step 2 takes two
 levels, as the routed lookup does (``strategies.routed``): the pairs go
 to their local index inside the node, each id's gradients from the node's
 ranks are summed there, and one pair per id crosses to the owner's node
@@ -124,7 +124,7 @@ def _send(unique, sums, low, high, *, rows_per_rank: int, group: int, capacity: 
 def _exchange(send, send_grads, *, plan, rows_per_rank: int):
   """Step 2's all-to-alls and step 3's gather: what this rank updates."""
   axes = plan.table_axes
-  if plan.node_route:
+  if plan.node_update:
     received, received_grads = _node_exchange(send, send_grads, plan)
   else:
     received = lax.all_to_all(send, axes, 0, 0, tiled=True)

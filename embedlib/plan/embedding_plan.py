@@ -76,6 +76,15 @@ class EmbeddingPlan:
     """Whether a routed lookup takes the two-level route (inside nodes, then across)."""
     return self.strategy == options.ROUTED and self.nodes > 1
 
+  @property
+  def node_update(self) -> bool:
+    """Whether the sparse update's routed row gradients take the two-level route.
+
+    Any row-split table over several nodes (a vocab table's update routes
+    its row gradients as a routed table's does).
+    """
+    return self.strategy in options.ROW_SHARDED and self.nodes > 1
+
   def node_capacity_for(self, capacity: int) -> int:
     """Distinct ids per destination rank one node sends across, for a route of ``capacity``.
 
@@ -174,14 +183,32 @@ class EmbeddingPlan:
     ways = {"gather": cost.gather_pairs_bytes(ids, self.data_shards, self.features, itemsize)}
     if self.strategy in options.ROW_SHARDED:
       if self.token_axes and self.group_size > 1:
-        outer = mesh_axes.axes_size(dict(self.mesh_shape), self.outer_axes)
-        ways["route"] = cost.routed_pairs_bytes(
-            self.update_capacity(ids), self.group_size, outer, self.features, itemsize)
+        ways["route"] = sum(self.update_node_bytes(ids, itemsize))
     elif self.strategy != options.GRID:  # a grid's ranks hold blocks of rows
       ways["allreduce"] = cost.allreduce_bytes(
           self.padded_shape[0], self.data_shards, self.features)
     way = min(ways, key=lambda w: (ways[w], w != "gather"))  # ties: the gather
     return way, ways[way]
+
+  def update_node_bytes(self, ids: int, itemsize: int | None = None) -> tuple[int, int]:
+    """``(intra-node, inter-node)`` bytes of the sparse update's route, ``ids`` ids per device.
+
+    A row-split table whose group holds different ids; ``(total, 0)`` for
+    one node. Over several nodes the routed lookup's two levels (one
+    summed gradient per id and node pair crosses; the rounds' few scalars
+    left out), the all-gather over the shard's replicas as a flat route's.
+    """
+    itemsize = self.itemsize if itemsize is None else itemsize
+    capacity = self.update_capacity(ids)
+    outer = mesh_axes.axes_size(dict(self.mesh_shape), self.outer_axes)
+    total = cost.routed_pairs_bytes(capacity, self.group_size, outer, self.features, itemsize)
+    if not self.node_update:
+      return total, 0
+    entry = cost.ID_BYTES + self.features * itemsize
+    per, nodes = self.devices_per_node, self.nodes
+    replicas = (outer - 1) * self.group_size * capacity * entry
+    inter = (nodes - 1) * self.node_capacity_for(capacity) * entry
+    return (per - 1) * nodes * capacity * entry + replicas, inter
 
   def _update_summary(self) -> str:
     way, moved = self.sparse_update(self.ids_per_device)
@@ -189,7 +216,10 @@ class EmbeddingPlan:
       return "0 B per device (one data shard: the sparse optimizers gather no row gradients)"
     words = {"gather": "all-gather", "route": "route to their owners",
              "allreduce": "all-reduce"}
-    return f"{_human(moved)} per device, the sparse optimizers' {words[way]} of row gradients"
+    text = f"{_human(moved)} per device, the sparse optimizers' {words[way]} of row gradients"
+    if self.nodes > 1 and way == "route":
+      text += f" ({_human(self.update_node_bytes(self.ids_per_device)[1])} across nodes)"
+    return text
 
   def update_capacity(self, ids: int) -> int:
     """Ids per destination of the sparse update's route, for ``ids`` ids per device.
