@@ -178,8 +178,11 @@ def devices_per_node(mesh, table_axes: Sequence[str]) -> int | None:
   >>> devices_per_node({"batch": 8}, ("batch",)) is None
   True
   """
-  devices = getattr(mesh, "devices", None)
-  if devices is None or not table_axes or not hasattr(devices, "transpose"):
+  try:
+    devices = mesh.devices
+  except (AttributeError, ValueError):  # a dict; an AbstractMesh raises ValueError
+    return None
+  if not table_axes or not hasattr(devices, "transpose"):
     return None
   names = list(mesh.axis_names)
   order = [names.index(a) for a in names if a not in table_axes] + [
