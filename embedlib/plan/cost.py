@@ -325,6 +325,25 @@ def node_route_bytes(capacity: int, node_cap: int, group: int, devices_per_node:
   return intra, inter
 
 
+def node_route_pays(capacity: int, node_cap: int, group: int, devices_per_node: int) -> bool:
+  """Whether the two-level route moves fewer weighed bytes than the flat one.
+
+  Per destination rank: the flat route's ``capacity`` entries from each
+  other rank against the two-level route's ``capacity`` from each rank of
+  the node and ``node_cap`` distinct ones from each other node, an entry
+  crossing nodes counted ``INTER_NODE_WEIGHT`` times. It pays when the
+  node's ranks repeat each other's ids enough; uniform ids over a large
+  table don't.
+
+  >>> node_route_pays(173, 1307, 64, 8), node_route_pays(173, 400, 64, 8)
+  (False, True)
+  """
+  per, nodes = devices_per_node, group // devices_per_node
+  flat = INTER_NODE_WEIGHT * (nodes - 1) * per * capacity + (per - 1) * capacity
+  two = INTER_NODE_WEIGHT * (nodes - 1) * node_cap + (per - 1) * nodes * capacity
+  return two < flat
+
+
 def inter_node_share(group: int, devices_per_node: int | None) -> float:
   """The share of a group collective's bytes that cross nodes (each peer sends as much).
 

@@ -73,17 +73,29 @@ class EmbeddingPlan:
 
   @property
   def node_route(self) -> bool:
-    """Whether a routed lookup takes the two-level route (inside nodes, then across)."""
-    return self.strategy == options.ROUTED and self.nodes > 1
+    """Whether a routed lookup takes the two-level route (inside nodes, then across).
+
+    A routed table over several nodes, when the route pays for
+    ``ids_per_device`` ids (``node_pays``).
+    """
+    return (self.strategy == options.ROUTED and self.nodes > 1
+            and self.node_pays(self.capacity_for(self.ids_per_device)))
 
   @property
   def node_update(self) -> bool:
     """Whether the sparse update's routed row gradients take the two-level route.
 
     Any row-split table over several nodes (a vocab table's update routes
-    its row gradients as a routed table's does).
+    its row gradients as a routed table's does), when it pays
+    (``node_pays``) at the update's capacity for ``ids_per_device`` ids.
     """
-    return self.strategy in options.ROW_SHARDED and self.nodes > 1
+    return (self.strategy in options.ROW_SHARDED and self.nodes > 1
+            and self.node_pays(self.update_capacity(self.ids_per_device)))
+
+  def node_pays(self, capacity: int) -> bool:
+    """Whether two levels move fewer weighed bytes than the flat route (``cost.node_route_pays``)."""
+    return cost.node_route_pays(capacity, self.node_capacity_for(capacity), self.group_size,
+                                self.devices_per_node)
 
   def node_capacity_for(self, capacity: int) -> int:
     """Distinct ids per destination rank one node sends across, for a route of ``capacity``.
@@ -612,9 +624,15 @@ def plan_embedding(
                 else cost.uniform_route_capacity(ids_per_device, group, rest))
     per_node = (min(node_capacity, devices_per_node * capacity) if node_capacity is not None
                 else cost.node_capacity(capacity, devices_per_node, rows // group))
+    gathered = (rest - 1) * cost.route_ids(ids_per_device, rest) * cols * itemsize
+    if not cost.node_route_pays(capacity, per_node, group, devices_per_node):
+      total = flat_moved(strategy)
+      entry = cost.ID_BYTES + cols * itemsize
+      inter = ((group - devices_per_node) * capacity * entry
+               + 2 * (group - devices_per_node) * cost.ID_BYTES // group)
+      return total - inter, inter
     intra, inter = cost.node_route_bytes(capacity, per_node, group, devices_per_node, cols,
                                          itemsize)
-    gathered = (rest - 1) * cost.route_ids(ids_per_device, rest) * cols * itemsize
     return intra + gathered, inter
 
   def weighed(strategy):
