@@ -384,7 +384,8 @@ def report_nodes(rows):
                   str(r["node_capacity"] or "-"), _human(r["inter"]),
                   _human(r["planned_inter"]) if r["planned_inter"] is not None else "-",
                   f"{r['inter'] / f['inter']:.3f}" if f else "-", _human(r["moved"]),
-                  _human(r["step_inter"]), f"{r['step_inter'] / f['step_inter']:.3f}" if f else "-"))
+                  _human(r["step_inter"]),
+                  f"{r['step_inter'] / f['step_inter']:.3f}" if f else "-"))
   widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
   for line in lines:
     print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())

@@ -20,8 +20,10 @@ to their local index inside the node, each id's gradients from the node's
 ranks are summed there, and one pair per id crosses to the owner's node
 (the flat buffers instead for a step with more distinct ids for one owner
 than the node capacity). The sums are added in another order than the
-flat route's: equal to the last bits, not bit for bit. Every buffer is ``[group * capacity]`` entries per round,
-the update's scratch included, whatever the batch. A step with more
+flat route's: equal to the last bits, not bit for bit.
+
+Every buffer is ``[group * capacity]`` entries per round, the update's
+scratch included, whatever the batch. A step with more
 distinct ids for one owner than the capacity takes more rounds
 (``routed_update``), never the all-gather: no gradient is dropped and no
 buffer grows. The rounds are a ``while_loop`` carrying the table and slots,

@@ -93,7 +93,10 @@ class EmbeddingPlan:
             and self.node_pays(self.update_capacity(self.ids_per_device)))
 
   def node_pays(self, capacity: int) -> bool:
-    """Whether two levels move fewer weighed bytes than the flat route (``cost.node_route_pays``)."""
+    """Whether two levels move fewer weighed bytes than the flat route.
+
+    ``cost.node_route_pays`` at ``capacity`` ids per destination.
+    """
     return cost.node_route_pays(capacity, self.node_capacity_for(capacity), self.group_size,
                                 self.devices_per_node)
 

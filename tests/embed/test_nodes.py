@@ -58,7 +58,8 @@ def test_lookup_and_its_gradient_equal_one_device(case):
                                                     has_aux=True)(m))(emb)
   np.testing.assert_array_equal(np.asarray(out[1]), want)
   one = jnp.asarray(idn)  # on one device
-  reference = lambda t: jnp.where((one >= 0)[..., None], jnp.take(t, jnp.maximum(one, 0), axis=0), 0)
+  reference = lambda t: jnp.where((one >= 0)[..., None],
+                                  jnp.take(t, jnp.maximum(one, 0), axis=0), 0)
   expected = jax.grad(lambda t: loss(reference(t)))(jnp.asarray(table))
   physical = np.asarray(grads.embedding.get_raw_value())
   np.testing.assert_allclose(physical[:ROWS], expected, rtol=1e-5, atol=1e-5)

@@ -62,6 +62,7 @@ def node_rows(node=240):
 def test_the_node_target_reads_the_zipf_rows_at_64_devices(scale, capsys):
   assert scale.report_nodes(node_rows()) == []
   out = capsys.readouterr().out
-  assert "target: zipf, 64 devices, node / flat inter-node bytes per lookup = 0.240 (<= 0.25): ok" in out
+  assert ("target: zipf, 64 devices, node / flat inter-node bytes per lookup = 0.240 "
+          "(<= 0.25): ok") in out
   assert "not a target: uniform" in out
   assert scale.report_nodes(node_rows(node=251)) == ["zipf-64-nodes"]
