@@ -3,6 +3,7 @@
     python3 benchmarks/scale.py                   # 8, 16, 32, 64 simulated CPU devices
     python3 benchmarks/scale.py --quick           # 8 and 16 devices, fewer repeats
     python3 benchmarks/scale.py --devices 8 32    # some device counts
+    python3 benchmarks/scale.py --nodes           # flat vs node-aware routes, 16 to 64 devices
 
 Weak scaling: the batch per device is fixed, so each device needs the same
 rows at every device count. Two workloads on a ``batch`` mesh (data axes =
@@ -42,6 +43,34 @@ device count. Targets checked (exit 1 if one fails): routed (for
 ``criteo``, the stack) moves at most 1.5x the rows a device needs at every
 device count; at least 10x fewer bytes than vocab at 64 devices; ``auto``
 never moves more than 2x the cheapest layout. Never asserts a time.
+
+``--nodes``: the devices as nodes of 8 (16, 32, 64 devices: 2, 4, 8
+nodes; ``--quick``: 16), the ``sequence`` table routed, compiled only
+(abstract arrays: nothing drawn or run): the bytes one device receives
+from other nodes per lookup and per sparse train step, read from the
+compiled HLO (``plan.hlo.inter_node_bytes``), for three routes:
+
+- ``flat``: today's route, every id to its owner over the whole group;
+- ``device dedup``: ``devices_per_node=1``, each device's repeats sent
+  once (the two-level route with nodes of one device), a baseline;
+- ``node``: ``devices_per_node=8``, the two-level route: inside the node,
+  then each of the node's distinct ids across once.
+
+Two id workloads of the same shape: ``uniform`` (ids uniform over the
+500,000 rows: every capacity the planner's, for uniform ids) and ``zipf``
+(ids drawn with probability proportional to ``1 / rank ** ZIPF_S``, ranks
+scattered over the rows by a fixed permutation, as hashed recommender ids
+are). Zipf ids overflow the uniform capacities, so ``zipf``'s are measured
+on two batches of its ids (the largest count, +10%): ``route_capacity`` the
+most ids one device sends one owner (``flat`` and ``node``'s first level),
+the device dedup's and the node's capacities the most distinct ids one
+device, or one node, sends one owner. Every rank receives the same rows
+(the lookups are exact, ``tests/embed/test_nodes.py``); a batch past a
+capacity crosses with the flat buffers (the same rows). A plan whose
+two-level route would not pay keeps the flat one (``EmbeddingPlan.node_pays``:
+"plan: flat" in the table). Target: at 64
+devices the node route sends at most 1/4 of the flat route's inter-node
+bytes per lookup, for ``zipf`` ids; ``uniform``'s ratio is printed beside it.
 """
 
 import argparse
@@ -68,6 +97,10 @@ LAYOUTS = {
     "criteo": ("vocab", "hidden", "routed", "stacked", "auto", "auto, table_batched"),
 }
 OWNER_ROUTED = {"sequence": "routed", "criteo": "stacked"}
+#: ``--nodes``: devices per node, and the Zipf exponent of the ``zipf`` ids.
+PER_NODE = 8
+ZIPF_S = 1.05
+ROUTES = {"flat": None, "device dedup": 1, "node": PER_NODE}
 
 
 def _tables(layout):
@@ -241,6 +274,139 @@ def measure(devices, args):
       print(json.dumps(row), flush=True)
 
 
+def zipf_ids(devices, seed):
+  """``[devices * samples, length]`` Zipf ids over the ``sequence`` table's rows."""
+  import numpy as np
+  s = SEQUENCE
+  rank = np.arange(1, s["rows"] + 1, dtype=np.float64)
+  p = rank ** -ZIPF_S
+  scatter = np.random.default_rng(1234).permutation(s["rows"])  # hashed ids
+  draw = np.random.default_rng(seed).choice(s["rows"], (devices * s["samples"], s["length"]),
+                                            p=p / p.sum())
+  return scatter[draw].astype(np.int32)
+
+
+def zipf_capacities(devices):
+  """``(route_capacity, device dedup capacity, node capacity)`` of ``zipf`` ids, +10%."""
+  import numpy as np
+  s = SEQUENCE
+  rows_per_rank = -(-s["rows"] // devices)
+  found = np.zeros(3, np.int64)
+  for seed in (0, 1):
+    ids = zipf_ids(devices, seed).reshape(devices, -1)
+    owner = ids // rows_per_rank
+    for r in range(devices):
+      found[0] = max(found[0], np.bincount(owner[r], minlength=devices).max())
+    pairs = np.unique(ids.astype(np.int64) + (np.arange(devices)[:, None] << 32), axis=None)
+    found[1] = max(found[1], np.bincount((pairs >> 32) * devices + (pairs & 0xFFFFFFFF)
+                                         // rows_per_rank).max())
+    node = np.arange(devices)[:, None] // PER_NODE
+    pairs = np.unique(ids.astype(np.int64) + (node << 32), axis=None)
+    found[2] = max(found[2], np.bincount((pairs >> 32) * devices + (pairs & 0xFFFFFFFF)
+                                         // rows_per_rank).max())
+  return tuple(int(np.ceil(1.1 * f)) for f in found)
+
+
+def measure_nodes(devices, args):
+  """``--nodes``: one device count, a JSON line per workload and route."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  import embedlib
+  from embedlib import optim
+  from embedlib.plan import hlo
+
+  assert len(jax.devices()) == devices, jax.devices()
+  mesh = jax.make_mesh((devices,), ("batch",))
+  s = SEQUENCE
+  per_device = s["samples"] * s["length"]
+  ids = jax.ShapeDtypeStruct((devices * s["samples"], s["length"]), jnp.int32,
+                             sharding=NamedSharding(mesh, P("batch")))
+  capacities = {"uniform": (None, None, None), "zipf": zipf_capacities(devices)}
+  for workload in args.node_workloads:
+    route, dedup_cap, node_cap = capacities[workload]
+    for name, per in ROUTES.items():
+      kw = dict(route_capacity=route)
+      if per is not None:
+        kw.update(devices_per_node=per, node_capacity=dedup_cap if per == 1 else node_cap)
+
+      def make(kw=kw):
+        emb = embedlib.ShardedEmbed(s["rows"], s["features"], mesh=mesh, sharding="routed",
+                                    ids_per_device=per_device, rngs=nnx.Rngs(0), **kw)
+        return emb, optim.SparseAwareOptimizer(emb, None, optim.RowWiseAdagrad(0.1))
+
+      emb, opt = nnx.eval_shape(make)
+      graphdef, state = nnx.split(emb)
+      lookup = jax.jit(lambda st, x, g=graphdef: nnx.merge(g, st)(x))
+      text = lookup.lower(state, ids).compile().as_text()
+      plan = emb.plan
+      capacity = plan.capacity_for(per_device)
+      row = dict(workload=workload, devices=devices, route=name,
+                 needed=per_device * s["features"] * 4, capacity=capacity,
+                 node_capacity=plan.node_capacity_for(capacity) if per else None,
+                 two_level=plan.node_route,
+                 moved=hlo.bytes_moved(text), inter=hlo.inter_node_bytes(text, PER_NODE),
+                 planned_inter=plan.node_bytes()[1] if per == PER_NODE else None)
+
+      def train(m, o, x):
+        loss, grads = optim.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(m)
+        o.update(m, grads)
+        return loss
+
+      both, pure_state = nnx.split((emb, opt))
+
+      def pure(st, x):
+        m, o = nnx.merge(both, st)
+        loss = train(m, o, x)
+        return loss, nnx.state((m, o))
+
+      text = jax.jit(pure).lower(pure_state, ids).compile().as_text()
+      row.update(step_moved=hlo.bytes_moved(text),
+                 step_inter=hlo.inter_node_bytes(text, PER_NODE))
+      print(json.dumps(row), flush=True)
+
+
+def report_nodes(rows):
+  """``--nodes``: prints the table and the target; returns the failed targets."""
+  print(f"\nbytes one device receives from other nodes (nodes of {PER_NODE} devices), per "
+        f"lookup and per sparse train step, from the compiled HLO; the routed sequence table, "
+        f"{SEQUENCE['samples'] * SEQUENCE['length']} ids per device")
+  head = ("workload", "devices", "route", "capacity", "node cap.", "inter-node (HLO)",
+          "planned", "/ flat", "total (HLO)", "step inter-node", "step / flat")
+  lines = [head]
+  flat = {(r["workload"], r["devices"]): r for r in rows if r["route"] == "flat"}
+  for r in rows:
+    f = flat.get((r["workload"], r["devices"]))
+    route = r["route"] + ("" if r.get("two_level", True) or r["route"] == "flat"
+                          else " (plan: flat)")
+    lines.append((r["workload"], str(r["devices"]), route, str(r["capacity"]),
+                  str(r["node_capacity"] or "-"), _human(r["inter"]),
+                  _human(r["planned_inter"]) if r["planned_inter"] is not None else "-",
+                  f"{r['inter'] / f['inter']:.3f}" if f else "-", _human(r["moved"]),
+                  _human(r["step_inter"]),
+                  f"{r['step_inter'] / f['step_inter']:.3f}" if f else "-"))
+  widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+  for line in lines:
+    print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+  failed = []
+  for r in rows:
+    f = flat.get((r["workload"], r["devices"]))
+    if r["route"] != "node" or f is None or r["devices"] != 64:
+      continue
+    ratio = r["inter"] / f["inter"]
+    if r["workload"] == "zipf":
+      ok = ratio <= 0.25 and r.get("two_level", True)
+      print(f"target: zipf, 64 devices, node / flat inter-node bytes per lookup = {ratio:.3f} "
+            f"(<= 0.25): {'ok' if ok else 'FAILED'}")
+      failed += [] if ok else ["zipf-64-nodes"]
+    else:
+      print(f"(not a target: {r['workload']}, 64 devices, node / flat inter-node bytes per "
+            f"lookup = {ratio:.3f}: uniform ids over 500,000 rows seldom repeat inside a node"
+            f"{'' if r.get('two_level', True) else ', and the plan keeps the flat route'})")
+  return failed
+
+
 def _human(n):
   for unit in ("B", "KiB", "MiB", "GiB"):
     if n < 1024 or unit == "GiB":
@@ -314,13 +480,20 @@ def main(argv=None):
                       help="don't run a layout needing more host memory than this")
   parser.add_argument("--time-up-to", type=int, default=64,
                       help="above this many devices, compile and check each layout, don't time it")
+  parser.add_argument("--nodes", action="store_true",
+                      help="flat vs node-aware routes' inter-node bytes (compiled only)")
+  parser.add_argument("--node-workloads", nargs="+", default=["uniform", "zipf"],
+                      choices=["uniform", "zipf"])
   parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   args.repeats = args.repeats or (2 if args.quick else 5)
   if args.worker is not None:
-    measure(args.worker, args)
+    (measure_nodes if args.nodes else measure)(args.worker, args)
     return 0
-  devices = args.devices or ([8, 16] if args.quick else [8, 16, 32, 64])
+  if args.nodes:
+    devices = args.devices or ([16] if args.quick else [16, 32, 64])
+  else:
+    devices = args.devices or ([8, 16] if args.quick else [8, 16, 32, 64])
   import jax  # only for the versions
   print(f"jax {jax.__version__}; {os.cpu_count()} CPU cores shared by every simulated device; "
         f"load average {os.getloadavg()[0]:.1f}")
@@ -335,7 +508,8 @@ def main(argv=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(n), "--repeats",
            str(args.repeats), "--max-temp-gib", str(args.max_temp_gib), "--time-up-to",
            str(args.time_up_to), "--workloads", *args.workloads,
-           *(["--layouts", *args.layouts] if args.layouts else [])]
+           *(["--layouts", *args.layouts] if args.layouts else []),
+           *(["--nodes", "--node-workloads", *args.node_workloads] if args.nodes else [])]
     # Each row printed as the worker measures it: a run cut short keeps them.
     # Its log to a file: a full stderr pipe would stall it.
     with tempfile.TemporaryFile("w+") as log, subprocess.Popen(
@@ -353,7 +527,7 @@ def main(argv=None):
     if worker.returncode != 0:
       print(stderr[-3000:])
       return 1
-  failed = report(rows)
+  failed = report_nodes(rows) if args.nodes else report(rows)
   print("all targets met" if not failed else f"targets failed: {failed}")
   return 1 if failed else 0
 

@@ -131,6 +131,13 @@ class ShardedEmbed(nnx.Module):
     on_overflow: a routed call with more ids for one owner than the
       capacity takes the vocab path (``"fallback"``, the same result) or
       raises (``"error"``, under ``jit`` through ``checkify``).
+    devices_per_node: devices one node holds, in the table group's rank
+      order; a routed table over several nodes then routes inside each
+      node first and sends each row across once per node pair (see
+      ``plan_embedding``). None reads it from the devices.
+    node_capacity: distinct ids per destination rank that one node sends
+      across nodes in that route; None plans it for uniform ids. A step
+      needing more crosses with the flat route's buffers (the same rows).
     placement: a ``plan.placement.Placement``: the table is a stack of
       tables, each placed whole on a device, on a host's devices or on all
       (the collection builds these); ``num_embeddings`` is their sum.
@@ -163,6 +170,8 @@ class ShardedEmbed(nnx.Module):
       device_memory_bytes: int | None = None,
       route_capacity: int | None = None,
       on_overflow: str = dedup.FALLBACK,
+      devices_per_node: int | None = None,
+      node_capacity: int | None = None,
       placement=None,
       dtype: tp.Any = None,
       param_dtype: tp.Any = jnp.float32,
@@ -198,6 +207,10 @@ class ShardedEmbed(nnx.Module):
       extra["ids_per_device"] = ids_per_device
     if device_memory_bytes is not None:
       extra["device_memory_bytes"] = device_memory_bytes
+    if devices_per_node is not None:
+      extra["devices_per_node"] = devices_per_node
+    if node_capacity is not None:
+      extra["node_capacity"] = node_capacity
     self.plan = plan_embedding(
         num_embeddings,
         features,

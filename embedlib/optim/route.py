@@ -14,8 +14,16 @@ the few rows it owns. For a row-split table whose group holds different ids
    (replicas of its shard, whose updates must agree).
 
 The owner then dedups and updates as before (it may receive one id from
-several ranks). Every buffer is ``[group * capacity]`` entries per round,
-the update's scratch included, whatever the batch. A step with more
+several ranks). Over several nodes (``plan.node_update``) step 2 takes two
+levels, as the routed lookup does (``strategies.routed``): the pairs go
+to their local index inside the node, each id's gradients from the node's
+ranks are summed there, and one pair per id crosses to the owner's node
+(the flat buffers instead for a step with more distinct ids for one owner
+than the node capacity). The sums are added in another order than the
+flat route's: equal to the last bits, not bit for bit.
+
+Every buffer is ``[group * capacity]`` entries per round, the update's
+scratch included, whatever the batch. A step with more
 distinct ids for one owner than the capacity takes more rounds
 (``routed_update``), never the all-gather: no gradient is dropped and no
 buffer grows. The rounds are a ``while_loop`` carrying the table and slots,
@@ -25,11 +33,12 @@ copy the table and its slots: each branch needs an output buffer of its own).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 from embedlib.optim import sorted_update
-from embedlib.strategies import collectives, routed
+from embedlib.strategies import collectives, nodes, routed
 
 
 def pays(plan, ids_per_device: int, itemsize: int) -> bool:
@@ -117,8 +126,11 @@ def _send(unique, sums, low, high, *, rows_per_rank: int, group: int, capacity: 
 def _exchange(send, send_grads, *, plan, rows_per_rank: int):
   """Step 2's all-to-alls and step 3's gather: what this rank updates."""
   axes = plan.table_axes
-  received = lax.all_to_all(send, axes, 0, 0, tiled=True)
-  received_grads = lax.all_to_all(send_grads, axes, 0, 0, tiled=True)
+  if plan.node_update:
+    received, received_grads = _node_exchange(send, send_grads, plan)
+  else:
+    received = lax.all_to_all(send, axes, 0, 0, tiled=True)
+    received_grads = lax.all_to_all(send_grads, axes, 0, 0, tiled=True)
   offset = collectives.group_rank(axes) * rows_per_rank
   received = jnp.where(received >= 0, received + offset, -1)
   outer = plan.outer_axes
@@ -178,3 +190,34 @@ def routed_update(ids, grads, table, slots, *, plan, rows_per_rank: int, capacit
   table, slots, _, _ = lax.while_loop(lambda c: c[3], one_round, carry)
   return table, slots
 
+
+
+def _node_exchange(send, send_grads, plan):
+  """Step 2 over nodes: pairs inside the node, summed per id, one pair per id across.
+
+  Returns the ids (owner-local rows, ``-1`` for none) and gradients this
+  rank receives, ``[group * capacity]`` entries as the flat route's.
+  """
+  n_nodes, per = plan.nodes, plan.devices_per_node
+  capacity = send.shape[0] // plan.group_size
+  cap = plan.node_capacity_for(capacity)
+  features = send_grads.shape[-1]
+
+  def inside(x):  # [destination node, node rank, slot, ...] per destination node
+    x = x.reshape(n_nodes, per, capacity, *x.shape[1:]).swapaxes(0, 1)
+    x = nodes.within_node(x, plan).swapaxes(0, 1)
+    return x.reshape(n_nodes, per * capacity, *x.shape[3:])
+
+  ids, grads = inside(send), inside(send_grads)
+  unique, sums = jax.vmap(sum_duplicates)(ids, grads)
+  crowded = lax.pmax(jnp.max(jnp.sum(unique >= 0, axis=1)), plan.table_axes) > cap
+
+  def distinct():
+    pad = per * capacity - cap
+    return (jnp.pad(nodes.across_nodes(unique[:, :cap], plan), ((0, 0), (0, pad)),
+                    constant_values=-1),
+            jnp.pad(nodes.across_nodes(sums[:, :cap], plan), ((0, 0), (0, pad), (0, 0))))
+
+  received, received_grads = lax.cond(
+      crowded, lambda: (nodes.across_nodes(ids, plan), nodes.across_nodes(grads, plan)), distinct)
+  return received.reshape(-1), received_grads.reshape(-1, features)

@@ -273,3 +273,83 @@ def _grid_bytes(padded, ids, token_ranks, rest_ranks, col_token_ranks, col_rest_
   moved += (col_rest_ranks - 1) * column_tokens * width * itemsize
   moved += (col_token_ranks - 1) * ids * width * col_rest_ranks * itemsize
   return moved
+
+
+#: ``auto`` counts a byte that crosses nodes as this many bytes inside one.
+#: A device's share of its node's network (a 400 Gb/s NIC per GPU: 50 GB/s)
+#: is about a tenth of its NVLink bandwidth (450 GB/s each way on an H100),
+#: and a TPU slice's data-center network is slower than its ICI by as much;
+#: 8 keeps the choice from swinging on the exact ratio of one cluster.
+INTER_NODE_WEIGHT = 8
+
+
+def node_capacity(capacity: int, devices_per_node: int, rows_per_rank: int, *,
+                  sigmas: float = ROUTE_SLACK_SIGMAS) -> int:
+  """Distinct ids per destination rank that one node's ranks send it together.
+
+  The node's ``devices_per_node`` ranks send a destination at most
+  ``capacity`` ids each; sent once per node, the repeats among them are
+  dropped. Planned for uniform ids over the destination's ``rows_per_rank``
+  rows (which repeat least: skewed ids repeat more and fit more often), the
+  mean distinct count of the full buffers plus ``sigmas`` deviations,
+  never more than the buffers hold.
+
+  >>> node_capacity(173, 8, 7813)   # 1384 ids over 7813 rows: about 1263 distinct
+  1307
+  >>> node_capacity(173, 8, 100)    # a small shard: each row once per node
+  100
+  """
+  return min(rows_per_rank, dedup_capacity([(capacity * devices_per_node, rows_per_rank)],
+                                           sigmas=sigmas))
+
+
+def node_route_bytes(capacity: int, node_cap: int, group: int, devices_per_node: int,
+                     cols: int, itemsize: int) -> tuple[int, int]:
+  """``(intra-node, inter-node)`` bytes a rank receives in one two-level route.
+
+  Ids out: an all-to-all inside the node of ``group * capacity`` ids, then
+  one across the nodes of ``node_cap`` distinct ids per destination rank;
+  rows back the same way reversed. The group's two overflow counts (an
+  all-reduce each) split as every group collective does
+  (``inter_node_share``).
+
+  >>> node_route_bytes(173, 400, 64, 8, 64, 4)
+  (2518880, 728014)
+  """
+  nodes = group // devices_per_node
+  entry = ID_BYTES + cols * itemsize
+  flag = 2 * (group - 1) * ID_BYTES // group
+  flag_inter = 2 * (group - devices_per_node) * ID_BYTES // group
+  intra = (devices_per_node - 1) * nodes * capacity * entry + 2 * (flag - flag_inter)
+  inter = (nodes - 1) * node_cap * entry + 2 * flag_inter
+  return intra, inter
+
+
+def node_route_pays(capacity: int, node_cap: int, group: int, devices_per_node: int) -> bool:
+  """Whether the two-level route moves fewer weighed bytes than the flat one.
+
+  Per destination rank: the flat route's ``capacity`` entries from each
+  other rank against the two-level route's ``capacity`` from each rank of
+  the node and ``node_cap`` distinct ones from each other node, an entry
+  crossing nodes counted ``INTER_NODE_WEIGHT`` times. It pays when the
+  node's ranks repeat each other's ids enough; uniform ids over a large
+  table don't.
+
+  >>> node_route_pays(173, 1307, 64, 8), node_route_pays(173, 400, 64, 8)
+  (False, True)
+  """
+  per, nodes = devices_per_node, group // devices_per_node
+  flat = INTER_NODE_WEIGHT * (nodes - 1) * per * capacity + (per - 1) * capacity
+  two = INTER_NODE_WEIGHT * (nodes - 1) * node_cap + (per - 1) * nodes * capacity
+  return two < flat
+
+
+def inter_node_share(group: int, devices_per_node: int | None) -> float:
+  """The share of a group collective's bytes that cross nodes (each peer sends as much).
+
+  >>> inter_node_share(64, 8), inter_node_share(8, None)
+  (0.8888888888888888, 0.0)
+  """
+  if not devices_per_node or devices_per_node >= group or group < 2:
+    return 0.0
+  return (group - devices_per_node) / (group - 1)

@@ -63,6 +63,86 @@ class EmbeddingPlan:
   route_capacity: int | None = None
   placement: placement_lib.Placement | None = None
   column_axes: tuple[str, ...] = ()
+  devices_per_node: int | None = None
+  node_capacity: int | None = None
+
+  @property
+  def nodes(self) -> int:
+    """Nodes the table group spans (``devices_per_node`` ranks each); 1 when unknown."""
+    per = self.devices_per_node
+    if not per or per >= self.group_size:
+      return 1
+    return self.group_size // per
+
+  @property
+  def node_route(self) -> bool:
+    """Whether a routed lookup takes the two-level route (inside nodes, then across).
+
+    A routed table over several nodes, when the route pays for
+    ``ids_per_device`` ids (``node_pays``).
+    """
+    return (self.strategy == options.ROUTED and self.nodes > 1
+            and self.node_pays(self.capacity_for(self.ids_per_device)))
+
+  @property
+  def node_update(self) -> bool:
+    """Whether the sparse update's routed row gradients take the two-level route.
+
+    Any row-split table over several nodes (a vocab table's update routes
+    its row gradients as a routed table's does), when it pays
+    (``node_pays``) at the update's capacity for ``ids_per_device`` ids.
+    """
+    return (self.strategy in options.ROW_SHARDED and self.nodes > 1
+            and self.node_pays(self.update_capacity(self.ids_per_device)))
+
+  def node_pays(self, capacity: int) -> bool:
+    """Whether two levels move fewer weighed bytes than the flat route.
+
+    ``cost.node_route_pays`` at ``capacity`` ids per destination.
+    """
+    return cost.node_route_pays(capacity, self.node_capacity_for(capacity), self.group_size,
+                                self.devices_per_node)
+
+  def node_capacity_for(self, capacity: int) -> int:
+    """Distinct ids per destination rank one node sends across, for a route of ``capacity``.
+
+    ``node_capacity`` when it was set, else ``cost.node_capacity`` (uniform
+    ids, which repeat least); never more than the node's ranks send.
+    """
+    per = self.devices_per_node
+    if self.node_capacity is not None:
+      return min(self.node_capacity, per * capacity)
+    return cost.node_capacity(capacity, per, self.padded_shape[0] // self.group_size)
+
+  def node_bytes(self, ids: int | None = None) -> tuple[int, int]:
+    """``(intra-node, inter-node)`` bytes a device receives per lookup of ``ids`` ids.
+
+    The two-level route's own counts (``cost.node_route_bytes``); any other
+    layout's ``bytes_moved_per_lookup`` split by the share of the group's
+    peers in other nodes (``cost.inter_node_share``). ``(total, 0)`` for one
+    node.
+    """
+    ids = self.ids_per_device if ids is None else ids
+    if self.nodes == 1:
+      return self.bytes_moved_per_lookup, 0
+    if self.strategy == options.ROUTED:
+      capacity = self.capacity_for(ids)
+      entry = cost.ID_BYTES + self.padded_shape[1] * self.itemsize
+      rest = mesh_axes.axes_size(dict(self.mesh_shape), self.rest_axes)
+      gathered = (rest - 1) * cost.route_ids(ids, rest) * self.padded_shape[1] * self.itemsize
+      if self.node_route:
+        intra, inter = cost.node_route_bytes(
+            capacity, self.node_capacity_for(capacity), self.group_size,
+            self.devices_per_node, self.padded_shape[1], self.itemsize)
+        return intra + gathered, inter
+      group, per = self.group_size, self.devices_per_node
+      flag = 2 * (group - 1) * cost.ID_BYTES // group
+      flag_inter = 2 * (group - per) * cost.ID_BYTES // group
+      return ((per - 1) * capacity * entry + flag - flag_inter + gathered,
+              (group - per) * capacity * entry + flag_inter)
+    inter = int(self.bytes_moved_per_lookup * cost.inter_node_share(self.group_size,
+                                                                    self.devices_per_node))
+    return self.bytes_moved_per_lookup - inter, inter
 
   @property
   def tokens(self) -> int:
@@ -121,14 +201,32 @@ class EmbeddingPlan:
     ways = {"gather": cost.gather_pairs_bytes(ids, self.data_shards, self.features, itemsize)}
     if self.strategy in options.ROW_SHARDED:
       if self.token_axes and self.group_size > 1:
-        outer = mesh_axes.axes_size(dict(self.mesh_shape), self.outer_axes)
-        ways["route"] = cost.routed_pairs_bytes(
-            self.update_capacity(ids), self.group_size, outer, self.features, itemsize)
+        ways["route"] = sum(self.update_node_bytes(ids, itemsize))
     elif self.strategy != options.GRID:  # a grid's ranks hold blocks of rows
       ways["allreduce"] = cost.allreduce_bytes(
           self.padded_shape[0], self.data_shards, self.features)
     way = min(ways, key=lambda w: (ways[w], w != "gather"))  # ties: the gather
     return way, ways[way]
+
+  def update_node_bytes(self, ids: int, itemsize: int | None = None) -> tuple[int, int]:
+    """``(intra-node, inter-node)`` bytes of the sparse update's route, ``ids`` ids per device.
+
+    A row-split table whose group holds different ids; ``(total, 0)`` for
+    one node. Over several nodes the routed lookup's two levels (one
+    summed gradient per id and node pair crosses; the rounds' few scalars
+    left out), the all-gather over the shard's replicas as a flat route's.
+    """
+    itemsize = self.itemsize if itemsize is None else itemsize
+    capacity = self.update_capacity(ids)
+    outer = mesh_axes.axes_size(dict(self.mesh_shape), self.outer_axes)
+    total = cost.routed_pairs_bytes(capacity, self.group_size, outer, self.features, itemsize)
+    if not self.node_update:
+      return total, 0
+    entry = cost.ID_BYTES + self.features * itemsize
+    per, nodes = self.devices_per_node, self.nodes
+    replicas = (outer - 1) * self.group_size * capacity * entry
+    inter = (nodes - 1) * self.node_capacity_for(capacity) * entry
+    return (per - 1) * nodes * capacity * entry + replicas, inter
 
   def _update_summary(self) -> str:
     way, moved = self.sparse_update(self.ids_per_device)
@@ -136,7 +234,10 @@ class EmbeddingPlan:
       return "0 B per device (one data shard: the sparse optimizers gather no row gradients)"
     words = {"gather": "all-gather", "route": "route to their owners",
              "allreduce": "all-reduce"}
-    return f"{_human(moved)} per device, the sparse optimizers' {words[way]} of row gradients"
+    text = f"{_human(moved)} per device, the sparse optimizers' {words[way]} of row gradients"
+    if self.nodes > 1 and way == "route":
+      text += f" ({_human(self.update_node_bytes(self.ids_per_device)[1])} across nodes)"
+    return text
 
   def update_capacity(self, ids: int) -> int:
     """Ids per destination of the sparse update's route, for ``ids`` ids per device.
@@ -269,9 +370,15 @@ class EmbeddingPlan:
         f"  bytes/device    {_human(self.bytes_per_device)}",
         f"  moved/lookup    {_human(self.bytes_moved_per_lookup)} per device"
         f" for {self.ids_per_device} ids per device",
+        *([f"  across nodes    {_human(self.node_bytes()[1])} per lookup per device"
+           f" ({_human(self.node_bytes()[0])} inside its node of {self.devices_per_node};"
+           f" {self.nodes} nodes{', two-level route' if self.node_route else ''})"]
+          if self.nodes > 1 else []),
         f"  moved/update    {self._update_summary()}",
         *([f"  route capacity  {self.capacity_for(self.ids_per_device)} ids per "
            f"destination"] if self.strategy == options.ROUTED else []),
+        *([f"  node capacity   {self.node_capacity_for(self.capacity_for(self.ids_per_device))}"
+           f" distinct ids per destination from each node"] if self.node_route else []),
         f"  reason          {self.reason}",
         *([f"  placement       {line}" for line in self.placement.describe()]
           if self.placement is not None else []),
@@ -393,6 +500,8 @@ def plan_embedding(
     tokens: int | None = None,
     column_axes=None,
     device_memory_bytes: int | None = None,
+    devices_per_node: int | None = None,
+    node_capacity: int | None = None,
 ) -> EmbeddingPlan:
   """Decides how a ``(num_embeddings, features)`` table is laid out on a mesh.
 
@@ -428,6 +537,18 @@ def plan_embedding(
       takes, among the layouts that fit, the one moving the fewest bytes,
       trying a grid (rows over ``table_axes``, columns over ``column_axes``)
       where no 1-D layout fits. None: no limit.
+    devices_per_node: devices one node holds (fast links inside it, slower
+      ones between nodes), counted in the table group's rank order; it must
+      divide the group. A routed table spanning several nodes then takes
+      the two-level route (inside each node, then across, each row once per
+      node pair), the plan splits its bytes into intra- and inter-node and
+      ``auto`` counts an inter-node byte as ``cost.INTER_NODE_WEIGHT``.
+      None reads it from the mesh's devices (``mesh_axes.devices_per_node``:
+      their process or slice indices), one node when they share one.
+    node_capacity: distinct ids per destination rank that one node sends
+      across nodes in the two-level route; None plans it for uniform ids
+      (``cost.node_capacity``). A step needing more takes the flat route's
+      buffers across nodes for that step (the same rows).
 
   Returns:
     An ``EmbeddingPlan``.
@@ -483,8 +604,50 @@ def plan_embedding(
   token_ranks = mesh_axes.axes_size(shape, [a for a in table if a in data])
   if route_capacity is not None:
     route_capacity = _check_capacity(route_capacity, group, name)
+  if devices_per_node is None:
+    devices_per_node = mesh_axes.devices_per_node(mesh, table)
+  else:
+    devices_per_node = _check_devices_per_node(devices_per_node, group, table, name)
+  if node_capacity is not None:
+    node_capacity = _check_capacity(node_capacity, group, name, what="node_capacity")
+  nodes = group // devices_per_node if devices_per_node and devices_per_node < group else 1
 
   def moved(strategy):
+    if strategy == options.ROUTED and nodes > 1:
+      return sum(node_split(strategy))
+    return flat_moved(strategy)
+
+  def node_split(strategy):
+    """``(intra, inter)`` bytes per device of a lookup across ``nodes`` nodes."""
+    if strategy != options.ROUTED:
+      total = flat_moved(strategy)
+      inter = int(total * cost.inter_node_share(group, devices_per_node))
+      return total - inter, inter
+    rows, cols = cost.padded_shape(num_embeddings, features, strategy, group)
+    rest = group // token_ranks
+    capacity = (min(route_capacity, cost.route_ids(ids_per_device, rest))
+                if route_capacity is not None
+                else cost.uniform_route_capacity(ids_per_device, group, rest))
+    per_node = (min(node_capacity, devices_per_node * capacity) if node_capacity is not None
+                else cost.node_capacity(capacity, devices_per_node, rows // group))
+    gathered = (rest - 1) * cost.route_ids(ids_per_device, rest) * cols * itemsize
+    if not cost.node_route_pays(capacity, per_node, group, devices_per_node):
+      total = flat_moved(strategy)
+      entry = cost.ID_BYTES + cols * itemsize
+      inter = ((group - devices_per_node) * capacity * entry
+               + 2 * (group - devices_per_node) * cost.ID_BYTES // group)
+      return total - inter, inter
+    intra, inter = cost.node_route_bytes(capacity, per_node, group, devices_per_node, cols,
+                                         itemsize)
+    return intra + gathered, inter
+
+  def weighed(strategy):
+    if nodes == 1:
+      return moved(strategy)
+    intra, inter = node_split(strategy)
+    return intra + cost.INTER_NODE_WEIGHT * inter
+
+  def flat_moved(strategy):
     return cost.bytes_moved_per_lookup(
         cost.padded_shape(num_embeddings, features, strategy, group, column_group),
         strategy,
@@ -504,11 +667,15 @@ def plan_embedding(
         f"{m} ({k})" for (m, _), k in zip(placement.members, placement.kinds))
   elif sharding == options.AUTO:
     strategy, reason = _choose(
-        num_embeddings, features, group, itemsize, tied, replicate_below_bytes, moved
+        num_embeddings, features, group, itemsize, tied, replicate_below_bytes, weighed
     )
+    if nodes > 1:
+      reason = reason.replace(
+          "bytes per lookup (",
+          f"bytes per lookup, a byte across nodes counted {cost.INTER_NODE_WEIGHT}x (")
     if device_memory_bytes is not None:
       strategy, reason = _fit_memory(
-          strategy, reason, device_memory_bytes, moved, name=name, tied=tied,
+          strategy, reason, device_memory_bytes, weighed, name=name, tied=tied,
           grid=bool(grid_columns), shape=(num_embeddings, features), group=group,
           column_group=column_group, itemsize=itemsize)
   else:
@@ -540,13 +707,18 @@ def plan_embedding(
       route_capacity=route_capacity,
       placement=placement,
       column_axes=columns,
+      devices_per_node=devices_per_node,
+      node_capacity=node_capacity,
   )
   if placement is None:
     return plan
-  return dataclasses.replace(plan, bytes_moved_per_lookup=cost.bytes_moved_per_lookup(
+  plan = dataclasses.replace(plan, bytes_moved_per_lookup=cost.bytes_moved_per_lookup(
       padded, strategy, ids_per_device=ids_per_device, token_ranks=token_ranks,
       rest_ranks=group // token_ranks, itemsize=itemsize,
       capacity=plan.capacity_for(ids_per_device)))
+  if plan.node_route:
+    plan = dataclasses.replace(plan, bytes_moved_per_lookup=sum(plan.node_bytes()))
+  return plan
 
 
 def _auto_columns(shape, sharding, table, data, column_axes, name):
@@ -653,17 +825,36 @@ def _check_placement(placement, num_embeddings, group, sharding, name):
     )
 
 
-def _check_capacity(capacity, group: int, name: str) -> int:
+def _check_capacity(capacity, group: int, name: str, what: str = "route_capacity") -> int:
   """A route capacity must hold at least one id per destination."""
   if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
     raise TypeError(
-        f"{name}: route_capacity must be an int (ids per destination rank), got "
+        f"{name}: {what} must be an int (ids per destination rank), got "
         f"{capacity!r}."
     )
   if capacity < 1:
     raise ValueError(
-        f"{name}: route_capacity={capacity} can't hold one id per destination "
-        f"(the table group has {group} ranks); pass route_capacity >= 1, or "
+        f"{name}: {what}={capacity} can't hold one id per destination "
+        f"(the table group has {group} ranks); pass {what} >= 1, or "
         f"None to size it from the ids per device."
     )
   return int(capacity)
+
+
+def _check_devices_per_node(per, group: int, table, name: str) -> int:
+  """Devices per node must split the table group into whole nodes (or hold it whole)."""
+  if isinstance(per, bool) or not isinstance(per, (int, np.integer)) or per < 1:
+    raise ValueError(
+        f"{name}: devices_per_node={per!r} must be a positive int, the devices one node "
+        f"holds; pass e.g. devices_per_node=8, or None to read it from the devices."
+    )
+  per = int(per)
+  if group % per and per % group:
+    divisors = [d for d in range(1, group + 1) if group % d == 0]
+    raise ValueError(
+        f"{name}: devices_per_node={per} doesn't divide the table group of {group} "
+        f"devices (table_axes {tuple(table)}), so the group's ranks can't be split into "
+        f"whole nodes; pass one of {divisors} (the devices of one node that hold this "
+        f"table), or None to read it from the devices."
+    )
+  return per

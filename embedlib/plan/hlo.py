@@ -106,16 +106,18 @@ def _computations(text: str) -> tuple[dict[str, list[str]], str]:
   return comps, entry
 
 
-def bytes_moved(text: str) -> int:
+def bytes_moved(text: str, count=None) -> int:
   """Bytes one device receives running the compiled program ``text`` once.
 
   Args:
     text: HLO text of a compiled executable (``compiled.as_text()``).
+    count: bytes of one collective's line (default ``collective_bytes``).
 
   Returns:
     The sum over the entry computation's collectives and those of the
     computations it calls (a conditional: its first branch).
   """
+  count = collective_bytes if count is None else count
   comps, entry = _computations(text)
   memo: dict[str, int] = {}
 
@@ -127,7 +129,7 @@ def bytes_moved(text: str) -> int:
     seen = seen + (name,)
     moved = 0
     for line in comps[name]:
-      moved += collective_bytes(line)
+      moved += count(line)
       branches = _BRANCHES.search(line)
       if branches:
         moved += total(branches.group(1).split(",")[0].strip().lstrip("%"), seen)
@@ -143,3 +145,97 @@ def bytes_moved(text: str) -> int:
   if entry is None:
     raise ValueError("no ENTRY computation in the HLO text; pass compiled.as_text().")
   return total(entry)
+
+
+def replica_groups(line: str) -> list[list[int]] | None:
+  """The device groups of the collective on ``line``, or None when it names none.
+
+  Reads the explicit (``{{0,1},{2,3}}``), iota (``[2,4]<=[4,2]T(1,0)``) and
+  mesh-axis (``mesh['a'=2,'b'=4] {'b'}``) forms.
+
+  >>> replica_groups("x = all-to-all(y), replica_groups={{0,1},{2,3}}")
+  [[0, 1], [2, 3]]
+  >>> replica_groups("x = all-to-all(y), replica_groups=[2,2]<=[2,2]T(1,0)")
+  [[0, 2], [1, 3]]
+  >>> replica_groups("x = all-to-all(y), replica_groups=mesh['a'=2,'b'=2] {'a'}")
+  [[0, 2], [1, 3]]
+  """
+  explicit = re.search(r"replica_groups=\{((?:\{[0-9,]*\},?)*)\}", line)
+  if explicit:
+    return [[int(i) for i in g.split(",") if i]
+            for g in re.findall(r"\{([0-9,]*)\}", explicit.group(1))]
+  iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", line)
+  if iota:
+    dims = [int(d) for d in iota.group(3).split(",")]
+    ids = _iota(dims, [int(p) for p in iota.group(4).split(",")] if iota.group(4) else None)
+    size = int(iota.group(2))
+    return [ids[i:i + size] for i in range(0, len(ids), size)]
+  named = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+  if named:
+    axes = re.findall(r"'([^']+)'=(\d+)", named.group(1))
+    names, dims = [a for a, _ in axes], [int(n) for _, n in axes]
+    inside = [names.index(a) for a in re.findall(r"'([^']+)'", named.group(2))]
+    perm = [i for i in range(len(dims)) if i not in inside] + inside
+    ids = _iota(dims, perm)
+    size = math.prod(dims[i] for i in inside)
+    return [ids[i:i + size] for i in range(0, len(ids), size)]
+  return None
+
+
+def _iota(dims, perm):
+  """``arange(prod(dims)).reshape(dims).transpose(perm).ravel()``, without numpy."""
+  perm = perm or list(range(len(dims)))
+  strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+  out = []
+
+  def walk(axis, offset):
+    if axis == len(perm):
+      out.append(offset)
+      return
+    for i in range(dims[perm[axis]]):
+      walk(axis + 1, offset + i * strides[perm[axis]])
+
+  walk(0, 0)
+  return out
+
+
+def inter_node_collective_bytes(line: str, devices_per_node: int) -> int:
+  """Bytes a device receives from other nodes in the collective on ``line`` (the most any does).
+
+  Devices ``n * devices_per_node`` to ``(n + 1) * devices_per_node - 1``
+  are node ``n``. Each peer of a group sends a device an equal share of
+  ``collective_bytes`` (the ring volumes): the share of the peers in other
+  nodes crosses.
+
+  >>> line = "%a = s32[8]{0} all-to-all(%b), replica_groups={{0,1,2,3},{4,5,6,7}}"
+  >>> inter_node_collective_bytes(line, 4), inter_node_collective_bytes(line, 2)
+  (0, 16)
+  """
+  moved = collective_bytes(line)
+  if not moved:
+    return 0
+  node = lambda d: d // devices_per_node
+  pairs = re.search(r"source_target_pairs=\{(.*?)\}\}", line)
+  if pairs and "collective-permute" in line:
+    crossing = [node(int(s)) != node(int(t))
+                for s, t in re.findall(r"\{?(\d+),(\d+)\}?", pairs.group(1) + "}")]
+    return moved if any(crossing) else 0
+  groups = replica_groups(line)
+  if not groups:
+    return 0
+  worst = 0
+  for group in groups:
+    for d in group:
+      others = sum(node(p) != node(d) for p in group)
+      worst = max(worst, moved * others // max(len(group) - 1, 1))
+  return worst
+
+
+def inter_node_bytes(text: str, devices_per_node: int) -> int:
+  """Bytes a device receives from other nodes running the compiled program ``text`` once.
+
+  As ``bytes_moved``, each collective counted by
+  ``inter_node_collective_bytes``: nodes of ``devices_per_node``
+  consecutive device ids.
+  """
+  return bytes_moved(text, lambda line: inter_node_collective_bytes(line, devices_per_node))

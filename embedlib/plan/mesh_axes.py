@@ -163,3 +163,38 @@ def _entry_axes(entry) -> tuple[str, ...]:
   if entry is None:
     return ()
   return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def devices_per_node(mesh, table_axes: Sequence[str]) -> int | None:
+  """Devices per node of ``mesh``'s table group, read from its devices; None when unknown.
+
+  A node is a run of consecutive ranks of the group (row-major over
+  ``table_axes``) whose devices share one ``process_index`` (or, for TPU
+  slices, ``slice_index``). None when the mesh has no devices (an
+  ``AbstractMesh``, a dict), when every device of a group is in one node
+  (the flat route), or when the runs are not all one length (no two-level
+  route fits them: give ``devices_per_node`` explicitly).
+
+  >>> devices_per_node({"batch": 8}, ("batch",)) is None
+  True
+  """
+  try:
+    devices = mesh.devices
+  except (AttributeError, ValueError):  # a dict; an AbstractMesh raises ValueError
+    return None
+  if not table_axes or not hasattr(devices, "transpose"):
+    return None
+  names = list(mesh.axis_names)
+  order = [names.index(a) for a in names if a not in table_axes] + [
+      names.index(a) for a in table_axes]
+  group = math.prod(mesh.shape[a] for a in table_axes)
+  groups = devices.transpose(order).reshape(-1, group)
+  for key in ("slice_index", "process_index"):
+    marks = [[getattr(d, key, 0) or 0 for d in g] for g in groups]
+    runs = {len(list(r)) for g in marks for _, r in itertools.groupby(g)}
+    if runs == {group}:
+      continue  # one node per group by this key; try the next
+    if len(runs) == 1:
+      return runs.pop()
+    return None
+  return None

@@ -22,6 +22,10 @@ The capacity is static (JAX shapes are). A step with more ids for one owner
 than the capacity is never dropped or corrupted: the whole group takes the
 vocab path for that step (``lax.cond`` on the group's largest count), or,
 with ``on_overflow="error"``, the count goes back to the caller to check.
+
+Across nodes (``plan.node_route``), steps 1 and 3 each take two levels,
+inside each node and then across, and a row crosses between two nodes once
+however many of their ranks ask for it (``strategies.nodes``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from jax import lax
 
 from embedlib import sharding as sharding_lib
 from embedlib.kernels import reference
-from embedlib.strategies import collectives, vocab
+from embedlib.strategies import collectives, nodes, vocab
 
 
 def bucketize(ids, rows_per_rank: int, group: int, capacity: int):
@@ -93,7 +97,8 @@ def exchange(table, send, *, plan, gather):
     ``[group * capacity, features]``: in each slot, the row of the id that
     left from it.
   """
-  return rows_back(gather(table, send_ids(send, plan=plan)), plan=plan)
+  sent = send_ids(send, plan=plan)
+  return rows_back(gather(table, asked(sent)), plan=plan, sent=sent)
 
 
 def send_ids(send, *, plan):
@@ -103,13 +108,32 @@ def send_ids(send, *, plan):
 
   Returns:
     int32 ``[group * capacity]``: the owner-local rows asked of this rank,
-    ``-1`` in empty slots, in block order of the asking rank.
+    ``-1`` in empty slots, in block order of the asking rank. Over several
+    nodes (``plan.node_route``), a ``nodes.NodeSent`` holding them with what
+    ``rows_back`` needs; ``asked`` reads the ids of either.
   """
+  if plan.node_route:
+    return nodes.send_ids(send, plan)
   return lax.all_to_all(send, plan.table_axes, 0, 0, tiled=True)
 
 
-def rows_back(rows, *, plan):
-  """Step 3's exchange: each looked-up row back to the slot its id left from."""
+def asked(sent):
+  """The owner-local rows ``send_ids`` asked of this rank (``-1`` for none), to look up."""
+  return sent.ids if isinstance(sent, nodes.NodeSent) else sent
+
+
+def rows_back(rows, *, plan, sent=None):
+  """Step 3's exchange: each looked-up row back to the slot its id left from.
+
+  ``rows``: ``[group * capacity, features]``, the rows of ``asked(sent)``;
+  ``sent``: what ``send_ids`` returned, needed over several nodes.
+  """
+  if plan.node_route:
+    if not isinstance(sent, nodes.NodeSent):
+      raise ValueError(
+          f"{plan.name}: the two-level route's rows_back needs what send_ids returned "
+          f"(rows_back(rows, plan=plan, sent=sent)), got {type(sent).__name__}.")
+    return nodes.rows_back(rows, sent, plan)
   return lax.all_to_all(rows, plan.table_axes, 0, 0, tiled=True)
 
 

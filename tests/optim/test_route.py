@@ -26,11 +26,11 @@ LAYOUTS = {
 }
 
 
-def _setup(layout, strategy, capacity=None, rows=1000):
+def _setup(layout, strategy, capacity=None, rows=1000, **kw):
   (shape, names), axes = LAYOUTS[layout]
   mesh = jax.make_mesh(shape, names, devices=jax.devices()[: int(np.prod(shape))])
   emb = embedlib.ShardedEmbed(rows, 16, mesh=mesh, sharding=strategy, route_capacity=capacity,
-                              rngs=nnx.Rngs(0), **axes)
+                              rngs=nnx.Rngs(0), **axes, **kw)
   rng = np.random.default_rng(1)
   ids = rng.integers(-1, rows + 3, (8 * 48,)).astype(np.int32)
   ids[:40] = 7  # a hot id, repeated across ranks
@@ -64,6 +64,26 @@ def test_routed_update_equals_the_all_gather(layout, strategy, capacity, monkeyp
   np.testing.assert_allclose(table, want_table, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(slots["acc"], want_slots["acc"], rtol=1e-5, atol=1e-6)
   assert (table != np.asarray(emb.physical_table())).any()
+
+
+@pytest.fixture(scope="module")
+def flat_update():
+  emb, pairs = _setup("8-tokens", "routed", rows=200)
+  return _step(emb, optim.RowWiseAdagrad(0.1), pairs)[:2]
+
+
+# 2 nodes of 4; 4 of 2 with a node capacity of 1, every round crowded (the
+# flat buffers across). A row's gradients from a node's ranks are summed
+# there before crossing: another order of float sums, rtol 1e-5.
+@pytest.mark.parametrize("nodes", [dict(devices_per_node=4),
+                                   dict(devices_per_node=2, node_capacity=1)],
+                         ids=["2-nodes-of-4", "4-nodes-of-2-crowded"])
+def test_the_update_across_nodes_equals_the_flat_route(nodes, flat_update):
+  emb, pairs = _setup("8-tokens", "routed", rows=200, **nodes)
+  assert emb.plan.node_update and route.pays(emb.plan, 56, 4)
+  table, slots, _, _ = _step(emb, optim.RowWiseAdagrad(0.1), pairs)
+  np.testing.assert_allclose(table, flat_update[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(slots["acc"], flat_update[1]["acc"], rtol=1e-5, atol=1e-6)
 
 
 def test_routed_update_moves_less_than_the_all_gather(monkeypatch):

@@ -46,3 +46,23 @@ def test_a_missed_target_is_named(scale, kw, failed, capsys):
 
 def test_the_vocab_target_applies_at_64_devices_only(scale):
   assert scale.report(rows(devices=32, vocab=5000)) == []
+
+
+def node_rows(node=240):
+  out = []
+  for workload in ("uniform", "zipf"):
+    for route, inter in (("flat", 1000), ("device dedup", 500), ("node", node)):
+      out.append(dict(workload=workload, devices=64, route=route, capacity=10,
+                      node_capacity=None if route == "flat" else 20, moved=2000, inter=inter,
+                      planned_inter=inter if route == "node" else None, step_moved=4000,
+                      step_inter=2 * inter))
+  return out
+
+
+def test_the_node_target_reads_the_zipf_rows_at_64_devices(scale, capsys):
+  assert scale.report_nodes(node_rows()) == []
+  out = capsys.readouterr().out
+  assert ("target: zipf, 64 devices, node / flat inter-node bytes per lookup = 0.240 "
+          "(<= 0.25): ok") in out
+  assert "not a target: uniform" in out
+  assert scale.report_nodes(node_rows(node=251)) == ["zipf-64-nodes"]
