@@ -16,6 +16,7 @@ def base(task: dict) -> ml_collections.ConfigDict:
   config.mesh_shape = (-1,)
   config.mesh_axes = ("batch",)
   config.task = ml_collections.ConfigDict(task)
+  config.pipeline = False
   return config
 
 

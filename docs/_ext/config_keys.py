@@ -30,6 +30,10 @@ EXPLAINED = {
     "checkpoint_every": "Steps between checkpoints; the last step and a stop by signal "
                         "save one too.",
     "max_checkpoints": "Checkpoints kept; older ones are deleted.",
+    "pipeline": "Pipelined train step: step N's program also distributes batch N+1's "
+                "ids (bucketing, dedup, their all_to_all or all_gather), so the exchange "
+                "can run under step N's compute; the same training bit for bit. The "
+                "data source is read one batch ahead (see the training guide).",
     # The task: batch layout, loss, metrics
     "task.name": "`ctr` (one click label per example), `ranking` (several actions per "
                  "candidate), `retrieval` (one engaged item per request, in-batch "
