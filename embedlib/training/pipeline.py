@@ -102,8 +102,6 @@ def check_lookahead(source) -> None:
 class Pipeline:
   """Runs ``pipelined_train_step`` over ``batches``, one batch ahead.
 
-  >>> # pipeline = Pipeline(model, optimizer, prefetcher); loss = pipeline.step()
-
   Args:
     model: the model.
     optimizer: its ``SparseAwareOptimizer``.
@@ -111,6 +109,8 @@ class Pipeline:
       position after its last batch returned), e.g. a ``data.Prefetcher``
       of a source with ``get_state`` / ``set_state``.
     task: a ``Task``, or None for a click model.
+    source: the source ``batches`` reads, when ``batches`` is a wrapper of
+      it (a ``Prefetcher``): checked for ``set_state`` too.
 
   Raises:
     LookaheadError: ``batches`` (or the source it prefetches) can't record
