@@ -448,7 +448,9 @@ class ShardedEmbed(nnx.Module):
     key = lookahead.request_key(self.plan.name, requests, num_unique, on_overflow)
     if lookahead.is_collecting(scope):
       scope.add(key, ahead.distribute(requests, plan=self.plan, mesh=self.mesh,
-                                      num_unique=num_unique, check_vma=run["check_vma"]))
+                                      num_unique=num_unique, check_vma=run["check_vma"],
+                                      table=table, gather=run["gather"],
+                                      early_fetch=scope.early_fetch))
       return tuple(dispatch_lib.no_rows(r, self.plan, self.mesh, table.dtype)
                    for r in requests), {}
     return ahead.lookup_distributed(table, requests, scope.take(key), num_unique=num_unique,

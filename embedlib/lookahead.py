@@ -43,8 +43,9 @@ class Distributions:
 
 
 class _Collecting:
-  def __init__(self):
+  def __init__(self, early_fetch):
     self.values, self.keys = [], []
+    self.early_fetch = early_fetch
 
   def add(self, key, value):
     self.values.append(value)
@@ -87,9 +88,13 @@ def is_using(scope) -> bool:
 
 
 @contextlib.contextmanager
-def collecting():
-  """Lookups inside only distribute their ids; yields a callable giving the ``Distributions``."""
-  scope = _Collecting()
+def collecting(early_fetch: float = 0.0):
+  """Lookups inside only distribute their ids; yields a callable giving the ``Distributions``.
+
+  ``early_fetch`` (0: off) fetches routed tables' rows too, with that share
+  of the route's slots for corrected rows (``strategies.ahead.distribute``).
+  """
+  scope = _Collecting(early_fetch)
   token = _ACTIVE.set(scope)
   try:
     yield lambda: Distributions(tuple(scope.values), tuple(scope.keys))

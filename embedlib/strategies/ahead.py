@@ -10,6 +10,14 @@ with the operations the lookup in line runs (``dispatch.lookup_requests``),
 so its outputs are the same bit for bit. A pipelined train step distributes
 batch N+1 inside step N's program, where nothing ties it to step N's loss.
 
+Early fetch (``early_fetch``): a routed table's rows are read and sent back
+with the ids, before the step that precedes their own updates the table.
+The lookup then reads each owner's asked rows again, compares their bits
+with the ones it sent, and sends the changed rows with their slots, which
+overwrite the early ones (``_brought_up_to_date``): the rows are the table's
+current rows bit for bit, unlike a semi-synchronous pipeline that uses them
+stale. Vocab tables' rows, summed over their owners, are read in line.
+
 What stays in line (``distribute`` returns None): tables without a mesh,
 replicated, hidden and grid tables (their ids don't move before the
 lookup, or move with the rows), requests without ids, and the fallback
@@ -51,13 +59,14 @@ class PerDevice:
   leaves: tuple
   specs: tuple = struct.field(pytree_node=False)
   treedef: tp.Any = struct.field(pytree_node=False)
+  meta: tuple = struct.field(pytree_node=False, default=())
 
   def local(self, leaves):
     """The body's values from this device's ``leaves`` (inside ``shard_map``)."""
     return jax.tree.unflatten(self.treedef, [x[0] for x in leaves])
 
 
-def _per_device(body, args, in_specs, *, mesh, check_vma) -> PerDevice:
+def _per_device(body, args, in_specs, *, mesh, check_vma, meta=()) -> PerDevice:
   """Runs ``body(*args)`` over ``mesh``; keeps its outputs per device."""
   axes = tuple(mesh.axis_names)
   found = []
@@ -78,7 +87,7 @@ def _per_device(body, args, in_specs, *, mesh, check_vma) -> PerDevice:
         lambda *a: tuple(x[None] for x in jax.tree.leaves(body(*a))), mesh=mesh,
         in_specs=in_specs, out_specs=specs, check_vma=check_vma,
     )(*args)
-  return PerDevice(tuple(leaves), specs, treedef)
+  return PerDevice(tuple(leaves), specs, treedef, meta)
 
 
 def _routes(plan, mesh) -> bool:
@@ -90,8 +99,13 @@ def _distributes(plan, mesh) -> bool:
   return mesh is not None and plan.strategy in (options.VOCAB, options.ROUTED)
 
 
-def distribute(requests, *, plan, mesh, num_unique: int | None = None, check_vma=True):
+def distribute(requests, *, plan, mesh, num_unique: int | None = None, check_vma=True,
+               table=None, gather=None, early_fetch: float = 0.0):
   """The ids' distribution of a lookup of ``requests``: what needs no table.
+
+  With ``early_fetch``, a routed table's rows are fetched too, from
+  ``table`` as it is now; ``lookup_distributed`` brings the rows the
+  table has changed since up to date.
 
   Args:
     requests: ``Request`` s of one table, sanitised ids (``-1`` invalid),
@@ -100,6 +114,10 @@ def distribute(requests, *, plan, mesh, num_unique: int | None = None, check_vma
     mesh: the mesh, or None.
     num_unique: the dedup capacity the lookup will use, or None.
     check_vma: shard_map's type check (off for the Pallas interpreter).
+    table: the physical table, for ``early_fetch``.
+    gather: the local row kernel, for ``early_fetch``.
+    early_fetch: 0 for none, else the share (0, 1] of a route's slots that
+      can carry corrected rows (``correction_capacity``).
 
   Returns:
     A pytree of arrays for ``lookup_distributed``, or None where the lookup
@@ -107,6 +125,9 @@ def distribute(requests, *, plan, mesh, num_unique: int | None = None, check_vma
   """
   if not _distributes(plan, mesh) or any(r.ids.size == 0 for r in requests):
     return None
+  if early_fetch and table is None:
+    raise ValueError(f"{plan.name}: early_fetch needs the table and gather kernel.")
+  early = dict(table=table, gather=gather, early_fetch=early_fetch)
   if num_unique is not None:
     batch = requests[0].ids.shape[0]
     ids = sharding_lib.pad_tokens(
@@ -115,8 +136,8 @@ def distribute(requests, *, plan, mesh, num_unique: int | None = None, check_vma
     del batch
     return {"unique": unique, "inverse": inverse, "counts": counts,
             "rows": _plain_distribute((Request(unique),), plan=plan, mesh=mesh,
-                                      check_vma=check_vma)}
-  return _plain_distribute(requests, plan=plan, mesh=mesh, check_vma=check_vma)
+                                      check_vma=check_vma, **early)}
+  return _plain_distribute(requests, plan=plan, mesh=mesh, check_vma=check_vma, **early)
 
 
 def lookup_distributed(table, requests, distributed, *, plan, mesh, gather, bag,
@@ -148,9 +169,11 @@ def lookup_distributed(table, requests, distributed, *, plan, mesh, gather, bag,
 # -- without dedup: routed and vocab -------------------------------------------
 
 
-def _plain_distribute(requests, *, plan, mesh, check_vma):
+def _plain_distribute(requests, *, plan, mesh, check_vma, table, gather, early_fetch):
   if _routes(plan, mesh):
-    return _routed_distribute(requests, plan=plan, mesh=mesh, check_vma=check_vma)
+    return _routed_distribute(requests, plan=plan, mesh=mesh, check_vma=check_vma,
+                              table=table if early_fetch else None, gather=gather,
+                              early_fetch=early_fetch)
   return tuple(_vocab_distribute(r, plan=plan, mesh=mesh, check_vma=check_vma)
                for r in requests)
 
@@ -213,21 +236,82 @@ def _vocab_finish(table, requests, distributed, *, plan, mesh, gather, bag, chec
   return tuple(outs)
 
 
-def _routed_distribute(requests, *, plan, mesh, check_vma):
-  """``routed.lookup_requests``'s input distribution: bucketing and ``send_ids``."""
+def _routed_distribute(requests, *, plan, mesh, check_vma, table=None, gather=None,
+                       early_fetch=0.0):
+  """``routed.lookup_requests``'s input distribution: bucketing and ``send_ids``.
+
+  With ``table``, the rows too (early fetch): each owner's rows as ``table``
+  holds them now (``stale``, kept at the owner) and sent back (``rows``).
+  """
   capacity = sharded.route_capacity(requests, plan)
   rows_per_rank = plan.padded_shape[0] // plan.group_size
   ids = tuple(_token_split(r.ids, plan, mesh, -1) for r in requests)
+  token_spec, table_spec = P(plan.data_axes or None), P(*plan.table_spec)
 
-  def body(ids):
+  def body(ids, table=None):
     flat = jnp.concatenate([rowmap.physical_ids(i, plan).reshape(-1) for i in ids])
     mine = routed._my_slice(flat.astype(jnp.int32), plan.rest_axes)  # pylint: disable=protected-access
     send, slot, need = routed.bucketize(mine, rows_per_rank, plan.group_size, capacity)
     need = lax.pmax(need, plan.table_axes)
-    return {"received": routed.send_ids(send, plan=plan), "slot": slot, "need": need}
+    got = {"received": routed.send_ids(send, plan=plan), "slot": slot, "need": need}
+    if table is not None:
+      got["stale"] = gather(table, got["received"])
+      got["rows"] = routed.rows_back(got["stale"], plan=plan)
+    return got
 
-  return _per_device(body, (ids,), (P(plan.data_axes or None),), mesh=mesh,
-                     check_vma=check_vma)
+  if table is None:
+    return _per_device(body, (ids,), (token_spec,), mesh=mesh, check_vma=check_vma)
+  table = sharding_lib.place(table, mesh, table_spec)
+  corrections = correction_capacity(capacity, early_fetch)
+  return _per_device(body, (ids, table), (token_spec, table_spec), mesh=mesh,
+                     check_vma=check_vma, meta=(("corrections", corrections),))
+
+
+def correction_capacity(capacity: int, early_fetch: float) -> int:
+  """Corrected rows each owner can send each rank: ``early_fetch`` of the route's slots.
+
+  >>> correction_capacity(40, 0.25), correction_capacity(3, 0.01)
+  (10, 1)
+  """
+  return max(1, min(capacity, int(np.ceil(capacity * early_fetch))))
+
+
+def _brought_up_to_date(table, got, corrections, *, plan, gather):
+  """The early rows with every row the table has changed since replaced: ``rows_back`` exactly.
+
+  Each owner reads its asked rows again and compares their bits with what
+  it sent (``stale``); the changed ones (at most ``corrections`` per asking
+  rank) go out with their slots and overwrite the early rows there. A step
+  with more changed rows for one rank than that sends every row again.
+  """
+  fresh = gather(table, got["received"])
+  group = plan.group_size
+  capacity = fresh.shape[0] // group
+  width = np.dtype(fresh.dtype).itemsize * 8
+  bits = lambda x: lax.bitcast_convert_type(x, jnp.dtype(f"uint{width}"))
+  changed = jnp.any(bits(fresh) != bits(got["stale"]), axis=-1).reshape(group, capacity)
+  need = lax.pmax(jnp.max(jnp.sum(changed, axis=1, dtype=jnp.int32)), plan.table_axes)
+  exchange = lambda x: lax.all_to_all(x, plan.table_axes, 0, 0, tiled=True)
+
+  def corrected():
+    # The changed slots first in each asking rank's block, in slot order.
+    order = jnp.argsort(~changed, axis=1, stable=True)[:, :corrections].astype(jnp.int32)
+    kept = jnp.take_along_axis(changed, order, axis=1)
+    block = jnp.arange(group, dtype=jnp.int32)[:, None] * capacity
+    values = jnp.take(fresh, (block + order).reshape(-1), axis=0)
+    slots = exchange(jnp.where(kept, block + order, -1).reshape(-1))
+    values = exchange(values)
+    # Back home, a slot of owner b's block is b * capacity + its place there.
+    n = jnp.arange(group * corrections, dtype=jnp.int32)
+    # Unused entries each point past the end at a place of their own.
+    at = jnp.where(slots >= 0, n // corrections * capacity + slots % capacity,
+                   group * capacity + n)
+    return got["rows"].at[at].set(values, mode="drop", unique_indices=True)
+
+  def refetch():
+    return routed.rows_back(fresh, plan=plan)
+
+  return lax.cond(need > corrections, refetch, corrected)
 
 
 def _routed_finish(table, requests, distributed, *, plan, mesh, gather, bag, check_vma,
@@ -251,7 +335,8 @@ def _routed_finish(table, requests, distributed, *, plan, mesh, gather, bag, che
         for i, r in zip(ids, requests)
     )
     out, need = _routed_rows(table, local, d.local(leaves), plan=plan, gather=gather, bag=bag,
-                             capacity=capacity, fallback=fallback)
+                             capacity=capacity, fallback=fallback,
+                             corrections=dict(d.meta).get("corrections"))
     return out, need[None]
 
   with sharded.no_context_mesh():
@@ -265,14 +350,18 @@ def _routed_finish(table, requests, distributed, *, plan, mesh, gather, bag, che
   return out, jnp.max(need), capacity
 
 
-def _routed_rows(table, requests, got, *, plan, gather, bag, capacity, fallback):
+def _routed_rows(table, requests, got, *, plan, gather, bag, capacity, fallback,
+                 corrections=None):
   """``routed.lookup_requests`` after its ``send_ids``: the owners' lookup, rows back."""
   flat = jnp.concatenate([r.ids.reshape(-1) for r in requests]).astype(jnp.int32)
   slot, need = got["slot"], got["need"]
   vary_like = routed._vary_like  # pylint: disable=protected-access
 
   def routed_():
-    back = routed.rows_back(gather(table, got["received"]), plan=plan)
+    if "rows" in got:  # fetched a step early
+      back = _brought_up_to_date(table, got, corrections, plan=plan, gather=gather)
+    else:
+      back = routed.rows_back(gather(table, got["received"]), plan=plan)
     if plan.rest_axes:
       rows = gather(back, slot)
       rows = collectives._gather_rest(rows, plan.rest_axes, 0)[: flat.shape[0]]  # pylint: disable=protected-access

@@ -24,35 +24,38 @@ from embedlib import lookahead, optim
 from embedlib.training.steps import _loss
 
 
-def _collect(loss, model, batch):
+def _collect(loss, model, batch, early_fetch=0.0):
   """``batch``'s ids distributed as ``loss`` looks them up, on a copy of ``model``.
 
   The copy's state changes (RNG counts, batch statistics) are dropped:
   the pass exists for its lookups' ids only.
   """
   copy = nnx.merge(*nnx.split(model))
-  with lookahead.collecting() as distributions:
+  with lookahead.collecting(early_fetch) as distributions:
     loss(copy, batch)
   return distributions()
 
 
-@nnx.jit(static_argnames=("task",), graph_updates=False)
-def distribute_batch(model, batch, task=None) -> lookahead.Distributions:
+@nnx.jit(static_argnames=("task", "early_fetch"), graph_updates=False)
+def distribute_batch(model, batch, task=None,
+                     early_fetch: float = 0.0) -> lookahead.Distributions:
   """The ids' distribution of ``batch``'s lookups: the first step's, and a resumed run's.
 
   Args:
     model: the model (only its tables' plans are read).
     batch: a global batch of ``task``'s layout.
     task: a ``Task``; None for a click model called as ``model(dense, sparse)``.
+    early_fetch: as ``pipelined_train_step``'s.
 
   Returns:
     A ``lookahead.Distributions`` for ``pipelined_train_step``.
   """
-  return _collect(_loss(task), model, batch)
+  return _collect(_loss(task), model, batch, early_fetch)
 
 
-@nnx.jit(donate_argnums=(0, 1, 3), static_argnames=("task",))
-def pipelined_train_step(model, optimizer, batch, distributed, next_batch, task=None):
+@nnx.jit(donate_argnums=(0, 1, 3), static_argnames=("task", "early_fetch"))
+def pipelined_train_step(model, optimizer, batch, distributed, next_batch, task=None,
+                         early_fetch: float = 0.0):
   """``train_step`` on ``batch`` from its distributed ids, distributing ``next_batch``'s.
 
   Args:
@@ -64,6 +67,11 @@ def pipelined_train_step(model, optimizer, batch, distributed, next_batch, task=
     next_batch: the next step's batch, of the same shapes (on the last
       step, any batch of them: its distribution is dropped).
     task: a ``Task``; None for a click model.
+    early_fetch: 0, or fetch the next batch's rows of routed tables in this
+      step too, before its update, and bring the rows it changes up to date
+      in the next step (the same result): the share (0, 1] of a route's
+      slots the corrected rows may take before a step sends every row
+      again. ``distributed`` must have been made with the same value.
 
   Returns:
     ``(loss, next_distributed)``: ``train_step``'s loss, the same bit for
@@ -71,7 +79,7 @@ def pipelined_train_step(model, optimizer, batch, distributed, next_batch, task=
   """
   loss_fn = _loss(task)
   # No data flows from this step into the next batch's distribution.
-  next_distributed = _collect(loss_fn, model, next_batch)
+  next_distributed = _collect(loss_fn, model, next_batch, early_fetch)
   with lookahead.using(distributed):
     loss, grads = optim.value_and_grad(loss_fn, tables=optimizer.tables)(model, batch)
   optimizer.update(model, grads)
@@ -109,6 +117,7 @@ class Pipeline:
       position after its last batch returned), e.g. a ``data.Prefetcher``
       of a source with ``get_state`` / ``set_state``.
     task: a ``Task``, or None for a click model.
+    early_fetch: ``pipelined_train_step``'s (0: ids only).
     source: the source ``batches`` reads, when ``batches`` is a wrapper of
       it (a ``Prefetcher``): checked for ``set_state`` too.
 
@@ -117,9 +126,15 @@ class Pipeline:
       its position (``check_lookahead``).
   """
 
-  def __init__(self, model, optimizer, batches, task=None, *, source=None):
+  def __init__(self, model, optimizer, batches, task=None, *, early_fetch: float = 0.0,
+               source=None):
     check_lookahead(batches if source is None else source)
+    if not 0.0 <= early_fetch <= 1.0:
+      raise ValueError(f"early_fetch={early_fetch}: the share of a route's slots for "
+                       "corrected rows, in (0, 1]; 0 turns early fetch off.")
     self._static = {} if task is None else {"task": task}
+    if early_fetch:
+      self._static["early_fetch"] = float(early_fetch)
     self._step = nnx.cached_partial(pipelined_train_step, model, optimizer)
     self._model = model
     self._batches = batches

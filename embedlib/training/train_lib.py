@@ -288,7 +288,8 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
   if config.get("pipeline", False):
     # Batch N+1's ids are distributed in step N's program; checkpoints record
     # the data position after the batch trained on, not the one read ahead.
-    runner = pipeline.Pipeline(model, optimizer, prefetch, source=train_source, **static)
+    runner = pipeline.Pipeline(model, optimizer, prefetch, source=train_source,
+                               early_fetch=config.get("early_fetch", 0.0), **static)
     take_step, data_state = runner.step, runner.get_state
   else:
     take_step = lambda: step_fn(next(prefetch), **static)

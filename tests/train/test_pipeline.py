@@ -123,11 +123,11 @@ def in_line():
   return run
 
 
-def _pipelined_with_resume(num_steps, tmp_path):
+def _pipelined_with_resume(num_steps, tmp_path, early_fetch=0.0):
   """The pipelined run, checkpointed after half its steps and resumed on a fresh model."""
   half = num_steps // 2
   model, optimizer = _make()
-  runner = pipeline.Pipeline(model, optimizer, Source(num_steps))
+  runner = pipeline.Pipeline(model, optimizer, Source(num_steps), early_fetch=early_fetch)
   losses = [float(runner.step()) for _ in range(half)]
   ckpt = checkpoint.Checkpointer(str(tmp_path / "checkpoints"))
   try:
@@ -140,7 +140,7 @@ def _pipelined_with_resume(num_steps, tmp_path):
   assert step == half and data_state == {"position": half}
   source = Source(num_steps)
   source.set_state(data_state)
-  runner = pipeline.Pipeline(model, optimizer, source)
+  runner = pipeline.Pipeline(model, optimizer, source, early_fetch=early_fetch)
   losses += [float(runner.step()) for _ in range(num_steps - half)]
   with pytest.raises(StopIteration):
     runner.step()
@@ -162,6 +162,30 @@ def test_pipelined_run_equals_in_line_across_a_resume(in_line, tmp_path):
 @pytest.mark.slow
 def test_fifty_pipelined_steps_equal_in_line_across_a_resume(in_line, tmp_path):
   _check_same(in_line(50), _pipelined_with_resume(50, tmp_path))
+
+
+def test_early_fetch_equals_in_line_across_a_resume(in_line, tmp_path):
+  _check_same(in_line(STEPS), _pipelined_with_resume(STEPS, tmp_path, early_fetch=0.25))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("early_fetch", [1.0, 0.01], ids=["corrections", "refetch"])
+def test_fifty_early_fetch_steps_equal_in_line_across_a_resume(in_line, tmp_path, early_fetch):
+  """Room for every changed row, and for one (nearly every step sends its rows again)."""
+  _check_same(in_line(50), _pipelined_with_resume(50, tmp_path, early_fetch))
+
+
+@pytest.mark.slow
+def test_rows_fetched_early_are_stale_without_their_correction(in_line, monkeypatch):
+  """What the correction is for: TorchRec's semi-sync pipeline trains on these."""
+  from embedlib.strategies import ahead  # pylint: disable=g-import-not-at-top
+
+  monkeypatch.setattr(ahead, "_brought_up_to_date", lambda table, got, c, **_: got["rows"])
+  want_losses, _ = in_line(STEPS)
+  model, optimizer = _make()
+  runner = pipeline.Pipeline(model, optimizer, Source(STEPS), early_fetch=0.5)
+  losses = [float(runner.step()) for _ in range(STEPS)]
+  assert losses[0] == want_losses[0] and losses[1:] != want_losses[1:]
 
 
 def test_the_step_reads_the_distribution_it_is_handed(in_line):
@@ -241,3 +265,32 @@ def test_the_next_batch_id_exchange_depends_on_the_next_batch_alone():
   # This step's lookups move no ids: they read what the previous step distributed.
   for name, args in feeding.items():
     assert not any(a.startswith("batch['sparse']") for a in args), (name, args)
+
+
+# -- the train loop: config.pipeline ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_train_loop_pipelined_equals_in_line_across_a_resume(tmp_path):
+  from configs import quickstart  # pylint: disable=g-import-not-at-top
+  from embedlib.training import train_lib  # pylint: disable=g-import-not-at-top
+  from embedlib.training.writers import read_jsonl  # pylint: disable=g-import-not-at-top
+
+  def run(workdir, pipelined, steps_now):
+    config = quickstart.get_config("smoke")
+    with config.unlocked():
+      config.pipeline = pipelined
+      config.log_every = 1
+      config.num_train_steps = steps_now
+      config.model.num_unique = 64  # dedup on every table
+    return train_lib.train_and_evaluate(config, str(workdir))
+
+  run(tmp_path / "in_line", False, 6)
+  run(tmp_path / "pipelined", True, 3)
+  run(tmp_path / "pipelined", True, 6)  # resumes from the checkpoint at step 3
+  for name in ("train.jsonl", "eval.jsonl"):
+    want = [{k: v for k, v in r.items() if k != "examples_per_sec"}
+            for r in read_jsonl(tmp_path / "in_line" / name)]
+    got = [{k: v for k, v in r.items() if k != "examples_per_sec"}
+           for r in read_jsonl(tmp_path / "pipelined" / name)]
+    assert got == want, name
