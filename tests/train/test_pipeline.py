@@ -204,6 +204,16 @@ def test_a_source_without_a_position_is_refused_naming_the_fix():
     pipeline.Pipeline(None, None, iter([{"dense": 0}]))
 
 
+def test_early_fetch_without_the_pipeline_is_refused_naming_the_fix():
+  from configs import quickstart  # pylint: disable=g-import-not-at-top
+
+  config = quickstart.get_config("smoke")
+  with config.unlocked():
+    config.early_fetch = 0.5
+  with pytest.raises(setup.ConfigError, match=r"early_fetch.*set pipeline=True with it"):
+    setup.validate(config)
+
+
 # -- structure: the next batch's id exchange in the compiled step ---------------
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
