@@ -1,6 +1,7 @@
 """What the GPU scheduler puts under the next batch's id exchange: pipelined step vs in-line.
 
     JAX_PLATFORMS=cpu python benchmarks/pipeline_schedule.py
+    JAX_PLATFORMS=cpu python benchmarks/pipeline_schedule.py --overlap-limit 8
 
 Compiles the quickstart DLRM's train step (``configs/quickstart.py``, its
 planner's layouts, batch ``BATCH``) for 8 H100s without a device
@@ -10,11 +11,16 @@ reads the scheduled HLO of each. For every id exchange (all-to-all of ids
 to their owners, all-gather of ids) that the schedule runs asynchronously,
 it prints the instructions placed between its start and its done, by
 opcode, and whether the exchange reads the next batch (pipelined) or this
-step's batch (in line). Nothing is run or timed.
+step's batch (in line). Nothing is run or timed. ``--overlap-limit N``
+lets XLA's scheduler keep N collectives in flight at once
+(``xla_gpu_experimental_parallel_collective_overlap_limit``; XLA's default
+is 1, which keeps step N's lookups, themselves holding all-to-alls, out
+from under the next batch's exchange).
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
 import pathlib
@@ -36,7 +42,6 @@ from embedlib.training import pipeline, setup, steps
 
 BATCH = 16384
 _LINE = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
-_OPCODE = re.compile(r"^(?:\([^=]*?\)|[\w\[\]{},:.\s/*=]*?)\s*(?P<op>[a-z][\w\-]*)\(")
 _PARAMETER = re.compile(r'parameter\(\d+\).*op_name="(?P<arg>[^"]*)"')
 
 
@@ -57,11 +62,9 @@ def entry(text: str) -> list[tuple[str, str]]:
 
 
 def opcode(rest: str) -> str:
-  head = rest.split("(", 1)[0] if "=" not in rest.split("(", 1)[0] else rest
-  # The opcode is the word before the first "(" that follows the shape.
-  shape_end = _shape_end(rest)
-  word = re.match(r"\s*([a-z][\w\-]*)\(", rest[shape_end:])
-  return word.group(1) if word else head.split()[-1]
+  """An instruction's opcode: the word after its result shape."""
+  word = re.match(r"\s*([a-z][\w\-]*)\(", rest[_shape_end(rest):])
+  return word.group(1) if word else ""
 
 
 def _shape_end(rest: str) -> int:
@@ -152,7 +155,12 @@ def build(config, mesh):
   return graphdef, compiled.abstract(state, mesh), batch
 
 
-def main() -> int:
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--overlap-limit", type=int, default=None)
+  args = parser.parse_args(argv)
+  options = ({} if args.overlap_limit is None else
+             {"xla_gpu_experimental_parallel_collective_overlap_limit": args.overlap_limit})
   reason = deviceless.unavailable_reason()
   if reason:
     print(f"pipeline_schedule: {reason}")
@@ -185,11 +193,14 @@ def main() -> int:
       lambda info, s: jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=s),
       first.out_info, first.output_shardings)
   programs = {
-      "in line": deviceless.gpu_compile(in_line, state, batch, mesh=mesh, donate_argnums=0),
+      "in line": deviceless.gpu_compile(in_line, state, batch, mesh=mesh, donate_argnums=0,
+                                        compiler_options=options),
       "pipelined": deviceless.gpu_compile(pipelined, state, batch, distributed, batch,
-                                          mesh=mesh, donate_argnums=(0, 2)),
+                                          mesh=mesh, donate_argnums=(0, 2),
+                                          compiler_options=options),
   }
-  print(f"quickstart DLRM, batch {BATCH}, 8 x H100 (deviceless compile, scheduled HLO)")
+  print(f"quickstart DLRM, batch {BATCH}, 8 x H100 (deviceless compile, scheduled HLO)"
+        + (f", collective overlap limit {args.overlap_limit}" if options else ""))
   for name, program in programs.items():
     text = program.as_text()
     found = exchanges_and_overlap(text)

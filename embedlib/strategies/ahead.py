@@ -46,6 +46,12 @@ from embedlib.kernels import reference
 from embedlib.strategies import collectives, dedup, dispatch, routed, rowmap, sharded, vocab
 from embedlib.strategies.request import Request
 
+# The routed lookup's own steps, which the split lookup runs unchanged.
+# pylint: disable=protected-access
+_my_slice, _vary_like = routed._my_slice, routed._vary_like
+_gather_rest = collectives._gather_rest
+# pylint: enable=protected-access
+
 
 @struct.dataclass
 class PerDevice:
@@ -129,11 +135,9 @@ def distribute(requests, *, plan, mesh, num_unique: int | None = None, check_vma
     raise ValueError(f"{plan.name}: early_fetch needs the table and gather kernel.")
   early = dict(table=table, gather=gather, early_fetch=early_fetch)
   if num_unique is not None:
-    batch = requests[0].ids.shape[0]
     ids = sharding_lib.pad_tokens(
         jnp.concatenate([dedup.as_2d(r.ids) for r in requests], axis=1), plan.data_shards, -1)
     unique, inverse, counts = dedup.unique_per_shard(ids, num_unique, plan=plan, mesh=mesh)
-    del batch
     return {"unique": unique, "inverse": inverse, "counts": counts,
             "rows": _plain_distribute((Request(unique),), plan=plan, mesh=mesh,
                                       check_vma=check_vma, **early)}
@@ -250,7 +254,7 @@ def _routed_distribute(requests, *, plan, mesh, check_vma, table=None, gather=No
 
   def body(ids, table=None):
     flat = jnp.concatenate([rowmap.physical_ids(i, plan).reshape(-1) for i in ids])
-    mine = routed._my_slice(flat.astype(jnp.int32), plan.rest_axes)  # pylint: disable=protected-access
+    mine = _my_slice(flat.astype(jnp.int32), plan.rest_axes)
     send, slot, need = routed.bucketize(mine, rows_per_rank, plan.group_size, capacity)
     need = lax.pmax(need, plan.table_axes)
     got = {"received": routed.send_ids(send, plan=plan), "slot": slot, "need": need}
@@ -355,7 +359,7 @@ def _routed_rows(table, requests, got, *, plan, gather, bag, capacity, fallback,
   """``routed.lookup_requests`` after its ``send_ids``: the owners' lookup, rows back."""
   flat = jnp.concatenate([r.ids.reshape(-1) for r in requests]).astype(jnp.int32)
   slot, need = got["slot"], got["need"]
-  vary_like = routed._vary_like  # pylint: disable=protected-access
+  vary_like = _vary_like
 
   def routed_():
     if "rows" in got:  # fetched a step early
@@ -364,7 +368,7 @@ def _routed_rows(table, requests, got, *, plan, gather, bag, capacity, fallback,
       back = routed.rows_back(gather(table, got["received"]), plan=plan)
     if plan.rest_axes:
       rows = gather(back, slot)
-      rows = collectives._gather_rest(rows, plan.rest_axes, 0)[: flat.shape[0]]  # pylint: disable=protected-access
+      rows = _gather_rest(rows, plan.rest_axes, 0)[: flat.shape[0]]
       index = jnp.where(flat >= 0, jnp.arange(flat.shape[0], dtype=jnp.int32), -1)
     else:
       rows, index = back, slot

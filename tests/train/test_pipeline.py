@@ -193,7 +193,8 @@ def test_the_step_reads_the_distribution_it_is_handed(in_line):
   want_losses, _ = in_line(STEPS)
   model, optimizer = _make()
   runner = pipeline.Pipeline(model, optimizer, Source(STEPS))
-  runner._distributed = pipeline.distribute_batch(model, _batch(2))  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  runner._distributed = pipeline.distribute_batch(model, _batch(2))
   assert float(runner.step()) != want_losses[0]
 
 
