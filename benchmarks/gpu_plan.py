@@ -28,9 +28,8 @@ optimizer's slots, dense weights and the batch are the difference).
    two sizes, the bytes per row between them, extrapolated to the HBM, then
    compiled at that size to check.
 
-The pipelined step (which compute the schedule places between the next
-batch's all-to-all start and done) waits for the asynchronous pipeline
-(issue 26).
+The pipelined step's schedule (which compute XLA places between the next
+batch's all-to-all start and done): ``benchmarks/pipeline_schedule.py``.
 """
 
 from __future__ import annotations

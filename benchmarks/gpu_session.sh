@@ -12,7 +12,10 @@
 #      %-of-copy and the >= 40% target), a sparse train step and a DLRM step,
 #      each against its XLA-op version;
 #   3. sparse_step.py --check --quick --no-peers: the sparse step against the
-#      dense optax step, if time is left.
+#      dense optax step, if time is left;
+#   4. pipeline_step.py --check: the quickstart DLRM's pipelined train step
+#      (and its early fetch) against the in-line step, checked bit for bit
+#      first, if time is left (not under --smoke).
 #
 #   bash benchmarks/gpu_session.sh            # output also in $OUT/gpu_session.txt when $OUT is set
 #   bash benchmarks/gpu_session.sh --smoke    # any backend, tiny sizes: tests the script itself
@@ -59,6 +62,11 @@ if [ ${#smoke[@]} -eq 0 ]; then
     run benchmarks/sparse_step.py --check --quick --no-peers --repeats 5
   else
     echo "gpu_session: sparse_step.py not run (past 250 s)" | tee -a "$log"
+  fi
+  if [ $((SECONDS - start)) -lt 270 ]; then
+    run benchmarks/pipeline_step.py --check --repeats 5
+  else
+    echo "gpu_session: pipeline_step.py not run (past 270 s)" | tee -a "$log"
   fi
 fi
 echo "gpu_session: done in $((SECONDS - start)) s" | tee -a "$log"

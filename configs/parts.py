@@ -16,6 +16,8 @@ def base(task: dict) -> ml_collections.ConfigDict:
   config.mesh_shape = (-1,)
   config.mesh_axes = ("batch",)
   config.task = ml_collections.ConfigDict(task)
+  config.pipeline = False
+  config.early_fetch = 0.0
   return config
 
 

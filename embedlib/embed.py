@@ -24,9 +24,11 @@ from embedlib import invalid_ids as invalid_lib
 from embedlib import param as param_lib
 from embedlib import kernels
 from embedlib import logits as logits_lib
+from embedlib import lookahead
 from embedlib import strategies
 from embedlib import tape as tape_lib
-from embedlib.strategies import dedup
+from embedlib.strategies import ahead, dedup
+from embedlib.strategies import dispatch as dispatch_lib
 from embedlib.strategies.request import Request
 from embedlib.plan import check_shape, plan_embedding
 
@@ -382,6 +384,9 @@ class ShardedEmbed(nnx.Module):
       out, overflow = _eager_requests(self, requests, num_unique, on_overflow)
     else:
       out, overflow = self._lookup_requests(requests, num_unique, on_overflow)
+    if lookahead.is_collecting(lookahead.active()):
+      # A batch read ahead: its step checks it when it looks it up.
+      return out
     # Traced checks come after the lookups, whose shard_maps they would
     # otherwise precede (see strategies.sharded.no_context_mesh).
     deferred = []
@@ -427,9 +432,13 @@ class ShardedEmbed(nnx.Module):
     bag = functools.partial(kernels.bag, kernel=self.kernel)
     run = dict(plan=self.plan, mesh=self.mesh, gather=gather, bag=bag,
                check_vma=kernels.shard_map_check_vma(self.kernel))
-    out, overflow = strategies.lookup_requests(
-        table, requests, num_unique=num_unique, on_overflow=on_overflow, **run
-    )
+    scope = lookahead.active()
+    if scope is None:
+      out, overflow = strategies.lookup_requests(
+          table, requests, num_unique=num_unique, on_overflow=on_overflow, **run
+      )
+    else:
+      out, overflow = self._lookup_ahead(scope, table, requests, num_unique, on_overflow, run)
     tape = tape_lib.active()
     if tape is not None:
       # Outside the dedup lax.cond: a tape records traced ids, which must not
@@ -442,6 +451,23 @@ class ShardedEmbed(nnx.Module):
     return tuple(
         self.promote_dtype((o,), dtype=self.dtype, inexact=False)[0] for o in out
     ), overflow
+
+  def _lookup_ahead(self, scope, table, requests, num_unique, on_overflow, run):
+    """A lookup under a pipelined step's scope (``embedlib.lookahead``).
+
+    Collecting, only the ids move (zero rows come back); using, the rows are
+    read from the distribution collected for these requests.
+    """
+    key = lookahead.request_key(self.plan.name, requests, num_unique, on_overflow)
+    if lookahead.is_collecting(scope):
+      scope.add(key, ahead.distribute(requests, plan=self.plan, mesh=self.mesh,
+                                      num_unique=num_unique, check_vma=run["check_vma"],
+                                      table=table, gather=run["gather"],
+                                      early_fetch=scope.early_fetch))
+      return tuple(dispatch_lib.no_rows(r, self.plan, self.mesh, table.dtype)
+                   for r in requests), {}
+    return ahead.lookup_distributed(table, requests, scope.take(key), num_unique=num_unique,
+                                    on_overflow=on_overflow, **run)
 
   def attend(self, query, out_sharding=None):
     """``query @ logical_table.T``: exactly ``num_embeddings`` logits.

@@ -46,7 +46,7 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True,
         table, live, num_unique=num_unique, on_overflow=on_overflow, **run
     ) if live else ((), {})
     out = iter(out)
-    return tuple(next(out) if r.ids.size else _no_rows(r, plan, mesh, table.dtype)
+    return tuple(next(out) if r.ids.size else no_rows(r, plan, mesh, table.dtype)
                  for r in requests), overflow
   if num_unique is not None:
     out, need = dedup.lookup_requests(
@@ -61,7 +61,7 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True,
   return sharded.lookup_requests(table, requests, **run), {}
 
 
-def _no_rows(request, plan, mesh, dtype):
+def no_rows(request, plan, mesh, dtype):
   """The zeros a request without ids looks up, split like its ids (as a lookup returns them)."""
   # Made from the ids, so their split carries over without a reshard, which
   # jit rejects on Explicit axes outside a mesh context.

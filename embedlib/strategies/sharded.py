@@ -189,17 +189,7 @@ def routed_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True,
                           check_vma=check_vma)
     return out, jnp.int32(0), 0
   batch = requests[0].ids.shape[0]
-  local = lambda r: -(-batch // plan.data_shards) * (r.ids.size // max(batch, 1))
-  if plan.placement is not None and all(r.member is not None for r in requests):
-    ids_by_member = {}
-    for r in requests:
-      ids_by_member[r.member] = ids_by_member.get(r.member, 0) + local(r)
-    capacity = plan.capacity_for_members(ids_by_member)
-  else:
-    capacity = plan.capacity_for(sum(local(r) for r in requests))
-  # An empty batch still sends its padding tokens (``pad_tokens``): XLA
-  # rejects an all_to_all over a zero-size buffer.
-  capacity = max(capacity, 1)
+  capacity = route_capacity(requests, plan)
   spec = sharding_lib.leading_spec(requests[0].ids, mesh)
   token_spec = P(plan.data_axes or None)
   table_spec = P(*plan.table_spec)
@@ -233,6 +223,26 @@ def routed_requests(table, requests, *, plan, mesh, gather, bag, check_vma=True,
       sharding_lib.restore_tokens(o, batch, mesh, spec)[..., : plan.features] for o in out
   )
   return out, jnp.max(need), capacity
+
+
+def route_capacity(requests, plan) -> int:
+  """The route's ids per destination for ``requests`` of a routed table (static).
+
+  ``plan.capacity_for`` the ids one device holds over all ``requests``
+  (by member for a stack whose requests name theirs).
+  """
+  batch = requests[0].ids.shape[0]
+  local = lambda r: -(-batch // plan.data_shards) * (r.ids.size // max(batch, 1))
+  if plan.placement is not None and all(r.member is not None for r in requests):
+    ids_by_member = {}
+    for r in requests:
+      ids_by_member[r.member] = ids_by_member.get(r.member, 0) + local(r)
+    capacity = plan.capacity_for_members(ids_by_member)
+  else:
+    capacity = plan.capacity_for(sum(local(r) for r in requests))
+  # An empty batch still sends its padding tokens (``pad_tokens``): XLA
+  # rejects an all_to_all over a zero-size buffer.
+  return max(capacity, 1)
 
 
 def attend(table, query, *, plan, mesh):

@@ -6,6 +6,12 @@ task (``tasks``: its data, model, loss and metrics), a mesh and an optimizer
 through ``writers``), and resumes from the workdir's newest checkpoint.
 """
 
+from embedlib.training.pipeline import (
+    LookaheadError,
+    Pipeline,
+    distribute_batch,
+    pipelined_train_step,
+)
 from embedlib.training.setup import ConfigError
 from embedlib.training.steps import eval_step, train_step
 from embedlib.training.tasks import Task, make_task
@@ -14,13 +20,17 @@ from embedlib.training.writers import MetricWriteError, MetricWriter, read_jsonl
 
 __all__ = [
     "ConfigError",
+    "LookaheadError",
     "MetricWriteError",
     "MetricWriter",
+    "Pipeline",
     "Task",
+    "distribute_batch",
     "eval_step",
     "evaluate",
     "make_task",
     "oracle_gap",
+    "pipelined_train_step",
     "read_jsonl",
     "train_and_evaluate",
     "train_step",

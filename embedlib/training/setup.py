@@ -76,6 +76,11 @@ def validate(config) -> None:
   if config.optim.sparse.name not in SPARSE_OPTIMIZERS:
     _fail("optim.sparse.name", f"{config.optim.sparse.name!r}; use one of "
           f"{tuple(SPARSE_OPTIMIZERS)}.")
+  if not 0.0 <= config.get("early_fetch", 0.0) <= 1.0:
+    _fail("early_fetch", f"{config.early_fetch} is not a share of a route's slots in [0, 1].")
+  if config.get("early_fetch", 0.0) and not config.get("pipeline", False):
+    _fail("early_fetch", "fetches the next batch's rows in the pipelined step; set "
+          "pipeline=True with it, or early_fetch=0.")
   if config.batch_size % jax.process_count():
     _fail("batch_size", f"{config.batch_size} must divide over "
           f"{jax.process_count()} processes.")

@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 
 from embedlib import checkpoint, optim
 from embedlib import data as data_lib
-from embedlib.training import setup, tasks
+from embedlib.training import pipeline, setup, tasks
 # eval_step and loss_fn are re-exported: callers of the single-task loop import them here.
 from embedlib.training.steps import eval_step, loss_fn, train_step  # noqa: F401
 from embedlib.training.signals import StopSignals
@@ -285,6 +285,15 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
   # The ctr task is the default step's (its compiled program is shared with
   # callers of ``train_step(model, optimizer, batch)``).
   static = {} if isinstance(task, tasks.CTRTask) else {"task": task}
+  if config.get("pipeline", False):
+    # Batch N+1's ids are distributed in step N's program; checkpoints record
+    # the data position after the batch trained on, not the one read ahead.
+    runner = pipeline.Pipeline(model, optimizer, prefetch, source=train_source,
+                               early_fetch=config.get("early_fetch", 0.0), **static)
+    take_step, data_state = runner.step, runner.get_state
+  else:
+    take_step = lambda: step_fn(next(prefetch), **static)
+    data_state = prefetch.get_state
   sync = one_step_in_flight()
   result = _last_eval(workdir, start)
   saved, step = start, start
@@ -293,7 +302,7 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
     for step in range(start + 1, config.num_train_steps + 1):
       if step == start + 1:
         log.info("compiling train_step (step %d waits for it) ...", step)
-      loss = step_fn(next(prefetch), **static)
+      loss = take_step()
       if sync:
         jax.block_until_ready(loss)
       losses.append(loss)
@@ -330,7 +339,7 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
           eval_writer.write(step, {k: v for k, v in result.items() if k != "step"})
         if is_save:
           with stop.deferred():
-            ckpt.save(step, model, optimizer, prefetch.get_state())
+            ckpt.save(step, model, optimizer, data_state())
           saved = step
         paused += time.perf_counter() - pause
       with stop.deferred():
@@ -340,7 +349,7 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
     if stop.requested is not None and step < config.num_train_steps:
       with stop.deferred():
         if saved < step:
-          ckpt.save(step, model, optimizer, prefetch.get_state())
+          ckpt.save(step, model, optimizer, data_state())
         ckpt.wait()
       log.info("stopped by %s at step %d of %d; the checkpoint at step %d is in %s. "
                "Rerun the same command to resume.", stop.requested, step,
