@@ -259,8 +259,8 @@ def _routed_distribute(requests, *, plan, mesh, check_vma, table=None, gather=No
     need = lax.pmax(need, plan.table_axes)
     got = {"received": routed.send_ids(send, plan=plan), "slot": slot, "need": need}
     if table is not None:
-      got["stale"] = gather(table, got["received"])
-      got["rows"] = routed.rows_back(got["stale"], plan=plan)
+      got["stale"] = gather(table, routed.asked(got["received"]))
+      got["rows"] = routed.rows_back(got["stale"], plan=plan, sent=got["received"])
     return got
 
   if table is None:
@@ -288,7 +288,12 @@ def _brought_up_to_date(table, got, corrections, *, plan, gather):
   rank) go out with their slots and overwrite the early rows there. A step
   with more changed rows for one rank than that sends every row again.
   """
-  fresh = gather(table, got["received"])
+  fresh = gather(table, routed.asked(got["received"]))
+  if plan.node_route:
+    # The corrections' exchange is the flat route's (a changed row goes
+    # straight to the rank that asked); the two-level route's rows come back
+    # deduplicated per node, so there every row is sent again: still exact.
+    return routed.rows_back(fresh, plan=plan, sent=got["received"])
   group = plan.group_size
   capacity = fresh.shape[0] // group
   width = np.dtype(fresh.dtype).itemsize * 8
@@ -365,7 +370,8 @@ def _routed_rows(table, requests, got, *, plan, gather, bag, capacity, fallback,
     if "rows" in got:  # fetched a step early
       back = _brought_up_to_date(table, got, corrections, plan=plan, gather=gather)
     else:
-      back = routed.rows_back(gather(table, got["received"]), plan=plan)
+      sent = got["received"]
+      back = routed.rows_back(gather(table, routed.asked(sent)), plan=plan, sent=sent)
     if plan.rest_axes:
       rows = gather(back, slot)
       rows = _gather_rest(rows, plan.rest_axes, 0)[: flat.shape[0]]

@@ -1,11 +1,12 @@
 """The pipelined train step: the same training as the in-line step, bit for bit.
 
-One model holds every lookup that distributes ids ahead: a routed table, a
-vocab table looked up as pooled bags, and a collection deduplicating a
-routed table (its distinct ids routed) and a vocab table (its distinct ids
-gathered). The in-line run is compiled once per module; the pipelined run
-checkpoints in the middle and resumes from the checkpoint on a fresh model,
-whose first step recomputes the distribution from the restored data position.
+One model holds every lookup that distributes ids ahead: a routed table
+across two nodes (the two-level route), a vocab table looked up as pooled
+bags, and a collection deduplicating a routed table (its distinct ids
+routed, flat) and a vocab table (its distinct ids gathered). The in-line
+run is compiled once per module; the pipelined run checkpoints in the middle
+and resumes from the checkpoint on a fresh model, whose first step
+recomputes the distribution from the restored data position.
 CI runs ``STEPS`` steps; ``-m slow`` runs 50.
 
 The structure test reads the compiled pipelined step's HLO: the collectives
@@ -36,7 +37,9 @@ class Model(nnx.Module):
   """A click model over every layout whose lookups move ids before rows."""
 
   def __init__(self, rngs, collection=True):
-    self.routed = embedlib.ShardedEmbed(50, 4, mesh=MESH, sharding="routed", rngs=rngs)
+    # Two nodes of 4 (the two-level route); the collection's routed table is flat.
+    self.routed = embedlib.ShardedEmbed(50, 4, mesh=MESH, sharding="routed",
+                                        devices_per_node=4, rngs=rngs)
     self.vocab = embedlib.ShardedEmbed(30, 4, mesh=MESH, sharding="vocab", rngs=rngs)
     self.coll = embedlib.EmbeddingCollection(
         [embedlib.TableSpec("item", 60, 4, sharding="routed"),
