@@ -48,8 +48,7 @@ from embedlib.strategies.request import Request
 
 # The routed lookup's own steps, which the split lookup runs unchanged.
 # pylint: disable=protected-access
-_my_slice, _vary_like = routed._my_slice, routed._vary_like
-_gather_rest = collectives._gather_rest
+_my_slice = routed._my_slice
 # pylint: enable=protected-access
 
 
@@ -362,46 +361,15 @@ def _routed_finish(table, requests, distributed, *, plan, mesh, gather, bag, che
 def _routed_rows(table, requests, got, *, plan, gather, bag, capacity, fallback,
                  corrections=None):
   """``routed.lookup_requests`` after its ``send_ids``: the owners' lookup, rows back."""
-  flat = jnp.concatenate([r.ids.reshape(-1) for r in requests]).astype(jnp.int32)
-  slot, need = got["slot"], got["need"]
-  vary_like = _vary_like
 
-  def routed_():
+  def rows_back_here():
     if "rows" in got:  # fetched a step early
-      back = _brought_up_to_date(table, got, corrections, plan=plan, gather=gather)
-    else:
-      sent = got["received"]
-      back = routed.rows_back(gather(table, routed.asked(sent)), plan=plan, sent=sent)
-    if plan.rest_axes:
-      rows = gather(back, slot)
-      rows = _gather_rest(rows, plan.rest_axes, 0)[: flat.shape[0]]
-      index = jnp.where(flat >= 0, jnp.arange(flat.shape[0], dtype=jnp.int32), -1)
-    else:
-      rows, index = back, slot
-    outs, start = [], 0
-    for r in requests:
-      part = lax.slice_in_dim(index, start, start + r.ids.size).reshape(r.ids.shape)
-      start += r.ids.size
-      if r.pooled:
-        coef = reference.bag_coefficients(r.ids, r.weights, plan.padded_shape[0], r.combiner)
-        outs.append(bag(rows, part, coef, combiner="sum"))
-      else:
-        outs.append(gather(rows, part))
-    return tuple(vary_like(o, flat) for o in outs)
+      return _brought_up_to_date(table, got, corrections, plan=plan, gather=gather)
+    sent = got["received"]
+    return routed.rows_back(gather(table, routed.asked(sent)), plan=plan, sent=sent)
 
-  def unrouted():
-    return tuple(
-        vary_like(
-            vocab.bag_lookup(table, r.ids, r.weights, plan=plan, bag=bag, combiner=r.combiner)
-            if r.pooled else vocab.lookup(table, r.ids, plan=plan, gather=gather),
-            flat,
-        )
-        for r in requests
-    )
-
-  if not fallback:
-    return routed_(), need
-  return lax.cond(need > capacity, unrouted, routed_), need
+  return routed.outputs(table, requests, got["slot"], got["need"], rows_back_here, plan=plan,
+                        gather=gather, bag=bag, capacity=capacity, fallback=fallback)
 
 
 # -- dedup ---------------------------------------------------------------------
@@ -412,13 +380,7 @@ def _dedup_finish(table, requests, distributed, *, plan, mesh, gather, bag, capa
   """``dedup.lookup_requests`` from the distinct ids and their rows' distribution."""
   batch = requests[0].ids.shape[0]
   need = jnp.max(distributed["counts"])
-  coefs = tuple(
-      sharding_lib.pad_tokens(
-          reference.bag_coefficients(r.ids, r.weights, plan.num_embeddings, r.combiner),
-          plan.data_shards, 0,
-      ) if r.pooled else None
-      for r in requests
-  )
+  coefs = dedup.coefficients(requests, plan)
   widths = [dedup.as_2d(r.ids).shape[1] for r in requests]
   specs = [sharding_lib.leading_spec(r.ids, mesh) for r in requests]
   run = dict(plan=plan, mesh=mesh, gather=gather, bag=bag, check_vma=check_vma)

@@ -178,13 +178,7 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, capacity: int,
   )
   unique, inverse, counts = unique_per_shard(ids, capacity, plan=plan, mesh=mesh)
   need = jnp.max(counts)
-  coefs = tuple(
-      sharding_lib.pad_tokens(
-          reference.bag_coefficients(r.ids, r.weights, plan.num_embeddings, r.combiner),
-          plan.data_shards, 0,
-      ) if r.pooled else None
-      for r in requests
-  )
+  coefs = coefficients(requests, plan)
   widths = [as_2d(r.ids).shape[1] for r in requests]
   # Each output takes its own ids' batch split, as without dedup: the two
   # lax.cond branches must agree when features arrive split differently.
@@ -210,6 +204,20 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, capacity: int,
   if on_overflow == ERROR:
     return with_dedup(table, unique, inverse, coefs), need
   return lax.cond(need > capacity, without_dedup, with_dedup, table, unique, inverse, coefs), need
+
+
+def coefficients(requests, plan):
+  """Each pooled request's bag coefficients over the logical rows, padded as its tokens.
+
+  None for a request that is not pooled.
+  """
+  return tuple(
+      sharding_lib.pad_tokens(
+          reference.bag_coefficients(r.ids, r.weights, plan.num_embeddings, r.combiner),
+          plan.data_shards, 0,
+      ) if r.pooled else None
+      for r in requests
+  )
 
 
 _WHAT = {

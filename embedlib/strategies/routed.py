@@ -169,9 +169,34 @@ def lookup_requests(table, requests, *, plan, gather, bag, capacity: int, fallba
   mine = _my_slice(flat, plan.rest_axes)
   send, slot, need = bucketize(mine, table.shape[0], plan.group_size, capacity)
   need = lax.pmax(need, plan.table_axes)
+  return outputs(table, requests, slot, need, lambda: exchange(table, send, plan=plan,
+                                                               gather=gather),
+                 plan=plan, gather=gather, bag=bag, capacity=capacity, fallback=fallback)
+
+
+def outputs(table, requests, slot, need, rows_back_here, *, plan, gather, bag,
+            capacity: int, fallback: bool):
+  """The requests' outputs from the rows routed back, or the vocab path on overflow.
+
+  What follows the route's exchanges, shared by the in-line lookup and one
+  whose ids went out a step ahead (``strategies.ahead``).
+
+  Args:
+    table: ``[rows_per_rank, features]``, this rank's rows.
+    requests: as ``lookup_requests`` takes them.
+    slot: ``bucketize`` 's slots of this rank's ids.
+    need: the group's largest bucket.
+    rows_back_here: ``() -> [group * capacity, features]``, the rows back
+      in this rank's slots (called only when the route is taken).
+    plan, gather, bag, capacity, fallback: as ``lookup_requests`` takes them.
+
+  Returns:
+    ``(outputs, need)`` as ``lookup_requests`` returns them.
+  """
+  flat = jnp.concatenate([r.ids.reshape(-1) for r in requests]).astype(jnp.int32)
 
   def routed():
-    back = exchange(table, send, plan=plan, gather=gather)
+    back = rows_back_here()
     if plan.rest_axes:
       rows = gather(back, slot)
       rows = collectives._gather_rest(rows, plan.rest_axes, 0)[: flat.shape[0]]
