@@ -26,7 +26,6 @@ import os
 import pathlib
 import re
 import sys
-from unittest import mock
 
 if __name__ == "__main__":
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -34,31 +33,16 @@ if __name__ == "__main__":
 
 import jax
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from embedlib.kernels import deviceless
-from embedlib.training import pipeline, setup, steps
+from embedlib.plan import hlo
+from embedlib.training import pipeline, steps
 
 BATCH = 16384
-_LINE = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
 _PARAMETER = re.compile(r'parameter\(\d+\).*op_name="(?P<arg>[^"]*)"')
 
 
-def entry(text: str) -> list[tuple[str, str]]:
-  """The entry computation's instructions in schedule order: ``(name, rest of line)``."""
-  out, inside = [], False
-  for line in text.splitlines():
-    if line.startswith("ENTRY"):
-      inside = True
-      continue
-    if inside:
-      if line.strip() == "}":
-        break
-      match = _LINE.match(line)
-      if match:
-        out.append((match.group("name"), match.group("rest")))
-  return out
+entry = hlo.entry_instructions
 
 
 def opcode(rest: str) -> str:
@@ -141,20 +125,6 @@ def collective_counts(text: str) -> collections.Counter:
                              if re.match(r"(all|reduce|collective)-", op))
 
 
-def build(config, mesh):
-  spec = setup.data_spec(config)
-  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-    with mock.patch.object(setup, "_on_mesh", lambda module, mesh: None):
-      pair = nnx.eval_shape(lambda: setup.model_and_optimizer(config, spec, mesh))
-  graphdef, state = nnx.split(pair)
-  from tests.gpu_compile import compiled, train_steps  # pylint: disable=g-import-not-at-top
-
-  sharding = NamedSharding(mesh, P(tuple(config.mesh_axes)))
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                       train_steps.host_batch(config, spec))
-  return graphdef, compiled.abstract(state, mesh), batch
-
-
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--overlap-limit", type=int, default=None)
@@ -171,7 +141,7 @@ def main(argv=None) -> int:
   config = quickstart.get_config()
   config.batch_size = BATCH
   mesh = train_steps.mesh_for(config, "H100")
-  graphdef, state, batch = build(config, mesh)
+  graphdef, state, batch = train_steps.abstract_model(config, mesh)
 
   def in_line(state, batch):
     model, optimizer = nnx.merge(graphdef, state)

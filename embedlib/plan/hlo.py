@@ -31,6 +31,7 @@ _OP = re.compile(
 _COMPUTATION = re.compile(r"^\s*(ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
 _CALLS = re.compile(r"(?:to_apply|calls|body|condition)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
 
 
 def _result_bytes(result: str, async_start: bool) -> int:
@@ -104,6 +105,18 @@ def _computations(text: str) -> tuple[dict[str, list[str]], str]:
       else:
         comps[current].append(line)
   return comps, entry
+
+
+def entry_instructions(text: str) -> list[tuple[str, str]]:
+  """The ENTRY computation's instructions in order (a compiled program's: scheduled).
+
+  Returns:
+    ``(name, rest of the line)`` per instruction, ``rest`` from its shape on.
+  """
+  comps, entry = _computations(text)
+  if entry is None:
+    raise ValueError("no ENTRY computation in the HLO text; pass compiled.as_text().")
+  return [(m.group("name"), m.group("rest")) for m in map(_INSTRUCTION.match, comps[entry]) if m]
 
 
 def bytes_moved(text: str, count=None) -> int:

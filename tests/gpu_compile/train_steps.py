@@ -46,8 +46,8 @@ def host_batch(config, spec):
   return task.featurize(next(iter(train)))
 
 
-def train_step(config, mesh):
-  """``(step, abstract state, abstract batch)``: ``step(state, batch) -> (loss, state)``."""
+def abstract_model(config, mesh):
+  """``(graphdef, abstract state, abstract batch)`` of the config's model and optimizer."""
   spec = setup.data_spec(config)
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     with mock.patch.object(setup, "_on_mesh", lambda module, mesh: None):
@@ -56,6 +56,12 @@ def train_step(config, mesh):
   batch_sharding = NamedSharding(mesh, P(tuple(config.mesh_axes)))
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding),
                        host_batch(config, spec))
+  return graphdef, compiled.abstract(state, mesh), batch
+
+
+def train_step(config, mesh):
+  """``(step, abstract state, abstract batch)``: ``step(state, batch) -> (loss, state)``."""
+  graphdef, state, batch = abstract_model(config, mesh)
   task = None if config.task.name == "ctr" else setup.task(config)
 
   def step(state, batch):
@@ -63,4 +69,4 @@ def train_step(config, mesh):
     loss = steps.train_step(model, optimizer, batch, task=task)
     return loss, nnx.state((model, optimizer))
 
-  return step, compiled.abstract(state, mesh), batch
+  return step, state, batch

@@ -26,6 +26,7 @@ from flax import nnx
 import embedlib
 from embedlib import checkpoint, optim
 from embedlib import data as data_lib
+from embedlib.plan import hlo
 from embedlib.training import pipeline, setup, steps
 
 B = 32
@@ -220,25 +221,13 @@ def test_early_fetch_without_the_pipeline_is_refused_naming_the_fix():
 
 # -- structure: the next batch's id exchange in the compiled step ---------------
 
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
 _PARAMETER_NAME = re.compile(r'parameter\(\d+\).*op_name="(?P<arg>[^"]*)"')
 _EXCHANGES = ("all-to-all", "all-gather")
 
 
 def _entry(text):
   """The entry computation: instruction name -> its line."""
-  lines, inside = {}, False
-  for line in text.splitlines():
-    if line.startswith("ENTRY"):
-      inside = True
-      continue
-    if inside:
-      if line.strip() == "}":
-        break
-      match = _INSTRUCTION.match(line)
-      if match:
-        lines[match.group("name")] = match.group("rest")
-  return lines
+  return dict(hlo.entry_instructions(text))
 
 
 def _parameters_feeding(lines, name):
