@@ -1,7 +1,8 @@
 """Every key of ``configs/*.py``, explained once: the "Config keys" table of the training guide.
 
 The keys and each config's values come from the configs themselves
-(``get_config()`` of every ``configs/NAME.py`` but ``parts.py``); only the
+(``get_config()`` of every ``configs/NAME.py`` but ``parts.py``, and of the
+variants in ``VARIANTS``, whose keys the default lacks); only the
 explanations are written here, one per key (``*`` matches any part of a
 name, so the user and item hashes share theirs). ``tests/test_docs.py``
 checks that every key has exactly one explanation and every explanation a
@@ -44,9 +45,11 @@ EXPLAINED = {
                  "candidate), `retrieval` (one engaged item per request, in-batch "
                  "negatives) or `sequential` (each user's next item, a softmax over every "
                  "item): the batch layout, the loss and the eval metrics.",
-    "task.mask_seen": "Sequential: leave the items a user has already rated out of the "
-                      "eval's ranking (RecBole does for BPR, not for sequential models).",
-    "task.ks": "Sequential: the K of each HR@K, NDCG@K and MRR@K the eval reports.",
+    "task.mask_seen": "MovieLens, full ranking (sequential models, two towers): leave the "
+                      "items a user has already rated out of the eval's ranking (RecBole "
+                      "does for BPR, not for sequential models).",
+    "task.ks": "MovieLens, full ranking (sequential models, two towers): the K of each "
+               "HR@K, NDCG@K and MRR@K the eval reports.",
     "task.loss_weights": "Weight of each action's sigmoid cross-entropy, one per "
                          "`data.actions` entry.",
     "task.ndcg_weights": "Gain of each action in the NDCG label (a reply or a share counts "
@@ -91,7 +94,14 @@ EXPLAINED = {
     "data.num_topics": "Topics the planted items and users' interests fall into.",
     "data.history_len": "Most history events per request (longer histories are an error "
                         "naming this key).",
-    "data.num_candidates": "Most candidates per ranking request.",
+    "data.num_candidates": "Most candidates per ranking request (MovieLens: the movie "
+                           "rated next and `num_candidates - 1` unrated ones per training "
+                           "request).",
+    "data.eval_candidates": "MovieLens ranker: candidates per eval and test request, the "
+                            "held-out movie and movies the user never rated (101: the "
+                            "SASRec paper's sampled protocol).",
+    "data.like_rating": "MovieLens requests: the least rating that is a `liked` action "
+                        "(every rating is a `rated` one).",
     "data.actions": "Names of the actions, in label order.",
     # Model
     "model.name": "The model: `dlrm`, `dcn` (DCN-v2), `ranker`, `two_tower`, or the "
@@ -147,9 +157,15 @@ EXPLAINED = {
 }
 
 
+#: Variants documented beside their config's default: ``{config: (argument, ...)}``;
+#: each is a column ``config:argument``.
+VARIANTS = {"movielens": ("two_tower", "ranker")}
+
+
 def config_names() -> list[str]:
-  return sorted(p.stem for p in (ROOT / "configs").glob("*.py")
-                if p.stem not in ("__init__", "parts"))
+  names = sorted(p.stem for p in (ROOT / "configs").glob("*.py")
+                 if p.stem not in ("__init__", "parts"))
+  return [n for name in names for n in [name] + [f"{name}:{v}" for v in VARIANTS.get(name, ())]]
 
 
 def _flatten(config, prefix=""):
@@ -166,7 +182,10 @@ def config_values() -> dict[str, dict[str, object]]:
     sys.path.insert(0, str(ROOT))
   values: dict[str, dict[str, object]] = {}
   for name in config_names():
-    config = importlib.import_module(f"configs.{name}").get_config()
+    module, _, variant = name.partition(":")
+    # A variant's argument is MODEL,PATH: the path is left empty.
+    config = importlib.import_module(f"configs.{module}").get_config(
+        f"{variant}," if variant else None)
     for key, value in _flatten(config):
       values.setdefault(key, {})[name] = value
   return values

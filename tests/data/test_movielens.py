@@ -94,6 +94,9 @@ def test_leave_one_out_split(tmp_path):
   assert split.valid_item.tolist() == [1, 2] and split.valid_time.tolist() == [500, 300]
   assert split.test_item.tolist() == [3, 4] and split.test_time.tolist() == [500, 400]
   assert split.train_items[1].dtype == np.int32 and split.item_titles[4] == "Fargo (1996)"
+  # The ratings travel with the items (the ranker's actions).
+  assert [r.tolist() for r in split.train_ratings] == [[2.0], [1.0, 4.0]]
+  assert split.valid_rating.tolist() == [4.0, 3.0] and split.test_rating.tolist() == [5.0, 4.0]
 
 
 def test_recbole_time_order_ties_close_times_in_file_order(tmp_path):

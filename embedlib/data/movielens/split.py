@@ -52,6 +52,9 @@ class Split:
     train_times: ``Ragged`` of int64 seconds, aligned with ``train_items``.
     valid_item, valid_time: ``[U]`` the second-to-last interaction.
     test_item, test_time: ``[U]`` the last interaction.
+    train_ratings: ``Ragged`` of float32 ratings aligned with ``train_items``
+      (NaN where the file has none), or None.
+    valid_rating, test_rating: ``[U]`` float32, the held-out ratings, or None.
   """
 
   num_users: int
@@ -63,6 +66,9 @@ class Split:
   valid_time: np.ndarray
   test_item: np.ndarray
   test_time: np.ndarray
+  train_ratings: Ragged | None = None
+  valid_rating: np.ndarray | None = None
+  test_rating: np.ndarray | None = None
 
   @property
   def num_train(self) -> int:
@@ -117,4 +123,7 @@ def leave_one_out(data: Interactions) -> Split:
       valid_time=data.time[valid],
       test_item=data.item[test],
       test_time=data.time[test],
+      train_ratings=Ragged(data.rating[train], offsets),
+      valid_rating=data.rating[valid],
+      test_rating=data.rating[test],
   )

@@ -12,6 +12,16 @@ NDCG@K over each request's candidates, on gains ``sum_a g_a label_a``
 ranked by ``sum_a g_a sigmoid(logit_a)`` (``g = config.task.ndcg_weights``,
 ``K = config.task.ndcg_k``); beside them, the same metrics of the planted
 source's true logits (``oracle_*``).
+
+On MovieLens (``config.data.source = "movielens"``,
+``embedlib.data.movielens_requests``) ratings are the actions (``rated``,
+``liked``: a rating of at least ``config.data.like_rating``): a training
+request's candidates are the movie the user rated next and
+``config.data.num_candidates - 1`` movies the user has not rated; an eval
+request's are each user's held-out movie and
+``config.data.eval_candidates - 1`` movies the user never rated (the SASRec
+paper's sampled protocol at 101), the validation movie at each eval and the
+test movie (``test_*``) at the end.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from embedlib import data as data_lib
@@ -35,6 +46,8 @@ class RankingTask(base.Task):
 
   Attributes:
     spec: the request layout.
+    eval_candidates: candidates per eval request where they differ from the
+      training requests' (MovieLens), else 0.
     user_hasher: hashes raw user ids into the model's user table.
     loss_weights: per action, in the loss.
     ndcg_weights: per action, the gain NDCG ranks by.
@@ -43,6 +56,7 @@ class RankingTask(base.Task):
 
   name = "ranking"
   spec: data_lib.SequenceSpec = None
+  eval_candidates: int = 0
   user_hasher: MultiHash = None
   loss_weights: tuple[float, ...] = ()
   ndcg_weights: tuple[float, ...] = ()
@@ -54,8 +68,15 @@ class RankingTask(base.Task):
     n = spec.num_actions
     if config.task.ndcg_k < 1:
       base.fail("task.ndcg_k", f"must be >= 1, got {config.task.ndcg_k}.")
+    eval_candidates = 0
+    if requests.is_movielens(config):
+      eval_candidates = int(config.data.eval_candidates)
+      for key in ("data.num_candidates", "data.eval_candidates"):
+        if config.data[key.split(".")[1]] < 2:
+          base.fail(key, "give at least 2: the rated movie and one it is ranked against.")
     return cls(
-        spec=spec, user_hasher=requests.hashers(config)["user"]
+        spec=spec, eval_candidates=eval_candidates,
+        user_hasher=requests.hashers(config)["user"]
         if config.model.name == "ranker" else None,
         loss_weights=base.check_weights("task.loss_weights", config.task.loss_weights, n,
                                         "actions"),
@@ -72,13 +93,22 @@ class RankingTask(base.Task):
     return self.spec
 
   def sources(self, config, spec):
+    if self.eval_candidates:
+      return requests.movielens_ranking_sources(config)
     return requests.sources(config, spec)
 
   def describe_eval(self, config) -> str:
+    if self.eval_candidates:
+      return requests.describe_movielens(
+          config, f" among {self.eval_candidates - 1} movies the user never rated, "
+          f"per-action AUC and NDCG@{self.ndcg_k}")
     return requests.describe_eval(config, f", per-action AUC and NDCG@{self.ndcg_k}")
 
   def featurize(self, batch: dict) -> dict:
-    self.spec.check_batch(batch, data_lib.sequences.RANKING)
+    spec = self.spec
+    if self.eval_candidates and np.shape(batch["candidate_item"])[1] == self.eval_candidates:
+      spec = dataclasses.replace(spec, num_candidates=self.eval_candidates)
+    spec.check_batch(batch, data_lib.sequences.RANKING)
     return dict(batch, user=self.user_hasher(batch["user"]))
 
   def build_model(self, config, spec, mesh, rngs):
@@ -110,7 +140,17 @@ class RankingTask(base.Task):
       raise base.ConfigError("the eval data yielded no batch; check config.eval_batches.")
     return acc.result()
 
+  def test(self, model, eval_source, mesh) -> dict:
+    source = getattr(eval_source, "test_source", None)
+    if source is None:  # planted data: no test set
+      return {}
+    source.set_state({"position": 0})
+    batches = (data_lib.to_global_batch(self.featurize(b), mesh) for b in source)
+    return {f"test_{k}": v for k, v in self.evaluate(model, batches, mesh, source).items()}
+
   def oracle(self, eval_source) -> dict:
+    if not hasattr(eval_source, "with_truth"):  # MovieLens: no planted truth
+      return {}
     acc = self._metrics()
     for batch, logits in eval_source.with_truth():
       acc.update(batch["labels"], logits, batch["candidate_item"] >= 0)

@@ -17,11 +17,21 @@ embeds the catalogue in chunks, split over every device of the mesh, and
 ``sharded_top_k`` finds each request's best items exactly (per-shard top-k,
 then merged). Beside it, the recall of ranking by the planted
 ``P(item | history)`` (``oracle_recall@K``).
+
+On MovieLens (``config.data.source = "movielens"``,
+``embedlib.data.movielens_requests``) a request is a user's history and
+the movie rated next; the eval is the sequential task's: each user's
+held-out movie ranked among every movie through the item tower
+(``metrics.full_ranking``, no sampled negatives), HR / NDCG / MRR @K for
+``config.task.ks``, the validation movie at each eval and the test movie
+(``test_*``) at the end; ``config.task.mask_seen`` leaves the user's
+earlier movies out of the ranking.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
@@ -32,6 +42,7 @@ from jax.sharding import PartitionSpec as P
 from embedlib import data as data_lib
 from embedlib import metrics
 from embedlib.data.multi_hash import MultiHash
+from embedlib.metrics import full_ranking
 from embedlib.models import build_model
 from embedlib.models import retrieval as retrieval_lib
 from embedlib.training.tasks import base, requests
@@ -53,6 +64,15 @@ def _candidates(model, rows, authors):
 _top_k = jax.jit(retrieval_lib.sharded_top_k, static_argnames=("k", "mesh", "axes", "num_valid"))
 
 
+@functools.partial(jax.jit, static_argnames=("num_items",))
+def _full_ranks(users, corpus, targets, exclude, num_items):
+  """0-based rank of item ``targets`` among items ``0 .. num_items - 1`` by ``users @ corpus``."""
+  scores = (users @ corpus.T)[:, :num_items]
+  # full_ranking's column 0 is padding (never ranked): items move up by one.
+  scores = jax.numpy.pad(scores, ((0, 0), (1, 0)))
+  return full_ranking.target_ranks(scores, targets + 1, exclude=exclude)
+
+
 @dataclasses.dataclass(frozen=True)
 class RetrievalTask(base.Task):
   """Two-tower retrieval: ``config.task.name = "retrieval"``.
@@ -65,6 +85,9 @@ class RetrievalTask(base.Task):
     recall_ks: the recall cut-offs.
     frequency_buckets, frequency_alpha: the streaming estimate's size and rate.
     corpus_chunk: catalogue items embedded per call in an eval.
+    movielens: requests from a MovieLens file; the eval ranks every movie.
+    ks: MovieLens: the full-ranking metrics' cut-offs.
+    mask_seen: MovieLens: leave each user's earlier movies out of the ranking.
   """
 
   name = "retrieval"
@@ -77,24 +100,37 @@ class RetrievalTask(base.Task):
   frequency_buckets: int = 1 << 16
   frequency_alpha: float = 0.01
   corpus_chunk: int = 1 << 16
+  movielens: bool = False
+  ks: tuple[int, ...] = (10, 20)
+  mask_seen: bool = False
 
   @classmethod
   def from_config(cls, config) -> RetrievalTask:
     task = config.task
     if task.log_q not in LOG_Q:
       base.fail("task.log_q", f"{task.log_q!r}; use one of {LOG_Q}.")
-    ks = tuple(sorted(int(k) for k in task.recall_ks))
-    if not ks or ks[0] < 1 or ks[-1] > config.data.num_items:
-      base.fail("task.recall_ks", f"{tuple(task.recall_ks)}: each K must lie in [1, "
-                f"num_items={config.data.num_items}].")
+    movielens = requests.is_movielens(config)
+    spec = requests.spec(config)
+    if movielens:
+      ks = tuple(sorted(int(k) for k in task.ks))
+      if not ks or ks[0] < 1:
+        base.fail("task.ks", f"{tuple(task.ks)}: give cut-offs >= 1, e.g. (10, 20).")
+      extra = dict(ks=ks, mask_seen=bool(task.mask_seen))
+    else:
+      ks = tuple(sorted(int(k) for k in task.recall_ks))
+      if not ks or ks[0] < 1 or ks[-1] > spec.num_items:
+        base.fail("task.recall_ks", f"{tuple(task.recall_ks)}: each K must lie in [1, "
+                  f"num_items={spec.num_items}].")
+      extra = dict(recall_ks=ks)
     if task.corpus_chunk < 1:
       base.fail("task.corpus_chunk", f"must be >= 1, got {task.corpus_chunk}.")
     found = requests.hashers(config) if config.model.name == "two_tower" else {}
-    return cls(spec=requests.spec(config), user_hasher=found.get("user"),
+    return cls(spec=spec, user_hasher=found.get("user"),
                item_hasher=found.get("item"), log_q=task.log_q,
-               remove_accidental_hits=bool(task.remove_accidental_hits), recall_ks=ks,
+               remove_accidental_hits=bool(task.remove_accidental_hits),
                frequency_buckets=int(task.frequency_buckets),
-               frequency_alpha=float(task.frequency_alpha), corpus_chunk=int(task.corpus_chunk))
+               frequency_alpha=float(task.frequency_alpha), corpus_chunk=int(task.corpus_chunk),
+               movielens=movielens, **extra)
 
   def validate(self, config) -> None:
     requests.check_model(config, ("two_tower",), self.name)
@@ -104,15 +140,22 @@ class RetrievalTask(base.Task):
     return self.spec
 
   def sources(self, config, spec):
+    if self.movielens:
+      return requests.movielens_retrieval_sources(config, self.mask_seen)
     return requests.sources(config, spec)
 
   def describe_eval(self, config) -> str:
+    if self.movielens:
+      seen = "without" if self.mask_seen else "with"
+      return requests.describe_movielens(
+          config, f" ranked among all {self.spec.num_items} movies ({seen} the user's "
+          f"earlier ones) through the item tower, HR/NDCG/MRR@{list(self.ks)}")
     return requests.describe_eval(
         config, f", recall@{list(self.recall_ks)} over all {self.spec.num_items} items")
 
   def featurize(self, batch: dict) -> dict:
     self.spec.check_batch(batch, data_lib.sequences.RETRIEVAL)
-    return {
+    out = {
         "user": self.user_hasher(batch["user"]),
         "history_item": self.item_hasher(batch["history_item"]),
         "history_author": batch["history_author"],
@@ -121,6 +164,9 @@ class RetrievalTask(base.Task):
         "item_id": batch["item"],
         "author": batch["author"],
     }
+    # MovieLens eval rows: padding rows weigh 0; the movies not to rank.
+    out.update({k: batch[k] for k in ("weight", "exclude") if k in batch})
+    return out
 
   def build_model(self, config, spec, mesh, rngs):
     model = build_model(config.model, spec, mesh=mesh, batch_size=config.batch_size, rngs=rngs)
@@ -170,7 +216,31 @@ class RetrievalTask(base.Task):
              for s in range(0, padded, chunk)]
     return jax.numpy.concatenate(parts) if len(parts) > 1 else parts[0]
 
+  def _rank(self, model, batches, mesh, source) -> dict:
+    """Full-ranking metrics of the MovieLens held-out movies among every movie."""
+    corpus = self.corpus(model, mesh, source.catalogue())
+    acc = full_ranking.FullRankingMetrics(self.ks)
+    for batch in batches:
+      users = jax.block_until_ready(_users(model, batch))  # one program in flight: train_lib
+      ranks = _full_ranks(users, corpus, batch["item_id"], batch.get("exclude"),
+                          num_items=self.spec.num_items)
+      acc.update(requests.gather(ranks), requests.gather(batch["weight"]))
+    result = acc.result()
+    if not result.pop("count"):
+      raise base.ConfigError("the eval data yielded no row; check config.eval_batches.")
+    return result
+
+  def test(self, model, eval_source, mesh) -> dict:
+    if not self.movielens:
+      return {}
+    source = eval_source.test_source
+    source.set_state({"position": 0})
+    batches = (data_lib.to_global_batch(self.featurize(b), mesh) for b in source)
+    return {f"test_{k}": v for k, v in self._rank(model, batches, mesh, source).items()}
+
   def evaluate(self, model, batches, mesh, source) -> dict:
+    if self.movielens:
+      return self._rank(model, batches, mesh, source)
     corpus = self.corpus(model, mesh, source.catalogue())
     acc = metrics.RetrievalMetrics(self.recall_ks)
     for batch in batches:
@@ -183,6 +253,8 @@ class RetrievalTask(base.Task):
     return acc.result()
 
   def oracle(self, eval_source) -> dict:
+    if self.movielens:  # no planted truth
+      return {}
     acc = metrics.RetrievalMetrics(self.recall_ks)
     for batch, probs in eval_source.with_truth():
       acc.update(eval_source.oracle_top_k(probs, self.recall_ks[-1]), batch["item"])

@@ -26,8 +26,6 @@ sequential models.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -48,29 +46,8 @@ from embedlib.training.tasks import base, requests
 SOURCES = ("movielens",)
 
 
-@functools.lru_cache(maxsize=2)
-def _split(path: str, stamp: tuple):
-  """The leave-one-out split of ``path``; ``stamp`` (its mtime and size) renews the cache."""
-  del stamp
-  from embedlib.data import movielens  # pylint: disable=g-import-not-at-top
-  return movielens.leave_one_out(movielens.load(path))
-
-
-def load_split(config):
-  """The split ``config.data.path`` holds, read once per run (the task asks several times).
-
-  Raises:
-    ConfigError: the path is missing or holds no readable MovieLens data.
-  """
-  path = os.path.abspath(os.path.expanduser(config.data.path or ""))
-  if not config.data.path or not os.path.exists(path):
-    base.fail("data.path", f"{config.data.path!r} does not exist; pass the MovieLens folder or "
-              "ratings file: configs/movielens.py:/path/to/ml-100k.")
-  info = os.stat(path)
-  try:
-    return _split(path, (info.st_mtime_ns, info.st_size))
-  except (OSError, ValueError) as e:
-    raise base.ConfigError(f"config.data.path={config.data.path!r}: {e}") from None
+#: The split of ``config.data.path`` (shared with the request tasks).
+load_split = requests.load_split
 
 
 def _to_int32_offsets(batch: dict) -> dict:
