@@ -91,8 +91,9 @@ def is_using(scope) -> bool:
 def collecting(early_fetch: float = 0.0):
   """Lookups inside only distribute their ids; yields a callable giving the ``Distributions``.
 
-  ``early_fetch`` (0: off) fetches routed tables' rows too, with that share
-  of the route's slots for corrected rows (``strategies.ahead.distribute``).
+  ``early_fetch`` (0: off) fetches routed and vocab tables' rows too, with
+  that share of each rank's rows for corrected rows
+  (``strategies.ahead.distribute``).
   """
   scope = _Collecting(early_fetch)
   token = _ACTIVE.set(scope)

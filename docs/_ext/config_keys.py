@@ -36,10 +36,10 @@ EXPLAINED = {
                 "can run under step N's compute; the same training bit for bit. The "
                 "data source is read one batch ahead (see the training guide).",
     "early_fetch": "With `pipeline`: 0, or also fetch the next batch's rows of routed "
-                   "tables in step N, before its update, and send the rows that update "
-                   "changed again at step N+1 (the same training bit for bit): the share "
-                   "of a route's slots those corrected rows may take before a step "
-                   "sends every row again.",
+                   "and vocab tables in step N, before its update, and send the rows that "
+                   "update changed again at step N+1 (the same training bit for bit): the "
+                   "share of each rank's rows (a route's slots, a vocab table's tokens) "
+                   "those corrected rows may take before a step sends every row again.",
     # The task: batch layout, loss, metrics
     "task.name": "`ctr` (one click label per example), `ranking` (several actions per "
                  "candidate), `retrieval` (one engaged item per request, in-batch "

@@ -10,13 +10,18 @@ with the operations the lookup in line runs (``dispatch.lookup_requests``),
 so its outputs are the same bit for bit. A pipelined train step distributes
 batch N+1 inside step N's program, where nothing ties it to step N's loss.
 
-Early fetch (``early_fetch``): a routed table's rows are read and sent back
-with the ids, before the step that precedes their own updates the table.
-The lookup then reads each owner's asked rows again, compares their bits
-with the ones it sent, and sends the changed rows with their slots, which
-overwrite the early ones (``_brought_up_to_date``): the rows are the table's
-current rows bit for bit, unlike a semi-synchronous pipeline that uses them
-stale. Vocab tables' rows, summed over their owners, are read in line.
+Early fetch (``early_fetch``): a routed or vocab table's rows are read and
+sent to the ranks that hold their tokens with the ids, before the step that
+precedes their own updates the table. The lookup then reads each owner's
+rows again, compares their bits with the ones it sent, and sends the
+changed rows with their slots, which overwrite the early ones
+(``_brought_up_to_date``, ``_vocab_brought_up_to_date``): the rows are the
+table's current rows bit for bit, unlike a semi-synchronous pipeline that
+uses them stale. A vocab row is its owner's row plus the other ranks'
+zeros, so the early rows are the in-line lookup's, and a corrected one is
+its owner's new row (with -0.0 made 0.0, as that sum makes it). Pooled
+vocab lookups without dedup are read in line: a bag's sum over its ids'
+owners can't be rebuilt bit for bit from per-id rows.
 
 What stays in line (``distribute`` returns None): tables without a mesh,
 replicated, hidden and grid tables (their ids don't move before the
@@ -46,9 +51,11 @@ from embedlib.kernels import reference
 from embedlib.strategies import collectives, dedup, dispatch, routed, rowmap, sharded, vocab
 from embedlib.strategies.request import Request
 
-# The routed lookup's own steps, which the split lookup runs unchanged.
+# The routed and vocab lookups' own steps, which the split lookup runs unchanged.
 # pylint: disable=protected-access
 _my_slice = routed._my_slice
+_owned = vocab._owned
+_gather_rest = collectives._gather_rest
 # pylint: enable=protected-access
 
 
@@ -108,9 +115,10 @@ def distribute(requests, *, plan, mesh, num_unique: int | None = None, check_vma
                table=None, gather=None, early_fetch: float = 0.0):
   """The ids' distribution of a lookup of ``requests``: what needs no table.
 
-  With ``early_fetch``, a routed table's rows are fetched too, from
-  ``table`` as it is now; ``lookup_distributed`` brings the rows the
-  table has changed since up to date.
+  With ``early_fetch``, a routed or vocab table's rows are fetched too
+  (not a vocab table's pooled bags), from ``table`` as it is now;
+  ``lookup_distributed`` brings the rows the table has changed since up to
+  date.
 
   Args:
     requests: ``Request`` s of one table, sanitised ids (``-1`` invalid),
@@ -121,8 +129,9 @@ def distribute(requests, *, plan, mesh, num_unique: int | None = None, check_vma
     check_vma: shard_map's type check (off for the Pallas interpreter).
     table: the physical table, for ``early_fetch``.
     gather: the local row kernel, for ``early_fetch``.
-    early_fetch: 0 for none, else the share (0, 1] of a route's slots that
-      can carry corrected rows (``correction_capacity``).
+    early_fetch: 0 for none, else the share (0, 1] of a route's slots (a
+      vocab table's rows per token rank) that can carry corrected rows
+      (``correction_capacity``).
 
   Returns:
     A pytree of arrays for ``lookup_distributed``, or None where the lookup
@@ -177,7 +186,9 @@ def _plain_distribute(requests, *, plan, mesh, check_vma, table, gather, early_f
     return _routed_distribute(requests, plan=plan, mesh=mesh, check_vma=check_vma,
                               table=table if early_fetch else None, gather=gather,
                               early_fetch=early_fetch)
-  return tuple(_vocab_distribute(r, plan=plan, mesh=mesh, check_vma=check_vma)
+  return tuple(_vocab_distribute(r, plan=plan, mesh=mesh, check_vma=check_vma,
+                                 table=table if early_fetch else None, gather=gather,
+                                 early_fetch=early_fetch)
                for r in requests)
 
 
@@ -195,24 +206,101 @@ def _token_split(x, plan, mesh, fill):
                             P(plan.data_axes or None))
 
 
-def _vocab_distribute(request, *, plan, mesh, check_vma):
-  """``vocab.lookup`` / ``bag_lookup``'s input step: the ids gathered over the token axes."""
+def _vocab_distribute(request, *, plan, mesh, check_vma, table=None, gather=None,
+                      early_fetch=0.0):
+  """``vocab.lookup`` / ``bag_lookup``'s input step: the ids gathered over the token axes.
+
+  With ``table`` (early fetch) and ids not pooled, the rows too: each
+  rank's partial rows as ``table`` holds them now (``stale``, kept where
+  they were read) and their sum at the ranks that hold the tokens
+  (``rows``), which is the in-line lookup of this table. Pooled bags are
+  read in line: a bag's sum over its ids' owners can't be rebuilt bit for
+  bit from per-id rows (the owners' partial sums and their psum add in
+  another order), and a bag with one changed id needs every owner again.
+  """
   pooled, has_weights = request.pooled, request.weights is not None
+  early = table is not None and not pooled
   args = (_token_split(request.ids, plan, mesh, -1),)
   if has_weights:
     args += (_token_split(request.weights, plan, mesh, 0),)
+  specs = (P(plan.data_axes or None),) * len(args)
+  meta = ()
+  if early:
+    table_spec = P(*plan.table_spec)
+    args += (sharding_lib.place(table, mesh, table_spec),)
+    specs += (table_spec,)
+    # The rows each token rank receives: its tokens' ids.
+    block = args[0].size // plan.data_shards
+    meta = (("corrections", correction_capacity(block, early_fetch)),)
 
-  def body(ids, weights=None):
+  def body(ids, *rest):
+    table = rest[-1] if early else None
+    weights = rest[0] if has_weights else None
     ids = collectives.gather_tokens(ids, plan.token_axes)
     if not pooled:
-      return {"ids": ids}
+      if table is None:
+        return {"ids": ids}
+      stale = gather(table, _owned(ids, table.shape[0], plan))
+      return {"ids": ids, "stale": stale,
+              "rows": collectives.sum_partials(stale, plan.token_axes, plan.rest_axes)}
     if weights is not None:
       weights = collectives.gather_tokens(weights, plan.token_axes)
     return {"ids": ids, "coef": reference.bag_coefficients(ids, weights, plan.num_embeddings,
                                                             request.combiner)}
 
-  return _per_device(body, args, (P(plan.data_axes or None),) * len(args), mesh=mesh,
-                     check_vma=check_vma)
+  return _per_device(body, args, specs, mesh=mesh, check_vma=check_vma, meta=meta)
+
+
+def _vocab_brought_up_to_date(table, got, corrections, *, plan, gather):
+  """The early rows with every row the table has changed since replaced: the in-line lookup exactly.
+
+  Each rank reads the rows it owns of the gathered ids again and compares
+  their bits with what it read before (``stale``); the changed ones (at
+  most ``corrections`` per token rank) go to the token ranks that hold
+  those tokens (an all_to_all over the token axes, then gathered over the
+  rest axes, whose ranks hold the same tokens) and replace the early rows
+  there. A step with more changed rows for one token rank than that sums
+  every rank's rows again (``sum_partials``), as the in-line lookup does.
+  """
+  token_axes, rest_axes = plan.token_axes, plan.rest_axes
+  fresh = gather(table, _owned(got["ids"], table.shape[0], plan))
+  rows = got["rows"]
+  features = rows.shape[-1]
+  ranks = fresh.shape[0] // rows.shape[0]  # along the token axes
+  block = rows.size // features  # rows each token rank receives
+  width = np.dtype(fresh.dtype).itemsize * 8
+  bits = lambda x: lax.bitcast_convert_type(x, jnp.dtype(f"uint{width}"))
+  # A row no rank owns (an invalid id) reads zeros both times: never changed.
+  changed = jnp.any(bits(fresh) != bits(got["stale"]), axis=-1).reshape(ranks, block)
+  need = lax.pmax(jnp.max(jnp.sum(changed, axis=1, dtype=jnp.int32)), plan.table_axes)
+  fresh_flat = fresh.reshape(ranks * block, features)
+
+  def corrected():
+    # The changed rows first in each token rank's block, in order.
+    order = jnp.argsort(~changed, axis=1, stable=True)[:, :corrections].astype(jnp.int32)
+    kept = jnp.take_along_axis(changed, order, axis=1)
+    start = jnp.arange(ranks, dtype=jnp.int32)[:, None] * block
+    values = jnp.take(fresh_flat, (start + order).reshape(-1), axis=0)
+    slots = jnp.where(kept, order, -1).reshape(-1)
+    if token_axes:
+      values = lax.all_to_all(values, token_axes, 0, 0, tiled=True)
+      slots = lax.all_to_all(slots, token_axes, 0, 0, tiled=True)
+    if rest_axes:
+      values = _gather_rest(values, rest_axes, 0)
+      slots = _gather_rest(slots, rest_axes, 0)
+    if plan.group_size > 1:
+      # In line a row is its owner's plus the others' zeros: a -0.0 comes out 0.0.
+      values = jnp.where(values == 0, jnp.zeros_like(values), values)
+    # Each row has one owner, so no two ranks send the same slot; unused
+    # entries each point past the end at a place of their own.
+    at = jnp.where(slots >= 0, slots, block + jnp.arange(slots.shape[0], dtype=jnp.int32))
+    out = rows.reshape(block, features).at[at].set(values, mode="drop", unique_indices=True)
+    return out.reshape(rows.shape)
+
+  def refetch():
+    return collectives.sum_partials(fresh, token_axes, rest_axes)
+
+  return lax.cond(need > corrections, refetch, corrected)
 
 
 def _vocab_finish(table, requests, distributed, *, plan, mesh, gather, bag, check_vma):
@@ -223,7 +311,10 @@ def _vocab_finish(table, requests, distributed, *, plan, mesh, gather, bag, chec
   for r, d in zip(requests, distributed):
     def body(table, leaves, d=d, pooled=r.pooled):
       got = d.local(leaves)
-      owned = vocab._owned(got["ids"], table.shape[0], plan)  # pylint: disable=protected-access
+      if "rows" in got:  # fetched a step early
+        return _vocab_brought_up_to_date(table, got, dict(d.meta)["corrections"], plan=plan,
+                                         gather=gather)
+      owned = _owned(got["ids"], table.shape[0], plan)
       if pooled:
         rows = bag(table, owned, got["coef"], combiner="sum")
       else:

@@ -67,11 +67,12 @@ def pipelined_train_step(model, optimizer, batch, distributed, next_batch, task=
     next_batch: the next step's batch, of the same shapes (on the last
       step, any batch of them: its distribution is dropped).
     task: a ``Task``; None for a click model.
-    early_fetch: 0, or fetch the next batch's rows of routed tables in this
-      step too, before its update, and bring the rows it changes up to date
-      in the next step (the same result): the share (0, 1] of a route's
-      slots the corrected rows may take before a step sends every row
-      again. ``distributed`` must have been made with the same value.
+    early_fetch: 0, or fetch the next batch's rows of routed and vocab
+      tables in this step too, before its update, and bring the rows it
+      changes up to date in the next step (the same result): the share
+      (0, 1] of a route's slots (a vocab table's tokens per rank) the
+      corrected rows may take before a step sends every row again.
+      ``distributed`` must have been made with the same value.
 
   Returns:
     ``(loss, next_distributed)``: ``train_step``'s loss, the same bit for
