@@ -28,9 +28,6 @@ MODELS = {
     "two_tower": ("configs.two_tower", ("all-gather",)),
     "movielens": ("configs.movielens", ("all-reduce",)),
 }
-# The smoke steps CI compiles, within the tier's share of CI's budget; the
-# others' smoke steps run with -m slow (benchmarks/README.md: CPU seconds each).
-CI_MODELS = ("dlrm", "movielens")
 
 # XLA's own kernels known to spill registers, and where.
 KNOWN_XLA_SPILLS = {
@@ -63,8 +60,7 @@ def compile_step(name, config, **kwargs):
                                   donate_argnums=0, **kwargs)
 
 
-@pytest.fixture(scope="module", params=[
-    pytest.param(n, marks=() if n in CI_MODELS else pytest.mark.slow) for n in MODELS])
+@pytest.fixture(scope="module", params=list(MODELS))
 def smoke(request, tmp_path_factory):
   name = request.param
   return name, compile_step(name, config_of(name, "smoke", tmp_path_factory),
