@@ -19,7 +19,8 @@ import pytest
 from flax import nnx
 
 from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim
-from embedlib.collection import plan_collection
+from embedlib.collection import plan_collection, planner
+from embedlib.plan import hlo
 from tests.collection import reference
 
 APART = (
@@ -86,7 +87,9 @@ def test_the_plans_take_two_levels_and_print_their_bytes(models):
   tags, stack = nodes.apart.plan["tags"].plan, nodes.stacked.plan.stack("stack_8").plan
   assert tags.node_route and tags.node_capacity == 2 and tags.nodes == 2
   assert stack.node_route and stack.node_capacity == 3 and stack.nodes == 2
-  assert nodes.apart.plan["items"].plan.nodes == 2  # vocab: its update's route too
+  for p in (tags, stack):  # the sparse step's row gradients take two levels too
+    assert p.node_update and p.sparse_update(p.ids_per_device)[0] == "route", p.name
+  assert nodes.apart.plan["items"].plan.nodes == 2  # a vocab table over both nodes too
   # The modules were built on the plans (ShardedEmbed's own plan agrees).
   assert nodes.apart.tables["tags"].plan.node_route
   assert nodes.stacked.stacks["stack_8"].plan.node_route
@@ -96,9 +99,21 @@ def test_the_plans_take_two_levels_and_print_their_bytes(models):
   assert "2 tables, one route per step across nodes " in text
   assert "inside its node of 4; 2 nodes, two-level route); its update " in text
   assert "across nodes" not in str(flat.apart.plan)
-  # A two-level route moves fewer bytes across nodes than the flat one.
+  # A two-level route moves fewer bytes across nodes than the flat one (4 of its 7 peers).
   intra, inter = tags.node_bytes()
   assert inter < sum(flat.apart.plan["tags"].plan.node_bytes()) * 4 / 7
+
+
+def test_the_stacks_bytes_across_nodes_are_what_xla_compiled(models):
+  mesh, nodes, _ = models
+  split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
+  x = {f.name: jax.device_put(jnp.asarray(make_inputs(0)[f.name]), split)
+       for f in STACKED_FEATURES}
+  graphdef, state = nnx.split(nodes.stacked)
+  text = jax.jit(lambda s: nnx.merge(graphdef, s)(x)).lower(state).compile().as_text()
+  stack = nodes.stacked.plan.stack("stack_8")
+  # The step that holds its node capacity (hlo counts a conditional's normal branch).
+  assert hlo.inter_node_bytes(text, 4) == planner.node_split(stack.plan, stack.bytes_moved)[1]
 
 
 def test_outputs_and_gradients_match_reference(models):
