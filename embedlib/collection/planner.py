@@ -332,16 +332,14 @@ def _weighed(plan: EmbeddingPlan, lookup: int, ids: int) -> tuple[int, int]:
 def update_node_split(plan: EmbeddingPlan, ids: int) -> tuple[int, int]:
   """``(intra-node, inter-node)`` bytes of a step's sparse update, ``ids`` ids per device.
 
-  The two-level route's own (``EmbeddingPlan.update_node_bytes``); the flat
-  route's split over its group, an all-gather's or all-reduce's over the
-  data shards (nodes of ``devices_per_node`` data ranks), as every group
-  collective's (``cost.inter_node_share``).
+  The route's (``EmbeddingPlan.update_node_bytes``); an all-gather's or
+  all-reduce's over the data shards (nodes of ``devices_per_node`` data
+  ranks), as every group collective's (``cost.inter_node_share``).
   """
   way, update = plan.sparse_update(ids)
-  if plan.node_update and way == "route":
+  if way == "route":
     return plan.update_node_bytes(ids)
-  ranks = plan.group_size if way == "route" else plan.data_shards
-  inter = int(update * cost.inter_node_share(ranks, plan.devices_per_node))
+  inter = int(update * cost.inter_node_share(plan.data_shards, plan.devices_per_node))
   return update - inter, inter
 
 
