@@ -260,12 +260,12 @@ def _node_note(t) -> str:
   if p.nodes == 1:
     return ""
   moved = t.bytes_moved if t.bytes_moved_dedup is None else t.bytes_moved_dedup
-  intra, inter = node_split(p, moved)
-  _, update = update_node_split(p, p.ids_per_device)
-  update = f"; its update {_human(update)} across nodes" if p.devices_per_node else ""
+  intra, inter = _node_split(p, moved)
+  update = _update_node_split(p, p.ids_per_device)[1]
   return (f"across nodes {_human(inter)} per step per device ({_human(intra)} inside its node "
           f"of {p.devices_per_node}; {p.nodes} nodes"
-          f"{', two-level route' if p.node_route else ''}){update}")
+          f"{', two-level route' if p.node_route else ''}); its update {_human(update)} "
+          f"across nodes")
 
 
 #: Columns a printed plan fits in (a terminal, a log line, a code review).
@@ -293,7 +293,7 @@ def _columns(rows) -> list[str]:
   return lines
 
 
-def node_split(plan: EmbeddingPlan, moved: int) -> tuple[int, int]:
+def _node_split(plan: EmbeddingPlan, moved: int) -> tuple[int, int]:
   """``(intra-node, inter-node)`` of ``moved``, a step's lookup bytes per device.
 
   A routed table's (or stack's) lookup bytes are its plan's node split
@@ -323,13 +323,13 @@ def _weighed(plan: EmbeddingPlan, lookup: int, ids: int) -> tuple[int, int]:
   """
   if not plan.devices_per_node:
     return lookup, plan.sparse_update(ids)[1]
-  intra, inter = node_split(plan, lookup)
-  u_intra, u_inter = update_node_split(plan, ids)
+  intra, inter = _node_split(plan, lookup)
+  u_intra, u_inter = _update_node_split(plan, ids)
   weight = cost.INTER_NODE_WEIGHT
   return intra + weight * inter, u_intra + weight * u_inter
 
 
-def update_node_split(plan: EmbeddingPlan, ids: int) -> tuple[int, int]:
+def _update_node_split(plan: EmbeddingPlan, ids: int) -> tuple[int, int]:
   """``(intra-node, inter-node)`` bytes of a step's sparse update, ``ids`` ids per device.
 
   The route's (``EmbeddingPlan.update_node_bytes``); an all-gather's or
