@@ -91,6 +91,15 @@ class EmbeddingCollection(nnx.Module):
     on_overflow: ``"fallback" | "error"`` (see above), for ``num_unique``
       and for the route: a rank with more ids for one owner than the route
       capacity falls back to the vocab path for that step, or raises.
+    devices_per_node: devices one node holds, in the table group's rank
+      order, for every table and stack (see ``plan_embedding``): a routed
+      table or stack over several nodes routes inside each node first and
+      sends each row across once per node pair where that pays, and the
+      plan weighs a byte across nodes as ``cost.INTER_NODE_WEIGHT``. It
+      must divide the table group. None reads it from the devices.
+    node_capacity: distinct ids per destination rank that one node sends
+      across nodes in that route: an int for every table, a ``{table or
+      stack: capacity}`` dict, or None to plan it for uniform ids.
     batch_size: samples per step, for the plan's traffic estimates only.
     replicate_below_bytes: the per-table auto rule's replication threshold.
     replicate_budget_bytes: replicate tables together up to this many bytes
@@ -118,6 +127,8 @@ class EmbeddingCollection(nnx.Module):
       table_batched: bool = False,
       devices_per_host: int | None = None,
       device_memory_bytes: int | None = None,
+      devices_per_node: int | None = None,
+      node_capacity: int | Mapping[str, int] | None = None,
       dtype: tp.Any = None,
       param_dtype: tp.Any = jnp.float32,
       rngs: nnx.Rngs,
@@ -132,6 +143,8 @@ class EmbeddingCollection(nnx.Module):
       self.num_unique = {k: v for k, v in self.num_unique.items() if v != options.AUTO}
     self.route_capacity = _capacities(route_capacity, tables, "route_capacity",
                                       "ids per destination rank")
+    node_capacities = _capacities(node_capacity, tables, "node_capacity",
+                                  "distinct ids per destination rank from one node")
     if devices_per_host is None and mesh is not None and sharding_lib.has_devices(mesh):
       devices_per_host = _devices_per_host(mesh)
     self.plan = planner.plan_collection(
@@ -141,8 +154,10 @@ class EmbeddingCollection(nnx.Module):
         replicate_below_bytes=replicate_below_bytes,
         replicate_budget_bytes=replicate_budget_bytes, table_batched=table_batched,
         devices_per_host=devices_per_host, device_memory_bytes=device_memory_bytes,
+        devices_per_node=devices_per_node, node_capacity=node_capacities,
     )
-    for what, given in (("num_unique", num_unique), ("route_capacity", route_capacity)):
+    for what, given in (("num_unique", num_unique), ("route_capacity", route_capacity),
+                        ("node_capacity", node_capacity)):
       _check_stacked_keys(what, given, self.plan)
     # "auto" resolved: the capacities the planner chose (None: no dedup).
     self.num_unique = {t.name: t.num_unique for t in [*self.plan.tables, *self.plan.stacks]
@@ -163,10 +178,12 @@ class EmbeddingCollection(nnx.Module):
           table_axes=p.table_axes or None, column_axes=p.column_axes or None,
           data_axes=p.data_axes, kernel=kernel,
           ids_per_device=p.ids_per_device, route_capacity=p.route_capacity,
+          devices_per_node=p.devices_per_node, node_capacity=p.node_capacity,
           on_overflow=on_overflow, name=spec.name, dtype=dtype, param_dtype=param_dtype,
           embedding_init=spec.initializer, rngs=rngs,
       )
       assert embeds[spec.name].plan.padded_shape == p.padded_shape, spec.name
+      assert embeds[spec.name].plan.node_route == p.node_route, spec.name
     self.tables = nnx.Dict(embeds)
     specs = {t.name: t for t in tables}
     stacks = {}
@@ -176,6 +193,7 @@ class EmbeddingCollection(nnx.Module):
           p.num_embeddings, p.features, mesh=mesh, sharding=p.strategy,
           table_axes=p.table_axes, data_axes=p.data_axes, kernel=kernel,
           ids_per_device=p.ids_per_device, route_capacity=p.route_capacity,
+          devices_per_node=p.devices_per_node, node_capacity=p.node_capacity,
           on_overflow=on_overflow, name=s.name, placement=p.placement, dtype=dtype,
           param_dtype=param_dtype, embedding_init=_stacked_init([specs[m] for m in s.members]),
           rngs=rngs,

@@ -59,6 +59,8 @@ def _gather_bytes(plan: EmbeddingPlan, n: int) -> int:
   token_ranks, rest_ranks = _ranks(plan)
   column_token_ranks, column_rest_ranks = _column_ranks(plan)
   per_device = math.ceil(n / plan.data_shards)
+  if plan.strategy == options.ROUTED and plan.nodes > 1:
+    return sum(plan.node_bytes(per_device))  # the two-level route's, or the flat one's split
   return cost.bytes_moved_per_lookup(
       plan.padded_shape,
       plan.strategy,
@@ -230,14 +232,15 @@ class CollectionPlan:
           t.name, t.kind,
           f"{t.plan.padded_shape[0]} x {t.plan.padded_shape[1]}",
           _human(t.plan.bytes_per_device), _human(t.bytes_moved), dedup,
-          _human(t.bytes_moved_update)), t.plan.reason))
+          _human(t.bytes_moved_update)), (t.plan.reason, _node_note(t))))
     for s in self.stacks:
       dedup = "-" if s.bytes_moved_dedup is None else _human(s.bytes_moved_dedup)
       rows.append(((
           s.name, s.plan.strategy, f"{s.plan.padded_shape[0]} x {s.plan.padded_shape[1]}",
           _human(s.plan.bytes_per_device), _human(s.bytes_moved), dedup,
           _human(s.bytes_moved_update)),
-          f"{len(s.members)} table{'s' if len(s.members) > 1 else ''}, one route per step"))
+          (f"{len(s.members)} table{'s' if len(s.members) > 1 else ''}, one route per step",
+           _node_note(s))))
     rows.append((("total", "", "", _human(self.bytes_per_device), _human(self.bytes_moved), "",
                   _human(self.bytes_moved_update)), ""))
     lines = [f"EmbeddingCollection plan: {len(self.tables)} tables, mesh {mesh}, "
@@ -251,12 +254,26 @@ class CollectionPlan:
     return "\n".join(lines)
 
 
+def _node_note(t) -> str:
+  """A table's (or stack's) step across nodes, in words; ``""`` on one node."""
+  p = t.plan
+  if p.nodes == 1:
+    return ""
+  moved = t.bytes_moved if t.bytes_moved_dedup is None else t.bytes_moved_dedup
+  intra, inter = _node_split(p, moved)
+  update = _update_node_split(p, p.ids_per_device)[1]
+  return (f"across nodes {_human(inter)} per step per device ({_human(intra)} inside its node "
+          f"of {p.devices_per_node}; {p.nodes} nodes"
+          f"{', two-level route' if p.node_route else ''}); its update {_human(update)} "
+          f"across nodes")
+
+
 #: Columns a printed plan fits in (a terminal, a log line, a code review).
 PRINT_WIDTH = 100
 
 
 def _columns(rows) -> list[str]:
-  """``rows`` of ``(cells, note)`` as aligned columns, each note wrapped below its row.
+  """``rows`` of ``(cells, notes)`` as aligned columns, each note wrapped below its row.
 
   Names too long for the row to fit ``PRINT_WIDTH`` go on a line of their own.
   """
@@ -270,9 +287,60 @@ def _columns(rows) -> list[str]:
     else:
       shown = widths
     lines.append("  ".join(c.ljust(w) for c, w in zip(cells, shown)).rstrip())
-    lines += textwrap.wrap(note, PRINT_WIDTH, initial_indent="    ", subsequent_indent="    ",
-                           break_on_hyphens=False)
+    for one in (note,) if isinstance(note, str) else note:
+      lines += textwrap.wrap(one, PRINT_WIDTH, initial_indent="    ",
+                             subsequent_indent="    ", break_on_hyphens=False)
   return lines
+
+
+def _node_split(plan: EmbeddingPlan, moved: int) -> tuple[int, int]:
+  """``(intra-node, inter-node)`` of ``moved``, a step's lookup bytes per device.
+
+  A routed table's (or stack's) lookup bytes are its plan's node split
+  already (``_gather_bytes``); ``EmbeddingPlan.node_bytes`` gives their
+  inter-node part at the ids that moved them, so the estimate is split by
+  that share. Any other layout's group collective splits by
+  ``cost.inter_node_share``. ``(moved, 0)`` on one node.
+  """
+  if plan.nodes == 1 or not moved:
+    return moved, 0
+  if plan.strategy == options.ROUTED:
+    intra, inter = plan.node_bytes()
+    share = inter / max(intra + inter, 1)
+  else:
+    share = cost.inter_node_share(plan.group_size, plan.devices_per_node)
+  inter = int(moved * share)
+  return moved - inter, inter
+
+
+def _weighed(plan: EmbeddingPlan, lookup: int, ids: int) -> tuple[int, int]:
+  """A step's ``(lookup, sparse update)`` bytes, a byte across nodes counted ``INTER_NODE_WEIGHT``x.
+
+  As ``plan_embedding``'s ``auto`` weighs a lookup's. The update's route
+  splits by ``EmbeddingPlan.update_node_bytes``; its all-gather or
+  all-reduce over the data shards as a group collective over them
+  (``cost.inter_node_share``, nodes of ``devices_per_node`` data ranks).
+  """
+  if not plan.devices_per_node:
+    return lookup, plan.sparse_update(ids)[1]
+  intra, inter = _node_split(plan, lookup)
+  u_intra, u_inter = _update_node_split(plan, ids)
+  weight = cost.INTER_NODE_WEIGHT
+  return intra + weight * inter, u_intra + weight * u_inter
+
+
+def _update_node_split(plan: EmbeddingPlan, ids: int) -> tuple[int, int]:
+  """``(intra-node, inter-node)`` bytes of a step's sparse update, ``ids`` ids per device.
+
+  The route's (``EmbeddingPlan.update_node_bytes``); an all-gather's or
+  all-reduce's over the data shards (nodes of ``devices_per_node`` data
+  ranks), as every group collective's (``cost.inter_node_share``).
+  """
+  way, update = plan.sparse_update(ids)
+  if way == "route":
+    return plan.update_node_bytes(ids)
+  inter = int(update * cost.inter_node_share(plan.data_shards, plan.devices_per_node))
+  return update - inter, inter
 
 
 def _given(capacity):
@@ -318,6 +386,8 @@ def plan_collection(
     table_batched: bool = False,
     devices_per_host: int | None = None,
     device_memory_bytes: int | None = None,
+    devices_per_node: int | None = None,
+    node_capacity: Mapping[str, int] | None = None,
 ) -> CollectionPlan:
   """Plans every table of a collection (see the module docstring).
 
@@ -348,18 +418,27 @@ def plan_collection(
       the whole group is one host).
     device_memory_bytes: raise if some device's shards and stack blocks
       need more than this.
+    devices_per_node: devices one node holds, for every table and stack
+      (see ``plan_embedding``): a routed table or stack over several nodes
+      takes the two-level route where it pays, and ``auto`` counts a byte
+      of a step (lookup and sparse update) that crosses nodes as
+      ``cost.INTER_NODE_WEIGHT`` bytes. None reads it from the devices.
+    node_capacity: distinct ids per destination rank one node sends across
+      nodes in that route, by table (or stack) name (default: planned for
+      uniform ids, ``cost.node_capacity``).
 
   Returns:
     A ``CollectionPlan``.
   """
   num_unique = dict(num_unique or {})
   route_capacity = dict(route_capacity or {})
+  node_capacity = dict(node_capacity or {})
   shape = mesh_axes.mesh_shape(mesh)
   _, data = mesh_axes.resolve_axes(shape, table_axes, data_axes)
   local_batch = math.ceil(batch_size / mesh_axes.axes_size(shape, data))
   common = dict(
       mesh=mesh, table_axes=table_axes, data_axes=data_axes,
-      param_dtype=param_dtype,
+      param_dtype=param_dtype, devices_per_node=devices_per_node,
   )
   if replicate_below_bytes is not None:
     common["replicate_below_bytes"] = replicate_below_bytes
@@ -368,15 +447,16 @@ def plan_collection(
   ids = {t.name: local_batch * sum(b for b, _ in _bags(features, t.name)) for t in tables}
 
   def step_bytes(t, p):
-    """A step's lookup and gathering of row gradients, per device."""
-    return (estimate_bytes_moved(p, _bags(features, t.name), batch_size=batch_size,
-                                 num_unique=_given(num_unique.get(t.name)))
-            + p.sparse_update(max(ids[t.name], 1))[1])
+    """A step's lookup and gathering of row gradients, per device, a byte across nodes weighed."""
+    lookup = estimate_bytes_moved(p, _bags(features, t.name), batch_size=batch_size,
+                                  num_unique=_given(num_unique.get(t.name)))
+    return sum(_weighed(p, lookup, max(ids[t.name], 1)))
 
   def plan(t, **kw):
     p = plan_embedding(
         t.num_embeddings, t.features, name=t.name, ids_per_device=max(ids[t.name], 1),
-        route_capacity=route_capacity.get(t.name), **{**common, **kw}
+        route_capacity=route_capacity.get(t.name), node_capacity=node_capacity.get(t.name),
+        **{**common, **kw}
     )
     if kw.get("sharding", options.AUTO) != options.AUTO:
       return p
@@ -400,8 +480,10 @@ def plan_collection(
     # pooled feature moves one pooled row per sample on vocab and hidden.
     candidates, why_not = sharded_candidates(t.num_embeddings, t.features, p.group_size)
     costed = {s: plan(t, **{**kw, "sharding": s}) for s in candidates}
-    best, reason = cheapest(candidates, lambda s: step_bytes(t, costed[s]), why_not,
-                            per="step (lookup and sparse update)")
+    per = "step (lookup and sparse update)"
+    if p.nodes > 1:
+      per += f", a byte across nodes counted {cost.INTER_NODE_WEIGHT}x"
+    best, reason = cheapest(candidates, lambda s: step_bytes(t, costed[s]), why_not, per=per)
     return dataclasses.replace(costed[best], reason=reason)
 
   plans = {}
@@ -448,7 +530,8 @@ def plan_collection(
   plan_stacks = lambda kinds: stacks_lib.plan_stacks(
       tables, features, kinds, ids, mesh=mesh, table_axes=table_axes, data_axes=data_axes,
       param_dtype=param_dtype, devices_per_host=devices_per_host, num_unique=num_unique,
-      route_capacity=route_capacity)
+      route_capacity=route_capacity, devices_per_node=devices_per_node,
+      node_capacity=node_capacity)
   stacks = plan_stacks(kinds)
   moved = lambda stacks: sum(s.bytes_moved + s.bytes_moved_update for s in stacks)
   # Small auto tables table-wise where their stack then moves no more: all of

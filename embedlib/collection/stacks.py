@@ -88,6 +88,9 @@ def small(spec: TableSpec, plan: EmbeddingPlan) -> bool:
 
 def traffic(plan: EmbeddingPlan, ids_by_member: Mapping[str, int], num_unique=None) -> int:
   """Bytes per device of one route of a stack (ids per device by member)."""
+  if plan.nodes > 1:  # the two-level route's bytes, or the flat route's split by node
+    return sum(plan.node_bytes(sum(ids_by_member.values()) if num_unique is None
+                               else num_unique))
   token = mesh_axes.axes_size(dict(plan.mesh_shape), plan.token_axes)
   if num_unique is None:
     ids = sum(ids_by_member.values())
@@ -101,7 +104,9 @@ def traffic(plan: EmbeddingPlan, ids_by_member: Mapping[str, int], num_unique=No
 
 def plan_stacks(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], kinds, ids, *,
                 mesh, table_axes, data_axes, param_dtype, devices_per_host,
-                num_unique: Mapping[str, int], route_capacity: Mapping[str, int]):
+                num_unique: Mapping[str, int], route_capacity: Mapping[str, int],
+                devices_per_node: int | None = None,
+                node_capacity: Mapping[str, int] | None = None):
   """One ``StackPlan`` per width among the tables with a placement kind.
 
   Args:
@@ -112,6 +117,8 @@ def plan_stacks(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], ki
     mesh, table_axes, data_axes, param_dtype: as for ``plan_embedding``.
     devices_per_host: devices of one host, for ``"table_row"``.
     num_unique, route_capacity: by stack name.
+    devices_per_node: devices one node holds (see ``plan_embedding``).
+    node_capacity: by stack name (see ``plan_embedding``).
 
   Returns:
     The ``StackPlan`` s, one per width, in the order the widths first appear.
@@ -144,7 +151,8 @@ def plan_stacks(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], ki
           placed.num_embeddings, width, mesh=mesh, sharding=options.ROUTED,
           table_axes=table_axes, data_axes=data_axes, param_dtype=param_dtype,
           ids_per_device=max(1, sum(ids[t.name] for t in members)),
-          route_capacity=route_capacity.get(name), name=name, placement=placed)
+          route_capacity=route_capacity.get(name), name=name, placement=placed,
+          devices_per_node=devices_per_node, node_capacity=(node_capacity or {}).get(name))
 
     by_member = {t.name: max(ids[t.name], 1) for t in members}
     plan = planned(by_member)

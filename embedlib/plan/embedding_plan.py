@@ -214,14 +214,17 @@ class EmbeddingPlan:
     A row-split table whose group holds different ids; ``(total, 0)`` for
     one node. Over several nodes the routed lookup's two levels (one
     summed gradient per id and node pair crosses; the rounds' few scalars
-    left out), the all-gather over the shard's replicas as a flat route's.
+    left out), the all-gather over the shard's replicas as a flat route's;
+    the flat route (``node_update`` False) split as every group collective
+    (``cost.inter_node_share``).
     """
     itemsize = self.itemsize if itemsize is None else itemsize
     capacity = self.update_capacity(ids)
     outer = mesh_axes.axes_size(dict(self.mesh_shape), self.outer_axes)
     total = cost.routed_pairs_bytes(capacity, self.group_size, outer, self.features, itemsize)
     if not self.node_update:
-      return total, 0
+      inter = int(total * cost.inter_node_share(self.group_size, self.devices_per_node))
+      return total - inter, inter
     entry = cost.ID_BYTES + self.features * itemsize
     per, nodes = self.devices_per_node, self.nodes
     replicas = (outer - 1) * self.group_size * capacity * entry
