@@ -152,6 +152,31 @@ def _close_all():
     prefetcher.close(timeout=1.0)
 
 
+def _check_narrowing(name: str, leaf: np.ndarray, x64: bool) -> None:
+  """Refuses 64-bit integers that jax would narrow onto other values (x64 off).
+
+  With ``jax_enable_x64`` off jax stores int64 as int32 and uint64 as uint32,
+  wrapping what doesn't fit: an id of ``2**32 + 5`` would look up row 5.
+
+  >>> _check_narrowing("['ids']", np.array([2**32 + 5]), x64=False)
+  Traceback (most recent call last):
+  ...
+  ValueError: batch['ids'] holds int64 values up to 4294967301 with jax_enable_x64 off: ...
+  """
+  if x64 or leaf.dtype.kind not in "iu" or leaf.dtype.itemsize != 8 or not leaf.size:
+    return
+  narrow = np.iinfo(np.int32 if leaf.dtype.kind == "i" else np.uint32)
+  low, high = leaf.min(), leaf.max()
+  if low >= narrow.min and high <= narrow.max:
+    return
+  bound = f"up to {high}" if high > narrow.max else f"down to {low}"
+  raise ValueError(
+      f"batch{name} holds {leaf.dtype} values {bound} with jax_enable_x64 off: jax would "
+      f"store them as {narrow.dtype} and wrap them onto other values (an id onto another "
+      "table row). Turn x64 on (jax.config.update('jax_enable_x64', True)) or map the "
+      f"values into {narrow.dtype}'s range (e.g. hash ids below the table size).")
+
+
 def to_global_batch(batch, mesh, data_axes: str | Sequence[str] | None = None):
   """Puts a per-process numpy batch onto ``mesh``, split on the leading dimension.
 
@@ -193,6 +218,7 @@ def to_global_batch(batch, mesh, data_axes: str | Sequence[str] | None = None):
 
   def place(path, leaf):
     leaf = np.asarray(leaf)
+    _check_narrowing(jax.tree_util.keystr(path), leaf, jax.config.jax_enable_x64)
     try:
       return jax.make_array_from_process_local_data(sharding, leaf)
     except ValueError as e:

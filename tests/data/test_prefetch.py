@@ -114,3 +114,20 @@ def test_to_global_batch_errors(names, data_axes, rows, match):
   mesh = jax.make_mesh((8,), names)
   with pytest.raises(ValueError, match=match):
     to_global_batch({"label": np.zeros(rows, np.float32)}, mesh, data_axes)
+
+
+@pytest.mark.parametrize("dtype, value, bound", [
+    (np.int64, 2**32 + 5, "up to 4294967301"),   # would look up row 5
+    (np.int64, -2**31 - 1, "down to -2147483649"),
+    (np.uint64, 2**32, "up to 4294967296"),
+])
+def test_to_global_batch_refuses_64_bit_values_jax_would_wrap(dtype, value, bound):
+  mesh = jax.make_mesh((8,), ("data",))
+  ids = np.full((8, 2), 3, dtype)
+  ids[5, 1] = value
+  with pytest.raises(ValueError, match=rf"batch\['sparse'\]\['f'\] holds .*{bound} with "
+                     "jax_enable_x64 off.*jax_enable_x64"):
+    to_global_batch({"sparse": {"f": ids}}, mesh)
+  ids[5, 1] = 2**31 - 1  # what fits passes, narrowed as jax narrows it
+  placed = to_global_batch({"sparse": {"f": ids}}, mesh)["sparse"]["f"]
+  np.testing.assert_array_equal(np.asarray(placed), ids)
