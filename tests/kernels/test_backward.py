@@ -34,8 +34,9 @@ def duplicate_ids(shape, num_embeddings):
 def test_gather_grad_equals_reference_grad(features, num_embeddings, dtype):
   ids = duplicate_ids((4, 6), num_embeddings)
   table, cot = table_and_cotangent(num_embeddings, features, ids.shape, dtype)
-  grad = jax.grad(lambda t: jnp.sum(kernels.gather(t, ids, kernel="pallas") * cot))(table)
-  want = jax.grad(lambda t: jnp.sum(kernels.gather_reference(t, ids) * cot))(table)
+  grad = jax.jit(jax.grad(lambda t: jnp.sum(kernels.gather(t, ids, kernel="pallas") * cot)))(
+      table)
+  want = jax.jit(jax.grad(lambda t: jnp.sum(kernels.gather_reference(t, ids) * cot)))(table)
   assert grad.dtype == table.dtype
   tol = F32_TOL if dtype == jnp.float32 else BF16_TOL
   np.testing.assert_allclose(np.asarray(grad, np.float32), np.asarray(want, np.float32), **tol)
@@ -56,14 +57,30 @@ def test_bag_grads_equal_reference_grads(combiner, weighted, features):
     return jnp.sum(fn(t, ids, w if weighted else None, combiner=combiner) * cot)
 
   pallas = lambda t, i, w, combiner: kernels.bag(t, i, w, combiner=combiner, kernel="pallas")
-  got_t, got_w = jax.grad(lambda t, w: loss(pallas, t, w), argnums=(0, 1))(table, weights)
-  want_t, want_w = jax.grad(lambda t, w: loss(kernels.bag_reference, t, w), argnums=(0, 1))(
-      table, weights
-  )
+  got_t, got_w = jax.jit(jax.grad(lambda t, w: loss(pallas, t, w), argnums=(0, 1)))(
+      table, weights)
+  want_t, want_w = jax.jit(jax.grad(lambda t, w: loss(kernels.bag_reference, t, w),
+                                    argnums=(0, 1)))(table, weights)
   np.testing.assert_allclose(got_t, want_t, **F32_TOL)
   np.testing.assert_allclose(got_w, want_w, **F32_TOL)
   if weighted:
     assert np.abs(np.asarray(got_w)).max() > 0  # the weights really get a gradient
+
+
+def test_eager_grads_equal_the_jit_ones():
+  """The cases above run under jit (one program each, not one per primitive); once eagerly."""
+  ids = duplicate_ids((5, 4), 7)
+  table, cot = table_and_cotangent(7, 3, (5,), jnp.float32)
+  weights = jax.random.uniform(jax.random.PRNGKey(4), ids.shape, minval=0.5, maxval=2.0)
+  losses = [
+      lambda t, w: jnp.sum(kernels.gather(t, ids, kernel="pallas") * cot[:, None]),
+      lambda t, w: jnp.sum(kernels.bag(t, ids, w, combiner="mean", kernel="pallas") * cot),
+  ]
+  for loss in losses:
+    eager = jax.grad(loss, argnums=(0, 1))(table, weights)
+    jitted = jax.jit(jax.grad(loss, argnums=(0, 1)))(table, weights)
+    for a, b in zip(eager, jitted):
+      np.testing.assert_allclose(a, b, **F32_TOL)
 
 
 def test_bag_grad_bf16_under_jit():
