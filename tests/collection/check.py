@@ -10,7 +10,6 @@ per feature set and inputs: the cases of one test differ in mesh and layout
 only, and the logical tables and cotangents are its arguments.
 """
 
-import functools
 import hashlib
 
 import jax
@@ -32,29 +31,27 @@ def _digest(arrays) -> str:
   return h.hexdigest()
 
 
-@functools.cache
-def _reference_programs(features, key):
-  """The reference's outputs, and its loss's value and table gradients, compiled once per inputs.
-
-  The collection tests check one set of inputs on several meshes; the
-  logical tables and cotangents are arguments, so each mesh's case reuses
-  the programs.
-  """
-  inputs, weights = _INPUTS[key]
-  ref = lambda t: reference.collection(t, features, inputs, weights)
-  def loss_and_out(tables, cot):
-    out = ref(tables)
-    return sum(jnp.sum(out[k] * cot[k]) for k in cot), out
-  return jax.jit(ref), jax.jit(jax.value_and_grad(loss_and_out, has_aux=True))
-
-
-_INPUTS = {}
+# {(features, inputs' digest, weights' digest): (outputs, value_and_grad)}
+_PROGRAMS = {}
 
 
 def _programs(features, inputs, weights):
-  key = (_digest(inputs), _digest(weights))
-  _INPUTS.setdefault(key, (inputs, weights))
-  return _reference_programs(tuple(features), key)
+  """The reference's outputs, and its loss's value and table gradients, as compiled functions.
+
+  One pair per feature set and inputs: the collection tests check one set
+  of inputs on several meshes, and the logical tables and cotangents are
+  arguments, so each mesh's case reuses the programs.
+  """
+  key = (tuple(features), _digest(inputs), _digest(weights))
+  if key not in _PROGRAMS:
+    ref = lambda t: reference.collection(t, features, inputs, weights)
+
+    def loss_and_out(tables, cot):
+      out = ref(tables)
+      return sum(jnp.sum(out[k] * cot[k]) for k in cot), out
+
+    _PROGRAMS[key] = jax.jit(ref), jax.jit(jax.value_and_grad(loss_and_out, has_aux=True))
+  return _PROGRAMS[key]
 
 
 def reference_outputs(tables, features, inputs, weights):
