@@ -1,7 +1,5 @@
 """Gradients of the Pallas lookups (custom_vjp + deterministic segment sum) against jax.grad of the references."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +7,7 @@ import pytest
 
 from embedlib import kernels, options
 from embedlib.kernels.backward import segment_sum_rows, segments
+from tests import covering
 
 # bf16 tables: the reference scatter-adds duplicates in bf16, the kernel sums in
 # f32 and rounds once, so they differ by up to a few bf16 ulps (2**-8 relative).
@@ -29,7 +28,7 @@ def duplicate_ids(shape, num_embeddings):
 
 @pytest.mark.parametrize(
     "features,num_embeddings,dtype",
-    list(itertools.product([1, 3, 100], [1, 7], [jnp.float32, jnp.bfloat16])),
+    covering.params([1, 3, 100], [1, 7], [jnp.float32, jnp.bfloat16]),  # -m slow: all 12
 )
 def test_gather_grad_equals_reference_grad(features, num_embeddings, dtype):
   ids = duplicate_ids((4, 6), num_embeddings)
@@ -46,7 +45,7 @@ def test_gather_grad_equals_reference_grad(features, num_embeddings, dtype):
 
 @pytest.mark.parametrize(
     "combiner,weighted,features",
-    list(itertools.product(options.COMBINERS, [False, True], [3, 100])),
+    covering.params(options.COMBINERS, [False, True], [3, 100]),  # -m slow: all 12
 )
 def test_bag_grads_equal_reference_grads(combiner, weighted, features):
   ids = duplicate_ids((5, 4), 7).at[-1].set(-1)  # last bag empty
