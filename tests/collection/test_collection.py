@@ -18,7 +18,7 @@ from jax.experimental import checkify
 
 from embedlib import EmbeddingCollection, FeatureSpec, TableSpec
 from embedlib.collection import Ragged
-from tests.collection import reference
+from tests.collection import check, reference
 
 TABLES = (
     TableSpec("items", 50, 8, sharding="vocab"),
@@ -130,21 +130,9 @@ def test_outputs_and_gradients_match_reference(mesh_name, dedup):
   coll = build(mesh_name, dedup)
   inputs, weights = make_inputs()
   x, w = as_jax(inputs, weights)
-  tables = logical_tables(coll)
-  want = reference.collection(tables, FEATURES, inputs, weights)
-  rng = np.random.default_rng(2)
-  cot = {k: jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in want.items()}
-  loss = lambda out: sum(jnp.sum(out[k] * cot[k]) for k in cot)
-
-  fn, state = apply(coll, x, w)
-  params = nnx.state(coll, nnx.Param)
-  def loss_and_out(params):
-    out = fn(nnx.merge_state(state, params), x, w)
-    return loss(out), out
-  (_, got), grads = jax.jit(jax.value_and_grad(loss_and_out, has_aux=True))(params)
+  got, grads, want, want_grads = check.outputs_and_gradients(
+      coll, lambda m: m(x, w), logical_tables(coll), FEATURES, inputs, weights, seed=2)
   assert_outputs_close(got, want)
-
-  want_grads = jax.grad(lambda t: loss(reference.collection(t, FEATURES, inputs, weights)))(tables)
   for spec in TABLES:
     g = np.asarray(grads["tables"][spec.name]["embedding"][...])
     n, f = spec.num_embeddings, spec.features
@@ -178,7 +166,8 @@ def test_pallas_kernel_matches_reference(mesh_name):
   x, w = as_jax(inputs, weights)
   fn, state = apply(coll, x, w)
   got = jax.jit(fn)(state, x, w)
-  assert_outputs_close(got, reference.collection(logical_tables(coll), FEATURES, inputs, weights))
+  assert_outputs_close(got, check.reference_outputs(logical_tables(coll), FEATURES, inputs,
+                                                    weights))
 
 
 def test_unique_counts_size_the_capacity():

@@ -21,7 +21,7 @@ from flax import nnx
 from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim
 from embedlib.collection import plan_collection, planner
 from embedlib.plan import hlo
-from tests.collection import reference
+from tests.collection import check
 
 APART = (
     TableSpec("tags", 90, 8, sharding="routed"),
@@ -116,23 +116,13 @@ def test_outputs_and_gradients_match_reference(models):
   mesh, model, _ = models
   inputs = make_inputs(0)
   features = APART_FEATURES + STACKED_FEATURES
-  tables = logical_tables(model)
-  want = reference.collection(tables, features, inputs, {})
-  rng = np.random.default_rng(1)
-  cot = {k: jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in want.items()}
-  loss = lambda out: sum(jnp.sum(out[k] * cot[k]) for k in cot)
   split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
   x = {k: jax.device_put(jnp.asarray(v), split) for k, v in inputs.items()}
-  graphdef, state = nnx.split(model)
-  params = nnx.state(model, nnx.Param)
-  fn = lambda params: (lambda out: (loss(out), out))(
-      nnx.merge(graphdef, nnx.merge_state(state, params))(x))
-  (_, got), grads = jax.jit(jax.value_and_grad(fn, has_aux=True))(params)
+  got, grads, want, want_grads = check.outputs_and_gradients(
+      model, lambda m: m(x), logical_tables(model), features, inputs, {}, seed=1)
   for k in want:
     np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-6,
                                err_msg=k)
-  want_grads = jax.jit(jax.grad(lambda t: loss(reference.collection(t, features, inputs, {}))))(
-      tables)
   got_grads = {n: np.asarray(grads["apart"]["tables"][n]["embedding"][...])
                for n in ("tags",)}
   placement = model.stacked.plan.stack("stack_8").plan.placement

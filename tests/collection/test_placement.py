@@ -15,7 +15,7 @@ from flax import nnx
 from embedlib import EmbeddingCollection, FeatureSpec, TableSpec
 from embedlib.collection import plan_collection
 from embedlib.plan import placement
-from tests.collection import reference
+from tests.collection import check
 
 TABLES = (
     TableSpec("big", 3000, 8, sharding="routed"),  # row-wise, in the stack with table_batched
@@ -89,23 +89,11 @@ def test_outputs_and_gradients_match_reference(mesh_name, num_unique):
   inputs, weights = make_inputs()
   x = {k: jnp.asarray(v) for k, v in inputs.items()}
   w = {k: jnp.asarray(v) for k, v in weights.items()}
-  tables = logical_tables(coll)
-  want = reference.collection(tables, FEATURES, inputs, weights)
-  rng = np.random.default_rng(2)
-  cot = {k: jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in want.items()}
-  loss = lambda out: sum(jnp.sum(out[k] * cot[k]) for k in cot)
-  graphdef, state = nnx.split(coll)
-  params = nnx.state(coll, nnx.Param)
-
-  def loss_and_out(params):
-    out = nnx.merge(graphdef, nnx.merge_state(state, params))(x, w)
-    return loss(out), out
-
-  (_, got), grads = jax.jit(jax.value_and_grad(loss_and_out, has_aux=True))(params)
+  got, grads, want, want_grads = check.outputs_and_gradients(
+      coll, lambda m: m(x, w), logical_tables(coll), FEATURES, inputs, weights, seed=2)
   for k in want:
     np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-6,
                                err_msg=k)
-  want_grads = jax.grad(lambda t: loss(reference.collection(t, FEATURES, inputs, weights)))(tables)
   got_grads = table_grads(coll, grads)
   for t in TABLES:
     np.testing.assert_allclose(got_grads[t.name][:, : t.features], want_grads[t.name],
@@ -114,7 +102,7 @@ def test_outputs_and_gradients_match_reference(mesh_name, num_unique):
 
 
 def test_plan_places_and_prints_every_table():
-  coll = build("8")
+  coll = nnx.eval_shape(lambda: build("8"))  # the plan alone: no table is initialised
   plan = coll.plan
   stack = plan.stack("stack_8")
   assert stack.members == ("big", "mid", "a", "b")
@@ -229,7 +217,9 @@ def test_auto_dedup_routes_distinct_ids_where_it_pays_and_matches_reference():
   batch = 64
   build = lambda **kw: EmbeddingCollection(DEDUP_TABLES, DEDUP_FEATURES, mesh=mesh,
                                            batch_size=batch, rngs=nnx.Rngs(0), **kw)
-  coll, plain = build(), build(num_unique=None)
+  # Only ``coll`` runs; the others are read for their plans (built abstract).
+  shaped = lambda **kw: nnx.eval_shape(lambda: build(**kw))
+  coll, plain = build(), shaped(num_unique=None)
   assert coll.plan["few"].num_unique is not None and coll.plan["few"].num_unique < 64
   assert coll.plan["many"].num_unique is None
   stack = coll.plan.stack("stack_8")
@@ -243,8 +233,8 @@ def test_auto_dedup_routes_distinct_ids_where_it_pays_and_matches_reference():
   assert stack.plan.update_capacity(lookups) == stack.plan.capacity_for(stack.num_unique)
   assert plain.plan.stack("stack_8").plan.placement.lookups is None
   # "error" raises on overflow: only a capacity the caller gave may.
-  assert build(on_overflow="error").num_unique == {}
-  assert build(on_overflow="error", num_unique={"few": 30}).num_unique == {"few": 30}
+  assert shaped(on_overflow="error").num_unique == {}
+  assert shaped(on_overflow="error", num_unique={"few": 30}).num_unique == {"few": 30}
   rng = np.random.default_rng(3)
   shape = {"f_few": (batch, 8), "f_many": (batch, 2), "f_t": (batch, 8)}
   rows = {t.name: t.num_embeddings for t in DEDUP_TABLES}
@@ -253,23 +243,17 @@ def test_auto_dedup_routes_distinct_ids_where_it_pays_and_matches_reference():
   split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
   x = {k: jax.device_put(jnp.asarray(v), split) for k, v in inputs.items()}
   tables = {t.name: jnp.asarray(np.asarray(coll.logical_table(t.name))) for t in DEDUP_TABLES}
-  want = reference.collection(tables, DEDUP_FEATURES, inputs, {})
-  cot = {k: jnp.asarray(rng.normal(size=v.shape), jnp.float32) for k, v in want.items()}
-  loss = lambda out: sum(jnp.sum(out[k] * cot[k]) for k in cot)
-  graphdef, state = nnx.split(coll)
-  params = nnx.state(coll, nnx.Param)
-  fn = lambda params: (lambda out: (loss(out), out))(
-      nnx.merge(graphdef, nnx.merge_state(state, params))(x))
-  (_, got), grads = jax.jit(jax.value_and_grad(fn, has_aux=True))(params)
+  got, grads, want, want_grads = check.outputs_and_gradients(
+      coll, lambda m: m(x), tables, DEDUP_FEATURES, inputs, {}, seed=4)
   for k in want:
     np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-6,
                                err_msg=k)
-  want_grads = jax.grad(lambda t: loss(reference.collection(t, DEDUP_FEATURES, inputs, {})))(tables)
   got_grads = table_grads(coll, grads)
   for t in DEDUP_TABLES:
     np.testing.assert_allclose(got_grads[t.name][:, : t.features], want_grads[t.name],
                                rtol=1e-5, atol=1e-6, err_msg=t.name)
   # The planner's bytes, dedup included, are what the compiled lookup moves.
+  graphdef, state = nnx.split(coll)
   compiled = hlo.bytes_moved(jax.jit(lambda s: nnx.merge(graphdef, s)(x)).lower(state)
                              .compile().as_text())
   assert abs(compiled - coll.plan.bytes_moved) <= 0.10 * compiled, (compiled, coll.plan.bytes_moved)

@@ -88,12 +88,19 @@ def _tokens(vocab):
   return jnp.asarray(np.random.default_rng(0).integers(0, vocab, (4, 6)), jnp.int32)
 
 
-def _logits_and_grads(model, tokens):
+# One program per model (op by op, each primitive would compile its own).
+@nnx.jit
+def _jit_logits_and_grads(model, tokens):
   def loss(m):
     logits = m(tokens)
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean(), logits
 
   (_, logits), grads = nnx.value_and_grad(loss, has_aux=True)(model)
+  return logits, grads
+
+
+def _logits_and_grads(model, tokens):
+  logits, grads = _jit_logits_and_grads(model, tokens)
   return np.asarray(logits), {"/".join(map(str, k)): np.asarray(v[...])
                               for k, v in nnx.to_flat_state(grads)}
 

@@ -45,8 +45,22 @@ def test_layout_matches_reference(mesh_name, strategy, size):
   check_contract(emb, ids, query)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("mesh_name", ["2x4-tp", "8-tokens"])
+def _covering(meshes, ci):
+  """Every (mesh, strategy) pair; those outside ``ci`` run under ``-m slow``.
+
+  ``ci`` pairs each strategy with one mesh and each mesh with some strategy:
+  a dtype or kernel meets every strategy and every mesh in CI, and every
+  layout meets the reference in test_layout_matches_reference.
+  """
+  return [pytest.param(m, s, id=f"{m}-{s}",
+                       marks=() if (m, s) in ci else pytest.mark.slow)
+          for m in meshes for s in STRATEGIES]
+
+
+@pytest.mark.parametrize("mesh_name, strategy", _covering(
+    ["2x4-tp", "8-tokens"],
+    {("2x4-tp", "vocab"), ("2x4-tp", "hidden"), ("8-tokens", "replicated"),
+     ("8-tokens", "routed")}))
 def test_bf16(mesh_name, strategy):
   shape, names, table_axes, data_axes = MESHES[mesh_name]
   emb = build(99, 100, make_mesh(shape, names), sharding=strategy,
@@ -81,8 +95,10 @@ def test_sharded_ids_stay_sharded(strategy):
 
 # Ids replicated over the table group, and token-sharded over part of it
 # (the all-token 8-device mesh takes the same local lookups as the mixed one).
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("mesh_name", ["2x4-tp", "4x2-mixed"])
+@pytest.mark.parametrize("mesh_name, strategy", _covering(
+    ["2x4-tp", "4x2-mixed"],
+    {("2x4-tp", "replicated"), ("2x4-tp", "hidden"), ("4x2-mixed", "vocab"),
+     ("4x2-mixed", "routed")}))
 def test_pallas_kernel_in_interpret_mode(mesh_name, strategy):
   """The Pallas gather (interpreted on CPU) as every strategy's local lookup."""
   shape, names, table_axes, data_axes = MESHES[mesh_name]
@@ -153,8 +169,20 @@ GRID_MESHES = {
 }
 
 
-@pytest.mark.parametrize("size", [(99, 10), (7, 128), (50257, 3)], ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("mesh_name", list(GRID_MESHES))
+GRID_SIZES = [(99, 10), (7, 128), (50257, 3)]
+
+
+def _grid_cases():
+  # Every mesh splits rows over 4 ranks and columns over 2, so the sizes pad
+  # alike on each: in CI each mesh takes one size and each size one mesh;
+  # ``-m slow`` runs the rest of the product.
+  for i, mesh_name in enumerate(GRID_MESHES):
+    for j, size in enumerate(GRID_SIZES):
+      yield pytest.param(mesh_name, size, id=f"{mesh_name}-{size[0]}x{size[1]}",
+                         marks=() if i == j else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("mesh_name, size", list(_grid_cases()))
 def test_grid_matches_reference(mesh_name, size):
   shape, names, rows, cols = GRID_MESHES[mesh_name]
   emb = build(*size, make_mesh(shape, names), sharding="grid", table_axes=rows,

@@ -1,7 +1,5 @@
 """Gradients of the Pallas lookups (custom_vjp + deterministic segment sum) against jax.grad of the references."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +7,7 @@ import pytest
 
 from embedlib import kernels, options
 from embedlib.kernels.backward import segment_sum_rows, segments
+from tests import covering
 
 # bf16 tables: the reference scatter-adds duplicates in bf16, the kernel sums in
 # f32 and rounds once, so they differ by up to a few bf16 ulps (2**-8 relative).
@@ -29,13 +28,14 @@ def duplicate_ids(shape, num_embeddings):
 
 @pytest.mark.parametrize(
     "features,num_embeddings,dtype",
-    list(itertools.product([1, 3, 100], [1, 7], [jnp.float32, jnp.bfloat16])),
+    covering.params([1, 3, 100], [1, 7], [jnp.float32, jnp.bfloat16]),  # -m slow: all 12
 )
 def test_gather_grad_equals_reference_grad(features, num_embeddings, dtype):
   ids = duplicate_ids((4, 6), num_embeddings)
   table, cot = table_and_cotangent(num_embeddings, features, ids.shape, dtype)
-  grad = jax.grad(lambda t: jnp.sum(kernels.gather(t, ids, kernel="pallas") * cot))(table)
-  want = jax.grad(lambda t: jnp.sum(kernels.gather_reference(t, ids) * cot))(table)
+  grad = jax.jit(jax.grad(lambda t: jnp.sum(kernels.gather(t, ids, kernel="pallas") * cot)))(
+      table)
+  want = jax.jit(jax.grad(lambda t: jnp.sum(kernels.gather_reference(t, ids) * cot)))(table)
   assert grad.dtype == table.dtype
   tol = F32_TOL if dtype == jnp.float32 else BF16_TOL
   np.testing.assert_allclose(np.asarray(grad, np.float32), np.asarray(want, np.float32), **tol)
@@ -45,7 +45,7 @@ def test_gather_grad_equals_reference_grad(features, num_embeddings, dtype):
 
 @pytest.mark.parametrize(
     "combiner,weighted,features",
-    list(itertools.product(options.COMBINERS, [False, True], [3, 100])),
+    covering.params(options.COMBINERS, [False, True], [3, 100]),  # -m slow: all 12
 )
 def test_bag_grads_equal_reference_grads(combiner, weighted, features):
   ids = duplicate_ids((5, 4), 7).at[-1].set(-1)  # last bag empty
@@ -56,14 +56,30 @@ def test_bag_grads_equal_reference_grads(combiner, weighted, features):
     return jnp.sum(fn(t, ids, w if weighted else None, combiner=combiner) * cot)
 
   pallas = lambda t, i, w, combiner: kernels.bag(t, i, w, combiner=combiner, kernel="pallas")
-  got_t, got_w = jax.grad(lambda t, w: loss(pallas, t, w), argnums=(0, 1))(table, weights)
-  want_t, want_w = jax.grad(lambda t, w: loss(kernels.bag_reference, t, w), argnums=(0, 1))(
-      table, weights
-  )
+  got_t, got_w = jax.jit(jax.grad(lambda t, w: loss(pallas, t, w), argnums=(0, 1)))(
+      table, weights)
+  want_t, want_w = jax.jit(jax.grad(lambda t, w: loss(kernels.bag_reference, t, w),
+                                    argnums=(0, 1)))(table, weights)
   np.testing.assert_allclose(got_t, want_t, **F32_TOL)
   np.testing.assert_allclose(got_w, want_w, **F32_TOL)
   if weighted:
     assert np.abs(np.asarray(got_w)).max() > 0  # the weights really get a gradient
+
+
+def test_eager_grads_equal_the_jit_ones():
+  """The cases above run under jit (one program each, not one per primitive); once eagerly."""
+  ids = duplicate_ids((5, 4), 7)
+  table, cot = table_and_cotangent(7, 3, (5,), jnp.float32)
+  weights = jax.random.uniform(jax.random.PRNGKey(4), ids.shape, minval=0.5, maxval=2.0)
+  losses = [
+      lambda t, w: jnp.sum(kernels.gather(t, ids, kernel="pallas") * cot[:, None]),
+      lambda t, w: jnp.sum(kernels.bag(t, ids, w, combiner="mean", kernel="pallas") * cot),
+  ]
+  for loss in losses:
+    eager = jax.grad(loss, argnums=(0, 1))(table, weights)
+    jitted = jax.jit(jax.grad(loss, argnums=(0, 1)))(table, weights)
+    for a, b in zip(eager, jitted):
+      np.testing.assert_allclose(a, b, **F32_TOL)
 
 
 def test_bag_grad_bf16_under_jit():

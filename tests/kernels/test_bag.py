@@ -9,6 +9,7 @@ import pytest
 
 from embedlib import kernels, options
 from embedlib.kernels.bag_pallas import bag_pallas
+from tests import covering
 
 # f32: the kernel sums slots in order and multiplies by 1/denominator; the
 # reference uses einsum with per-slot coefficients. Both accumulate in f32, so
@@ -34,9 +35,10 @@ def make_table(num_embeddings, features, dtype=jnp.float32):
   return table.astype(dtype)
 
 
+# Every pair of values of the four axes in CI (12 cases); -m slow: all 48.
 @pytest.mark.parametrize(
     "combiner,weighted,features,num_embeddings",
-    list(itertools.product(options.COMBINERS, [False, True], [1, 3, 100, 128], [1, 7])),
+    covering.params(options.COMBINERS, [False, True], [1, 3, 100, 128], [1, 7]),
 )
 def test_pallas_bag_equals_reference_f32(combiner, weighted, features, num_embeddings):
   table = make_table(num_embeddings, features)

@@ -1,7 +1,5 @@
 """The slot-by-slot XLA bag (``kernel="xla"``) against ``bag_reference``: values and gradients."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,15 +8,17 @@ from jax.sharding import PartitionSpec as P
 
 from embedlib import _compat, kernels, options
 from embedlib.kernels import bag_xla as bag_xla_lib  # the module
+from tests import covering
 from tests.kernels.test_bag import make_bags, make_table
 
 F32_TOL = dict(rtol=1e-6, atol=1e-6)
 BF16_TOL = dict(rtol=2**-5, atol=2**-5)
 
 
+# Every pair of values of the four axes in CI (9 cases); -m slow: all 54.
 @pytest.mark.parametrize(
     "combiner,weighted,features,num_embeddings",
-    list(itertools.product(options.COMBINERS, [False, True], [1, 3, 128], [1, 7, 50])),
+    covering.params(options.COMBINERS, [False, True], [1, 3, 128], [1, 7, 50]),
 )
 def test_forward_equals_reference(combiner, weighted, features, num_embeddings):
   """Same f32 terms, added in the same (slot) order: equal up to XLA's fused multiply-adds."""
@@ -34,7 +34,7 @@ def test_forward_equals_reference(combiner, weighted, features, num_embeddings):
 
 @pytest.mark.parametrize(
     "combiner,weighted,dtype",
-    list(itertools.product(options.COMBINERS, [False, True], [jnp.float32, jnp.bfloat16])),
+    covering.params(options.COMBINERS, [False, True], [jnp.float32, jnp.bfloat16]),  # slow: all 12
 )
 def test_grads_equal_reference_grads(combiner, weighted, dtype):
   """Table gradient (duplicates summed, padding and invalid ids dropped) and weights gradient."""

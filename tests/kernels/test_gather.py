@@ -1,7 +1,5 @@
 """Interpret-mode Pallas gather and the CPU C++ gather against the reference, and the dispatcher."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +11,7 @@ from embedlib.kernels import cpu_library, lowering, mosaic
 from embedlib.kernels.gather_cpu import gather_cpu
 from embedlib.kernels.gather_pallas import gather_pallas, next_pow2
 
+from .. import covering
 from ..cpu_kernels import require_cpu_kernels
 
 FEATURES = (1, 3, 100, 128)
@@ -30,9 +29,9 @@ def make_ids(shape, num_embeddings, seed=1):
   return jax.random.randint(jax.random.PRNGKey(seed), shape, -3, num_embeddings + 3)
 
 
-@pytest.mark.parametrize(
-    "features,num_embeddings,dtype", list(itertools.product(FEATURES, VOCABS, DTYPES))
-)
+# Every width with every dtype (the bytes a row copies) and every table
+# size with both, in CI; -m slow runs the whole product (tests/covering.py).
+@pytest.mark.parametrize("features,num_embeddings,dtype", covering.params(FEATURES, VOCABS, DTYPES))
 def test_pallas_gather_equals_reference_exactly(features, num_embeddings, dtype):
   table = make_table(num_embeddings, features, dtype)
   ids = make_ids((3, 11), num_embeddings)
@@ -135,9 +134,8 @@ def test_cpu_kernel_lowered_for_cuda_is_xla_there():
 CPU_FEATURES = sorted(set(FEATURES) | {4, 8, 16, 32, 64})
 
 
-@pytest.mark.parametrize(
-    "features,num_embeddings,dtype", list(itertools.product(CPU_FEATURES, VOCABS, DTYPES))
-)
+@pytest.mark.parametrize("features,num_embeddings,dtype",
+                         covering.params(CPU_FEATURES, VOCABS, DTYPES))
 def test_cpu_gather_equals_reference_exactly(features, num_embeddings, dtype):
   require_cpu_kernels()
   table = make_table(num_embeddings, features, dtype)

@@ -18,13 +18,16 @@ def test_dot_interaction_is_the_strict_upper_triangle_of_the_gram(n):
   gram = np.einsum("bnd,bmd->bnm", f, f)
   rows, cols = np.triu_indices(n, k=1)
   want = gram[:, rows, cols]
-  np.testing.assert_allclose(dot_interaction(f), want, rtol=1e-5, atol=1e-6)
-  vectors = [f[:, i] for i in range(n)]
-  np.testing.assert_allclose(dot_interaction(vectors), want, rtol=1e-5, atol=1e-6)
-  # Gradients of both forms agree too.
+  # Each form and its gradient as one program (op by op, the list of 27
+  # vectors would compile a program per primitive).
   cot = jax.random.normal(jax.random.key(0), want.shape)
-  stacked = jax.grad(lambda f: jnp.sum(dot_interaction(f) * cot))(f)
-  apart = jax.grad(lambda v: jnp.sum(dot_interaction(v) * cot))(vectors)
+  out = jax.jit(dot_interaction)
+  grad = jax.jit(jax.grad(lambda x: jnp.sum(dot_interaction(x) * cot)))
+  np.testing.assert_allclose(out(f), want, rtol=1e-5, atol=1e-6)
+  vectors = [f[:, i] for i in range(n)]
+  np.testing.assert_allclose(out(vectors), want, rtol=1e-5, atol=1e-6)
+  # Gradients of both forms agree too.
+  stacked, apart = grad(f), grad(vectors)
   np.testing.assert_allclose(np.stack(apart, 1), stacked, rtol=1e-5, atol=1e-5)
 
 
@@ -41,9 +44,11 @@ def test_dlrm_logits_and_gradients(interaction, widths):
   model = _model(interaction, widths)
   dense = jnp.ones((4, 3))
   sparse = {"a": jnp.array([0, 1, 19, -1]), "b": jnp.array([[1, 2], [3, -1], [-1, -1], [9, 9]])}
-  logits = model(dense, sparse)
+  # One program for the logits and their gradient (op by op, each primitive
+  # of the model would compile its own).
+  (_, logits), grads = nnx.jit(nnx.value_and_grad(
+      lambda m: (jnp.sum(m(dense, sparse)), m(dense, sparse)), has_aux=True))(model)
   assert logits.shape == (4,) and bool(jnp.all(jnp.isfinite(logits)))
-  grads = nnx.grad(lambda m: jnp.sum(m(dense, sparse)))(model)
   table_a = grads.embeddings.tables["a"].embedding[...]
   assert np.asarray(table_a)[[0, 1, 19]].any() and not np.asarray(table_a)[2:19].any()
 

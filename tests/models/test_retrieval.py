@@ -79,8 +79,10 @@ def test_both_user_towers_give_unit_vectors(user_tower):
   hash_ = hashers(cfg)  # the host side of the model's multi-hash tables
   batch["user"] = hash_["user"](batch["user"])
   batch["history_item"] = hash_["item"](batch["history_item"])
-  users = model.users(batch)
-  items = model.candidates(jnp.asarray(model.items.hash(np.arange(4))), jnp.arange(4))
+  # Jit'd: op by op, each primitive of the towers would compile a program.
+  users = nnx.jit(lambda m, b: m.users(b))(model, batch)
+  items = nnx.jit(lambda m, h, i: m.candidates(h, i))(
+      model, jnp.asarray(model.items.hash(np.arange(4))), jnp.arange(4))
   np.testing.assert_allclose(np.linalg.norm(users, axis=1), 1.0, rtol=1e-5)
   np.testing.assert_allclose(np.linalg.norm(items, axis=1), 1.0, rtol=1e-5)
   assert float(model.temperature()) == pytest.approx(0.05)

@@ -30,8 +30,8 @@ for _s in options.STRATEGIES:
 for _s in (options.VOCAB, options.HIDDEN, options.ROUTED):
   LAYOUTS.append(((2, 4), (axes.DATA, axes.MODEL), _s, (axes.DATA, axes.MODEL), None))
 
-#: The layouts two local update paths are compared on (test_dense_path,
-#: test_marks_path): every strategy without a mesh, on 2 and 8 devices (13
+#: The layouts the local update paths are compared on (test_dense_path's
+#: by-rows, marks and sort dedups; test_rules' fused and sorted updates): every strategy without a mesh, on 2 and 8 devices (13
 #: rows pad to 14 and 16) and on the 2-D meshes. The 1-device mesh pads
 #: nothing, like no mesh, and the 4-device one pads as 8 does: the paths
 #: treat neither apart. test_rules still runs every layout.

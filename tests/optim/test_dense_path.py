@@ -67,19 +67,30 @@ def run_steps(emb, rules, dense: bool, monkeypatch, marks: bool = True):
 # With ``test_rules`` (which, on 13 rows, runs the no-sort path against the
 # dense reference on every layout) this keeps the sort path checked.
 LAYOUTS = ref.PATH_LAYOUTS
+#: The rules with a slot, which mark it instead of sorting (test_marks_path.py).
+SLOT_RULES = ("adagrad", "adam_row", "adam_global")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=ref.layout_id)
-def test_dense_path_equals_by_ids_path(layout, monkeypatch):
+def test_dense_and_marks_paths_equal_the_sort_path(layout, monkeypatch):
+  """The by-rows path (every rule) and the marks path (rules with a slot) equal the sort.
+
+  One test of the three local dedups per layout, so each compiles once: by
+  rows, by ids marking a slot, and by ids sorting, the reference of both.
+  """
   # 13 rows, 22 ids per step (plus padding): every shard skips the sort.
   emb = make_table(layout)
-  rules = {name: ref.make_rule(name, schedule=False) for name in ref.RULES}
+  rules = {name: ref.make_rule(name, schedule=True) for name in ref.RULES}
+  slot_rules = {name: rules[name] for name in SLOT_RULES}
   dense, dense_sorts = run_steps(emb, rules, True, monkeypatch)
-  by_ids, ids_sorts = run_steps(emb, rules, False, monkeypatch)  # SGD sorts, the rest mark
-  assert dense_sorts == 0 and ids_sorts > 0, (dense_sorts, ids_sorts)
-  assert_same_states(dense, by_ids, rules)
-  # The steps did change something (the comparison is not of two no-ops).
-  assert not np.array_equal(dense["sgd"][0], np.asarray(emb.physical_table()))
+  marked, mark_sorts = run_steps(emb, slot_rules, False, monkeypatch)
+  by_sort, sorts = run_steps(emb, rules, False, monkeypatch, marks=False)
+  assert dense_sorts == 0 and mark_sorts == 0 and sorts > 0, (dense_sorts, mark_sorts, sorts)
+  assert_same_states(dense, by_sort, rules)
+  assert_same_states(marked, by_sort, slot_rules)
+  # The steps did change something (the comparisons are not of no-ops).
+  for name in ("sgd", "adagrad"):
+    assert not np.array_equal(by_sort[name][0], np.asarray(emb.physical_table())), name
 
 
 def assert_same_states(got, want, rules):

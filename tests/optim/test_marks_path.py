@@ -17,25 +17,12 @@ from embedlib import optim
 from embedlib.optim import apply as apply_lib
 from embedlib.plan import plan_embedding
 
-from . import reference as ref
-from .test_dense_path import assert_same_states, run_steps
-from .test_rules import make_table
-
 # The XLA ops' own dedup paths (on CPU the fused update would replace them).
 pytestmark = pytest.mark.usefixtures("xla_update")
 
-SLOT_RULES = ("adagrad", "adam_row", "adam_global")
-
-
-@pytest.mark.parametrize("layout", ref.PATH_LAYOUTS, ids=ref.layout_id)
-def test_marks_path_equals_sort_path(layout, monkeypatch):
-  emb = make_table(layout)
-  rules = {name: ref.make_rule(name, schedule=True) for name in SLOT_RULES}
-  marked, mark_sorts = run_steps(emb, rules, False, monkeypatch)
-  sort, sort_sorts = run_steps(emb, rules, False, monkeypatch, marks=False)
-  assert mark_sorts == 0 and sort_sorts > 0, (mark_sorts, sort_sorts)
-  assert_same_states(marked, sort, rules)
-  assert not np.array_equal(marked["adagrad"][0], np.asarray(emb.physical_table()))
+# The marks path equals the sort path, on every layout and rule with a slot:
+# test_dense_path.py's test_dense_and_marks_paths_equal_the_sort_path, which
+# compiles the three local dedups of each layout in one test.
 
 
 def test_dedup_marks_sums_each_row_once_in_input_order():

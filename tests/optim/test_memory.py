@@ -13,6 +13,8 @@ floats: ``kernels/cpu/row_update.cc``) is outside XLA's analysis and
 ids-sized by construction.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -42,22 +44,30 @@ class Model(nnx.Module):
     return jnp.mean(jnp.sum(self.emb(ids).sum(1) * self.scale[...], -1) ** 2)
 
 
-def temp_bytes(layout, num_embeddings, sparse: bool) -> int:
+@functools.cache
+def _built(layout, num_embeddings, sparse: bool):
+  """The model and optimizer, split; shared by the update paths (only compiled, never run)."""
   _, _, sharding, table_axes, data_axes = layout
-  mesh = ref.make_mesh(layout)
-
-  def build():
-    model = Model(num_embeddings, rngs=nnx.Rngs(0), mesh=mesh, sharding=sharding,
-                  table_axes=table_axes, data_axes=data_axes)
-    if sparse:
-      opt = optim.SparseAwareOptimizer(model, optax.adam(1e-3), optim.RowWiseAdagrad(0.1))
-    else:
-      opt = nnx.Optimizer(model, optax.adagrad(0.1), wrt=nnx.Param)
-    return model, opt
-
+  model = Model(num_embeddings, rngs=nnx.Rngs(0), mesh=ref.make_mesh(layout), sharding=sharding,
+                table_axes=table_axes, data_axes=data_axes)
+  if sparse:
+    opt = optim.SparseAwareOptimizer(model, optax.adam(1e-3), optim.RowWiseAdagrad(0.1))
+  else:
+    opt = nnx.Optimizer(model, optax.adagrad(0.1), wrt=nnx.Param)
   # Built for real (at most 25 MB): nnx.eval_shape can't build a ShardedEmbed
   # without a mesh, since embedlib.sharding.current_mesh() calls get_mesh in a trace.
-  graphdef, state = nnx.split(build())
+  return nnx.split((model, opt))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_the_built_models():
+  yield
+  _built.cache_clear()  # up to 25 MB a table: not kept for the worker's next file
+
+
+def temp_bytes(layout, num_embeddings, sparse: bool) -> int:
+  mesh = ref.make_mesh(layout)
+  graphdef, state = _built(layout, num_embeddings, sparse)
 
   def step(state, ids):
     model, opt = nnx.merge(graphdef, state)

@@ -18,6 +18,7 @@ import embedlib
 from embedlib import optim
 from embedlib.optim import route
 from embedlib.plan import hlo
+from tests import covering
 
 LAYOUTS = {
     "8-tokens": (((8,), ("batch",)), {}),
@@ -47,9 +48,11 @@ def _step(emb, rule, pairs):
   return np.asarray(table), {k: np.asarray(v) for k, v in slots.items()}, fn, slots
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("strategy", ["routed", "vocab"])
-@pytest.mark.parametrize("capacity", [None, 1])  # the plan's (the route); overflows (fallback)
+# Capacity None: the plan's (the route); 1 overflows (the fallback). Every
+# layout with every strategy, and each with both capacities, in CI (6
+# cases, tests/covering.py); -m slow runs the whole product.
+@pytest.mark.parametrize("layout, strategy, capacity",
+                         covering.params(list(LAYOUTS), ["routed", "vocab"], [None, 1]))
 def test_routed_update_equals_the_all_gather(layout, strategy, capacity, monkeypatch):
   emb, pairs = _setup(layout, strategy, capacity)
   local_ids = (pairs[0][0].size + pairs[1][0].size) // emb.plan.data_shards

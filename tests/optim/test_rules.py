@@ -96,11 +96,16 @@ CASES = [(layout, False) for layout in ref.LAYOUTS] + [
 ]
 
 
-# The XLA ops on every case; the fused CPU and sorted updates (local paths)
-# on the layouts that pad apart (``ref.PATH_LAYOUTS``).
+# The XLA ops on every layout; the fused CPU and sorted updates (local paths)
+# on the layouts that pad apart (``ref.PATH_LAYOUTS``). A schedule reaches
+# each path as one traced scalar whatever the layout, so the scheduled
+# layouts rotate through the paths: each path and each scheduled layout once.
+SCHEDULE_PATHS = {"replicated-nomesh": "fused", "replicated-2x4": "sorted",
+                  "vocab-2x4-both": "xla", "hidden-8": "fused"}
 PATH_CASES = [(layout, schedule, path) for layout, schedule in CASES
               for path in ("fused", "xla", "sorted")
-              if path == "xla" or layout in ref.PATH_LAYOUTS]
+              if (path == SCHEDULE_PATHS[ref.layout_id(layout)] if schedule
+                  else path == "xla" or layout in ref.PATH_LAYOUTS)]
 
 
 @pytest.mark.parametrize(
