@@ -20,6 +20,13 @@ validation, no further batch is drawn; the partial epoch is validated like a
 full one and the best weights so far are tested. ``epochs`` in the result
 counts a partial epoch by its fraction of batches.
 
+BPR's test is evaluated twice with the same best weights: as RecBole
+evaluates a general model (a user's training and validation items left out
+of the ranking, ``test``) and as it evaluates a sequential one (every item
+ranked, seen or not, ``test_rank_seen``), so that BPR can be compared with
+the sequential models on their own protocol too. Only the history mask
+differs: RecBole's ``_full_sort_batch_eval`` is given no history index.
+
 ``--split-out`` writes the validation and test item of every user (raw ids),
 for the benchmark to check that embedlib's split is RecBole's.
 """
@@ -95,6 +102,21 @@ def split_of(dataset, valid_data, test_data) -> dict:
   return out
 
 
+def rank_seen_test(trainer, test_data) -> dict:
+  """The test metrics with no item left out of the ranking (RecBole's sequential protocol)."""
+  full_sort = trainer._full_sort_batch_eval
+
+  def without_history(batched_data):
+    interaction, _, positive_u, positive_i = batched_data
+    return full_sort((interaction, None, positive_u, positive_i))
+
+  trainer._full_sort_batch_eval = without_history
+  try:
+    return trainer.evaluate(test_data, load_best_model=False)
+  finally:
+    del trainer._full_sort_batch_eval
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--model", required=True, choices=("BPR", "SASRec"))
@@ -149,9 +171,12 @@ def main():
       model.load_state_dict(best_state)
     test = trainer.evaluate(test_data, load_best_model=False)
     wall = time.perf_counter() - start
+    test_rank_seen = rank_seen_test(trainer, test_data) if args.model == "BPR" else None
   result = {
       "model": args.model, "seed": args.seed, "budget_s": args.budget_s,
       "test": {k: float(v) for k, v in test.items()},
+      **({"test_rank_seen": {k: float(v) for k, v in test_rank_seen.items()}}
+         if test_rank_seen is not None else {}),
       "epochs": round(epochs, 3), "best_epoch": best_epoch, "stopped_by_budget": loader.cut,
       "wall_s": wall, "prepare_s": prepare_s,
       "s_per_epoch": train_total / epochs if epochs else None,  # training only
