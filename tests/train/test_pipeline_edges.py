@@ -77,9 +77,19 @@ def _make():
   return model, optimizer
 
 
+def _kept(dtype):
+  """The values of ``dtype`` a batch may hold: with x64 off, 32 bits' worth.
+
+  ``to_global_batch`` refuses 64-bit values jax would wrap (``test_prefetch``).
+  """
+  if np.dtype(dtype).itemsize == 8 and not jax.config.jax_enable_x64:
+    return np.iinfo(np.int32 if np.dtype(dtype).kind == "i" else np.uint32)
+  return np.iinfo(dtype)
+
+
 def _random_ids(rng, rows, shape, dtype):
   """Ids in and out of ``[0, rows)`` (negative ones too), as far as ``dtype`` holds them."""
-  info = np.iinfo(dtype)
+  info = _kept(dtype)
   ids = rng.integers(max(-3, info.min), min(rows + 3, info.max) + 1, shape)
   if info.max > rows + 3:  # some far past the table: past int32 where the dtype holds it
     ids = np.where(rng.random(shape) < 0.1, min(info.max, 2**32 + 5), ids)
@@ -161,7 +171,7 @@ def _degenerate(dtypes):
   # Distinct ids on one owner, 4 per device: past the routed table's capacity.
   local = (request.Request(jnp.zeros(shape("r"), jnp.int32)),)
   assert sharded.route_capacity(local, model.routed.plan) < 4
-  invalid = lambda d: -1 if np.iinfo(d).min < 0 else np.iinfo(d).max
+  invalid = lambda d: -1 if np.iinfo(d).min < 0 else _kept(d).max
   kinds = [
       {},
       {k: np.full(shape(k), 5, d) for k, d in dtypes.items()},
@@ -214,7 +224,11 @@ DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
 @pytest.mark.parametrize("x64", [False, True], ids=["x64-off", "x64-on"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_every_dtype_on_every_feature(dtype, x64):
-  """64-bit ids with x64 off reach the step as int32 (``to_global_batch``), in line too."""
+  """64-bit ids with x64 off reach the step as int32 (``to_global_batch``), in line too.
+
+  With x64 off their values stay within 32 bits: past that ``to_global_batch``
+  refuses them (``tests/data/test_prefetch.py``).
+  """
   with jax.enable_x64(x64):
     _check(_degenerate({k: dtype for k in FEATURES}), early_fetch=(0.0, 0.5))
 
