@@ -8,6 +8,17 @@ step (the HLO, the lowered text, the buffer assignment that compiled memory
 analysis reports: the exact-bytes tests pass unchanged at -O0), and the
 results are checked against references with tolerances or against programs
 compiled with the same flags.
+
+XLA:CPU aborts the process when a simulated device reaches a collective
+more than its terminate timeout after the first one (the
+``xla_cpu_collective_call_*`` flags). On 2 cores shared by two test
+workers and CI's other jobs, a train loop's step aborted so in a CI run (a
+"Fatal Python error: Aborted" in its ``block_until_ready``, the same test
+passing alone and in order with its neighbours), which is how the train
+loop's collective timeouts showed before (``train_lib.one_step_in_flight``).
+The tests allow 300 s: a late device waits, and a true deadlock still ends
+in an abort rather than hanging the run.
+
 Flags already in XLA_FLAGS come after it and win
 (``--xla_backend_optimization_level=2`` runs the suite with XLA's default).
 Not ``--xla_cpu_use_fusion_emitters=false`` (cheaper still on jaxlib 0.10):
@@ -19,7 +30,9 @@ removed that flag anyway.
 import os
 
 os.environ["XLA_FLAGS"] = " ".join(
-    ["--xla_backend_optimization_level=0"]
+    ["--xla_backend_optimization_level=0",
+     "--xla_cpu_collective_call_warn_stuck_timeout_seconds=60",
+     "--xla_cpu_collective_call_terminate_timeout_seconds=300"]
     + os.environ.get("XLA_FLAGS", "").split()
     + ["--xla_force_host_platform_device_count=8"]
 )
