@@ -97,6 +97,10 @@ def get_config(arg=None):
       # HSTU's time bias: buckets of log |gap|.
       num_time_buckets=128,
       scale_embeddings=False,
+      # A learned logit for the items in the model's own input: without it a
+      # tied SASRec ranks the movies it is reading among its top ten
+      # (embedlib.models.next_item).
+      repeat_bias=True,
       dropout=0.5,
       kernel="auto",
       replicate_below_bytes=None))

@@ -165,7 +165,7 @@ split = sequential.load_split(config)
 rows = NextItemSource(split, max_len=config.data.max_len, batch_size=config.batch_size,
                       kind="test").batch(0)
 batch = data_lib.to_global_batch(task.featurize(rows), mesh)
-scores = np.array(nnx.jit(lambda m, b: m.logits(m(b)[:, -1]))(model, batch))
+scores = np.array(nnx.jit(lambda m, b: m.logits(m(b)[:, -1], b["items"]))(model, batch))
 scores[:, 0] = -np.inf  # row 0 is padding, never a movie
 title = lambda item: split.item_titles.get(int(item), f"item {int(item)}")
 

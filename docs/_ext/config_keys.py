@@ -122,6 +122,7 @@ EXPLAINED = {
                      "branch.",
     "model.num_time_buckets": "HSTU: buckets of log time gap in its relative time bias.",
     "model.scale_embeddings": "Sequential models: multiply item rows by sqrt(width).",
+    "model.repeat_bias": "Sequential models: learn a logit for the items in the row's input.",
     "model.num_layers": "Transformer layers.",
     "model.num_heads": "Attention heads; `model.width` must divide into them.",
     "model.mlp_ratio": "Width of each transformer MLP, as a multiple of `model.width`.",

@@ -231,7 +231,7 @@ def build_next_item(model_config, spec: NextItemSpec, *, mesh=None, batch_size: 
   """``SASRec`` or ``HSTU`` over a tied item table of ``num_items + 1`` rows (0 pads).
 
   Config keys: ``width`` (the item rows' and the model's), ``num_layers``,
-  ``num_heads``, ``scale_embeddings``, for SASRec ``mlp_ratio``, for HSTU
+  ``num_heads``, ``scale_embeddings``, ``repeat_bias``, for SASRec ``mlp_ratio``, for HSTU
   ``num_time_buckets``; ``kernel``, ``replicate_below_bytes``. The table
   is planned as an output layer (``tied``) for ``batch_size`` rows of
   ``max_len`` items split over the mesh.
@@ -241,7 +241,8 @@ def build_next_item(model_config, spec: NextItemSpec, *, mesh=None, batch_size: 
                        ids_per_device=ids, rngs=rngs, **_tables(model_config, mesh))
   common = dict(max_len=spec.max_len, num_layers=model_config.num_layers,
                 num_heads=model_config.num_heads,
-                scale_embeddings=model_config.scale_embeddings, rngs=rngs)
+                scale_embeddings=model_config.scale_embeddings,
+                repeat_bias=model_config.repeat_bias, rngs=rngs)
   if model_config.name == SASREC:
     return SASRec(items, mlp_ratio=model_config.mlp_ratio, **common)
   return HSTU(items, num_time_buckets=model_config.num_time_buckets, **common)

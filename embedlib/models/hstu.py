@@ -104,17 +104,21 @@ class HSTU(nnx.Module):
     num_layers, num_heads: the layers'.
     num_time_buckets: the time bias's buckets.
     scale_embeddings: multiply item rows by ``sqrt(width)``.
+    repeat_bias: learn a logit for the items in the row's input
+      (``next_item.NextItemEmbed``).
     rngs: random number generators.
   """
 
   def __init__(self, items: ShardedEmbed, *, max_len: int, num_layers: int, num_heads: int,
-               num_time_buckets: int = 128, scale_embeddings: bool = False, rngs: nnx.Rngs):
+               num_time_buckets: int = 128, scale_embeddings: bool = False,
+               repeat_bias: bool = False, rngs: nnx.Rngs):
     if num_layers < 1:
       raise ValueError(f"config.model.num_layers must be >= 1, got {num_layers}.")
     if num_time_buckets < 1:
       raise ValueError(f"config.model.num_time_buckets must be >= 1, got {num_time_buckets}.")
     self.num_time_buckets = num_time_buckets
-    self.embed = NextItemEmbed(items, max_len=max_len, scale=scale_embeddings, rngs=rngs)
+    self.embed = NextItemEmbed(items, max_len=max_len, scale=scale_embeddings,
+                               repeat_bias=repeat_bias, rngs=rngs)
     self.layers = nnx.List([
         HSTULayer(items.features, num_heads=num_heads, max_len=max_len,
                   num_time_buckets=num_time_buckets, rngs=rngs) for _ in range(num_layers)])
@@ -133,6 +137,7 @@ class HSTU(nnx.Module):
       x = layer(x, mask, buckets, dropout)
     return self.norm(x)
 
-  def logits(self, hidden: jax.Array, *, vocab_split: bool = False):
+  def logits(self, hidden: jax.Array, items: jax.Array | None = None, *,
+             vocab_split: bool = False):
     """Every item row's score (``NextItemEmbed.logits``)."""
-    return self.embed.logits(hidden, vocab_split=vocab_split)
+    return self.embed.logits(hidden, items, vocab_split=vocab_split)

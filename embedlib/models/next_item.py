@@ -6,18 +6,33 @@ position, and position ``i``'s vector scores every item as the one after
 item ``i``, through the item table itself (``ShardedEmbed.attend``): the
 output layer is tied to the input embedding, so an item vocabulary of any
 size is split over the mesh like any table.
+
+The logits may add a learned repeat bias to the items in the row's own
+input (``repeat_bias``; RepeatNet's repeat-or-explore choice, Ren et al.,
+AAAI 2019, reduced to one logit). One output vector can't score tens of
+particular items low at once: it is built from those items' rows, so on
+MovieLens, where nobody rates a movie twice, a tied SASRec puts the movies
+it is reading among its own top ten. The bias starts at 0 and is learned:
+negative where users don't repeat, positive where they do. It sees only
+the row's items, never the user's history beyond them.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from embedlib import logits as logits_lib
 from embedlib import options
 from embedlib.embed import ShardedEmbed
 from embedlib.models.blocks import no_dropout
+
+#: The repeat bias's logit per unit of its parameter (``NextItemEmbed``).
+_REPEAT_BIAS_SCALE = 10.0
 
 
 def causal_mask(valid: jax.Array) -> jax.Array:
@@ -37,6 +52,27 @@ def causal_mask(valid: jax.Array) -> jax.Array:
   return (mask | jnp.eye(length, dtype=bool)[None])[:, None]
 
 
+def seen_items(items: jax.Array, vocab: int, *, per_position: bool) -> jax.Array:
+  """Which of ``vocab`` item rows each row's input holds: bool ``[B, L, vocab]`` or ``[B, vocab]``.
+
+  ``per_position``: position ``i`` counts the items at or before ``i`` (the
+  ones its output has read); otherwise every item of the row counts. Row 0
+  (padding) is never seen; rows past the table (a padded vocabulary) never are.
+
+  >>> seen_items(jnp.array([[0, 2, 1, 2]]), 4, per_position=True)[0].astype(int)
+  Array([[0, 0, 0, 0],
+         [0, 0, 1, 0],
+         [0, 1, 1, 0],
+         [0, 1, 1, 0]], dtype=int32)
+  """
+  length = items.shape[1]
+  hit = (items[..., None] == jnp.arange(vocab)) & (items > 0)[..., None]  # [B, L, vocab]
+  first = jnp.min(jnp.where(hit, jnp.arange(length)[:, None], length), axis=1)  # [B, vocab]
+  if per_position:
+    return first[:, None, :] <= jnp.arange(length)[None, :, None]
+  return first < length
+
+
 class NextItemEmbed(nnx.Module):
   """Item rows (zero at padding) times ``sqrt(width)`` if asked, plus learned positions.
 
@@ -50,11 +86,13 @@ class NextItemEmbed(nnx.Module):
     items: the item table, ``num_items + 1`` rows (row 0: padding).
     max_len: ``L``, the positions.
     scale: multiply the item rows by ``sqrt(width)`` (the SASRec paper's).
+    repeat_bias: learn a logit added to the items in the row's input
+      (module docstring).
     rngs: random number generators.
   """
 
   def __init__(self, items: ShardedEmbed, *, max_len: int, scale: bool = False,
-               rngs: nnx.Rngs):
+               repeat_bias: bool = False, rngs: nnx.Rngs):
     if max_len < 1:
       raise ValueError(f"config.data.max_len must be >= 1, got {max_len}.")
     self.items = items
@@ -62,6 +100,9 @@ class NextItemEmbed(nnx.Module):
     self.scale = scale
     self.positions = nnx.Embed(max_len, items.features, rngs=rngs)
     self.norm = nnx.LayerNorm(items.features, rngs=rngs)
+    # Stored as a tenth of the logit: Adam moves a scalar about its learning
+    # rate a step, and the logit has units to travel in the first epochs.
+    self.repeat_bias = nnx.Param(jnp.zeros((), jnp.float32)) if repeat_bias else None
 
   def __call__(self, items: jax.Array, dropout=no_dropout) -> tuple[jax.Array, jax.Array]:
     """``items`` int ``[B, L]`` -> (``x [B, L, width]`` normalised, ``valid`` bool ``[B, L]``)."""
@@ -75,8 +116,14 @@ class NextItemEmbed(nnx.Module):
     x = rows + self.positions(jnp.arange(self.max_len))[None]
     return dropout(self.norm(x)), valid
 
-  def logits(self, hidden: jax.Array, *, vocab_split: bool = False):
-    """Scores of every item row (0 included) from ``hidden [..., width]``: ``[..., num_items + 1]``.
+  def logits(self, hidden: jax.Array, items: jax.Array | None = None, *,
+             vocab_split: bool = False):
+    """Scores of every item row (0 included) from ``hidden``: ``[..., num_items + 1]``.
+
+    ``hidden`` is every position's output ``[B, L, width]`` or one per row
+    ``[B, width]`` (the last position's). ``items``: the rows' input
+    ``[B, L]``, which the repeat bias needs: with ``[B, L, width]`` each
+    position's own items get it, with ``[B, width]`` all the row's.
 
     ``vocab_split``: leave each device the logits of the rows it holds,
     where the table is split by rows (a ``VocabShardedLogits`` when the
@@ -85,5 +132,21 @@ class NextItemEmbed(nnx.Module):
     plan = self.items.plan
     if vocab_split and self.items.mesh is not None and plan.strategy in options.ROW_BLOCKS:
       spec = P(*(None,) * (hidden.ndim - 1), plan.table_axes)
-      return self.items.attend(hidden, out_sharding=spec)
-    return self.items.attend(hidden)
+      out = self.items.attend(hidden, out_sharding=spec)
+    else:
+      out = self.items.attend(hidden)
+    if self.repeat_bias is None:
+      return out
+    if items is None:
+      raise ValueError("this model learns a repeat bias (config.model.repeat_bias): pass the "
+                       "rows' input items, model.logits(hidden, batch['items']).")
+    if hidden.ndim not in (2, 3) or items.shape[0] != hidden.shape[0] or (
+        hidden.ndim == 3 and items.shape[1] != hidden.shape[1]):
+      raise ValueError(f"logits: hidden {hidden.shape} and items {items.shape} don't match; "
+                       "give hidden [B, L, width] or [B, width] and items [B, L].")
+    padded = out.padded if isinstance(out, logits_lib.VocabShardedLogits) else out
+    seen = seen_items(items, padded.shape[-1], per_position=hidden.ndim == 3)
+    padded = padded + (_REPEAT_BIAS_SCALE * self.repeat_bias[...]).astype(padded.dtype) * seen
+    if isinstance(out, logits_lib.VocabShardedLogits):
+      return dataclasses.replace(out, padded=padded)
+    return padded

@@ -37,12 +37,16 @@ class SASRec(nnx.Module):
     max_len: ``L``, the most history items a row holds.
     num_layers, num_heads, mlp_ratio: the transformer's.
     scale_embeddings: multiply item rows by ``sqrt(width)``.
+    repeat_bias: learn a logit for the items in the row's input
+      (``next_item.NextItemEmbed``).
     rngs: random number generators.
   """
 
   def __init__(self, items: ShardedEmbed, *, max_len: int, num_layers: int, num_heads: int,
-               mlp_ratio: int = 4, scale_embeddings: bool = False, rngs: nnx.Rngs):
-    self.embed = NextItemEmbed(items, max_len=max_len, scale=scale_embeddings, rngs=rngs)
+               mlp_ratio: int = 4, scale_embeddings: bool = False,
+               repeat_bias: bool = False, rngs: nnx.Rngs):
+    self.embed = NextItemEmbed(items, max_len=max_len, scale=scale_embeddings,
+                               repeat_bias=repeat_bias, rngs=rngs)
     self.transformer = Transformer(items.features, num_layers=num_layers, num_heads=num_heads,
                                    mlp_ratio=mlp_ratio, rngs=rngs)
 
@@ -58,6 +62,7 @@ class SASRec(nnx.Module):
     x, valid = self.embed(batch["items"], dropout)
     return self.transformer(x, causal_mask(valid), dropout)
 
-  def logits(self, hidden: jax.Array, *, vocab_split: bool = False):
+  def logits(self, hidden: jax.Array, items: jax.Array | None = None, *,
+             vocab_split: bool = False):
     """Every item row's score (``NextItemEmbed.logits``)."""
-    return self.embed.logits(hidden, vocab_split=vocab_split)
+    return self.embed.logits(hidden, items, vocab_split=vocab_split)

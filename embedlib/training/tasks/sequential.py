@@ -139,7 +139,7 @@ class SequentialTask(base.Task):
   def loss(self, model, batch):
     dropout = RowDropout(batch["seed"], self.dropout) if self.dropout else no_dropout
     hidden = model(batch, dropout)
-    logits = model.logits(hidden, vocab_split=True)
+    logits = model.logits(hidden, batch["items"], vocab_split=True)
     labels = jnp.where(batch["targets"] > 0, batch["targets"], -1)
     plan = model.items.plan
     split = {}
@@ -151,8 +151,7 @@ class SequentialTask(base.Task):
 
   def predict(self, model, batch):
     """The 0-based rank of each row's held-out item among all items: int32 ``[B]``."""
-    hidden = model(batch)[:, -1]
-    scores = model.logits(hidden)
+    scores = model.logits(model(batch)[:, -1], batch["items"])
     return full_ranking.target_ranks(scores, batch["target"], exclude=batch.get("exclude"))
 
   # -- host -----------------------------------------------------------------
