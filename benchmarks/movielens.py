@@ -6,6 +6,8 @@
         --set batch_size=64 --set data.stride=50 --set eval_every=190 --out DIR
     python3 benchmarks/movielens.py --data ... --models sasrec --label masked \
         --set task.mask_seen=True ...       # embedlib on BPR's protocol, as sasrec-masked
+    python3 benchmarks/movielens.py --data ... --models sasrec,hstu --label plain \
+        --set model.repeat_bias=False ...   # without the repeat bias, as sasrec-plain
     python3 benchmarks/movielens.py --data ... --reuse DIR --report-only   # report DIR's runs
 
 ``--data`` is RecBole's ML-100K atomic files (``ml-100k.inter`` and
@@ -29,7 +31,8 @@ implementation (``embedlib.metrics.full_ranking``; RecBole's evaluator).
 
 Each run is its own process (its own peak RSS), one after the other:
 
-- embedlib ``sasrec`` and ``hstu``: ``configs/movielens.py`` through
+- embedlib ``sasrec`` and ``hstu``: ``configs/movielens.py`` (with its
+  learned repeat bias, ``embedlib.models.next_item``; ``-plain`` runs without) through
   ``train_and_evaluate`` on one CPU device (``--steps`` overrides the
   config's step count); the validation metrics are timed as each eval
   lands in ``eval.jsonl``, the test metrics come from its last record.
@@ -74,6 +77,8 @@ METRICS = ("hit@10", "ndcg@10", "mrr@10")
 RESULT = "@@result "
 #: RecBole BPR's runs tested again with seen items ranked (their ``test_rank_seen``).
 BPR_RANK_SEEN = "RecBole BPR, seen ranked"
+#: The label of embedlib's runs without the repeat bias (the paper's SASRec).
+PLAIN = "plain"
 
 
 # -- the embedlib side (a worker process per run) ---------------------------------
@@ -284,6 +289,12 @@ def print_targets(summary: dict, runs: dict, budget: float) -> None:
   print("\nTargets (issue 25):")
   for text, ok in checks:
     print(f"  [{'met' if ok else 'NOT met'}] {text}")
+  plain = [name for name in summary if name.endswith(f"-{PLAIN}")]
+  if plain and "RecBole BPR" in summary:
+    print(f"Without the repeat bias (--label {PLAIN} --set model.repeat_bias=False), test "
+          "NDCG@10 against RecBole BPR's: " + "; ".join(
+              f"{name} {mean(name):.4f} ({mean(name) / mean('RecBole BPR'):.2f}x)"
+              for name in plain))
 
 
 def main():

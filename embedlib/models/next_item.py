@@ -104,6 +104,11 @@ class NextItemEmbed(nnx.Module):
     # rate a step, and the logit has units to travel in the first epochs.
     self.repeat_bias = nnx.Param(jnp.zeros((), jnp.float32)) if repeat_bias else None
 
+  @property
+  def repeat_logit(self) -> float | None:
+    """The learned repeat bias as the logit it adds (``None`` without one)."""
+    return None if self.repeat_bias is None else _REPEAT_BIAS_SCALE * float(self.repeat_bias[...])
+
   def __call__(self, items: jax.Array, dropout=no_dropout) -> tuple[jax.Array, jax.Array]:
     """``items`` int ``[B, L]`` -> (``x [B, L, width]`` normalised, ``valid`` bool ``[B, L]``)."""
     if items.shape[1] != self.max_len:

@@ -189,5 +189,5 @@ def test_the_repeat_bias_learns_its_sign_from_the_data():
     rng = np.random.default_rng(0)
     for _ in range(15):
       step(model, optimizer, *_planted_rows(rng, repeat))
-    learned[repeat] = float(model.embed.repeat_bias[...])
-  assert learned[True] > 0.05 and learned[False] < -0.05, learned
+    learned[repeat] = model.embed.repeat_logit
+  assert learned[True] > 0.5 and learned[False] < -0.5, learned

@@ -16,6 +16,7 @@ from embedlib import ShardedEmbed, optim
 from embedlib.training import events, setup, train_lib
 from embedlib.training.tasks import ConfigError, sequential
 from embedlib.training.writers import read_jsonl
+from tests import benchmark_scripts
 
 METRICS = {f"{m}@{k}" for m in ("hr", "ndcg", "mrr") for k in (10, 20)}
 
@@ -66,6 +67,19 @@ def test_metrics_on_validation_at_each_eval_and_on_test_at_the_end(runs):
   train = read_jsonl(straight / "train.jsonl")
   assert [r["step"] for r in train] == [2, 4, 6, 8, 9]
   assert all(np.isfinite(r["loss"]) for r in train)
+
+
+def test_the_top_ten_script_reproduces_the_test_eval(runs):
+  """``benchmarks/movielens_top10.py`` on the smoke run: its NDCG@10 is the eval's."""
+  _, straight = runs
+  m = benchmark_scripts.load("movielens_top10").measure(str(straight))
+  test = read_jsonl(straight / "eval.jsonl")[-1]
+  np.testing.assert_allclose(m["ranked"], (test["test_ndcg@10"], test["test_hr@10"]),
+                             rtol=1e-5)
+  assert m["repeat_logit"] is not None and m["users"] == 40
+  assert 0.0 <= m["in_input"] <= m["in_history"] <= 1.0
+  # Leaving out movies that are never the target can only lift it.
+  assert m["ranked"][0] <= m["input_left_out"][0] <= m["history_left_out"][0]
 
 
 @pytest.mark.slow
