@@ -149,9 +149,8 @@ class NextItemEmbed(nnx.Module):
         hidden.ndim == 3 and items.shape[1] != hidden.shape[1]):
       raise ValueError(f"logits: hidden {hidden.shape} and items {items.shape} don't match; "
                        "give hidden [B, L, width] or [B, width] and items [B, L].")
-    padded = out.padded if isinstance(out, logits_lib.VocabShardedLogits) else out
-    seen = seen_items(items, padded.shape[-1], per_position=hidden.ndim == 3)
-    padded = padded + (_REPEAT_BIAS_SCALE * self.repeat_bias[...]).astype(padded.dtype) * seen
-    if isinstance(out, logits_lib.VocabShardedLogits):
-      return dataclasses.replace(out, padded=padded)
-    return padded
+    split = isinstance(out, logits_lib.VocabShardedLogits)
+    values = out.padded if split else out  # a padded vocabulary's rows are never seen
+    seen = seen_items(items, values.shape[-1], per_position=hidden.ndim == 3)
+    values = values + (_REPEAT_BIAS_SCALE * self.repeat_bias[...]).astype(values.dtype) * seen
+    return dataclasses.replace(out, padded=values) if split else values
