@@ -6,7 +6,9 @@ of causal self-attention and a GELU MLP, layer norms, and the item table
 tied to the output (a softmax over every item). The blocks are the
 transformer ranker's pre-norm blocks (``transformer.Transformer``), with
 dropout on each residual branch; attention sees the real items at or
-before each position only.
+before each position only. ``repeat_bias=True`` adds a learned logit for
+the items in the row's input (``next_item.NextItemEmbed``), which the
+paper's model doesn't have; ``configs/movielens.py`` turns it on.
 """
 
 from __future__ import annotations
