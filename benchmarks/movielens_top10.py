@@ -33,7 +33,6 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from embedlib import checkpoint  # noqa: E402
 from embedlib import data as data_lib  # noqa: E402
 from embedlib.data.next_item import TEST, NextItemSource  # noqa: E402
 from embedlib.metrics import full_ranking  # noqa: E402
@@ -52,11 +51,8 @@ def load_config(workdir: str):
 
 def test_scores(config, workdir: str):
   """Every user's scores of every item (padding at -inf), test targets and input rows."""
-  spec, mesh, task = setup.data_spec(config), setup.make_mesh(config), setup.task(config)
-  model, optimizer = setup.model_and_optimizer(config, spec, mesh)
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
-  ckpt.restore(model, optimizer)
-  ckpt.close()
+  model, mesh = setup.restore_model(config, workdir)
+  task = setup.task(config)
   split = sequential.load_split(config)
   source = NextItemSource(split, max_len=config.data.max_len, batch_size=config.batch_size,
                           kind=TEST)

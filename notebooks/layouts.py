@@ -64,6 +64,9 @@ print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devi
 # - **replica axis**: a `(2, 4)` mesh whose `replica` axis holds copies of the
 #   table while ids are split over both axes.
 # - **GPT-2 vocabulary over 8**: 50257 rows, tied to the output layer, so vocab.
+# - **tensor 2 x fsdp 4**: the table over `tensor`, ids over `fsdp`; grid also
+#   splits the columns over `fsdp` (rows over `tensor`, columns over `fsdp`: the
+#   layout LLM code trains with), storing an eighth of the table a device.
 
 # %%
 scenarios = {
@@ -78,15 +81,21 @@ scenarios = {
     "GPT-2 vocab over 8": dict(
         num_embeddings=50257, features=768, mesh={axes.MODEL: 8}, tokens=4096,
         kwargs=dict(tied=True)),
+    "tensor 2 x fsdp 4": dict(
+        num_embeddings=32_000, features=256, mesh={"tensor": 2, "fsdp": 4}, tokens=4096,
+        kwargs=dict(table_axes=("tensor",))),
 }
 
-plans = {}  # scenario -> {strategy: plan}, "auto" included
+plans = {}  # scenario -> {strategy: plan or None where it can't apply}, "auto" included
 for title, s in scenarios.items():
-  plans[title] = {
-      strategy: embedlib.plan_embedding(s["num_embeddings"], s["features"], mesh=s["mesh"],
-                                        sharding=strategy, tokens=s["tokens"], name=title,
-                                        **s["kwargs"])
-      for strategy in (options.AUTO,) + options.STRATEGIES}
+  plans[title] = {}
+  for strategy in (options.AUTO,) + options.STRATEGIES:
+    try:
+      plans[title][strategy] = embedlib.plan_embedding(
+          s["num_embeddings"], s["features"], mesh=s["mesh"], sharding=strategy,
+          tokens=s["tokens"], name=title, **s["kwargs"])
+    except ValueError:  # grid needs a second group of axes for the columns
+      plans[title][strategy] = None
   print(plans[title][options.AUTO], end="\n\n")
 
 # %% [markdown]
@@ -102,6 +111,9 @@ for title, by_strategy in plans.items():
   for strategy in options.STRATEGIES:
     p = by_strategy[strategy]
     mark = "*" if strategy == by_strategy[options.AUTO].strategy else " "
+    if p is None:
+      print(f"{title:<22}{mark}{strategy:<11}(doesn't apply to this mesh and these axes)")
+      continue
     print(f"{title:<22}{mark}{strategy:<11}{str(p.padded_shape):<16}"
           f"{100 * p.padding_overhead:>8.2f}%{p.bytes_per_device / 2**20:>12.2f}"
           f"{p.bytes_moved_per_lookup / 2**10:>12.1f}")
@@ -111,16 +123,21 @@ for title, by_strategy in plans.items():
 #
 # Replicated stores the whole table everywhere and moves nothing; vocab and
 # hidden store one shard each and differ in traffic: vocab sums full rows from
-# every rank, hidden gathers one slice of each row.
+# every rank, hidden gathers one slice of each row. Routed sends each id to the
+# rank owning its row; grid, where the mesh has a second group of axes for the
+# columns, stores one block of rows and columns and does both.
 
 # %%
 fig, (ax_mem, ax_moved) = plt.subplots(1, 2, figsize=(12, 4))
 x = np.arange(len(plans))
+width = 0.8 / len(options.STRATEGIES)
 for i, strategy in enumerate(options.STRATEGIES):
-  mem = [plans[t][strategy].bytes_per_device / 2**20 for t in plans]
-  moved = [plans[t][strategy].bytes_moved_per_lookup / 2**10 for t in plans]
-  ax_mem.bar(x + (i - 1) * 0.27, mem, 0.27, label=strategy)
-  ax_moved.bar(x + (i - 1) * 0.27, moved, 0.27, label=strategy)
+  applies = [plans[t][strategy] is not None for t in plans]
+  mem = [plans[t][strategy].bytes_per_device / 2**20 for t in plans if plans[t][strategy]]
+  moved = [plans[t][strategy].bytes_moved_per_lookup / 2**10 for t in plans if plans[t][strategy]]
+  at = (x + (i - (len(options.STRATEGIES) - 1) / 2) * width)[applies]
+  ax_mem.bar(at, mem, width, label=strategy)
+  ax_moved.bar(at, moved, width, label=strategy)
 for ax, label in ((ax_mem, "MiB stored per device"), (ax_moved, "KiB moved per lookup, per device")):
   ax.set_xticks(x, list(plans), rotation=15)
   ax.set_ylabel(label)
@@ -130,10 +147,10 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# ## Both sharded layouts, built and checked
+# ## The sharded layouts, built and checked
 #
-# Each table is built on a real mesh with the scenario's axes, as vocab and as
-# hidden (replicated is a plain local lookup), and looked up with `tokens` ids
+# Each table is built on a real mesh with the scenario's axes, as vocab, as
+# hidden and as grid where they apply (replicated is a plain local lookup), and looked up with `tokens` ids
 # (at most 64 here; 13 ids over 8 data shards are padded to 16 inside the
 # lookup and the padding dropped), then compared with `jnp.take` on the logical
 # table, and `attend` with `query @ table.T`. This needs 8 devices: the CPU
@@ -148,7 +165,9 @@ else:
                          devices=jax.devices()[:8])
     ids = jax.random.randint(jax.random.key(0), (min(s["tokens"], 64),), 0, s["num_embeddings"])
     query = jax.random.normal(jax.random.key(1), (ids.shape[0], s["features"]))
-    for strategy in (options.VOCAB, options.HIDDEN):
+    for strategy in (options.VOCAB, options.HIDDEN, options.GRID):
+      if plans[title][strategy] is None:
+        continue
       emb = embedlib.ShardedEmbed(s["num_embeddings"], s["features"], mesh=mesh,
                                   sharding=strategy, name=title, rngs=nnx.Rngs(0), **s["kwargs"])
       assert emb.plan.padded_shape == plans[title][strategy].padded_shape

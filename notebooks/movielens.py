@@ -61,7 +61,6 @@ from flax import nnx
 # configs/ is not installed: it is read from the checkout this notebook sits in.
 sys.path.insert(0, os.path.dirname(os.path.abspath("")))
 from configs import movielens  # noqa: E402
-from embedlib import checkpoint
 from embedlib import data as data_lib
 from embedlib.data.next_item import NextItemSource
 from embedlib.training import setup, train_lib
@@ -153,13 +152,8 @@ plt.show()
 # way, and so does `config.task.mask_seen=False`.)
 
 # %%
-spec = setup.data_spec(config)
-mesh = setup.make_mesh(config)
+model, mesh = setup.restore_model(config, workdir)
 task = setup.task(config)
-model, optimizer = setup.model_and_optimizer(config, spec, mesh)
-ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
-ckpt.restore(model, optimizer)
-ckpt.close()
 
 split = sequential.load_split(config)
 rows = NextItemSource(split, max_len=config.data.max_len, batch_size=config.batch_size,

@@ -56,7 +56,6 @@ import numpy as np
 # configs/ is not installed: it is read from the checkout this notebook sits in.
 sys.path.insert(0, os.path.dirname(os.path.abspath("")))
 from configs import ranker  # noqa: E402
-from embedlib import checkpoint
 from embedlib import data as data_lib
 from embedlib.training import setup, steps, train_lib
 from embedlib.training.writers import read_jsonl
@@ -124,11 +123,7 @@ plt.show()
 # %%
 task = setup.task(config)
 spec = setup.data_spec(config)
-mesh = setup.make_mesh(config)
-model, optimizer = setup.model_and_optimizer(config, spec, mesh)
-ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
-ckpt.restore(model, optimizer)
-ckpt.close()
+model, mesh = setup.restore_model(config, workdir)
 _, eval_source = setup.sources(config, spec)
 batch = task.featurize(next(eval_source))
 

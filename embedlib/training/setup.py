@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from embedlib import checkpoint
 from embedlib import host_memory
 from embedlib import optim
 from embedlib.training import tasks
@@ -178,3 +179,20 @@ def model_and_optimizer(config, spec, mesh):
   _on_mesh(optimizer, mesh)
   host_memory.release_freed()  # the initialisers' temporaries
   return model, optimizer
+
+
+def restore_model(config, workdir: str, mesh=None):
+  """A ``train_and_evaluate`` run's model at its last checkpoint: ``(model, mesh)``.
+
+  ``config`` is the run's; ``mesh`` defaults to ``make_mesh(config)`` and may
+  hold fewer devices than the run trained on (the checkpoint is logical).
+  The optimizer's state is restored with it and dropped.
+  """
+  mesh = make_mesh(config) if mesh is None else mesh
+  model, optimizer = model_and_optimizer(config, data_spec(config), mesh)
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
+  try:
+    ckpt.restore(model, optimizer)
+  finally:
+    ckpt.close()
+  return model, mesh
