@@ -50,39 +50,36 @@ def load_config(workdir: str):
 
 
 def test_scores(config, workdir: str):
-  """Every user's scores of every item (padding at -inf), test targets and input rows."""
+  """Every user's scores of every item (padding at -inf), test target, input row and history."""
   model, mesh = setup.restore_model(config, workdir)
   task = setup.task(config)
-  split = sequential.load_split(config)
-  source = NextItemSource(split, max_len=config.data.max_len, batch_size=config.batch_size,
-                          kind=TEST)
+  source = NextItemSource(sequential.load_split(config), max_len=config.data.max_len,
+                          batch_size=config.batch_size, kind=TEST, exclude_seen=True)
   score = nnx.jit(lambda m, b: m.logits(m(b)[:, -1], b["items"]))
-  scores, targets, inputs = [], [], []
+  scores, targets, inputs, histories = [], [], [], []
   for index in range(source.num_batches):
     rows = source.batch(index)
     batch = data_lib.to_global_batch(task.featurize(rows), mesh)
     scores.append(np.asarray(score(model, batch)))
     targets.append(rows["target"])
     inputs.append(rows["items"])
-  users = split.num_users
+    histories.append(rows["exclude"])
+  users = source.num_users
   scores = np.concatenate(scores)[:users]
   scores[:, 0] = -np.inf
-  histories = [np.append(np.asarray(s), v) for s, v in zip(split.train_items, split.valid_item)]
-  return (scores, np.concatenate(targets)[:users], np.concatenate(inputs)[:users], histories,
-          model.embed.repeat_logit)
+  rows = [np.concatenate(a)[:users] for a in (targets, inputs, histories)]
+  return scores, *rows, model.embed.repeat_logit
 
 
 def ndcg_hr(scores, targets, exclude=None):
-  ranks = np.asarray(full_ranking.target_ranks(scores, targets, exclude=exclude))
-  found = ranks < 10
-  return float(np.mean(np.where(found, 1 / np.log2(ranks + 2), 0.0))), float(found.mean())
+  ranks = full_ranking.target_ranks(scores, targets, exclude=exclude)
+  per_row = full_ranking.metrics_of_ranks(ranks, ks=(10,))
+  return float(per_row["ndcg@10"].mean()), float(per_row["hr@10"].mean())
 
 
-def padded(rows, width):
-  out = np.zeros((len(rows), width), np.int32)
-  for i, row in enumerate(rows):
-    out[i, :len(row)] = row
-  return out
+def share_in(top, rows) -> float:
+  """The mean share of each row's ``top`` items found among its nonzero ``rows`` items."""
+  return float(np.mean([np.isin(t, row[row > 0]).mean() for t, row in zip(top, rows)]))
 
 
 def measure(workdir: str) -> dict:
@@ -90,15 +87,14 @@ def measure(workdir: str) -> dict:
   config = load_config(workdir)
   scores, targets, inputs, histories, logit = test_scores(config, workdir)
   top = np.argsort(-scores, axis=1, kind="stable")[:, :10]
-  width = max(len(h) for h in histories)
   return {
       "model": config.model.name, "max_len": config.data.max_len, "users": len(targets),
       "repeat_logit": logit,
       "ranked": ndcg_hr(scores, targets),
-      "in_input": float(np.mean([np.isin(t, row[row > 0]).mean() for t, row in zip(top, inputs)])),
-      "in_history": float(np.mean([np.isin(t, h).mean() for t, h in zip(top, histories)])),
+      "in_input": share_in(top, inputs),
+      "in_history": share_in(top, histories),
       "input_left_out": ndcg_hr(scores, targets, inputs),
-      "history_left_out": ndcg_hr(scores, targets, padded(histories, width)),
+      "history_left_out": ndcg_hr(scores, targets, histories),
   }
 
 
