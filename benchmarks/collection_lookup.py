@@ -64,7 +64,7 @@ from flax import nnx  # noqa: E402
 
 from embedlib import EmbeddingCollection, FeatureSpec, TableSpec  # noqa: E402
 from embedlib.collection import plan_collection  # noqa: E402
-from embedlib.plan.embedding_plan import _human  # noqa: E402
+from embedlib.plan.report import human_bytes  # noqa: E402
 from timing import interleaved, print_table, time_once  # noqa: E402
 from worker_protocol import default_env, missing_note, start_or_note  # noqa: E402
 
@@ -233,7 +233,7 @@ def main():
   tables, features = specs(scale)
   total = sum(t.num_embeddings * t.features * 4 for t in tables)
   print(f"jax {jax.__version__}, {jax.default_backend()}, {len(jax.devices())} device(s); "
-        f"26 tables, {_human(total)} f32, largest {tables[0].num_embeddings} rows; "
+        f"26 tables, {human_bytes(total)} f32, largest {tables[0].num_embeddings} rows; "
         f"batch {batch}, {sum(f.max_ids_per_sample for f in features)} id slots per sample")
   load = os.getloadavg()
   print(f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
@@ -299,8 +299,8 @@ def main():
   print(plan)
   without = sum(t.bytes_moved for t in plan.tables)
   with_best = sum(min(t.bytes_moved, t.bytes_moved_dedup) for t in plan.tables)
-  print(f"bytes received per device per step: {_human(without)} without dedup, "
-        f"{_human(plan.bytes_moved)} with dedup on every table, {_human(with_best)} with "
+  print(f"bytes received per device per step: {human_bytes(without)} without dedup, "
+        f"{human_bytes(plan.bytes_moved)} with dedup on every table, {human_bytes(with_best)} with "
         f"dedup only where it moves less")
   for name, ts in (("collection", times), ("collection, dedup", dedup_times)):
     print(f"{name} / baseline: median "
@@ -308,7 +308,7 @@ def main():
           f"min {min(ts[name]) / min(ts[base_name]):.2f}")
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   load = os.getloadavg()
-  print(f"peak RSS {_human(peak)}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
+  print(f"peak RSS {human_bytes(peak)}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
         "at the end")
 
 

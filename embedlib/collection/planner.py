@@ -30,7 +30,8 @@ from embedlib import options
 from embedlib.collection.specs import FeatureSpec, TableSpec
 from embedlib.collection import stacks as stacks_lib
 from embedlib.plan import EmbeddingPlan, cost, mesh_axes, placement, plan_embedding
-from embedlib.plan.embedding_plan import _human, cheapest, sharded_candidates
+from embedlib.plan.choose import cheapest, sharded_candidates
+from embedlib.plan.report import human_bytes
 
 
 def _ranks(plan: EmbeddingPlan) -> tuple[int, int]:
@@ -227,22 +228,22 @@ class CollectionPlan:
       if t.stack is not None:
         rows.append(((t.name, t.kind, f"in {t.stack}", "", "", "", ""), t.placed))
         continue
-      dedup = "-" if t.bytes_moved_dedup is None else _human(t.bytes_moved_dedup)
+      dedup = "-" if t.bytes_moved_dedup is None else human_bytes(t.bytes_moved_dedup)
       rows.append(((
           t.name, t.kind,
           f"{t.plan.padded_shape[0]} x {t.plan.padded_shape[1]}",
-          _human(t.plan.bytes_per_device), _human(t.bytes_moved), dedup,
-          _human(t.bytes_moved_update)), (t.plan.reason, _node_note(t))))
+          human_bytes(t.plan.bytes_per_device), human_bytes(t.bytes_moved), dedup,
+          human_bytes(t.bytes_moved_update)), (t.plan.reason, _node_note(t))))
     for s in self.stacks:
-      dedup = "-" if s.bytes_moved_dedup is None else _human(s.bytes_moved_dedup)
+      dedup = "-" if s.bytes_moved_dedup is None else human_bytes(s.bytes_moved_dedup)
       rows.append(((
           s.name, s.plan.strategy, f"{s.plan.padded_shape[0]} x {s.plan.padded_shape[1]}",
-          _human(s.plan.bytes_per_device), _human(s.bytes_moved), dedup,
-          _human(s.bytes_moved_update)),
+          human_bytes(s.plan.bytes_per_device), human_bytes(s.bytes_moved), dedup,
+          human_bytes(s.bytes_moved_update)),
           (f"{len(s.members)} table{'s' if len(s.members) > 1 else ''}, one route per step",
            _node_note(s))))
-    rows.append((("total", "", "", _human(self.bytes_per_device), _human(self.bytes_moved), "",
-                  _human(self.bytes_moved_update)), ""))
+    rows.append((("total", "", "", human_bytes(self.bytes_per_device),
+                  human_bytes(self.bytes_moved), "", human_bytes(self.bytes_moved_update)), ""))
     lines = [f"EmbeddingCollection plan: {len(self.tables)} tables, mesh {mesh}, "
              f"{self.batch_size} samples per step"]
     lines += _columns(rows)
@@ -262,9 +263,9 @@ def _node_note(t) -> str:
   moved = t.bytes_moved if t.bytes_moved_dedup is None else t.bytes_moved_dedup
   intra, inter = _node_split(p, moved)
   update = _update_node_split(p, p.ids_per_device)[1]
-  return (f"across nodes {_human(inter)} per step per device ({_human(intra)} inside its node "
-          f"of {p.devices_per_node}; {p.nodes} nodes"
-          f"{', two-level route' if p.node_route else ''}); its update {_human(update)} "
+  return (f"across nodes {human_bytes(inter)} per step per device ({human_bytes(intra)} "
+          f"inside its node of {p.devices_per_node}; {p.nodes} nodes"
+          f"{', two-level route' if p.node_route else ''}); its update {human_bytes(update)} "
           f"across nodes")
 
 
@@ -469,10 +470,10 @@ def plan_collection(
       copy, best = step_bytes(t, p), step_bytes(t, split)
       if copy <= best:
         return dataclasses.replace(p, reason=(
-            f"{p.reason.split(':')[0]}: a copy per device moves {_human(copy)} per step "
-            f"gathering its gradients, {split.strategy} {_human(best)}"))
+            f"{p.reason.split(':')[0]}: a copy per device moves {human_bytes(copy)} per step "
+            f"gathering its gradients, {split.strategy} {human_bytes(best)}"))
       return dataclasses.replace(split, reason=(
-          f"{split.reason}; a copy per device would move {_human(copy)} gathering its "
+          f"{split.reason}; a copy per device would move {human_bytes(copy)} gathering its "
           f"gradients"))
     if p.strategy == options.REPLICATED or p.num_embeddings < p.group_size:
       return p
@@ -503,7 +504,7 @@ def plan_collection(
             plan(t, sharding=options.REPLICATED),
             reason=(
                 f"collection budget: replicated, the most traffic saved per "
-                f"byte ({_human(spent)} of {_human(replicate_budget_bytes)} used)"
+                f"byte ({human_bytes(spent)} of {human_bytes(replicate_budget_bytes)} used)"
             ),
         )
       plans[t.name] = p

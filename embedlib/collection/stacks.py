@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from embedlib import options
 from embedlib.collection.specs import FeatureSpec, TableSpec
 from embedlib.plan import EmbeddingPlan, cost, mesh_axes, placement, plan_embedding
-from embedlib.plan.embedding_plan import _human
+from embedlib.plan.report import human_bytes
 
 #: With ``table_batched``, auto tables with fewer rows a rank than this are
 #: placed whole on one device: splitting them saves no memory worth having.
@@ -221,13 +221,13 @@ def check_memory(table_plans: Sequence, stacks: Sequence[StackPlan], budget: int
     return
   if biggest[worst] is not None:
     size, member, stack = biggest[worst]
-    culprit = (f"table {member!r} puts {_human(int(size))} of stack {stack!r} there; "
+    culprit = (f"table {member!r} puts {human_bytes(int(size))} of stack {stack!r} there; "
                f"shard it by rows (sharding='routed') or pin it elsewhere (device=)")
   else:
     name = max(table_plans, key=lambda t: t.bytes_per_device).name
     culprit = f"table {name!r} is the largest shard there; shard it over more devices"
   raise ValueError(
       f"the placement doesn't fit device memory: device {worst} needs "
-      f"{_human(per_device[worst])}, more than device_memory_bytes={budget} "
-      f"({_human(budget)}); {culprit}, or raise device_memory_bytes."
+      f"{human_bytes(per_device[worst])}, more than device_memory_bytes={budget} "
+      f"({human_bytes(budget)}); {culprit}, or raise device_memory_bytes."
   )

@@ -1,7 +1,14 @@
-"""Layer 1: layout planning. Pure Python; reads meshes, allocates no arrays."""
+"""Layer 1: layout planning. Pure Python; reads meshes, allocates no arrays.
 
+``choose`` decides a table's layout (``plan_embedding``), ``layout`` holds
+the result (``EmbeddingPlan``), ``traffic`` and ``cost`` count the bytes it
+moves, ``report`` prints it, ``checks`` validates the arguments.
+"""
+
+from embedlib.plan.checks import check_shape
+from embedlib.plan.choose import plan_embedding
 from embedlib.plan.cost import bytes_moved_per_lookup, padded_shape
-from embedlib.plan.embedding_plan import EmbeddingPlan, check_shape, plan_embedding
+from embedlib.plan.layout import EmbeddingPlan
 from embedlib.plan.mesh_axes import axes_size, mesh_shape, resolve_axes
 
 __all__ = [
