@@ -22,7 +22,6 @@ from embedlib.data.criteo import (
     CriteoReader,
     criteo_spec,
 )
-from embedlib.data.criteo_synth import CriteoSynth
 from embedlib.data.multi_hash import MultiHash, hash_collisions
 from embedlib.data.planted_ranking import PlantedRankingSource
 from embedlib.data.planted_retrieval import PlantedRetrievalSource
@@ -54,3 +53,13 @@ __all__ = [
     "Prefetcher",
     "to_global_batch",
 ]
+
+
+def __getattr__(name):
+  # criteo_synth is also a script (``python -m embedlib.data.criteo_synth``):
+  # imported with the package, runpy would find it loaded before running it as
+  # __main__ and warn on every run. It loads on first use instead.
+  if name == "CriteoSynth":
+    from embedlib.data.criteo_synth import CriteoSynth  # pylint: disable=g-import-not-at-top
+    return CriteoSynth
+  raise AttributeError(f"module 'embedlib.data' has no attribute {name!r}")

@@ -1,7 +1,11 @@
 """The Criteo-format generator: the layout and quirks, read back by CriteoReader, per seed."""
 
 import gzip
+import os
+import pathlib
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -95,3 +99,21 @@ def test_cli_refuses_gzip_without_a_gz_name(tmp_path, capsys):
   with pytest.raises(SystemExit):
     criteo_synth.main([str(tmp_path / "day.tsv"), "--lines", "5", "--gzip"])
   assert "day.tsv.gz" in capsys.readouterr().err
+
+
+def test_module_runs_without_a_runpy_warning(tmp_path):
+  # The package must not import its own entry point: runpy would warn that
+  # criteo_synth was found in sys.modules before it ran as __main__.
+  root = pathlib.Path(__file__).resolve().parents[2]
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+      [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+  path = tmp_path / "day.tsv"
+  done = subprocess.run(
+      [sys.executable, "-W", "error::RuntimeWarning", "-m", "embedlib.data.criteo_synth",
+       str(path), "--lines", "3", "--seed", "2"],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert "RuntimeWarning" not in done.stderr
+  CriteoSynth(seed=2).write(tmp_path / "oracle.tsv", 3)
+  assert path.read_bytes() == (tmp_path / "oracle.tsv").read_bytes()
+  assert len(path.read_text().splitlines()) == 3
