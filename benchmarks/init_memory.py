@@ -126,7 +126,8 @@ def dlrm_worker() -> dict:
   baseline = _memory("VmRSS")
   config = dlrm_criteo.get_config()
   mesh = setup.make_mesh(config)
-  model, optimizer = setup.model_and_optimizer(config, setup.data_spec(config), mesh)
+  task = setup.task(config)
+  model, optimizer = setup.model_and_optimizer(config, task, task.data_spec(), mesh)
   plan = str(model.embeddings.plan)  # what the entrypoint logs before training
   jax.block_until_ready((nnx.state(model), nnx.state(optimizer)))
   tables = sum(t.plan.num_embeddings * t.plan.features * t.plan.itemsize

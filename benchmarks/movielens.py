@@ -89,7 +89,7 @@ def embedlib_worker(args) -> None:
   from configs import movielens as movielens_config  # pylint: disable=g-import-not-at-top
   from embedlib.data import next_item  # pylint: disable=g-import-not-at-top
   from embedlib.training import train_and_evaluate  # pylint: disable=g-import-not-at-top
-  from embedlib.training.tasks import sequential  # pylint: disable=g-import-not-at-top
+  from embedlib.training import setup  # pylint: disable=g-import-not-at-top
 
   config = movielens_config.get_config(f"{args.variant},{args.data}")
   config.seed = args.seed
@@ -103,7 +103,7 @@ def embedlib_worker(args) -> None:
   if args.steps:
     config.num_train_steps = args.steps
     config.eval_every = min(config.eval_every, args.steps)
-  split = sequential.load_split(config)
+  split = setup.task(config).split
   source = next_item.NextItemSource(split, max_len=config.data.max_len,
                                     stride=config.data.stride,
                                     batch_size=config.batch_size, seed=config.seed)

@@ -37,7 +37,6 @@ from embedlib import data as data_lib  # noqa: E402
 from embedlib.data.next_item import TEST, NextItemSource  # noqa: E402
 from embedlib.metrics import full_ranking  # noqa: E402
 from embedlib.training import setup  # noqa: E402
-from embedlib.training.tasks import sequential  # noqa: E402
 
 
 def load_config(workdir: str):
@@ -53,7 +52,7 @@ def test_scores(config, workdir: str):
   """Every user's scores of every item (padding at -inf), test target, input row and history."""
   model, mesh = setup.restore_model(config, workdir)
   task = setup.task(config)
-  source = NextItemSource(sequential.load_split(config), max_len=config.data.max_len,
+  source = NextItemSource(task.split, max_len=config.data.max_len,
                           batch_size=config.batch_size, kind=TEST, exclude_seen=True)
   score = nnx.jit(lambda m, b: m.logits(m(b)[:, -1], b["items"]))
   scores, targets, inputs, histories = [], [], [], []

@@ -142,20 +142,21 @@ def main(argv=None) -> int:
   config.batch_size = BATCH
   mesh = train_steps.mesh_for(config, "H100")
   graphdef, state, batch = train_steps.abstract_model(config, mesh)
+  task = setup.task(config)
 
   def in_line(state, batch):
     model, optimizer = nnx.merge(graphdef, state)
-    loss = steps.train_step(model, optimizer, batch)
+    loss = steps.train_step(model, optimizer, batch, task=task)
     return loss, nnx.state((model, optimizer))
 
   def distribute(state, next_batch):
     model, _ = nnx.merge(graphdef, state)
-    return pipeline.distribute_batch(model, next_batch)
+    return pipeline.distribute_batch(model, next_batch, task=task)
 
   def pipelined(state, batch, distributed, next_batch):
     model, optimizer = nnx.merge(graphdef, state)
     loss, following = pipeline.pipelined_train_step(model, optimizer, batch, distributed,
-                                                    next_batch)
+                                                    next_batch, task=task)
     return loss, following, nnx.state((model, optimizer))
 
   first = deviceless.gpu_compile(distribute, state, batch, mesh=mesh)

@@ -41,24 +41,26 @@ def main(argv=None) -> int:
   config.batch_size = 64 if args.smoke else args.batch
   repeats = 2 if args.smoke else args.repeats
   mesh = setup.make_mesh(config)
-  spec = setup.data_spec(config)
+  task = setup.task(config)
+  spec = task.data_spec()
   source = data_lib.SyntheticSource(spec, batch_size=config.batch_size)
   batches = [data_lib.to_global_batch(next(source), mesh) for _ in range(4)]
   print(f"quickstart DLRM, batch {config.batch_size}, {jax.device_count()} x "
         f"{jax.devices()[0].device_kind}")
 
   def built():
-    return setup.model_and_optimizer(config, spec, mesh)
+    return setup.model_and_optimizer(config, task, spec, mesh)
 
   if args.check:
-    want = [float(steps.train_step(*pair, b)) for pair in [built()] for b in batches[:3]]
+    want = [float(steps.train_step(*pair, b, task=task)) for pair in [built()] for b in batches[:3]]
     for early in (0.0, args.early_fetch):
       model, optimizer = built()
-      distributed = pipeline.distribute_batch(model, batches[0], early_fetch=early)
+      distributed = pipeline.distribute_batch(model, batches[0], task=task, early_fetch=early)
       got = []
       for i in range(3):
         loss, distributed = pipeline.pipelined_train_step(
-            model, optimizer, batches[i], distributed, batches[i + 1], early_fetch=early)
+            model, optimizer, batches[i], distributed, batches[i + 1], task=task,
+            early_fetch=early)
         got.append(float(loss))
       if got != want:
         print(f"pipeline_step: early_fetch={early}: losses {got} differ from in line {want}")
@@ -66,15 +68,15 @@ def main(argv=None) -> int:
     print("check: the pipelined step (and early fetch) trains as in line, bit for bit")
 
   in_line = built()
-  cases = {"in line": (lambda: steps.train_step(*in_line, batches[0]), ())}
+  cases = {"in line": (lambda: steps.train_step(*in_line, batches[0], task=task), ())}
   for name, early in (("pipelined", 0.0), (f"pipelined, early fetch {args.early_fetch}",
                                             args.early_fetch)):
     model, optimizer = built()
-    carried = [pipeline.distribute_batch(model, batches[0], early_fetch=early)]
+    carried = [pipeline.distribute_batch(model, batches[0], task=task, early_fetch=early)]
 
     def step(model=model, optimizer=optimizer, carried=carried, early=early):
       loss, carried[0] = pipeline.pipelined_train_step(
-          model, optimizer, batches[0], carried[0], batches[1], early_fetch=early)
+          model, optimizer, batches[0], carried[0], batches[1], task=task, early_fetch=early)
       return loss
 
     cases[name] = (step, ())

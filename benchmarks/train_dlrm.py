@@ -158,13 +158,14 @@ def _embedlib_step(kind, sizes, batch_size):
 
   config = _config(sizes, batch_size)
   mesh = setup.make_mesh(config)
-  spec = setup.data_spec(config)
-  model, optimizer = setup.model_and_optimizer(config, spec, mesh)
+  task = setup.task(config)
+  model, optimizer = setup.model_and_optimizer(config, task, task.data_spec(), mesh)
   if kind == "embedlib":
     # As train_lib.train_and_evaluate calls it: cached_partial flattens the
     # model and optimizer once, not on every call, so the timed step holds no
     # Python flattening.
-    return nnx.cached_partial(train_lib.train_step, model, optimizer), mesh
+    step = nnx.cached_partial(train_lib.train_step, model, optimizer)
+    return (lambda batch: step(batch, task=task)), mesh
   del optimizer
   keys = frozenset(k for k, _ in optim.sparse_tables(model))
   dense = nnx.All(nnx.Param, optim.NotTables(keys))

@@ -64,7 +64,6 @@ from configs import movielens  # noqa: E402
 from embedlib import data as data_lib
 from embedlib.data.next_item import NextItemSource
 from embedlib.training import setup, train_lib
-from embedlib.training.tasks import sequential
 from embedlib.training.writers import read_jsonl
 
 print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devices")
@@ -155,7 +154,7 @@ plt.show()
 model, mesh = setup.restore_model(config, workdir)
 task = setup.task(config)
 
-split = sequential.load_split(config)
+split = task.split  # the file's leave-one-out split, read once
 rows = NextItemSource(split, max_len=config.data.max_len, batch_size=config.batch_size,
                       kind="test").batch(0)
 batch = data_lib.to_global_batch(task.featurize(rows), mesh)

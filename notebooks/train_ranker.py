@@ -122,9 +122,9 @@ plt.show()
 
 # %%
 task = setup.task(config)
-spec = setup.data_spec(config)
+spec = task.data_spec()
 model, mesh = setup.restore_model(config, workdir)
-_, eval_source = setup.sources(config, spec)
+_, eval_source = setup.sources(config, task, spec)
 batch = task.featurize(next(eval_source))
 
 

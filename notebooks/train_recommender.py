@@ -114,7 +114,8 @@ plt.show()
 # one device again.)
 
 # %%
-spec = setup.data_spec(config)
+task = setup.task(config)
+spec = task.data_spec()
 ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
 print("latest checkpoint: step", ckpt.latest_step())
 
@@ -123,7 +124,7 @@ models = []  # (devices, model, mesh): the training mesh, then the smaller one
 for num_devices in (n, max(1, n // 2)):
   mesh = jax.make_mesh((num_devices,), tuple(config.mesh_axes), axis_types=(AxisType.Auto,),
                        devices=jax.devices()[:num_devices])
-  model, optimizer = setup.model_and_optimizer(config, spec, mesh)
+  model, optimizer = setup.model_and_optimizer(config, task, spec, mesh)
   data_state = ckpt.restore(model, optimizer)
   models.append((num_devices, model, mesh))
   shapes = {k: t.embedding.shape for k, t in model.embeddings.tables.items()}
@@ -132,7 +133,7 @@ ckpt.close()
 print("data position saved with the checkpoint:", data_state)
 
 # %%
-source, _ = setup.sources(config, spec)
+source, _ = setup.sources(config, task, spec)
 batch = next(source)
 (n_big, big, big_mesh), (n_small, small, small_mesh) = models
 # Compiled once per mesh: run eagerly, the collection would dispatch op by op.
@@ -147,8 +148,9 @@ for k, table in big.embeddings.tables.items():
   else:  # pooled bag: partial sums added in a mesh-dependent order
     np.testing.assert_allclose(np.asarray(lookups_small[k]), np.asarray(lookups_big[k]),
                                rtol=1e-6, atol=1e-7)
-logits_big = train_lib.eval_step(big, data_lib.to_global_batch(batch, big_mesh))
-logits_small = train_lib.eval_step(small, data_lib.to_global_batch(batch, small_mesh))
+logits_big = train_lib.eval_step(big, data_lib.to_global_batch(batch, big_mesh), task=task)
+logits_small = train_lib.eval_step(small, data_lib.to_global_batch(batch, small_mesh),
+                                    task=task)
 np.testing.assert_allclose(np.asarray(logits_small), np.asarray(logits_big), rtol=1e-5, atol=1e-5)
 print(f"{len(lookups_big)} features: the {n_big}-device and {n_small}-device models "
       f"look up the same rows and predict the same logits (max diff "

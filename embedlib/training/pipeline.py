@@ -21,7 +21,6 @@ from __future__ import annotations
 from flax import nnx
 
 from embedlib import lookahead, optim
-from embedlib.training.steps import _loss
 
 
 def _collect(loss, model, batch, early_fetch=0.0):
@@ -37,24 +36,23 @@ def _collect(loss, model, batch, early_fetch=0.0):
 
 
 @nnx.jit(static_argnames=("task", "early_fetch"), graph_updates=False)
-def distribute_batch(model, batch, task=None,
-                     early_fetch: float = 0.0) -> lookahead.Distributions:
+def distribute_batch(model, batch, *, task, early_fetch: float = 0.0) -> lookahead.Distributions:
   """The ids' distribution of ``batch``'s lookups: the first step's, and a resumed run's.
 
   Args:
     model: the model (only its tables' plans are read).
     batch: a global batch of ``task``'s layout.
-    task: a ``Task``; None for a click model called as ``model(dense, sparse)``.
+    task: the ``Task`` whose ``loss`` looks the ids up.
     early_fetch: as ``pipelined_train_step``'s.
 
   Returns:
     A ``lookahead.Distributions`` for ``pipelined_train_step``.
   """
-  return _collect(_loss(task), model, batch, early_fetch)
+  return _collect(task.loss, model, batch, early_fetch)
 
 
 @nnx.jit(donate_argnums=(0, 1, 3), static_argnames=("task", "early_fetch"))
-def pipelined_train_step(model, optimizer, batch, distributed, next_batch, task=None,
+def pipelined_train_step(model, optimizer, batch, distributed, next_batch, *, task,
                          early_fetch: float = 0.0):
   """``train_step`` on ``batch`` from its distributed ids, distributing ``next_batch``'s.
 
@@ -66,7 +64,7 @@ def pipelined_train_step(model, optimizer, batch, distributed, next_batch, task=
       step, or ``distribute_batch``); donated.
     next_batch: the next step's batch, of the same shapes (on the last
       step, any batch of them: its distribution is dropped).
-    task: a ``Task``; None for a click model.
+    task: the ``Task`` whose ``loss`` is minimised.
     early_fetch: 0, or fetch the next batch's rows of routed and vocab
       tables in this step too, before its update, and bring the rows it
       changes up to date in the next step (the same result): the share
@@ -78,7 +76,7 @@ def pipelined_train_step(model, optimizer, batch, distributed, next_batch, task=
     ``(loss, next_distributed)``: ``train_step``'s loss, the same bit for
     bit, and ``next_batch``'s distributions.
   """
-  loss_fn = _loss(task)
+  loss_fn = task.loss
   # No data flows from this step into the next batch's distribution.
   next_distributed = _collect(loss_fn, model, next_batch, early_fetch)
   with lookahead.using(distributed):
@@ -117,7 +115,7 @@ class Pipeline:
     batches: an iterator of global batches with ``get_state()`` (the
       position after its last batch returned), e.g. a ``data.Prefetcher``
       of a source with ``get_state`` / ``set_state``.
-    task: a ``Task``, or None for a click model.
+    task: the ``Task`` each step minimises the ``loss`` of.
     early_fetch: ``pipelined_train_step``'s (0: ids only).
     source: the source ``batches`` reads, when ``batches`` is a wrapper of
       it (a ``Prefetcher``): checked for ``set_state`` too.
@@ -127,13 +125,13 @@ class Pipeline:
       its position (``check_lookahead``).
   """
 
-  def __init__(self, model, optimizer, batches, task=None, *, early_fetch: float = 0.0,
+  def __init__(self, model, optimizer, batches, task, *, early_fetch: float = 0.0,
                source=None):
     check_lookahead(batches if source is None else source)
     if not 0.0 <= early_fetch <= 1.0:
       raise ValueError(f"early_fetch={early_fetch}: the share of a route's slots for "
                        "corrected rows, in (0, 1]; 0 turns early fetch off.")
-    self._static = {} if task is None else {"task": task}
+    self._static = {"task": task}
     if early_fetch:
       self._static["early_fetch"] = float(early_fetch)
     self._step = nnx.cached_partial(pipelined_train_step, model, optimizer)

@@ -65,8 +65,16 @@ def check_workdir(workdir: str) -> None:
                        "you can write to, or make this one writable.") from None
 
 
-def validate(config) -> None:
-  """Checks values that ConfigDict's types can't; raises naming the key."""
+def task(config) -> tasks.Task:
+  """The run's task, built once from a checked config; everything after takes it.
+
+  Checks the loop's keys that ConfigDict's types can't, then builds the task
+  ``config.task.name`` names (``ctr`` when the config has no ``task``), which
+  reads and checks ``config.task`` and ``config.data``.
+
+  Raises:
+    ConfigError: naming the first key that can't work, and the fix.
+  """
   for key in ("batch_size", "num_train_steps", "log_every", "eval_every",
               "eval_batches", "checkpoint_every"):
     if config[key] < 1:
@@ -77,20 +85,26 @@ def validate(config) -> None:
   if config.optim.sparse.name not in SPARSE_OPTIMIZERS:
     _fail("optim.sparse.name", f"{config.optim.sparse.name!r}; use one of "
           f"{tuple(SPARSE_OPTIMIZERS)}.")
-  if not 0.0 <= config.get("early_fetch", 0.0) <= 1.0:
-    _fail("early_fetch", f"{config.early_fetch} is not a share of a route's slots in [0, 1].")
-  if config.get("early_fetch", 0.0) and not config.get("pipeline", False):
+  early_fetch, pipelined = pipeline_settings(config)
+  if not 0.0 <= early_fetch <= 1.0:
+    _fail("early_fetch", f"{early_fetch} is not a share of a route's slots in [0, 1].")
+  if early_fetch and not pipelined:
     _fail("early_fetch", "fetches the next batch's rows in the pipelined step; set "
           "pipeline=True with it, or early_fetch=0.")
   if config.batch_size % jax.process_count():
     _fail("batch_size", f"{config.batch_size} must divide over "
           f"{jax.process_count()} processes.")
-  task(config).validate(config)
-
-
-def task(config) -> tasks.Task:
-  """The task ``config.task.name`` names (``ctr`` when the config has no ``task``)."""
   return tasks.make_task(config)
+
+
+def validate(config) -> None:
+  """Raises ``ConfigError`` naming the first key of ``config`` that can't work (``task``)."""
+  task(config)
+
+
+def pipeline_settings(config) -> tuple[float, bool]:
+  """``(config.early_fetch, config.pipeline)``: 0 and off in a config without them."""
+  return config.get("early_fetch", 0.0), config.get("pipeline", False)
 
 
 def make_mesh(config):
@@ -110,25 +124,6 @@ def make_mesh(config):
           f"this run has {jax.device_count()}; use -1 for 'the rest'.")
   axes = tuple(config.mesh_axes)
   return jax.make_mesh(tuple(shape), axes, axis_types=(AxisType.Auto,) * len(axes))
-
-
-def data_spec(config):
-  """The dataset layout the task reads and the model is sized from."""
-  return task(config).data_spec(config)
-
-
-def describe_eval(config) -> str:
-  """Which examples the run evaluates on, for the log."""
-  return task(config).describe_eval(config)
-
-
-def sources(config, spec):
-  """(train source, eval source), each this process's slice.
-
-  Raises:
-    ConfigError: the data can't give a batch (e.g. a Criteo file without one).
-  """
-  return task(config).sources(config, spec)
 
 
 def _schedule(cfg, num_steps):
@@ -158,27 +153,44 @@ def _on_mesh(module, mesh) -> None:
                                   is_leaf=lambda x: x is None))
 
 
-def model_and_optimizer(config, spec, mesh):
-  """The model and its ``SparseAwareOptimizer``, every array on ``mesh``.
+def model_and_optimizer(config, task_, spec, mesh):
+  """The model of ``task_`` and its ``SparseAwareOptimizer``, every array on ``mesh``.
 
   The tables train row-wise with ``config.optim.sparse``, or with the dense
   optimizer where the task says so (``Task.sparse_tables``).
   """
   try:
-    model = task(config).build_model(config, spec, mesh, nnx.Rngs(config.seed))
+    model = task_.build_model(config.model, spec, mesh, batch_size=config.batch_size,
+                              rngs=nnx.Rngs(config.seed))
   except ValueError as e:  # the factory names the config key and the fix
     raise ConfigError(str(e)) from None
-  dense = config.optim.dense
-  tx = DENSE_OPTIMIZERS[dense.name](_schedule(dense, config.num_train_steps))
-  sparse = config.optim.sparse
+  optim_config = config.optim
+  tx = DENSE_OPTIMIZERS[optim_config.dense.name](
+      _schedule(optim_config.dense, config.num_train_steps))
   rule = None  # a task whose table is an output layer trains it with the dense optimizer
-  if task(config).sparse_tables:
-    rule = SPARSE_OPTIMIZERS[sparse.name](learning_rate=_schedule(sparse, config.num_train_steps))
+  if task_.sparse_tables:
+    rule = SPARSE_OPTIMIZERS[optim_config.sparse.name](
+        learning_rate=_schedule(optim_config.sparse, config.num_train_steps))
   optimizer = optim.SparseAwareOptimizer(model, tx, rule)
   _on_mesh(model, mesh)
   _on_mesh(optimizer, mesh)
   host_memory.release_freed()  # the initialisers' temporaries
   return model, optimizer
+
+
+def sources(config, task_, spec):
+  """``task_``'s (train, eval) sources of ``config``'s batches, each this process's slice.
+
+  Raises:
+    ConfigError: the data can't give a batch (e.g. a Criteo file without one).
+  """
+  return task_.sources(spec, batch_size=config.batch_size, seed=config.seed,
+                       eval_batches=config.eval_batches)
+
+
+def describe_eval(config, task_) -> str:
+  """Which examples the run evaluates on, for the log."""
+  return task_.describe_eval(batch_size=config.batch_size, eval_batches=config.eval_batches)
 
 
 def restore_model(config, workdir: str, mesh=None):
@@ -189,7 +201,8 @@ def restore_model(config, workdir: str, mesh=None):
   The optimizer's state is restored with it and dropped.
   """
   mesh = make_mesh(config) if mesh is None else mesh
-  model, optimizer = model_and_optimizer(config, data_spec(config), mesh)
+  made = task(config)
+  model, optimizer = model_and_optimizer(config, made, made.data_spec(), mesh)
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
   try:
     ckpt.restore(model, optimizer)

@@ -14,25 +14,21 @@ def loss_fn(model, batch):
   return optax.sigmoid_binary_cross_entropy(logits, batch["label"]).mean()
 
 
-def _loss(task):
-  return loss_fn if task is None else task.loss
-
-
 @nnx.jit(donate_argnums=(0, 1), static_argnames=("task",))
-def train_step(model, optimizer, batch, task=None):
-  """One step of ``task`` (default: click-through): row gradients for the tables,
-  dense gradients for the rest.
+def train_step(model, optimizer, batch, *, task):
+  """One step of ``task``: row gradients for the tables, dense gradients for the rest.
 
   Args:
     model: the model; its tables and other parameters change in place.
     optimizer: its ``SparseAwareOptimizer``.
     batch: a global batch of ``task``'s layout (``task.featurize``).
-    task: a ``Task``; None for a click model called as ``model(dense, sparse)``.
+    task: the ``Task`` whose ``loss`` is minimised (``tasks.CTRTask()`` for a
+      click model called as ``model(dense, sparse)``).
 
   Returns:
     The loss, a float32 scalar.
   """
-  loss, grads = optim.value_and_grad(_loss(task), tables=optimizer.tables)(model, batch)
+  loss, grads = optim.value_and_grad(task.loss, tables=optimizer.tables)(model, batch)
   optimizer.update(model, grads)
   return loss
 
@@ -41,14 +37,12 @@ def train_step(model, optimizer, batch, task=None):
 # arguments as outputs, so an undonated step would write a fresh copy of every
 # table on each call; this way only variables the step changes come back.
 @nnx.jit(static_argnames=("task",), graph_updates=False)
-def eval_step(model, batch, task=None):
-  """``task.predict`` (default: a click model's logits ``[batch]``); changes nothing.
+def eval_step(model, batch, *, task):
+  """``task.predict`` (a click model's logits ``[batch]`` for ``CTRTask``); changes nothing.
 
   Args:
     model: the model.
     batch: a global batch of ``task``'s layout.
-    task: a ``Task``; None for a click model called as ``model(dense, sparse)``.
+    task: the ``Task`` whose ``predict`` runs.
   """
-  if task is None:
-    return model(batch["dense"], batch["sparse"])
   return task.predict(model, batch)

@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 
 from embedlib import checkpoint, optim
 from embedlib import data as data_lib
-from embedlib.training import pipeline, setup, tasks
+from embedlib.training import pipeline, setup
 # eval_step and loss_fn are re-exported: callers of the single-task loop import them here.
 from embedlib.training.steps import eval_step, loss_fn, train_step  # noqa: F401
 from embedlib.training.signals import StopSignals
@@ -29,8 +29,8 @@ from embedlib.training.writers import MetricWriter, read_jsonl
 log = logging.getLogger("embedlib.train")
 
 
-def evaluate(model, source, start_state, mesh, max_batches, task=None) -> dict:
-  """``task``'s eval metrics (default: AUC and log-loss) over every process's rows.
+def evaluate(model, source, start_state, mesh, max_batches, task) -> dict:
+  """``task``'s eval metrics (AUC and log-loss for a ``CTRTask``) over every process's rows.
 
   Args:
     model: the model ``task`` evaluates (its ``predict`` runs under ``eval_step``).
@@ -39,12 +39,11 @@ def evaluate(model, source, start_state, mesh, max_batches, task=None) -> dict:
     start_state: ``source.get_state()`` where the eval starts.
     mesh: the mesh each global batch is laid out on.
     max_batches: batches read (fewer when the source ends first).
-    task: a ``Task``; None for a click-through model.
+    task: the run's ``Task``.
 
   Returns:
     ``{metric name: float}``, the same on every process.
   """
-  task = task or tasks.CTRTask()
   source.set_state(start_state)
   batches = (data_lib.to_global_batch(task.featurize(b), mesh)
              for b in itertools.islice(source, max_batches))
@@ -193,20 +192,19 @@ def train_and_evaluate(config, workdir: str) -> dict:
       earlier ones are intact.
     writers.MetricWriteError: a metrics file could not be written.
   """
-  setup.validate(config)
+  task = setup.task(config)  # built once: every step below takes it
   done = _finished(config, workdir)
   if done is not None:
     return done
-  task = setup.task(config)
   mesh = setup.make_mesh(config)
-  spec = setup.data_spec(config)
-  train_source, eval_source = setup.sources(config, spec)
+  spec = task.data_spec()
+  train_source, eval_source = setup.sources(config, task, spec)
   eval_start = eval_source.get_state()
-  log.info("eval data: %s", setup.describe_eval(config))
+  log.info("eval data: %s", setup.describe_eval(config, task))
   setup.check_workdir(workdir)
   # Building and placing large tables takes a while with nothing else to show.
   log.info("building the model and optimizer ...")
-  model, optimizer = setup.model_and_optimizer(config, spec, mesh)
+  model, optimizer = setup.model_and_optimizer(config, task, spec, mesh)
   log.info("mesh %s; embedding plan:\n%s", dict(mesh.shape), _plans(model))
 
   oracle = task.oracle(eval_source)
@@ -282,17 +280,15 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
   # nnx.jit flattens its module arguments on every call; cached_partial does
   # it once for the whole run.
   step_fn = nnx.cached_partial(train_step, model, optimizer)
-  # The ctr task is the default step's (its compiled program is shared with
-  # callers of ``train_step(model, optimizer, batch)``).
-  static = {} if isinstance(task, tasks.CTRTask) else {"task": task}
-  if config.get("pipeline", False):
+  early_fetch, pipelined = setup.pipeline_settings(config)
+  if pipelined:
     # Batch N+1's ids are distributed in step N's program; checkpoints record
     # the data position after the batch trained on, not the one read ahead.
-    runner = pipeline.Pipeline(model, optimizer, prefetch, source=train_source,
-                               early_fetch=config.get("early_fetch", 0.0), **static)
+    runner = pipeline.Pipeline(model, optimizer, prefetch, task, source=train_source,
+                               early_fetch=early_fetch)
     take_step, data_state = runner.step, runner.get_state
   else:
-    take_step = lambda: step_fn(next(prefetch), **static)
+    take_step = lambda: step_fn(next(prefetch), task=task)
     data_state = prefetch.get_state
   sync = one_step_in_flight()
   result = _last_eval(workdir, start)

@@ -42,16 +42,17 @@ def host_batch(config, spec):
   task = setup.task(config)
   if config.task.name == "ctr":
     return next(data_lib.SyntheticSource(spec, batch_size=config.batch_size))
-  train, _ = setup.sources(config, spec)
+  train, _ = setup.sources(config, task, spec)
   return task.featurize(next(iter(train)))
 
 
 def abstract_model(config, mesh):
   """``(graphdef, abstract state, abstract batch)`` of the config's model and optimizer."""
-  spec = setup.data_spec(config)
+  task = setup.task(config)
+  spec = task.data_spec()
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     with mock.patch.object(setup, "_on_mesh", lambda module, mesh: None):
-      pair = nnx.eval_shape(lambda: setup.model_and_optimizer(config, spec, mesh))
+      pair = nnx.eval_shape(lambda: setup.model_and_optimizer(config, task, spec, mesh))
   graphdef, state = nnx.split(pair)
   batch_sharding = NamedSharding(mesh, P(tuple(config.mesh_axes)))
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding),
@@ -62,7 +63,7 @@ def abstract_model(config, mesh):
 def train_step(config, mesh):
   """``(step, abstract state, abstract batch)``: ``step(state, batch) -> (loss, state)``."""
   graphdef, state, batch = abstract_model(config, mesh)
-  task = None if config.task.name == "ctr" else setup.task(config)
+  task = setup.task(config)
 
   def step(state, batch):
     model, optimizer = nnx.merge(graphdef, state)

@@ -28,6 +28,9 @@ from embedlib import checkpoint, optim
 from embedlib.checkpoint import sharded
 from embedlib import data as data_lib
 from embedlib.training import setup, train_lib
+from embedlib.training.tasks import CTRTask
+
+CTR = CTRTask()  # the quickstart's click model
 
 
 def _mesh(n):
@@ -47,9 +50,10 @@ _lookups = nnx.jit(lambda embeddings, sparse: embeddings(sparse))
 
 
 def _state(config, mesh):
-  spec = setup.data_spec(config)
-  model, optimizer = setup.model_and_optimizer(config, spec, mesh)
-  source, _ = setup.sources(config, spec)
+  task = setup.task(config)
+  spec = task.data_spec()
+  model, optimizer = setup.model_and_optimizer(config, task, spec, mesh)
+  source, _ = setup.sources(config, task, spec)
   return model, optimizer, source
 
 
@@ -57,7 +61,8 @@ def test_restore_on_fewer_devices_gives_identical_lookups_and_next_step(config, 
   mesh8 = _mesh(8)
   model, optimizer, source = _state(config, mesh8)
   for _ in range(2):
-    train_lib.train_step(model, optimizer, data_lib.to_global_batch(next(source), mesh8))
+    train_lib.train_step(model, optimizer, data_lib.to_global_batch(next(source), mesh8),
+                         task=CTR)
   ckpt = checkpoint.Checkpointer(str(tmp_path), asynchronous=False)
   ckpt.save(2, model, optimizer, source.get_state())
   ckpt.wait()
@@ -65,7 +70,8 @@ def test_restore_on_fewer_devices_gives_identical_lookups_and_next_step(config, 
   tables8 = {k: np.asarray(t.logical_table()) for k, t in model.embeddings.tables.items()}
   lookups8 = {k: np.asarray(v) for k, v in
               _lookups(model.embeddings, data_lib.to_global_batch(batch, mesh8)["sparse"]).items()}
-  loss8 = float(train_lib.train_step(model, optimizer, data_lib.to_global_batch(batch, mesh8)))
+  loss8 = float(train_lib.train_step(model, optimizer, data_lib.to_global_batch(batch, mesh8),
+                                     task=CTR))
 
   for n in (4, 3, 1):
     mesh = _mesh(n)
@@ -81,7 +87,7 @@ def test_restore_on_fewer_devices_gives_identical_lookups_and_next_step(config, 
         np.testing.assert_array_equal(np.asarray(v), lookups8[k])
       else:  # pooled bags sum partial rows in a mesh-dependent order
         np.testing.assert_allclose(np.asarray(v), lookups8[k], rtol=1e-6, atol=1e-7)
-    loss = float(train_lib.train_step(model_n, optimizer_n, global_batch))
+    loss = float(train_lib.train_step(model_n, optimizer_n, global_batch, task=CTR))
     np.testing.assert_allclose(loss, loss8, rtol=1e-5)
     assert padded  # the physical shapes differ per mesh; the logical ones don't
   ckpt.close()
@@ -117,7 +123,7 @@ def test_save_and_restore_move_shards_only_and_store_no_padding(config, tmp_path
   store = ts.open({"driver": "zarr", "kvstore": {
       "driver": "file", "path": str(tmp_path / "2" / "tables" / key)}}).result()
   assert store.shape == (1001, 16) and store.chunk_layout.read_chunk.shape == (126, 16)
-  spec = setup.data_spec(config)
+  spec = setup.task(config).data_spec()
   shapes = ckpt._manager.item_metadata(2)["tables"]
   for f in spec.features:
     assert shapes[f"tables/embeddings/tables/{f.name}"].shape == (f.num_embeddings, 16)

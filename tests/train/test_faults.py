@@ -112,7 +112,8 @@ TRAINS_ON = "dense data file truncated"
 
 def _restore_newest(workdir, config):
   """The model and optimizer a resumed run builds, restored as it restores them."""
-  model, optimizer = setup.model_and_optimizer(config, setup.data_spec(config),
+  task = setup.task(config)
+  model, optimizer = setup.model_and_optimizer(config, task, task.data_spec(),
                                                setup.make_mesh(config))
   ckpt = checkpoint.Checkpointer(str(workdir / "checkpoints"), max_to_keep=config.max_checkpoints)
   try:
@@ -276,7 +277,8 @@ def test_a_second_sigterm_during_the_final_save_keeps_max_to_keep(tmp_path, dela
   while orbax writes the checkpoint or waits to remove the oldest (where it used to leave 3)."""
   config = _smoke()
   mesh = setup.make_mesh(config)
-  model, optimizer = setup.model_and_optimizer(config, setup.data_spec(config), mesh)
+  task = setup.task(config)
+  model, optimizer = setup.model_and_optimizer(config, task, task.data_spec(), mesh)
   ckpt = checkpoint.Checkpointer(str(tmp_path), max_to_keep=2)
   ckpt.save(1, model, optimizer, {})
   ckpt.save(2, model, optimizer, {})

@@ -66,10 +66,11 @@ def test_two_processes_match_one(tmp_path):
   # Each process wrote its own shards of the tables; together they restore
   # (here, onto this process's 8 devices) to the one-process run's tables.
   config = quickstart.get_config("smoke")
-  mesh, spec = setup.make_mesh(config), setup.data_spec(config)
+  task = setup.task(config)
+  mesh, spec = setup.make_mesh(config), task.data_spec()
   tables = []
   for workdir in (single, multi):
-    model, optimizer = setup.model_and_optimizer(config, spec, mesh)
+    model, optimizer = setup.model_and_optimizer(config, task, spec, mesh)
     ckpt = checkpoint.Checkpointer(str(workdir / "checkpoints"))
     assert ckpt.restore_newest(model, optimizer)[0] == 6
     ckpt.close()

@@ -31,6 +31,7 @@ from embedlib import checkpoint, optim
 from embedlib import data as data_lib
 from embedlib.plan import hlo
 from embedlib.training import pipeline, setup, steps
+from embedlib.training.tasks import CTRTask
 
 B = 32
 STEPS = 6
@@ -99,6 +100,8 @@ class Source:
 # Shared: the optimizer keeps them as static attributes, so fresh ones
 # would make each new optimizer another jit cache key (another compile).
 TX, RULE = optax.adam(0.01), optim.RowWiseAdagrad(0.1)
+#: The task of a click model called as ``model(dense, sparse)``.
+CTR = CTRTask()
 
 
 def _make(collection=True):
@@ -122,7 +125,7 @@ def in_line():
   def run(num_steps):
     if num_steps not in runs:
       model, optimizer = _make()
-      losses = [float(steps.train_step(model, optimizer, _batch(i + 1)))
+      losses = [float(steps.train_step(model, optimizer, _batch(i + 1), task=CTR))
                 for i in range(num_steps)]
       runs[num_steps] = losses, _leaves(model, optimizer)
     return runs[num_steps]
@@ -134,7 +137,7 @@ def _pipelined_with_resume(num_steps, tmp_path, early_fetch=0.0):
   """The pipelined run, checkpointed after half its steps and resumed on a fresh model."""
   half = num_steps // 2
   model, optimizer = _make()
-  runner = pipeline.Pipeline(model, optimizer, Source(num_steps), early_fetch=early_fetch)
+  runner = pipeline.Pipeline(model, optimizer, Source(num_steps), CTR, early_fetch=early_fetch)
   losses = [float(runner.step()) for _ in range(half)]
   ckpt = checkpoint.Checkpointer(str(tmp_path / "checkpoints"))
   try:
@@ -147,7 +150,7 @@ def _pipelined_with_resume(num_steps, tmp_path, early_fetch=0.0):
   assert step == half and data_state == {"position": half}
   source = Source(num_steps)
   source.set_state(data_state)
-  runner = pipeline.Pipeline(model, optimizer, source, early_fetch=early_fetch)
+  runner = pipeline.Pipeline(model, optimizer, source, CTR, early_fetch=early_fetch)
   losses += [float(runner.step()) for _ in range(num_steps - half)]
   with pytest.raises(StopIteration):
     runner.step()
@@ -191,7 +194,7 @@ def test_rows_fetched_early_are_stale_without_their_correction(in_line, monkeypa
   monkeypatch.setattr(ahead, "_vocab_brought_up_to_date", lambda table, got, c, **_: got["rows"])
   want_losses, _ = in_line(STEPS)
   model, optimizer = _make()
-  runner = pipeline.Pipeline(model, optimizer, Source(STEPS), early_fetch=0.5)
+  runner = pipeline.Pipeline(model, optimizer, Source(STEPS), CTR, early_fetch=0.5)
   losses = [float(runner.step()) for _ in range(STEPS)]
   assert losses[0] == want_losses[0] and losses[1:] != want_losses[1:]
 
@@ -238,9 +241,9 @@ def test_the_step_reads_the_distribution_it_is_handed(in_line):
   """Another batch's distribution gives another loss: the step doesn't redo its own."""
   want_losses, _ = in_line(STEPS)
   model, optimizer = _make()
-  runner = pipeline.Pipeline(model, optimizer, Source(STEPS))
+  runner = pipeline.Pipeline(model, optimizer, Source(STEPS), CTR)
   # pylint: disable-next=protected-access
-  runner._distributed = pipeline.distribute_batch(model, _batch(2))
+  runner._distributed = pipeline.distribute_batch(model, _batch(2), task=CTR)
   assert float(runner.step()) != want_losses[0]
 
 
@@ -248,7 +251,7 @@ def test_a_source_without_a_position_is_refused_naming_the_fix():
   with pytest.raises(pipeline.LookaheadError,
                      match=r"list_iterator has no get_state\(\) or set_state\(\).*"
                            r"config.pipeline=False"):
-    pipeline.Pipeline(None, None, iter([{"dense": 0}]))
+    pipeline.Pipeline(None, None, iter([{"dense": 0}]), CTR)
 
 
 def test_early_fetch_without_the_pipeline_is_refused_naming_the_fix():
@@ -296,9 +299,9 @@ def _exchanges(lines):
 def test_the_next_batch_id_exchange_depends_on_the_next_batch_alone():
   model, optimizer = _make(collection=False)
   batch, following = _batch(1, False), _batch(2, False)
-  distributed = pipeline.distribute_batch(model, batch)
+  distributed = pipeline.distribute_batch(model, batch, task=CTR)
   text = pipeline.pipelined_train_step.lower(
-      model, optimizer, batch, distributed, following).compile().as_text()
+      model, optimizer, batch, distributed, following, task=CTR).compile().as_text()
   lines = _entry(text)
   feeding = {n: _parameters_feeding(lines, n) for n in _exchanges(lines)}
   ahead = {n: p for n, p in feeding.items() if any(a.startswith("next_batch") for a in p)}

@@ -30,7 +30,7 @@ from embedlib import data as data_lib
 from embedlib import optim
 from embedlib.strategies import request, rowmap, sharded
 from embedlib.training import pipeline, setup, steps
-from tests.train.test_pipeline import MESH, RULE, TX, _check_same, _leaves
+from tests.train.test_pipeline import CTR, MESH, RULE, TX, _check_same, _leaves
 
 B = 16
 ROUTED, VOCAB, ITEM, CAT = 50, 30, 60, 20
@@ -132,13 +132,13 @@ class Batches:
 
 def _in_line(batches):
   model, optimizer = _make()
-  losses = [float(steps.train_step(model, optimizer, b)) for b in batches]
+  losses = [float(steps.train_step(model, optimizer, b, task=CTR)) for b in batches]
   return losses, _leaves(model, optimizer)
 
 
 def _pipelined(batches, early_fetch):
   model, optimizer = _make()
-  runner = pipeline.Pipeline(model, optimizer, Batches(batches), early_fetch=early_fetch)
+  runner = pipeline.Pipeline(model, optimizer, Batches(batches), CTR, early_fetch=early_fetch)
   losses = [float(runner.step()) for _ in batches]
   with pytest.raises(StopIteration):
     runner.step()

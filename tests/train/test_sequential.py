@@ -14,7 +14,7 @@ from flax import nnx
 from configs import movielens
 from embedlib import ShardedEmbed, optim
 from embedlib.training import events, setup, train_lib
-from embedlib.training.tasks import ConfigError, sequential
+from embedlib.training.tasks import ConfigError
 from embedlib.training.writers import read_jsonl
 from tests import benchmark_scripts
 
@@ -102,10 +102,11 @@ def test_a_resumed_run_equals_an_uninterrupted_one(runs, tmp_path):
 def test_the_epoch_covers_every_training_target(runs):
   data, _ = runs
   config = _config(data, 9)
-  train, _ = setup.sources(config, setup.data_spec(config))
+  task = setup.task(config)
+  train, _ = setup.sources(config, task, task.data_spec())
   assert train.batches_per_epoch == 4  # what the resume test above relies on
   targets = sum(int((train.batch(i)["targets"] > 0).sum()) for i in range(4))
-  train_items = sequential.load_split(config).train_items
+  train_items = task.split.train_items
   assert targets == train.targets_per_epoch == sum(len(s) - 1 for s in train_items)
 
 

@@ -18,26 +18,28 @@ def built():
   config = dlrm_criteo.get_config("smoke")
   config.data.table_sizes = (ROWS,) * 26
   mesh = setup.make_mesh(config)
-  spec = setup.data_spec(config)
-  model, optimizer = setup.model_and_optimizer(config, spec, mesh)
+  task = setup.task(config)
+  spec = task.data_spec()
+  model, optimizer = setup.model_and_optimizer(config, task, spec, mesh)
   batch = data_lib.to_global_batch(
       data_lib.SyntheticSource(spec, batch_size=config.batch_size).__next__(), mesh)
   table_shard = ROWS * config.model.embed_dim * 4 // mesh.size
-  return model, optimizer, batch, config.batch_size, mesh.size, table_shard
+  return model, optimizer, batch, config.batch_size, mesh.size, table_shard, task
 
 
 def test_eval_step_outputs_only_the_logits(built):
   # nnx.jit's default would return every variable, so each eval batch wrote a
   # fresh copy of all 26 tables.
-  model, _, batch, batch_size, devices, table_shard = built
-  analysis = steps.eval_step.lower(model, batch).compile().memory_analysis()
+  model, _, batch, batch_size, devices, table_shard, task = built
+  analysis = steps.eval_step.lower(model, batch, task=task).compile().memory_analysis()
   assert analysis.output_size_in_bytes == batch_size * 4 // devices
   assert analysis.argument_size_in_bytes >= 26 * table_shard  # the tables are its inputs
 
 
 def test_train_step_writes_the_tables_in_place(built):
-  model, optimizer, batch, _, _, table_shard = built
-  analysis = steps.train_step.lower(model, optimizer, batch).compile().memory_analysis()
+  model, optimizer, batch, _, _, table_shard, task = built
+  analysis = steps.train_step.lower(model, optimizer, batch,
+                                    task=task).compile().memory_analysis()
   assert analysis.alias_size_in_bytes >= 26 * table_shard
   # What isn't aliased: the loss and a few scalars, far below one table's shard.
   assert analysis.output_size_in_bytes - analysis.alias_size_in_bytes < table_shard // 100
@@ -50,13 +52,13 @@ def test_a_step_after_a_save_updates_the_tables_in_place(built, tmp_path, asynch
   from embedlib import checkpoint, optim  # pylint: disable=g-import-not-at-top
   from embedlib import param as param_lib  # pylint: disable=g-import-not-at-top
 
-  model, optimizer, batch, *_ = built
+  model, optimizer, batch, *_, task = built
   ckpt = checkpoint.Checkpointer(str(tmp_path), asynchronous=asynchronous)
   try:
     ckpt.save(1, model, optimizer, {})
     _, emb = next(iter(optim.sparse_tables(model)))
     before = param_lib.physical(emb.embedding)
-    jax.block_until_ready(steps.train_step(model, optimizer, batch))
+    jax.block_until_ready(steps.train_step(model, optimizer, batch, task=task))
     in_place = before.is_deleted()
   finally:
     ckpt.close()

@@ -78,14 +78,14 @@ def test_metrics_beside_the_oracle_and_one_compile(smoke_run):
 def test_restore_onto_fewer_devices_predicts_the_same(smoke_run):
   task_name, config, workdir, _ = smoke_run
   task = setup.task(config)
-  spec = setup.data_spec(config)
-  _, eval_source = setup.sources(config, spec)
+  spec = task.data_spec()
+  _, eval_source = setup.sources(config, task, spec)
   batch = task.featurize(next(eval_source))
   ckpt = checkpoint.Checkpointer(str(workdir / "checkpoints"))
   outputs = []
   for n in (8, 4):
     mesh = _mesh(n)
-    model, optimizer = setup.model_and_optimizer(config, spec, mesh)
+    model, optimizer = setup.model_and_optimizer(config, task, spec, mesh)
     assert ckpt.restore(model, optimizer) == {"position": 9}
     outputs.append(np.asarray(steps.eval_step(model, data_lib.to_global_batch(batch, mesh),
                                               task=task)))

@@ -130,8 +130,8 @@ def test_max_bad_lines_minus_one_skips_them_all(tmp_path):
   path = tmp_path / "day_0.tsv"
   path.write_text(_criteo_lines(100, bad_at=(3, 5, 7)))
   config = _criteo_config(path, path, max_bad_lines=-1)
-  spec = setup.data_spec(config)
-  train, evaluation = setup.sources(config, spec)
+  task = setup.task(config)
+  train, evaluation = setup.sources(config, task, task.data_spec())
   assert train.max_bad_lines is None and evaluation.max_bad_lines is None
   assert sum(len(b["label"]) for b in evaluation) == 96  # 97 good lines, batches of 32
   with pytest.raises(setup.ConfigError, match="max_bad_lines: must be >= 0, or -1"):

@@ -6,9 +6,11 @@ sources and a model, says how a batch reaches the device, what the loss is,
 and what an eval measures. The loop around it (steps, checkpoints, resume,
 signals, metrics files, several processes) is the same for every task.
 
-A task is a frozen dataclass built from the config once per run: it is
-hashable, so the jitted train and eval steps take it as a static argument
-and compile once per task.
+A task is a frozen dataclass built from the config once per run
+(``from_config``, the one reader of ``config.task`` and ``config.data``) and
+passed to everything after: it is hashable, so the jitted train and eval
+steps take it as a static argument and compile once per task. Settings only
+the host reads (paths, a loaded split) are left out of its equality.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import dataclasses
 import typing as tp
 
 import numpy as np
+
+from embedlib.models import build_model
 
 
 class ConfigError(ValueError):
@@ -54,16 +58,20 @@ class Task:
 
   Host side (numpy, outside jit):
 
-  - ``validate(config)``: the task's own checks, before anything is built.
-  - ``data_spec(config)``: the dataset layout the model is sized from.
-  - ``sources(config, spec)``: ``(train, eval)`` sources, each this process's
-    slice, each with ``get_state`` / ``set_state``.
-  - ``describe_eval(config)``: which examples the eval uses, for the log.
+  - ``from_config(config)``: the task with its settings, read from
+    ``config.task`` and ``config.data`` and checked (with ``config.model.name``
+    against the models the task trains) before anything is built.
+  - ``data_spec()``: the dataset layout the model is sized from.
+  - ``sources(spec, batch_size=, seed=, eval_batches=)``: ``(train, eval)``
+    sources, each this process's slice, each with ``get_state`` /
+    ``set_state``.
+  - ``describe_eval(batch_size=, eval_batches=)``: which examples the eval
+    uses, for the log.
   - ``featurize(batch)``: a source's batch to the arrays the model reads
     (hashing raw ids, checking sizes); runs in the prefetch thread, raises
     ``ValueError`` naming the field and the fix.
-  - ``build_model(config, spec, mesh, rngs)``: through ``embedlib.models``'
-    factory.
+  - ``build_model(model_config, spec, mesh, batch_size=, rngs=)``: through
+    ``embedlib.models``' factory (the one reader of ``config.model``).
   - ``oracle(eval_source)``: the planted optimum's metrics on the eval set
     (``oracle_*`` keys, logged beside the model's), or ``{}``.
   - ``evaluate(model, batches, mesh, source)``: metrics over global eval
@@ -88,27 +96,23 @@ class Task:
 
   @classmethod
   def from_config(cls, config) -> Task:
-    """The task with ``config.task``'s settings (none by default)."""
-    del config
-    return cls()
-
-  def validate(self, config) -> None:
-    del config
-
-  def data_spec(self, config):
+    """The task with ``config``'s settings; raises ``ConfigError`` naming a bad key."""
     raise NotImplementedError
 
-  def sources(self, config, spec):
+  def data_spec(self):
     raise NotImplementedError
 
-  def describe_eval(self, config) -> str:
-    return f"the {config.data.source} source's eval stream ({config.eval_batches} batches)"
+  def sources(self, spec, *, batch_size: int, seed: int, eval_batches: int):
+    raise NotImplementedError
+
+  def describe_eval(self, *, batch_size: int, eval_batches: int) -> str:
+    raise NotImplementedError
 
   def featurize(self, batch: dict) -> dict:
     return batch
 
-  def build_model(self, config, spec, mesh, rngs):
-    raise NotImplementedError
+  def build_model(self, model_config, spec, mesh, *, batch_size: int, rngs):
+    return build_model(model_config, spec, mesh=mesh, batch_size=batch_size, rngs=rngs)
 
   def oracle(self, eval_source) -> dict:
     del eval_source

@@ -16,7 +16,6 @@ from jax.experimental import multihost_utils
 
 from embedlib import data as data_lib
 from embedlib import metrics
-from embedlib.models import build_model
 from embedlib.training import steps
 from embedlib.training.tasks import base
 
@@ -35,13 +34,34 @@ def _first_batch_or_fail(source, key: str, what: str, batch_size: int) -> None:
   source.set_state(state)
 
 
+def _host(default):
+  """A setting only the host reads: left out of the task's equality (the steps' cache key)."""
+  return dataclasses.field(default=default, compare=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class CTRTask(base.Task):
-  """Binary click-through prediction: ``config.task.name = "ctr"``."""
+  """Binary click-through prediction: ``config.task.name = "ctr"``.
+
+  ``CTRTask()`` is the task of any click model called as ``model(dense,
+  sparse)``; ``from_config`` adds the data settings (``config.data``), which
+  only its host methods read.
+  """
 
   name = "ctr"
+  source: str = _host("synthetic")
+  table_sizes: tuple[int, ...] = _host(())
+  num_dense: int = _host(0)
+  bag_sizes: tuple[int, ...] = _host(())
+  zipf_exponent: float = _host(1.0)
+  signal_scale: float = _host(1.0)
+  train_path: str = _host("")
+  eval_path: str = _host("")
+  eval_holdout: float = _host(0.0)
+  max_bad_lines: int = _host(0)
 
-  def validate(self, config) -> None:
+  @classmethod
+  def from_config(cls, config) -> CTRTask:
     data = config.data
     if data.source not in SOURCES:
       base.fail("data.source", f"{data.source!r}; the ctr task reads one of {SOURCES}.")
@@ -69,55 +89,54 @@ class CTRTask(base.Task):
     elif data.eval_holdout:
       base.fail("data.eval_holdout", f"the {data.source} source has its own eval stream; "
                 "leave eval_holdout at 0.")
+    return cls(source=data.source, table_sizes=tuple(data.table_sizes),
+               num_dense=data.num_dense, bag_sizes=tuple(data.bag_sizes),
+               zipf_exponent=data.zipf_exponent, signal_scale=data.signal_scale,
+               train_path=data.train_path, eval_path=data.eval_path,
+               eval_holdout=data.eval_holdout, max_bad_lines=data.max_bad_lines)
 
-  def data_spec(self, config) -> data_lib.DataSpec:
+  def data_spec(self) -> data_lib.DataSpec:
     try:
-      if config.data.source == "criteo":
-        return data_lib.criteo_spec(list(config.data.table_sizes) or 100_000)
-      return data_lib.DataSpec.from_sizes(
-          config.data.num_dense, list(config.data.table_sizes),
-          bag_sizes=list(config.data.bag_sizes) or None)
+      if self.source == "criteo":
+        return data_lib.criteo_spec(list(self.table_sizes) or 100_000)
+      return data_lib.DataSpec.from_sizes(self.num_dense, list(self.table_sizes),
+                                          bag_sizes=list(self.bag_sizes) or None)
     except ValueError as e:
       raise base.ConfigError(f"config.data.table_sizes / bag_sizes: {e}") from None
 
-  def describe_eval(self, config) -> str:
-    data = config.data
-    if data.source != "criteo":
-      return (f"the {data.source} source's eval stream ({config.eval_batches} batches, drawn "
+  def describe_eval(self, *, batch_size: int, eval_batches: int) -> str:
+    del batch_size
+    if self.source != "criteo":
+      return (f"the {self.source} source's eval stream ({eval_batches} batches, drawn "
               "apart from the training stream)")
-    if data.eval_holdout:
-      return (f"a held-out {data.eval_holdout:.1%} of the lines of {data.train_path} (chosen "
+    if self.eval_holdout:
+      return (f"a held-out {self.eval_holdout:.1%} of the lines of {self.train_path} (chosen "
               f"by a hash of the line number; training skips them), at most "
-              f"{config.eval_batches} batches")
-    return f"{data.eval_path}, at most {config.eval_batches} batches"
+              f"{eval_batches} batches")
+    return f"{self.eval_path}, at most {eval_batches} batches"
 
-  def sources(self, config, spec):
+  def sources(self, spec, *, batch_size: int, seed: int, eval_batches: int):
     share = dict(process_index=jax.process_index(), process_count=jax.process_count())
-    data = config.data
-    if data.source == "criteo":
-      kw = dict(batch_size=config.batch_size, **share,
-                max_bad_lines=None if data.max_bad_lines == -1 else data.max_bad_lines)
-      train = data_lib.CriteoReader(data.train_path, spec, num_epochs=None,
-                                    holdout=data.eval_holdout, split="train", **kw)
-      if data.eval_holdout:
-        evaluation = data_lib.CriteoReader(data.train_path, spec, num_epochs=1,
-                                           holdout=data.eval_holdout, split="holdout", **kw)
-        eval_key, eval_what = "data.eval_holdout", f"the hold-out of {data.train_path}"
+    if self.source == "criteo":
+      kw = dict(batch_size=batch_size, **share,
+                max_bad_lines=None if self.max_bad_lines == -1 else self.max_bad_lines)
+      train = data_lib.CriteoReader(self.train_path, spec, num_epochs=None,
+                                    holdout=self.eval_holdout, split="train", **kw)
+      if self.eval_holdout:
+        evaluation = data_lib.CriteoReader(self.train_path, spec, num_epochs=1,
+                                           holdout=self.eval_holdout, split="holdout", **kw)
+        eval_key, eval_what = "data.eval_holdout", f"the hold-out of {self.train_path}"
       else:
-        evaluation = data_lib.CriteoReader(data.eval_path, spec, num_epochs=1, **kw)
-        eval_key, eval_what = "data.eval_path", data.eval_path
-      _first_batch_or_fail(train, "data.train_path", data.train_path, config.batch_size)
-      _first_batch_or_fail(evaluation, eval_key, eval_what, config.batch_size)
+        evaluation = data_lib.CriteoReader(self.eval_path, spec, num_epochs=1, **kw)
+        eval_key, eval_what = "data.eval_path", self.eval_path
+      _first_batch_or_fail(train, "data.train_path", self.train_path, batch_size)
+      _first_batch_or_fail(evaluation, eval_key, eval_what, batch_size)
       return train, evaluation
-    kw = dict(batch_size=config.batch_size, seed=config.seed,
-              zipf_exponent=data.zipf_exponent, signal_scale=data.signal_scale, **share)
+    kw = dict(batch_size=batch_size, seed=seed, zipf_exponent=self.zipf_exponent,
+              signal_scale=self.signal_scale, **share)
     train = data_lib.SyntheticSource(spec, split="train", **kw)
-    evaluation = data_lib.SyntheticSource(spec, split="eval", num_batches=config.eval_batches,
-                                          **kw)
+    evaluation = data_lib.SyntheticSource(spec, split="eval", num_batches=eval_batches, **kw)
     return train, evaluation
-
-  def build_model(self, config, spec, mesh, rngs):
-    return build_model(config.model, spec, mesh=mesh, batch_size=config.batch_size, rngs=rngs)
 
   def oracle(self, eval_source) -> dict:
     if not isinstance(eval_source, data_lib.SyntheticSource):
@@ -135,7 +154,7 @@ class CTRTask(base.Task):
     del mesh, source
     acc = metrics.StreamingMetrics()
     for batch in batches:
-      logits = steps.eval_step(model, batch)
+      logits = steps.eval_step(model, batch, task=self)
       acc.update(multihost_utils.process_allgather(batch["label"], tiled=True),
                  logits=multihost_utils.process_allgather(logits, tiled=True))
     if not acc.count:  # a NaN AUC must never pass as a result

@@ -34,8 +34,8 @@ import optax
 
 from embedlib import data as data_lib
 from embedlib import metrics
+from embedlib.data import movielens_requests
 from embedlib.data.multi_hash import MultiHash
-from embedlib.models import build_model
 from embedlib.training import steps
 from embedlib.training.tasks import base, requests
 
@@ -52,6 +52,7 @@ class RankingTask(base.Task):
     loss_weights: per action, in the loss.
     ndcg_weights: per action, the gain NDCG ranks by.
     ndcg_k: the NDCG cut-off.
+    data: ``config.data`` (host only: out of the task's equality).
   """
 
   name = "ranking"
@@ -61,48 +62,56 @@ class RankingTask(base.Task):
   loss_weights: tuple[float, ...] = ()
   ndcg_weights: tuple[float, ...] = ()
   ndcg_k: int = 10
+  data: requests.RequestData = dataclasses.field(default=None, compare=False)
 
   @classmethod
   def from_config(cls, config) -> RankingTask:
-    spec = requests.spec(config, config.data.num_candidates)
+    model_name = config.model.name
+    requests.check_model(model_name, ("ranker",), cls.name)
+    data = requests.RequestData.from_config(config, "planted_ranking", cls.name)
+    num_candidates = config.data.num_candidates
+    if num_candidates < 1:
+      base.fail("data.num_candidates", f"must be >= 1, got {num_candidates}.")
+    spec = data.spec(num_candidates)
     n = spec.num_actions
     if config.task.ndcg_k < 1:
       base.fail("task.ndcg_k", f"must be >= 1, got {config.task.ndcg_k}.")
     eval_candidates = 0
-    if requests.is_movielens(config):
+    if data.movielens:
       eval_candidates = int(config.data.eval_candidates)
-      for key in ("data.num_candidates", "data.eval_candidates"):
-        if config.data[key.split(".")[1]] < 2:
+      for key, value in (("data.num_candidates", spec.num_candidates),
+                         ("data.eval_candidates", eval_candidates)):
+        if value < 2:
           base.fail(key, "give at least 2: the rated movie and one it is ranked against.")
     return cls(
-        spec=spec, eval_candidates=eval_candidates,
-        user_hasher=requests.hashers(config)["user"]
-        if config.model.name == "ranker" else None,
+        spec=spec, eval_candidates=eval_candidates, data=data,
+        user_hasher=requests.hashers(config.model)["user"],
         loss_weights=base.check_weights("task.loss_weights", config.task.loss_weights, n,
                                         "actions"),
         ndcg_weights=base.check_weights("task.ndcg_weights", config.task.ndcg_weights, n,
                                         "actions"),
         ndcg_k=int(config.task.ndcg_k))
 
-  def validate(self, config) -> None:
-    requests.check_model(config, ("ranker",), self.name)
-    requests.check_source(config, "planted_ranking", self.name)
-    base.check_positive(config, "data.num_candidates")
-
-  def data_spec(self, config):
+  def data_spec(self):
     return self.spec
 
-  def sources(self, config, spec):
-    if self.eval_candidates:
-      return requests.movielens_ranking_sources(config)
-    return requests.sources(config, spec)
+  def sources(self, spec, *, batch_size: int, seed: int, eval_batches: int):
+    if self.data.movielens:
+      return self.data.movielens_sources(
+          movielens_requests.RankingRequests,
+          lambda kind: dict(num_candidates=self.spec.num_candidates if kind == "train"
+                            else self.eval_candidates),
+          batch_size=batch_size, seed=seed)
+    return self.data.planted_sources(spec, batch_size=batch_size, seed=seed,
+                                     eval_batches=eval_batches)
 
-  def describe_eval(self, config) -> str:
-    if self.eval_candidates:
-      return requests.describe_movielens(
-          config, f" among {self.eval_candidates - 1} movies the user never rated, "
-          f"per-action AUC and NDCG@{self.ndcg_k}")
-    return requests.describe_eval(config, f", per-action AUC and NDCG@{self.ndcg_k}")
+  def describe_eval(self, *, batch_size: int, eval_batches: int) -> str:
+    if self.data.movielens:
+      what = (f" among {self.eval_candidates - 1} movies the user never rated, "
+              f"per-action AUC and NDCG@{self.ndcg_k}")
+    else:
+      what = f", per-action AUC and NDCG@{self.ndcg_k}"
+    return self.data.describe_eval(what, batch_size=batch_size, eval_batches=eval_batches)
 
   def featurize(self, batch: dict) -> dict:
     spec = self.spec
@@ -110,9 +119,6 @@ class RankingTask(base.Task):
       spec = dataclasses.replace(spec, num_candidates=self.eval_candidates)
     spec.check_batch(batch, data_lib.sequences.RANKING)
     return dict(batch, user=self.user_hasher(batch["user"]))
-
-  def build_model(self, config, spec, mesh, rngs):
-    return build_model(config.model, spec, mesh=mesh, batch_size=config.batch_size, rngs=rngs)
 
   def loss(self, model, batch):
     logits = model(batch)  # [B, C, A]

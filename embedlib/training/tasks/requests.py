@@ -1,4 +1,4 @@
-"""What the ranking, retrieval and sequential tasks share: data from a config, hashing ids.
+"""What the ranking, retrieval and sequential tasks share: their data settings, hashing ids.
 
 ``config.data`` of a request task on planted data::
 
@@ -21,11 +21,15 @@ from the file)::
     like_rating   the least rating that is a "liked" action
     actions       ("rated", "liked")
     prefetch
+
+``RequestData.from_config`` reads these (but ``num_candidates`` and
+``eval_candidates``, the ranking task's, and ``prefetch``, the loop's) once
+per run, a MovieLens file's split included.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import os
 
 import jax
@@ -44,131 +48,132 @@ _SOURCES = {"planted_ranking": data_lib.PlantedRankingSource,
             "planted_retrieval": data_lib.PlantedRetrievalSource}
 
 
-def check_model(config, names: tuple[str, ...], task: str) -> None:
-  if config.model.name not in names:
-    base.fail("model.name", f"{config.model.name!r} can't train the {task} task; use one of "
+def check_model(model_name: str, names: tuple[str, ...], task: str) -> None:
+  if model_name not in names:
+    base.fail("model.name", f"{model_name!r} can't train the {task} task; use one of "
               f"{names}.")
 
 
-@functools.lru_cache(maxsize=2)
-def _split(path: str, stamp: tuple):
-  """The leave-one-out split of ``path``; ``stamp`` (its mtime and size) renews the cache."""
-  del stamp
-  from embedlib.data import movielens  # pylint: disable=g-import-not-at-top
-  return movielens.leave_one_out(movielens.load(path))
-
-
-def load_split(config):
-  """The split ``config.data.path`` holds, read once per run (the task asks several times).
+def load_split(path_setting):
+  """The leave-one-out split of ``config.data.path`` (``path_setting``), read from disk.
 
   Raises:
     ConfigError: the path is missing or holds no readable MovieLens data.
   """
-  path = os.path.abspath(os.path.expanduser(config.data.path or ""))
-  if not config.data.path or not os.path.exists(path):
-    base.fail("data.path", f"{config.data.path!r} does not exist; pass the MovieLens folder or "
+  path = os.path.abspath(os.path.expanduser(path_setting or ""))
+  if not path_setting or not os.path.exists(path):
+    base.fail("data.path", f"{path_setting!r} does not exist; pass the MovieLens folder or "
               "ratings file: configs/movielens.py:/path/to/ml-100k.")
-  info = os.stat(path)
+  from embedlib.data import movielens  # pylint: disable=g-import-not-at-top
   try:
-    return _split(path, (info.st_mtime_ns, info.st_size))
+    return movielens.leave_one_out(movielens.load(path))
   except (OSError, ValueError) as e:
-    raise base.ConfigError(f"config.data.path={config.data.path!r}: {e}") from None
+    raise base.ConfigError(f"config.data.path={path_setting!r}: {e}") from None
 
 
-def is_movielens(config) -> bool:
-  return config.data.source == MOVIELENS
+@dataclasses.dataclass(frozen=True)
+class RequestData:
+  """A request task's ``config.data``: a planted world's sizes, or a MovieLens file's split.
 
+  Host settings only: the tasks keep it out of their equality (the jitted
+  steps' cache key), which their traced methods never read.
+  """
 
-def check_source(config, source: str, task: str) -> None:
-  """``config.data.source`` is ``source`` (planted) or ``movielens``, with its sizes."""
-  if is_movielens(config):
-    base.check_positive(config, "data.history_len")
-    load_split(config)
-    return
-  if config.data.source != source:
-    base.fail("data.source", f"{config.data.source!r}: the {task} task reads {source!r} or "
-              f"{MOVIELENS!r}.")
-  base.check_positive(config, "data.num_users", "data.num_topics", "data.history_len")
+  source: str
+  history_len: int
+  actions: tuple[str, ...]
+  num_users: int = 0
+  num_items: int = 0
+  num_authors: int = 0
+  num_topics: int = 0
+  zipf_exponent: float = 1.0
+  path: str = ""
+  like_rating: float = 0.0
+  split: object = dataclasses.field(default=None, repr=False, compare=False)
 
+  @classmethod
+  def from_config(cls, config, planted: str, task: str) -> RequestData:
+    """``config.data`` of a task reading the planted source ``planted`` or MovieLens.
 
-def spec(config, num_candidates: int = 0) -> data_lib.SequenceSpec:
-  """The request layout: the planted world's sizes, or the MovieLens file's."""
-  data = config.data
-  if is_movielens(config):
-    if tuple(data.actions) != movielens_requests.ACTIONS:
-      base.fail("data.actions", f"{tuple(data.actions)}: MovieLens requests' actions are "
-                f"{movielens_requests.ACTIONS}.")
-    num_items, num_authors = load_split(config).num_items, 1  # MovieLens has no authors
-  else:
-    num_items, num_authors = data.num_items, data.num_authors
-  try:
-    return data_lib.SequenceSpec(num_items=num_items, num_authors=num_authors,
-                                 history_len=data.history_len, num_candidates=num_candidates,
-                                 actions=tuple(data.actions))
-  except ValueError as e:
-    raise base.ConfigError(str(e)) from None
+    Raises:
+      ConfigError: naming the key and the fix.
+    """
+    data = config.data
+    if data.source == MOVIELENS:
+      base.check_positive(config, "data.history_len")
+      if tuple(data.actions) != movielens_requests.ACTIONS:
+        base.fail("data.actions", f"{tuple(data.actions)}: MovieLens requests' actions are "
+                  f"{movielens_requests.ACTIONS}.")
+      return cls(source=MOVIELENS, history_len=int(data.history_len),
+                 actions=tuple(data.actions), path=data.path,
+                 like_rating=data.like_rating, split=load_split(data.path))
+    if data.source != planted:
+      base.fail("data.source", f"{data.source!r}: the {task} task reads {planted!r} or "
+                f"{MOVIELENS!r}.")
+    base.check_positive(config, "data.num_users", "data.num_topics", "data.history_len")
+    return cls(source=data.source, history_len=int(data.history_len),
+               actions=tuple(data.actions), num_users=data.num_users,
+               num_items=data.num_items, num_authors=data.num_authors,
+               num_topics=data.num_topics, zipf_exponent=data.zipf_exponent)
 
+  @property
+  def movielens(self) -> bool:
+    return self.source == MOVIELENS
 
-def _movielens_sources(config, cls, extra):
-  """(train, valid) MovieLens request sources; the test source travels on the valid one."""
-  made = {}
-  for kind in movielens_requests.KINDS:
+  def spec(self, num_candidates: int = 0) -> data_lib.SequenceSpec:
+    """The request layout: the planted world's sizes, or the MovieLens file's."""
+    if self.movielens:
+      num_items, num_authors = self.split.num_items, 1  # MovieLens has no authors
+    else:
+      num_items, num_authors = self.num_items, self.num_authors
     try:
-      made[kind] = cls(load_split(config), history_len=config.data.history_len,
-                       batch_size=config.batch_size, seed=config.seed, kind=kind,
-                       like_rating=config.data.like_rating,
-                       process_index=jax.process_index(),
-                       process_count=jax.process_count(), **extra(kind))
+      return data_lib.SequenceSpec(num_items=num_items, num_authors=num_authors,
+                                   history_len=self.history_len, num_candidates=num_candidates,
+                                   actions=self.actions)
     except ValueError as e:
-      raise base.ConfigError(f"config.data (MovieLens requests): {e}") from None
-  made["valid"].test_source = made["test"]
-  return made["train"], made["valid"]
+      raise base.ConfigError(str(e)) from None
+
+  def movielens_sources(self, cls, extra, *, batch_size: int, seed: int):
+    """(train, valid) MovieLens request sources; the test source travels on the valid one."""
+    made = {}
+    for kind in movielens_requests.KINDS:
+      try:
+        made[kind] = cls(self.split, history_len=self.history_len, batch_size=batch_size,
+                         seed=seed, kind=kind, like_rating=self.like_rating,
+                         process_index=jax.process_index(),
+                         process_count=jax.process_count(), **extra(kind))
+      except ValueError as e:
+        raise base.ConfigError(f"config.data (MovieLens requests): {e}") from None
+    made["valid"].test_source = made["test"]
+    return made["train"], made["valid"]
+
+  def planted_sources(self, spec, *, batch_size: int, seed: int, eval_batches: int):
+    """(train, eval) planted sources of ``source``, this process's slice."""
+    kw = dict(batch_size=batch_size, num_users=self.num_users, num_topics=self.num_topics,
+              seed=seed, zipf_exponent=self.zipf_exponent,
+              process_index=jax.process_index(), process_count=jax.process_count())
+    try:
+      cls = _SOURCES[self.source]
+      return (cls(spec, split="train", **kw),
+              cls(spec, split="eval", num_batches=eval_batches, **kw))
+    except ValueError as e:
+      raise base.ConfigError(str(e)) from None
+
+  def describe_eval(self, what: str, *, batch_size: int, eval_batches: int) -> str:
+    """Which examples the eval uses, for the log."""
+    if self.movielens:
+      rows = min(self.split.num_users, eval_batches * batch_size)
+      return (f"the validation rating of {rows} of {self.split.num_users} users (each after "
+              f"the user's training ratings){what}; the test rating at the end")
+    return (f"the {self.source} source's eval stream ({eval_batches} batches of "
+            f"{batch_size} requests, drawn apart from the training stream){what}")
 
 
-def movielens_retrieval_sources(config, exclude_seen: bool):
-  """(train, valid) ``RetrievalRequests``; the test source is the valid one's ``test_source``."""
-  return _movielens_sources(config, movielens_requests.RetrievalRequests,
-                            lambda kind: dict(exclude_seen=exclude_seen))
-
-
-def movielens_ranking_sources(config):
-  """(train, valid) ``RankingRequests``; the test source is the valid one's ``test_source``."""
-  data = config.data
-  return _movielens_sources(config, movielens_requests.RankingRequests, lambda kind: dict(
-      num_candidates=data.num_candidates if kind == "train" else data.eval_candidates))
-
-
-def describe_movielens(config, what: str) -> str:
-  split = load_split(config)
-  rows = min(split.num_users, config.eval_batches * config.batch_size)
-  return (f"the validation rating of {rows} of {split.num_users} users (each after the "
-          f"user's training ratings){what}; the test rating at the end")
-
-
-def sources(config, spec_):
-  """(train, eval) planted sources of ``config.data.source``, this process's slice."""
-  data = config.data
-  kw = dict(batch_size=config.batch_size, num_users=data.num_users,
-            num_topics=data.num_topics, seed=config.seed, zipf_exponent=data.zipf_exponent,
-            process_index=jax.process_index(), process_count=jax.process_count())
+def hashers(model_config) -> dict[str, MultiHash]:
   try:
-    cls = _SOURCES[data.source]
-    return (cls(spec_, split="train", **kw),
-            cls(spec_, split="eval", num_batches=config.eval_batches, **kw))
+    return factory.hashers(model_config)
   except ValueError as e:
     raise base.ConfigError(str(e)) from None
-
-
-def hashers(config) -> dict[str, MultiHash]:
-  try:
-    return factory.hashers(config.model)
-  except ValueError as e:
-    raise base.ConfigError(str(e)) from None
-
-
-def describe_eval(config, what: str) -> str:
-  return (f"the {config.data.source} source's eval stream ({config.eval_batches} batches of "
-          f"{config.batch_size} requests, drawn apart from the training stream){what}")
 
 
 def gather(x) -> np.ndarray:

@@ -41,9 +41,9 @@ from jax.sharding import PartitionSpec as P
 
 from embedlib import data as data_lib
 from embedlib import metrics
+from embedlib.data import movielens_requests
 from embedlib.data.multi_hash import MultiHash
 from embedlib.metrics import full_ranking
-from embedlib.models import build_model
 from embedlib.models import retrieval as retrieval_lib
 from embedlib.training.tasks import base, requests
 
@@ -88,6 +88,7 @@ class RetrievalTask(base.Task):
     movielens: requests from a MovieLens file; the eval ranks every movie.
     ks: MovieLens: the full-ranking metrics' cut-offs.
     mask_seen: MovieLens: leave each user's earlier movies out of the ranking.
+    data: ``config.data`` (host only: out of the task's equality).
   """
 
   name = "retrieval"
@@ -103,15 +104,17 @@ class RetrievalTask(base.Task):
   movielens: bool = False
   ks: tuple[int, ...] = (10, 20)
   mask_seen: bool = False
+  data: requests.RequestData = dataclasses.field(default=None, compare=False)
 
   @classmethod
   def from_config(cls, config) -> RetrievalTask:
+    requests.check_model(config.model.name, ("two_tower",), cls.name)
+    data = requests.RequestData.from_config(config, "planted_retrieval", cls.name)
     task = config.task
     if task.log_q not in LOG_Q:
       base.fail("task.log_q", f"{task.log_q!r}; use one of {LOG_Q}.")
-    movielens = requests.is_movielens(config)
-    spec = requests.spec(config)
-    if movielens:
+    spec = data.spec()
+    if data.movielens:
       ks = tuple(sorted(int(k) for k in task.ks))
       if not ks or ks[0] < 1:
         base.fail("task.ks", f"{tuple(task.ks)}: give cut-offs >= 1, e.g. (10, 20).")
@@ -124,34 +127,33 @@ class RetrievalTask(base.Task):
       extra = dict(recall_ks=ks)
     if task.corpus_chunk < 1:
       base.fail("task.corpus_chunk", f"must be >= 1, got {task.corpus_chunk}.")
-    found = requests.hashers(config) if config.model.name == "two_tower" else {}
+    found = requests.hashers(config.model)
     return cls(spec=spec, user_hasher=found.get("user"),
                item_hasher=found.get("item"), log_q=task.log_q,
                remove_accidental_hits=bool(task.remove_accidental_hits),
                frequency_buckets=int(task.frequency_buckets),
                frequency_alpha=float(task.frequency_alpha), corpus_chunk=int(task.corpus_chunk),
-               movielens=movielens, **extra)
+               movielens=data.movielens, data=data, **extra)
 
-  def validate(self, config) -> None:
-    requests.check_model(config, ("two_tower",), self.name)
-    requests.check_source(config, "planted_retrieval", self.name)
-
-  def data_spec(self, config):
+  def data_spec(self):
     return self.spec
 
-  def sources(self, config, spec):
+  def sources(self, spec, *, batch_size: int, seed: int, eval_batches: int):
     if self.movielens:
-      return requests.movielens_retrieval_sources(config, self.mask_seen)
-    return requests.sources(config, spec)
+      return self.data.movielens_sources(
+          movielens_requests.RetrievalRequests, lambda kind: dict(exclude_seen=self.mask_seen),
+          batch_size=batch_size, seed=seed)
+    return self.data.planted_sources(spec, batch_size=batch_size, seed=seed,
+                                     eval_batches=eval_batches)
 
-  def describe_eval(self, config) -> str:
+  def describe_eval(self, *, batch_size: int, eval_batches: int) -> str:
     if self.movielens:
       seen = "without" if self.mask_seen else "with"
-      return requests.describe_movielens(
-          config, f" ranked among all {self.spec.num_items} movies ({seen} the user's "
-          f"earlier ones) through the item tower, HR/NDCG/MRR@{list(self.ks)}")
-    return requests.describe_eval(
-        config, f", recall@{list(self.recall_ks)} over all {self.spec.num_items} items")
+      what = (f" ranked among all {self.spec.num_items} movies ({seen} the user's "
+              f"earlier ones) through the item tower, HR/NDCG/MRR@{list(self.ks)}")
+    else:
+      what = f", recall@{list(self.recall_ks)} over all {self.spec.num_items} items"
+    return self.data.describe_eval(what, batch_size=batch_size, eval_batches=eval_batches)
 
   def featurize(self, batch: dict) -> dict:
     self.spec.check_batch(batch, data_lib.sequences.RETRIEVAL)
@@ -168,8 +170,8 @@ class RetrievalTask(base.Task):
     out.update({k: batch[k] for k in ("weight", "exclude") if k in batch})
     return out
 
-  def build_model(self, config, spec, mesh, rngs):
-    model = build_model(config.model, spec, mesh=mesh, batch_size=config.batch_size, rngs=rngs)
+  def build_model(self, model_config, spec, mesh, *, batch_size: int, rngs):
+    model = super().build_model(model_config, spec, mesh, batch_size=batch_size, rngs=rngs)
     if self.log_q == "streaming":
       try:
         model.frequency = retrieval_lib.StreamingFrequency(self.frequency_buckets,

@@ -37,17 +37,12 @@ from embedlib import options
 from embedlib.data import next_item
 from embedlib.losses import vocab_parallel_cross_entropy
 from embedlib.metrics import full_ranking
-from embedlib.models import build_model
 from embedlib.models import factory
 from embedlib.models.blocks import RowDropout, no_dropout
 from embedlib.training import steps
 from embedlib.training.tasks import base, requests
 
 SOURCES = ("movielens",)
-
-
-#: The split of ``config.data.path`` (shared with the request tasks).
-load_split = requests.load_split
 
 
 def _to_int32_offsets(batch: dict) -> dict:
@@ -71,6 +66,8 @@ class SequentialTask(base.Task):
     dropout: the models' dropout rate in training.
     mask_seen: leave each user's earlier items out of the ranking.
     ks: the metrics' cut-offs.
+    max_len, stride: the windows' settings (``config.data``; host only, as
+      ``split``, the file's leave-one-out split, read once).
   """
 
   name = "sequential"
@@ -78,51 +75,54 @@ class SequentialTask(base.Task):
   dropout: float = 0.0
   mask_seen: bool = False
   ks: tuple[int, ...] = (10, 20)
+  max_len: int = dataclasses.field(default=0, compare=False)
+  stride: int | None = dataclasses.field(default=None, compare=False)
+  split: object = dataclasses.field(default=None, repr=False, compare=False)
 
   @classmethod
   def from_config(cls, config) -> SequentialTask:
+    requests.check_model(config.model.name, factory.NEXT_ITEM, cls.name)
+    data = config.data
+    if data.source not in SOURCES:
+      base.fail("data.source", f"{data.source!r}: the {cls.name} task reads one of "
+                f"{SOURCES}.")
+    split = requests.load_split(data.path)
     ks = tuple(sorted(int(k) for k in config.task.ks))
     if not ks or ks[0] < 1:
       base.fail("task.ks", f"{tuple(config.task.ks)}: give cut-offs >= 1, e.g. (10, 20).")
     dropout = float(config.model.dropout)
     if not 0.0 <= dropout < 1.0:
       base.fail("model.dropout", f"{dropout} must lie in [0, 1).")
-    base.check_positive(config, "data.max_len")
-    stride = config.data.get("stride")
-    if stride is not None and not 1 <= stride <= config.data.max_len:
-      base.fail("data.stride", f"{stride} must lie in [1, data.max_len={config.data.max_len}] "
+    max_len = data.max_len
+    if max_len < 1:
+      base.fail("data.max_len", f"must be >= 1, got {max_len}.")
+    stride = data.get("stride")
+    if stride is not None and not 1 <= stride <= max_len:
+      base.fail("data.stride", f"{stride} must lie in [1, data.max_len={max_len}] "
                 "(None: max_len).")
-    return cls(dropout=dropout, mask_seen=bool(config.task.mask_seen), ks=ks)
+    return cls(dropout=dropout, mask_seen=bool(config.task.mask_seen), ks=ks,
+               max_len=int(max_len), stride=stride, split=split)
 
-  def validate(self, config) -> None:
-    requests.check_model(config, factory.NEXT_ITEM, self.name)
-    if config.data.source not in SOURCES:
-      base.fail("data.source", f"{config.data.source!r}: the {self.name} task reads one of "
-                f"{SOURCES}.")
-    load_split(config)
+  def data_spec(self):
+    return next_item.NextItemSpec(num_items=int(self.split.num_items), max_len=self.max_len)
 
-  def data_spec(self, config):
-    split = load_split(config)
-    return next_item.NextItemSpec(num_items=int(split.num_items),
-                                  max_len=int(config.data.max_len))
-
-  def _source(self, config, kind: str) -> next_item.NextItemSource:
+  def _source(self, kind: str, *, batch_size: int, seed: int) -> next_item.NextItemSource:
     return next_item.NextItemSource(
-        load_split(config), max_len=config.data.max_len, batch_size=config.batch_size,
-        seed=config.seed, stride=config.data.get("stride"), kind=kind,
-        exclude_seen=self.mask_seen,
+        self.split, max_len=self.max_len, batch_size=batch_size, seed=seed,
+        stride=self.stride, kind=kind, exclude_seen=self.mask_seen,
         process_index=jax.process_index(), process_count=jax.process_count())
 
-  def sources(self, config, spec):
-    del spec
-    train, valid = self._source(config, next_item.TRAIN), self._source(config, next_item.VALID)
+  def sources(self, spec, *, batch_size: int, seed: int, eval_batches: int):
+    del spec, eval_batches
+    made = {kind: self._source(kind, batch_size=batch_size, seed=seed)
+            for kind in (next_item.TRAIN, next_item.VALID, next_item.TEST)}
     # The test rows travel with the validation source, for ``test`` at the end.
-    valid.test_source = self._source(config, next_item.TEST)
-    return train, valid
+    made[next_item.VALID].test_source = made[next_item.TEST]
+    return made[next_item.TRAIN], made[next_item.VALID]
 
-  def describe_eval(self, config) -> str:
-    split = load_split(config)
-    rows = min(split.num_users, config.eval_batches * config.batch_size)
+  def describe_eval(self, *, batch_size: int, eval_batches: int) -> str:
+    split = self.split
+    rows = min(split.num_users, eval_batches * batch_size)
     seen = "without" if self.mask_seen else "with"
     return (f"the validation item of {rows} of {split.num_users} users ranked among all "
             f"{split.num_items} items ({seen} their earlier items), HR/NDCG/MRR@"
@@ -130,9 +130,6 @@ class SequentialTask(base.Task):
 
   def featurize(self, batch: dict) -> dict:
     return _to_int32_offsets(batch)
-
-  def build_model(self, config, spec, mesh, rngs):
-    return build_model(config.model, spec, mesh=mesh, batch_size=config.batch_size, rngs=rngs)
 
   # -- traced ---------------------------------------------------------------
 
