@@ -54,6 +54,7 @@ nitpick_ignore = [
     ("py:class", "embedlib.collection.stacks.StackPlan"),
     ("py:class", "embedlib.checkpoint.sharded.ShardedArraysSave"),
     ("py:class", "embedlib.checkpoint.sharded.ShardedArraysRestore"),
+    ("py:class", "embedlib.training.tasks.requests.RequestData"),
 ]
 
 autosummary_generate = True

@@ -3,7 +3,9 @@
 Public names are ``embedlib.__all__`` and the ``__all__`` of every
 subpackage. Each class, function and module needs a docstring of its own,
 and each name a place in the API reference (``docs/api/*.md``); each config
-key needs one explanation in ``docs/_ext/config_keys.py``.
+key needs one explanation in ``docs/_ext/config_keys.py``. The site as a reader
+sees it: CI runs ``docs/_ext/check_site.py`` over the built HTML; here, that
+the check sees the defects it exists for, and that no page source causes them.
 """
 
 import importlib
@@ -96,3 +98,70 @@ def test_every_config_key_is_explained_once():
   unused = [p for p in config_keys.EXPLAINED
             if not any(config_keys.explanations_of(k) == [p] for k in keys)]
   assert not unused, f"explanations of keys no config has: {unused}; remove them"
+
+
+# -- The site as a reader sees it ---------------------------------------------------------------
+
+DOCS = ROOT / "docs"
+# Directives that write reStructuredText: in a MyST fence their output is read as Markdown
+# and shows as text (".. py:module:: ..."); inside an {eval-rst} fence they render.
+_RST_WRITING = re.compile(r"^(`{3,}|:{3,})\{(auto(?!summary)\w+)\}", re.M)
+
+
+def _check_site():
+  spec = importlib.util.spec_from_file_location("check_site", DOCS / "_ext" / "check_site.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+_BROKEN_PAGE = """<nav class="bd-docs-nav">
+<p class="caption" role="heading"><span class="caption-text">Guides</span></p>
+<ul class="nav bd-sidenav">
+<li class="toctree-l1 has-children"><a class="reference internal" href="index.html">Guides</a>
+<ul><li class="toctree-l2"><a href="layouts.html">Layouts</a></li></ul></li>
+</ul></nav>
+<article><h1>Planning</h1><p>.. py:module:: embedlib.plan</p><p>Layer 1.</p></article>"""
+
+_CLEAN_PAGE = """<nav class="bd-docs-nav"><ul class="nav bd-sidenav">
+<li class="toctree-l1"><a class="reference internal" href="guides/index.html">Guides</a></li>
+</ul></nav>
+<article><h1>Planning</h1><p>Layer 1.</p>
+<pre>.. py:module:: shown as an example</pre><p>Slices: <code>x[:::]</code></p></article>"""
+
+
+def test_the_site_check_sees_directive_text_and_a_repeated_caption():
+  check = _check_site()
+  problems = check.page_problems(_BROKEN_PAGE)
+  assert len(problems) == 2, problems
+  assert "'.. py:'" in problems[0] and "embedlib.plan" in problems[0]
+  assert "Guides > Guides" in problems[1]
+  assert check.page_problems(_CLEAN_PAGE) == []  # code blocks may show directives
+
+
+def test_no_page_fences_a_directive_that_writes_rst():
+  found = [f"{p.relative_to(ROOT)}: {{{m[2]}}}" for p in sorted(DOCS.rglob("*.md"))
+           if "_build" not in p.parts for m in _RST_WRITING.finditer(p.read_text())]
+  assert not found, (
+      f"{found}: MyST reads these directives' reStructuredText output as Markdown, so the "
+      "page shows '.. py:module:: ...' as text; write them in an {eval-rst} fence, e.g. "
+      "```{eval-rst}\\n.. automodule:: embedlib.plan\\n   :no-members:\\n```")
+
+
+def _title(page) -> str:
+  return next(line[2:].strip() for line in page.read_text().splitlines()
+              if line.startswith("# "))
+
+
+def test_no_sidebar_caption_repeats_the_title_of_its_page():
+  text = (DOCS / "index.md").read_text()
+  repeated = []
+  for block in re.findall(r"```\{toctree\}\n(.*?)```", text, re.S):
+    caption = re.search(r"^:caption:\s*(.+)$", block, re.M)
+    entries = [e.strip() for e in block.splitlines() if e.strip() and not e.startswith(":")]
+    titles = [_title(DOCS / f"{e}.md") for e in entries]
+    if caption and caption[1].strip() in titles:
+      repeated.append(caption[1].strip())
+  assert not repeated, (
+      f"sidebar captions over a page of the same title ({repeated}: 'Guides > Guides'); list "
+      "the page in a toctree without :caption:, or give the caption a title of its own")
