@@ -121,12 +121,12 @@ def dlrm_worker() -> dict:
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
   from configs import dlrm_criteo  # pylint: disable=g-import-not-at-top
-  from embedlib.training import setup  # pylint: disable=g-import-not-at-top
+  from embedlib.training import setup, tasks  # pylint: disable=g-import-not-at-top
 
   baseline = _memory("VmRSS")
   config = dlrm_criteo.get_config()
   mesh = setup.make_mesh(config)
-  task = setup.task(config)
+  task = tasks.make_task(config)  # the model alone: no data files
   model, optimizer = setup.model_and_optimizer(config, task, task.data_spec(), mesh)
   plan = str(model.embeddings.plan)  # what the entrypoint logs before training
   jax.block_until_ready((nnx.state(model), nnx.state(optimizer)))

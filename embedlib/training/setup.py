@@ -70,7 +70,9 @@ def task(config) -> tasks.Task:
 
   Checks the loop's keys that ConfigDict's types can't, then builds the task
   ``config.task.name`` names (``ctr`` when the config has no ``task``), which
-  reads and checks ``config.task`` and ``config.data``.
+  reads and checks ``config.task`` and ``config.data``, and checks that its
+  data is there (``Task.check_data``; ``tasks.make_task`` builds a task, for
+  a model alone, without it).
 
   Raises:
     ConfigError: naming the first key that can't work, and the fix.
@@ -94,7 +96,9 @@ def task(config) -> tasks.Task:
   if config.batch_size % jax.process_count():
     _fail("batch_size", f"{config.batch_size} must divide over "
           f"{jax.process_count()} processes.")
-  return tasks.make_task(config)
+  made = tasks.make_task(config)
+  made.check_data()
+  return made
 
 
 def validate(config) -> None:

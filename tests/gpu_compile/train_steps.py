@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from embedlib import data as data_lib
 from embedlib.kernels import deviceless
-from embedlib.training import setup, steps
+from embedlib.training import setup, steps, tasks
 from tests.gpu_compile import compiled
 
 
@@ -38,9 +38,8 @@ def mesh_for(config, target: str, num_devices: int = 8):
   return deviceless.gpu_mesh(shape, axes, target=target, axis_types=(AxisType.Auto,) * len(axes))
 
 
-def host_batch(config, spec):
-  task = setup.task(config)
-  if config.task.name == "ctr":
+def host_batch(config, task, spec):
+  if isinstance(task, tasks.CTRTask):  # its sources read files; its batches are synthetic
     return next(data_lib.SyntheticSource(spec, batch_size=config.batch_size))
   train, _ = setup.sources(config, task, spec)
   return task.featurize(next(iter(train)))
@@ -48,7 +47,7 @@ def host_batch(config, spec):
 
 def abstract_model(config, mesh):
   """``(graphdef, abstract state, abstract batch)`` of the config's model and optimizer."""
-  task = setup.task(config)
+  task = tasks.make_task(config)  # the model alone: a criteo config names no files here
   spec = task.data_spec()
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     with mock.patch.object(setup, "_on_mesh", lambda module, mesh: None):
@@ -56,14 +55,14 @@ def abstract_model(config, mesh):
   graphdef, state = nnx.split(pair)
   batch_sharding = NamedSharding(mesh, P(tuple(config.mesh_axes)))
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding),
-                       host_batch(config, spec))
+                       host_batch(config, task, spec))
   return graphdef, compiled.abstract(state, mesh), batch
 
 
 def train_step(config, mesh):
   """``(step, abstract state, abstract batch)``: ``step(state, batch) -> (loss, state)``."""
   graphdef, state, batch = abstract_model(config, mesh)
-  task = setup.task(config)
+  task = tasks.make_task(config)  # the model alone: a criteo config names no files here
 
   def step(state, batch):
     model, optimizer = nnx.merge(graphdef, state)

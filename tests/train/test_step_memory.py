@@ -8,7 +8,7 @@ import pytest
 
 from configs import dlrm_criteo
 from embedlib import data as data_lib
-from embedlib.training import setup, steps
+from embedlib.training import setup, steps, tasks
 
 ROWS = 20_000
 
@@ -18,7 +18,7 @@ def built():
   config = dlrm_criteo.get_config("smoke")
   config.data.table_sizes = (ROWS,) * 26
   mesh = setup.make_mesh(config)
-  task = setup.task(config)
+  task = tasks.make_task(config)  # no data files: the model and a synthetic batch only
   spec = task.data_spec()
   model, optimizer = setup.model_and_optimizer(config, task, spec, mesh)
   batch = data_lib.to_global_batch(

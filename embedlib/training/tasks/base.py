@@ -61,6 +61,8 @@ class Task:
   - ``from_config(config)``: the task with its settings, read from
     ``config.task`` and ``config.data`` and checked (with ``config.model.name``
     against the models the task trains) before anything is built.
+  - ``check_data()``: that the data the settings name is there (files
+    exist), before anything is built; a model is built without it.
   - ``data_spec()``: the dataset layout the model is sized from.
   - ``sources(spec, batch_size=, seed=, eval_batches=)``: ``(train, eval)``
     sources, each this process's slice, each with ``get_state`` /
@@ -98,6 +100,9 @@ class Task:
   def from_config(cls, config) -> Task:
     """The task with ``config``'s settings; raises ``ConfigError`` naming a bad key."""
     raise NotImplementedError
+
+  def check_data(self) -> None:
+    pass
 
   def data_spec(self):
     raise NotImplementedError

@@ -70,23 +70,7 @@ class CTRTask(base.Task):
                 f"got {data.max_bad_lines}.")
     if not 0.0 <= data.eval_holdout < 1.0:
       base.fail("data.eval_holdout", f"must be a fraction in [0, 1); got {data.eval_holdout}.")
-    if data.source == "criteo":
-      if bool(data.eval_path) == bool(data.eval_holdout):
-        base.fail("data.eval_path", "the criteo source evaluates on a file of its own "
-                  "(data.eval_path) or on a held-out fraction of the training lines "
-                  "(data.eval_holdout, e.g. 0.05): set exactly one, "
-                  f"got eval_path={data.eval_path!r} and eval_holdout={data.eval_holdout}.")
-      for key in ("train_path", "eval_path"):
-        path = data[key]
-        if key == "train_path" and not path:
-          base.fail(f"data.{key}", "the criteo source needs a path to a Criteo TSV file.")
-        if path and os.path.isdir(path):
-          base.fail(f"data.{key}", f"{path!r} is a directory; pass the path of a .tsv or "
-                    ".tsv.gz file in it.")
-        if path and not os.path.isfile(path):
-          base.fail(f"data.{key}", f"{path!r} does not exist; pass an existing .tsv or "
-                    ".tsv.gz file in the Criteo layout.")
-    elif data.eval_holdout:
+    if data.source != "criteo" and data.eval_holdout:
       base.fail("data.eval_holdout", f"the {data.source} source has its own eval stream; "
                 "leave eval_holdout at 0.")
     return cls(source=data.source, table_sizes=tuple(data.table_sizes),
@@ -94,6 +78,24 @@ class CTRTask(base.Task):
                zipf_exponent=data.zipf_exponent, signal_scale=data.signal_scale,
                train_path=data.train_path, eval_path=data.eval_path,
                eval_holdout=data.eval_holdout, max_bad_lines=data.max_bad_lines)
+
+  def check_data(self) -> None:
+    if self.source != "criteo":
+      return
+    if bool(self.eval_path) == bool(self.eval_holdout):
+      base.fail("data.eval_path", "the criteo source evaluates on a file of its own "
+                "(data.eval_path) or on a held-out fraction of the training lines "
+                "(data.eval_holdout, e.g. 0.05): set exactly one, "
+                f"got eval_path={self.eval_path!r} and eval_holdout={self.eval_holdout}.")
+    for key, path in (("train_path", self.train_path), ("eval_path", self.eval_path)):
+      if key == "train_path" and not path:
+        base.fail(f"data.{key}", "the criteo source needs a path to a Criteo TSV file.")
+      if path and os.path.isdir(path):
+        base.fail(f"data.{key}", f"{path!r} is a directory; pass the path of a .tsv or "
+                  ".tsv.gz file in it.")
+      if path and not os.path.isfile(path):
+        base.fail(f"data.{key}", f"{path!r} does not exist; pass an existing .tsv or "
+                  ".tsv.gz file in the Criteo layout.")
 
   def data_spec(self) -> data_lib.DataSpec:
     try:
