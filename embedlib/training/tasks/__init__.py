@@ -28,7 +28,10 @@ def task_name(config) -> str:
 
 
 def make_task(config) -> Task:
-  """The task ``config`` names, built from its settings.
+  """The task ``config`` names, built from its settings (once per run: pass it along).
+
+  Its data files are not looked at (``Task.check_data``: ``setup.task``, the
+  training loop's, runs both), so a model builds from a config naming none.
 
   Raises:
     ConfigError: the name is not a task, or its settings can't work.
