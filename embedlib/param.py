@@ -73,6 +73,9 @@ from embedlib import sharding as sharding_lib
 from embedlib import table as table_lib
 
 LAYOUT = "table_layout"  # the metadata key of a parameter's TableLayout
+# How numpy and other libraries read an array (np.asarray(emb.embedding)): the view.
+_ARRAY_PROTOCOLS = ("__array__", "__array_interface__", "__array_struct__",
+                    "__dlpack__", "__dlpack_device__")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +175,7 @@ class TableParam(nnx.Param, metaclass=_InParams):
     metadata = object.__getattribute__(self, "_var_metadata")
     if name in metadata:
       return metadata[name]
-    if name.startswith("__") or LAYOUT not in metadata:
+    if LAYOUT not in metadata or (name.startswith("__") and name not in _ARRAY_PROTOCOLS):
       return getattr(object.__getattribute__(self, "_raw_value"), name)
     plan = metadata[LAYOUT].plan
     if name == "dtype":

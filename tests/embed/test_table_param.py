@@ -105,6 +105,7 @@ def test_every_read_is_logical(built, axis_type, layout):
   np.testing.assert_array_equal(table[jnp.array([n - 1, 0, 2])], want[[n - 1, 0, 2]])
   np.testing.assert_array_equal(table.T, want.T)
   np.testing.assert_array_equal(jnp.asarray(table), want)
+  np.testing.assert_array_equal(np.asarray(table), want)
   np.testing.assert_allclose(table * 2 + 1, want * 2 + 1)
   np.testing.assert_allclose(-table, -want)
   x = np.linspace(-1.0, 1.0, 3 * f, dtype=np.float32).reshape(3, f)
