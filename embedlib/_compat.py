@@ -35,3 +35,27 @@ def init_compiler_options(platform: str) -> dict:
   if JAX_VERSION < (0, 11) and platform == "cpu":
     return {"xla_disable_hlo_passes": "algsimp"}
   return {}
+
+
+def _opt_state_code():
+  """The code of flax's ``to_opt_state`` leaf function, which builds ``nnx.Optimizer``'s slots.
+
+  It builds each slot as ``OptVariable(x.get_value(), **x.get_metadata())``
+  from a copy of the parameter holding optax's slot, in every supported
+  flax (0.12.8 to 0.12.12); None if a flax builds them otherwise.
+  """
+  try:
+    from flax.nnx.training import optimizer  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  code = getattr(getattr(optimizer, "to_opt_state", None), "__code__", None)
+  consts = () if code is None else code.co_consts
+  return next((c for c in consts if getattr(c, "co_name", None) == "_to_opt_state"), None)
+
+
+_OPT_STATE_CODE = _opt_state_code()
+
+
+def building_opt_state(frame) -> bool:
+  """Whether ``frame`` (a ``get_value`` caller) is flax building an optimizer slot."""
+  return _OPT_STATE_CODE is not None and frame.f_code is _OPT_STATE_CODE

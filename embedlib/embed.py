@@ -89,21 +89,19 @@ class ShardedEmbed(nnx.Module):
   ``out_sharding`` is the physical spec (of its raw value, what ``jit``
   sees).
 
-  ``embedding`` reads and writes as ``nnx.Embed``'s does: ``[...]``,
-  ``get_value()``, ``.shape``, ``set_value``, ``nnx.state`` leaves and
-  ``nnx.bridge.to_linen`` give and take the logical table (see
-  ``embedlib.param``). It is stored padded: ``plan.padded_shape``, its raw
-  value (``embedding.get_raw_value()``, ``physical_table()``), what
-  ``nnx.split``, optax and checkpoints hold.
+  ``embedding`` reads and writes as ``nnx.Embed``'s does: ``[...]``, any
+  index, ``get_value()``, ``.shape``, ``.T``, arithmetic, ``set_value``,
+  ``nnx.state`` leaves, gradients and ``nnx.bridge.to_linen`` give and take
+  the logical table; a padded table's parameter is an ``nnx.Param`` of its
+  own type for that (``embedlib.param.TableParam``). It is stored padded:
+  ``plan.padded_shape``, its raw value (``embedding.get_raw_value()``,
+  ``physical_table()``), what ``nnx.split``, optax and checkpoints hold.
 
   Differences from ``nnx.Embed``: an invalid id (negative or
   ``>= num_embeddings``) looks up zeros with zero gradient, where
   ``nnx.Embed`` returns NaN or wraps (see ``embedlib.invalid_ids``), and
-  where the table is padded, a negative index or one column
-  (``emb.embedding[-1]``, ``emb.embedding[:, j]``) reads the stored table
-  (rows by id, ``emb.embedding[ids]``, are cut to the logical width) and
-  ``emb.embedding[rows] = x`` raises: index the logical one,
-  ``emb.embedding[...][rows]``.
+  where the table is padded, ``emb.embedding[rows] = x`` raises: write the
+  whole table, ``emb.embedding[...] = emb.embedding[...].at[rows].set(x)``.
 
   Args:
     num_embeddings: vocabulary size.
