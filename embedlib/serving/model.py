@@ -137,7 +137,7 @@ class ServedModel:
 
 def _example(spec: dict) -> str:
   shape = ", ".join(["batch"] + [str(d) for d in spec["shape"]])
-  return f"a {spec['dtype']} array of shape ({shape})"
+  return f"an array of {spec['dtype']} of shape ({shape})"
 
 
 def _column(name: str, spec: dict, value) -> np.ndarray:
