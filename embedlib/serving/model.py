@@ -70,7 +70,8 @@ class ServedModel:
   Args of ``__call__``: a mapping from each of ``input_names`` to an array
   (numpy or jax) whose first dimension is the batch, any size; the rest of
   its shape is ``manifest["inputs"][i]["shape"]``. Float inputs take any
-  float dtype (cast to the manifest's), id inputs any integer dtype: ids
+  float dtype (cast to the manifest's), integer inputs (ids, times) any
+  integer dtype: ids
   outside ``[0, num_embeddings)`` follow the library's rule (looked up as
   a zero vector, like the padding id ``-1``).
 
@@ -150,8 +151,12 @@ def _column(name: str, spec: dict, value) -> np.ndarray:
   if spec["kind"] == IDS and kind not in "iu":
     raise InputError(f"the input {name!r} has dtype {array.dtype}, not integer ids; pass "
                      f"{_example(spec)} (any integer dtype).")
-  if spec["kind"] == DENSE and kind != "f":
+  wanted = np.dtype(spec["dtype"]).kind
+  if spec["kind"] == DENSE and wanted == "f" and kind != "f":
     raise InputError(f"the input {name!r} has dtype {array.dtype}, not floats; pass "
+                     f"{_example(spec)}.")
+  if spec["kind"] == DENSE and wanted in "iu" and kind not in "iu":
+    raise InputError(f"the input {name!r} has dtype {array.dtype}, not integers; pass "
                      f"{_example(spec)}.")
   if array.ndim != 1 + len(spec["shape"]) or list(array.shape[1:]) != list(spec["shape"]):
     raise InputError(f"the input {name!r} has shape {array.shape}; pass {_example(spec)}.")

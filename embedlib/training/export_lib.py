@@ -97,10 +97,20 @@ def scoring(config, model, mesh, *, top_k: int = 100,
             exclude_input: bool = False) -> scoring_lib.Scoring:
   """The serving program of ``config``'s task."""
   name = task_name(config)
-  if name == "ctr":
-    return scoring_lib.ctr(config, setup.data_spec(config))
-  raise ExportError(f"config.task.name={name!r}: this embedlib exports ctr runs only; "
-                    "export a ctr run, or serve this one in-process.")
+  try:
+    if name == "ctr":
+      return scoring_lib.ctr(config, setup.data_spec(config))
+    if name == "retrieval":
+      task = setup.task(config)
+      _, eval_source = setup.sources(config, setup.data_spec(config))
+      return scoring_lib.retrieval(task, model, mesh, eval_source, top_k=top_k)
+    if name == "sequential":
+      return scoring_lib.sequential(config, setup.data_spec(config), top_k=top_k,
+                                    exclude_input=exclude_input)
+  except ValueError as e:
+    raise ExportError(str(e)) from None
+  raise ExportError(f"config.task.name={name!r}: exporting serves ctr, retrieval and "
+                    "sequential runs; export one of those, or serve this one in-process.")
 
 
 @contextlib.contextmanager

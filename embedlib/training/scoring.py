@@ -81,3 +81,83 @@ def masked_top_k(scores, k: int):
   """``(items, scores)`` of the ``k`` best columns, best first; ``-inf`` columns come last."""
   values, items = jax.lax.top_k(scores, k)
   return items.astype(jnp.int32), values
+
+
+def _check_k(k: int, n: int, what: str) -> int:
+  if not 1 <= k <= n:
+    raise ValueError(f"--top_k={k}: must lie in [1, {n}], the {what}.")
+  return int(k)
+
+
+def retrieval(task, model, mesh, eval_source, *, top_k: int) -> Scoring:
+  """The query tower, then the exact top ``k`` items of the precomputed item-tower embeddings.
+
+  Inputs are a featurized request (``RetrievalTask.featurize``): the user's
+  and the history's hashed rows (``MultiHash``, whose parameters are in the
+  manifest's ``data``), the history's authors and actions. Outputs: item ids
+  ``[k]`` (``0 .. num_items - 1``) and their scores (cosine similarities),
+  best first. The corpus (``task.corpus``, every item through the item
+  tower) is a weight: ``[N_padded, features]``, rows past ``num_items``
+  never returned.
+  """
+  spec = task.spec
+  num_items = spec.num_items
+  k = _check_k(top_k, num_items, f"{num_items} items")
+  corpus = np.asarray(task.corpus(model, mesh, eval_source.catalogue()))
+  user_rows, item_rows = task.user_hasher.num_buckets, task.item_hasher.num_buckets
+  hashes_u, hashes_i = task.user_hasher.num_hashes, task.item_hasher.num_hashes
+  inputs = [
+      _ids("user", user_rows, (hashes_u,)),
+      _ids("history_item", item_rows, (spec.history_len, hashes_i)),
+      _ids("history_author", model.authors.num_embeddings, (spec.history_len,)),
+      {"name": "history_actions", "kind": DENSE, "dtype": "float32",
+       "shape": [spec.history_len, spec.num_actions]},
+  ]
+  names = [s["name"] for s in inputs]
+
+  def fn(model, extras, *columns):
+    users = model.users(dict(zip(names, columns)))
+    scores = users @ extras["corpus"].T
+    scores = jnp.where(jnp.arange(scores.shape[1]) < num_items, scores, -jnp.inf)
+    return masked_top_k(scores, k)
+
+  hashers = {name: {"num_buckets": h.num_buckets, "num_hashes": h.num_hashes, "seed": h.seed}
+             for name, h in (("user", task.user_hasher), ("item", task.item_hasher))}
+  return Scoring(inputs, top_k_outputs(k), fn, extras={"corpus": corpus},
+                 info={"top_k": k, "data": {"num_items": num_items, "hashers": hashers}})
+
+
+def sequential(config, spec, *, top_k: int, exclude_input: bool) -> Scoring:
+  """Top ``k`` items of the whole vocabulary after each history (SASRec, HSTU).
+
+  Inputs: ``items`` int ``[max_len]``, the history oldest first, right-aligned
+  with ``0`` (padding) before it; HSTU also takes ``times`` and
+  ``query_times`` ``[max_len]`` (int32 seconds from any common origin: each
+  item's time, and the time the position after it is predicted for, the
+  last being the request's). Outputs: item ids
+  ``[k]`` in ``1 .. num_items`` and their logits, best first; with
+  ``exclude_input`` a history's own items are left out.
+  """
+  k = _check_k(top_k, spec.num_items, f"{spec.num_items} items")
+  inputs = [_ids("items", spec.vocab_size, (spec.max_len,))]
+  if config.model.name == "hstu":
+    inputs += [{"name": "times", "kind": DENSE, "dtype": "int32", "shape": [spec.max_len]},
+               {"name": "query_times", "kind": DENSE, "dtype": "int32", "shape": [spec.max_len]}]
+  names = [s["name"] for s in inputs]
+
+  def fn(model, extras, *columns):
+    del extras
+    batch = dict(zip(names, columns))
+    scores = model.logits(model(batch)[:, -1], batch["items"])
+    vocab = scores.shape[1]
+    scores = jnp.where(jnp.arange(vocab) > 0, scores, -jnp.inf)  # row 0 pads
+    if exclude_input:
+      items = batch["items"]
+      rows = jnp.arange(items.shape[0])[:, None]
+      # Out-of-range indices (the padding, mapped to ``vocab``) are dropped.
+      scores = scores.at[rows, jnp.where(items > 0, items, vocab)].set(-jnp.inf, mode="drop")
+    return masked_top_k(scores, k)
+
+  return Scoring(inputs, top_k_outputs(k), fn,
+                 info={"top_k": k, "exclude_input": bool(exclude_input),
+                       "data": {"num_items": spec.num_items, "max_len": spec.max_len}})

@@ -1,0 +1,79 @@
+"""Retrieval and next-item artifacts: the top k of the in-process model's own scores.
+
+Tiny models built from the ``:smoke`` configs (untrained: the export doesn't
+care), exported for one CPU device and compared with the model run here.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import movielens, two_tower
+from embedlib import serving
+from embedlib.training import export_lib, setup
+from tests.train.test_sequential import write_ml100k
+
+K = 5
+
+
+def _exported(config, out, **kw):
+  mesh = export_lib.serving_mesh(config, 1)
+  model, _ = setup.model_and_optimizer(config, setup.data_spec(config), mesh)
+  export_lib.export(config, model, mesh, str(out), batch_size=8, top_k=K, **kw)
+  task, spec = setup.task(config), setup.data_spec(config)
+  _, source = setup.sources(config, spec)
+  return model, mesh, task, source, serving.load(out)
+
+
+def _check_top_k(got, scores):
+  """``got`` is the top K of ``scores`` (``-inf``: never returned), scores bit for bit."""
+  scores = np.asarray(scores)
+  want = np.argsort(-scores, axis=1, kind="stable")[:, :K]
+  np.testing.assert_array_equal(got["items"], want)
+  np.testing.assert_array_equal(got["scores"], np.take_along_axis(scores, want, axis=1))
+
+
+@pytest.mark.parametrize("variant", ["smoke", "smoke,hstu"])
+def test_next_item_top_k_over_the_vocabulary_without_the_history(variant, tmp_path):
+  config = movielens.get_config(variant)
+  config.data.path = str(write_ml100k(tmp_path / "ml"))
+  model, _, task, source, served = _exported(config, tmp_path / "art", exclude_input=True)
+  batch = task.featurize(next(source))
+  got = served({n: batch[n] for n in served.input_names})
+  assert served.manifest["exclude_input"] and served.manifest["top_k"] == K
+  scores = nnx.jit(lambda m, b: m.logits(m(b)[:, -1], b["items"]))(
+      model, {k: batch[k] for k in ("items", "times", "query_times")})
+  scores = np.array(scores)
+  scores[:, 0] = -np.inf
+  for row, items in zip(scores, batch["items"]):
+    row[items[items > 0]] = -np.inf
+  _check_top_k(got, scores)
+  assert not any(set(top) & set(items) for top, items in zip(got["items"], batch["items"]))
+
+
+def test_retrieval_top_k_over_the_precomputed_item_tower(tmp_path):
+  config = two_tower.get_config("smoke")
+  model, mesh, task, source, served = _exported(config, tmp_path / "art")
+  names = [w["name"] for w in served.manifest["weights"]]
+  assert names[-1] == "corpus"  # the item tower's embeddings travel as a weight
+  batch = task.featurize(next(source))
+  got = served({n: batch[n] for n in served.input_names})
+  corpus = task.corpus(model, mesh, source.catalogue())
+  # One program, as the artifact's, on batches of its size: XLA:CPU's product
+  # of 32 rows rounds other than four products of 8.
+  fn = nnx.jit(lambda m, b, c: jnp.where(jnp.arange(c.shape[0]) < task.spec.num_items,
+                                         m.users(b) @ c.T, -jnp.inf))
+  scores = np.concatenate([  # in the artifact's batches of 8
+      fn(model, {n: batch[n][i:i + 8] for n in served.input_names}, corpus)
+      for i in range(0, len(batch["user"]), 8)])
+  _check_top_k(got, scores)
+  assert got["items"].max() < task.spec.num_items
+
+
+def test_top_k_past_the_items_is_refused(tmp_path):
+  config = two_tower.get_config("smoke")
+  mesh = export_lib.serving_mesh(config, 1)
+  model, _ = setup.model_and_optimizer(config, setup.data_spec(config), mesh)
+  with pytest.raises(export_lib.ExportError, match=r"--top_k=5000: must lie in \[1, 2000\]"):
+    export_lib.export(config, model, mesh, str(tmp_path / "a"), top_k=5000)
