@@ -1,13 +1,19 @@
 """``python -m train.predict --model DIR --data FILE --out OUT``: score a file with an artifact.
 
-Streams a Criteo TSV file (plain or ``.gz``; lines with or without the
-label field) through an artifact of ``python -m train.export`` in batches of
-``--batch_size`` lines, with bounded memory and progress on stderr, and
-writes one click probability per input line, in input order, one float a
-line (``%.9g``: the float32 exactly). The categorical values are hashed as
-the run's reader hashed them (``embedlib.data.CriteoReader``). A malformed
-line stops the run naming its line number; an expected failure prints one
-line and exits 1.
+- A ``ctr`` artifact of a Criteo run: streams a Criteo TSV file (plain or
+  ``.gz``; lines with or without the label field) in batches of
+  ``--batch_size`` lines, with bounded memory and progress on stderr, and
+  writes one click probability per input line, in input order, one float a
+  line (``%.9g``: the float32 exactly). The categorical values are hashed
+  as the run's reader hashed them (``embedlib.data.CriteoReader``). A
+  malformed line stops the run naming its line number.
+- A ``sequential`` artifact (SASRec, HSTU): reads a MovieLens release or
+  RecBole files (``embedlib.data.movielens``) and writes, per user, the
+  file's user id, a tab, and the top k next items (the file's item ids,
+  best first, space-separated), from each user's last ``max_len`` items.
+  Items the artifact's run never saw are read as padding.
+
+An expected failure prints one line and exits 1.
 """
 
 import logging
@@ -39,7 +45,8 @@ def _criteo_reader(manifest: dict, path: str):
     raise PredictError(
         f"{_MODEL.value} is a {manifest['task']} artifact of a {info.get('source')!r} run; "
         "train.predict scores Criteo files with artifacts of ctr runs on the criteo source "
-        "(configs/dlrm_criteo.py). Call embedlib.serving.load for other inputs.")
+        "(configs/dlrm_criteo.py) and MovieLens files with sequential artifacts (SASRec, "
+        "HSTU). Call embedlib.serving.load for other inputs.")
   sizes = [f["num_embeddings"] for f in info["features"]]
   return data.CriteoReader(path, data.criteo_spec(sizes), batch_size=1)
 
@@ -89,6 +96,45 @@ def predict(model, reader, path: str, out, batch_size: int, log_every: int) -> i
   return done
 
 
+def predict_next_items(model, path: str, out, batch_size: int) -> int:
+  """Writes each user's top k next items of the MovieLens data at ``path``; returns the users."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from embedlib.data import movielens  # pylint: disable=g-import-not-at-top
+
+  info = model.manifest["data"]
+  max_len = info["max_len"]
+  interactions = movielens.load(path)
+  known = {raw: dense for dense, raw in enumerate(info["raw_item_ids"]) if dense > 0}
+  raw_items = np.asarray(info["raw_item_ids"], dtype=object)
+  # The file's dense ids to the artifact's (-1: an item the run never saw).
+  to_artifact = np.array([known.get(r, -1) for r in interactions.raw_item_ids.tolist()], np.int64)
+  starts = np.searchsorted(interactions.user, np.arange(interactions.num_users + 1))
+  users = 0
+  for first in range(0, interactions.num_users, batch_size):
+    rows = range(first, min(first + batch_size, interactions.num_users))
+    items = np.zeros((len(rows), max_len), np.int64)
+    times = np.zeros((len(rows), max_len), np.int64)
+    for r, u in enumerate(rows):
+      lo = max(starts[u], starts[u + 1] - max_len)
+      n = starts[u + 1] - lo
+      items[r, max_len - n:] = to_artifact[interactions.item[lo:starts[u + 1]]]
+      times[r, max_len - n:] = interactions.time[lo:starts[u + 1]]
+    inputs = {"items": items}
+    if "times" in model.input_names:  # HSTU: seconds from the row's first item; the
+      base = np.where(items != 0, times, np.iinfo(np.int64).max).min(axis=1, keepdims=True)
+      times = np.where(items != 0, times - base, 0)
+      # position i is asked about the time of item i + 1; the last, about its own.
+      inputs["times"] = times
+      inputs["query_times"] = np.concatenate([times[:, 1:], times[:, -1:]], axis=1)
+    top = model(inputs)["items"]
+    for u, best in zip(rows, top):
+      out.write(f"{interactions.raw_user_ids[u]}\t{' '.join(str(x) for x in raw_items[best])}\n")
+    users += len(rows)
+    log.info("%d of %d users", users, interactions.num_users)
+  return users
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}.")
@@ -108,16 +154,21 @@ def main(argv):
   partial = _OUT.value + ".partial"
   try:
     model = serving.load(_MODEL.value)
-    reader = _criteo_reader(model.manifest, _DATA.value)
-    with open(partial, "w", encoding="ascii") as out:
-      count = predict(model, reader, _DATA.value, out, _BATCH.value, _EVERY.value)
+    if model.task == "sequential":
+      with open(partial, "w", encoding="utf-8") as out:
+        count = predict_next_items(model, _DATA.value, out, _BATCH.value)
+    else:
+      reader = _criteo_reader(model.manifest, _DATA.value)
+      with open(partial, "w", encoding="ascii") as out:
+        count = predict(model, reader, _DATA.value, out, _BATCH.value, _EVERY.value)
     os.replace(partial, _OUT.value)
   except (PredictError, serving.ArtifactError, serving.PlatformError, criteo.CriteoFormatError,
-          OSError) as e:
+          OSError, ValueError) as e:
     if os.path.exists(partial):
       os.remove(partial)
     sys.exit(f"error: {e}")
-  log.info("wrote %d scores to %s", count, _OUT.value)
+  log.info("wrote %d %s to %s", count, "users' top items" if model.task == "sequential"
+           else "scores", _OUT.value)
 
 
 if __name__ == "__main__":

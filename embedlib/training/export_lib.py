@@ -105,12 +105,21 @@ def scoring(config, model, mesh, *, top_k: int = 100,
       _, eval_source = setup.sources(config, setup.data_spec(config))
       return scoring_lib.retrieval(task, model, mesh, eval_source, top_k=top_k)
     if name == "sequential":
-      return scoring_lib.sequential(config, setup.data_spec(config), top_k=top_k,
-                                    exclude_input=exclude_input)
+      score = scoring_lib.sequential(config, setup.data_spec(config), top_k=top_k,
+                                     exclude_input=exclude_input)
+      score.info["data"]["raw_item_ids"] = _raw_item_ids(config.data.path)
+      return score
   except ValueError as e:
     raise ExportError(str(e)) from None
   raise ExportError(f"config.task.name={name!r}: exporting serves ctr, retrieval and "
                     "sequential runs; export one of those, or serve this one in-process.")
+
+
+def _raw_item_ids(path: str) -> list:
+  """The file's id of each dense item id (``[0]``: padding), so ``train.predict`` maps any file."""
+  from embedlib.data import movielens  # pylint: disable=g-import-not-at-top
+
+  return movielens.load(path).raw_item_ids.tolist()
 
 
 @contextlib.contextmanager

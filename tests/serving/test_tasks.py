@@ -77,3 +77,30 @@ def test_top_k_past_the_items_is_refused(tmp_path):
   model, _ = setup.model_and_optimizer(config, setup.data_spec(config), mesh)
   with pytest.raises(export_lib.ExportError, match=r"--top_k=5000: must lie in \[1, 2000\]"):
     export_lib.export(config, model, mesh, str(tmp_path / "a"), top_k=5000)
+
+
+def test_predict_writes_each_users_next_items_in_the_files_ids(tmp_path):
+  import io  # pylint: disable=import-outside-toplevel
+
+  from embedlib.data import movielens as movielens_data  # pylint: disable=import-outside-toplevel
+  from train import predict as predict_lib  # pylint: disable=import-outside-toplevel
+
+  config = movielens.get_config("smoke")
+  config.data.path = str(write_ml100k(tmp_path / "ml"))
+  _, _, _, _, served = _exported(config, tmp_path / "art", exclude_input=True)
+  out = io.StringIO()
+  assert predict_lib.predict_next_items(served, config.data.path, out, batch_size=16) == 40
+  lines = out.getvalue().splitlines()
+  data = movielens_data.load(config.data.path)
+  assert [int(line.split("\t")[0]) for line in lines] == data.raw_user_ids.tolist()
+  max_len = config.data.max_len
+  for u, line in enumerate(lines):
+    top = [int(x) for x in line.split("\t")[1].split()]
+    history = data.raw_item_ids[data.item[data.user == u]][-max_len:]
+    assert len(top) == K and not set(top) & set(history.tolist())
+  # The last user's line is the artifact's answer for that user's last max_len items.
+  items = data.item[data.user == 39][-max_len:]
+  row = np.zeros((1, max_len), np.int64)
+  row[0, max_len - len(items):] = items  # the same file: the same dense ids
+  best = served({"items": row})["items"][0]
+  assert lines[-1].split("\t")[1] == " ".join(str(data.raw_item_ids[i]) for i in best)
