@@ -54,14 +54,28 @@ def weight_file(index: int) -> str:
 
 
 def write_weight(directory: str, index: int, array) -> dict:
-  """Writes weight ``index`` as ``.npy``; returns its manifest entry (without its name)."""
-  array = np.asarray(array)
-  if array.dtype.hasobject:
-    raise ValueError(f"weight {index} has dtype {array.dtype}; only numeric arrays serve.")
+  """Writes weight ``index`` as ``.npy``; returns its manifest entry (without its name).
+
+  A jax array is written shard by shard into the file (memory-mapped), so a
+  table split over devices is never gathered whole on the host.
+  """
+  shards = getattr(array, "addressable_shards", None)
+  dtype, shape = np.dtype(array.dtype), tuple(array.shape)
+  if dtype.hasobject:
+    raise ValueError(f"weight {index} has dtype {dtype}; only numeric arrays serve.")
   relative = weight_file(index)
   os.makedirs(os.path.join(directory, WEIGHTS_DIR), exist_ok=True)
-  np.save(os.path.join(directory, relative), array, allow_pickle=False)
-  return {"file": relative, "dtype": array.dtype.str, "shape": list(array.shape)}
+  path = os.path.join(directory, relative)
+  if shards is None or not shape or 0 in shape:
+    np.save(path, np.asarray(array), allow_pickle=False)
+  else:
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+    for shard in shards:
+      if shard.replica_id == 0:  # each block once, however many devices hold it
+        out[shard.index] = np.asarray(shard.data)
+    out.flush()
+    del out
+  return {"file": relative, "dtype": dtype.str, "shape": list(shape)}
 
 
 def finish(directory: str, manifest: dict) -> None:

@@ -7,7 +7,6 @@ flax, no model code, no configs.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 import jax
@@ -17,8 +16,8 @@ from jax import export
 from embedlib import invalid_ids
 from embedlib.serving import artifact
 
-log = logging.getLogger(__name__)
-#: Manifest input kinds: float features, and ids looked up in a table.
+#: Manifest input kinds: values passed as they are (floats, or integers such as
+#: times), and ids looked up in a table.
 DENSE, IDS = "dense", "ids"
 _JAX_PLATFORM = {"cpu": ("cpu",), "gpu": ("cuda", "rocm"), "tpu": ("tpu",)}
 

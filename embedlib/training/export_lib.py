@@ -22,7 +22,6 @@ import tempfile
 
 import jax
 import ml_collections
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -234,7 +233,7 @@ def export(config, model, mesh, out: str, *, batch_size: int | None = None,
         f.write(exported.serialize())
     entries = []
     for i, (name, weight) in enumerate(zip(names, weights)):
-      entries.append(dict(artifact.write_weight(staging, i, np.asarray(weight)), name=name))
+      entries.append(dict(artifact.write_weight(staging, i, weight), name=name))
     manifest = {
         "task": task_name(config), "batch_size": batch_size,
         "programs": {p: artifact.program_file(p) for p in programs}, "devices": mesh.size,
