@@ -161,7 +161,9 @@ def _column(name: str, spec: dict, value) -> np.ndarray:
     raise InputError(f"the input {name!r} has shape {array.shape}; pass {_example(spec)}.")
   if spec["kind"] == IDS:
     valid = invalid_ids.valid_mask(array, int(spec["num_embeddings"]))
-    return np.where(valid, array, -1).astype(spec["dtype"])
+    ids = np.full(array.shape, -1, spec["dtype"])  # -1 fits no unsigned dtype: fill, then copy
+    ids[valid] = array[valid]
+    return ids
   return array.astype(spec["dtype"])
 
 

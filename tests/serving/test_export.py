@@ -43,14 +43,14 @@ def test_the_artifact_equals_the_in_process_model_bit_for_bit(artifact, restored
   got = served(inputs)["probability"]
   # In-process: int32 ids, those outside [0, num_embeddings) looked up as the rule says.
   sizes = {s["name"]: s["num_embeddings"] for s in served.manifest["inputs"][1:]}
-  ids = {k: np.where((v >= 0) & (v < sizes[k]), v, -1).astype(np.int32)
+  ids = {k: np.where((v >= 0) & (v < sizes[k]), v.astype(np.int64), -1).astype(np.int32)
          for k, v in inputs.items() if k != "dense"}
   want = np.asarray(nnx.jit(lambda m, d, s: jax.nn.sigmoid(m(d, s)))(model, inputs["dense"], ids))
   assert got.shape == (37,) and got.dtype == np.float32
   np.testing.assert_array_equal(got, want)
   # Out-of-range ids given to the model as they are follow the same rule.
-  raw = {k: np.clip(v, -5, sizes[k] + 5).astype(np.int32) for k, v in inputs.items()
-         if k != "dense"}
+  raw = {k: np.clip(v.astype(np.int64), -5, sizes[k] + 5).astype(np.int32)
+         for k, v in inputs.items() if k != "dense"}
   np.testing.assert_array_equal(
       np.asarray(nnx.jit(lambda m, d, s: jax.nn.sigmoid(m(d, s)))(model, inputs["dense"], raw)),
       want)
@@ -146,3 +146,22 @@ def test_bits_name_the_missing_quantizer(restored, tmp_path):
   with pytest.raises(NotImplementedError, match="embedlib.quantize"):
     export_lib.export(config, model, mesh, str(tmp_path / "q"), bits=8)
   assert not (tmp_path / "q").exists()
+
+
+def test_cpu_and_cuda_programs_each_with_their_own_kernels(artifact, restored, tmp_path):
+  """Lowered on this CPU machine, the CUDA program holds the GPU gather; the CPU one none."""
+  config, model, mesh = restored
+  manifest = export_lib.export(config, model, mesh, str(tmp_path / "both"), batch_size=16,
+                               platforms=("cpu", "cuda"))
+  assert manifest["programs"] == {"cpu": "program-cpu.jax", "cuda": "program-cuda.jax"}
+  texts = {}
+  for platform, name in manifest["programs"].items():
+    exported = jax.export.deserialize(bytearray((tmp_path / "both" / name).read_bytes()))
+    assert exported.platforms == (platform,)
+    texts[platform] = exported.mlir_module()
+  assert "custom_call @__gpu$xla.gpu.triton" in texts["cuda"] or "mosaic_gpu" in texts["cuda"]
+  assert "custom_call @embedlib_" not in texts["cpu"] and "gpu" not in texts["cpu"]
+  served = serving.load(tmp_path / "both")  # this machine runs the CPU program
+  inputs = _inputs(manifest, rows=8)
+  np.testing.assert_array_equal(served(inputs)["probability"],
+                                serving.load(artifact)(inputs)["probability"])
