@@ -40,6 +40,7 @@ def main(argv):
 
   log = console.setup_logging(False)
   try:
+    export_lib.check_out(_OUT.value)  # before the minutes a large model takes to restore
     config, model, mesh = export_lib.restore(_WORKDIR.value, _DEVICES.value)
     manifest = export_lib.export(
         config, model, mesh, _OUT.value, batch_size=_BATCH.value,

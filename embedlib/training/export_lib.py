@@ -57,6 +57,13 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
                       "python -m train run.") from None
 
 
+def check_out(out: str) -> None:
+  """Raises unless ``out`` is free for an artifact: absent, or an empty directory."""
+  if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    raise ExportError(f"--out={out} exists and is not an empty directory; pass a new "
+                      "directory, or remove this one.")
+
+
 def serving_mesh(config, devices: int):
   """The run's mesh axes over the first ``devices`` devices (``-1`` takes them all)."""
   if devices > jax.device_count():
@@ -216,9 +223,7 @@ def export(config, model, mesh, out: str, *, batch_size: int | None = None,
   if batch_size < 1 or batch_size % mesh.size:
     raise ExportError(f"--batch_size={batch_size} must be a positive multiple of the "
                       f"{mesh.size} devices exported on.")
-  if os.path.exists(out) and os.listdir(out):
-    raise ExportError(f"--out={out} exists and is not empty; pass a new directory, or remove "
-                      "this one.")
+  check_out(out)
   model = quantized(model, bits)
   if hasattr(model, "eval"):
     model.eval()

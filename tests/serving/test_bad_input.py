@@ -171,7 +171,7 @@ def test_export_refuses_a_non_empty_out_and_unknown_platforms(restored, tmp_path
   config, model, mesh = restored
   (tmp_path / "full").mkdir()
   (tmp_path / "full" / "x").write_text("")
-  with pytest.raises(export_lib.ExportError, match=r"exists and is not empty"):
+  with pytest.raises(export_lib.ExportError, match=r"exists and is not an empty directory"):
     export_lib.export(config, model, mesh, str(tmp_path / "full"))
   with pytest.raises(export_lib.ExportError, match=r"gpu is not a jax lowering platform; use "
                                                    r"some of cpu, cuda"):
