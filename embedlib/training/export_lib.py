@@ -156,7 +156,9 @@ def serving_function(model, mesh, score: scoring_lib.Scoring, batch_size: int):
   leaves = [leaf for _, leaf in paths_leaves]
   extra_names = list(score.extras)
   replicated = NamedSharding(mesh, P())
-  extras = [jax.device_put(score.extras[k], replicated) for k in extra_names]
+  # An extra already on the mesh (the retrieval corpus, rows split over it) keeps its layout.
+  extras = [x if isinstance(x, jax.Array) else jax.device_put(x, replicated)
+            for x in (score.extras[k] for k in extra_names)]
   weights = [leaf if isinstance(leaf, jax.Array) else jax.device_put(leaf, replicated)
              for leaf in leaves] + extras
   n_state = len(leaves)

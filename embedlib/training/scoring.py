@@ -103,7 +103,7 @@ def retrieval(task, model, mesh, eval_source, *, top_k: int) -> Scoring:
   spec = task.spec
   num_items = spec.num_items
   k = _check_k(top_k, num_items, f"{num_items} items")
-  corpus = np.asarray(task.corpus(model, mesh, eval_source.catalogue()))
+  corpus = task.corpus(model, mesh, eval_source.catalogue())  # rows split over the mesh
   user_rows, item_rows = task.user_hasher.num_buckets, task.item_hasher.num_buckets
   hashes_u, hashes_i = task.user_hasher.num_hashes, task.item_hasher.num_hashes
   inputs = [

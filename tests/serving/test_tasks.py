@@ -104,3 +104,24 @@ def test_predict_writes_each_users_next_items_in_the_files_ids(tmp_path):
   row[0, max_len - len(items):] = items  # the same file: the same dense ids
   best = served({"items": row})["items"][0]
   assert lines[-1].split("\t")[1] == " ".join(str(data.raw_item_ids[i]) for i in best)
+
+
+def test_a_sharded_retrieval_artifact_keeps_its_corpus_split(tmp_path):
+  config = two_tower.get_config("smoke")
+  mesh = export_lib.serving_mesh(config, 4)
+  model, _ = setup.model_and_optimizer(config, setup.data_spec(config), mesh)
+  export_lib.export(config, model, mesh, str(tmp_path / "art"), batch_size=8, top_k=K)
+  served = serving.load(tmp_path / "art")
+  corpus = served.weights[-1]
+  assert corpus.sharding.spec[0] is not None and served.mesh.size == 4  # rows split over 4
+  task = setup.task(config)
+  _, source = setup.sources(config, setup.data_spec(config))
+  batch = task.featurize(next(source))
+  got = served({n: batch[n] for n in served.input_names})
+  score = export_lib.scoring(config, model, mesh, top_k=K)
+  jitted, _, weights, _ = export_lib.serving_function(model, mesh, score, 8)
+  for i in range(0, len(batch["user"]), 8):
+    columns, _ = served._columns({n: batch[n][i:i + 8] for n in served.input_names})  # pylint: disable=protected-access
+    items, scores = jitted(*weights, *columns)
+    np.testing.assert_array_equal(got["items"][i:i + 8], items)
+    np.testing.assert_array_equal(got["scores"][i:i + 8], scores)
