@@ -13,7 +13,9 @@
   best first, space-separated), from each user's last ``max_len`` items.
   Items the artifact's run never saw are read as padding.
 
-An expected failure prints one line and exits 1.
+An artifact sharded over N devices runs on N CPU devices where jax runs on
+CPU (``--xla_force_host_platform_device_count=N`` is set for it). An
+expected failure prints one line and exits 1.
 """
 
 import logging
@@ -24,7 +26,7 @@ import time
 from absl import app, flags
 
 _MODEL = flags.DEFINE_string("model", None, "An artifact directory of python -m train.export.")
-_DATA = flags.DEFINE_string("data", None, "The file to score (Criteo TSV, plain or .gz).")
+_DATA = flags.DEFINE_string("data", None, "The file to score: Criteo TSV (plain or .gz), or MovieLens.")
 _OUT = flags.DEFINE_string("out", None, "Where to write the scores (text, one a line).")
 _BATCH = flags.DEFINE_integer("batch_size", 4096, "Lines scored per call.")
 _EVERY = flags.DEFINE_integer("log_every", 100_000, "Log progress every this many lines.")
@@ -135,9 +137,25 @@ def predict_next_items(model, path: str, out, batch_size: int) -> int:
   return users
 
 
+def _devices_wanted(directory: str) -> int:
+  """The artifact's device count, read before jax starts (0: unreadable; load says why)."""
+  import json  # pylint: disable=g-import-not-at-top
+
+  try:
+    with open(os.path.join(directory, "manifest.json"), encoding="utf-8") as f:
+      return int(json.load(f).get("devices", 1))
+  except (OSError, ValueError, TypeError, AttributeError):
+    return 0
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}.")
+  devices = _devices_wanted(_MODEL.value)
+  if devices > 1 and "xla_force_host_platform_device_count" not in os.environ.get(
+      "XLA_FLAGS", ""):  # a sharded artifact on a CPU machine: as many CPU devices
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={devices}")
   from embedlib import serving  # pylint: disable=g-import-not-at-top
   from embedlib.data import criteo  # pylint: disable=g-import-not-at-top
 
