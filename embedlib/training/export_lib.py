@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+import types
 
 import jax
 import ml_collections
@@ -65,9 +66,9 @@ def check_out(out: str) -> None:
 
 
 def serving_mesh(config, devices: int):
-  """The run's mesh axes over the first ``devices`` devices (``-1`` takes them all)."""
-  if devices > jax.device_count():
-    raise ExportError(f"--devices={devices}, but jax sees {jax.device_count()}; pass at most "
+  """The run's mesh axes over the first ``devices`` devices, all on its first axis."""
+  if not 1 <= devices <= jax.device_count():
+    raise ExportError(f"--devices={devices}, but jax sees {jax.device_count()}; pass 1 to "
                       f"{jax.device_count()}.")
   axes = tuple(config.mesh_axes)
   shape = [devices] + [1] * (len(axes) - 1)
@@ -92,6 +93,8 @@ def quantized(model, bits: int | None):
   if bits is None:
     return model
   quantize = getattr(embedlib, "quantize", None)
+  if isinstance(quantize, types.ModuleType):  # the module embedlib/quantize.py, not its function
+    quantize = getattr(quantize, "quantize", None)
   if quantize is None:
     raise NotImplementedError(
         f"--bits={bits} needs embedlib.quantize (quantized tables), which this embedlib does "
