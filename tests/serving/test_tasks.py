@@ -106,6 +106,7 @@ def test_predict_writes_each_users_next_items_in_the_files_ids(tmp_path):
   assert lines[-1].split("\t")[1] == " ".join(str(data.raw_item_ids[i]) for i in best)
 
 
+@pytest.mark.slow  # the CTR artifact's sharded test covers the layouts; this, the corpus
 def test_a_sharded_retrieval_artifact_keeps_its_corpus_split(tmp_path):
   config = two_tower.get_config("smoke")
   mesh = export_lib.serving_mesh(config, 4)
