@@ -5,29 +5,48 @@ Layers, each importing only those above it in this list:
 (with ``logits`` and ``losses``, its vocab-parallel output) ->
 ``collection`` -> ``optim`` -> ``models``, ``data``, ``metrics``,
 ``checkpoint`` -> ``train``.
+
+The names below are imported on first use (PEP 562), not by ``import
+embedlib``: importing a subpackage runs this file first, and
+``embedlib.serving`` (which loads an exported model with jax and numpy
+alone) must not pull flax in with it.
 """
 
-from embedlib.collection import EmbeddingCollection, FeatureSpec, TableSpec
-from embedlib.embed import ShardedEmbed
-from embedlib.export_checks import export_disabled_checks
-from embedlib.logits import VocabShardedLogits
-from embedlib.losses import vocab_parallel_cross_entropy
-from embedlib.optim import LazyAdam, RowWiseAdagrad, SparseAwareOptimizer, SparseSGD
-from embedlib.plan import EmbeddingPlan, plan_embedding
+import importlib
 
-__all__ = [
-    "EmbeddingCollection",
-    "EmbeddingPlan",
-    "FeatureSpec",
-    "LazyAdam",
-    "RowWiseAdagrad",
-    "ShardedEmbed",
-    "SparseAwareOptimizer",
-    "SparseSGD",
-    "TableSpec",
-    "VocabShardedLogits",
-    "export_disabled_checks",
-    "plan_embedding",
-    "vocab_parallel_cross_entropy",
-]
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "EmbeddingCollection": "embedlib.collection",
+    "EmbeddingPlan": "embedlib.plan",
+    "FeatureSpec": "embedlib.collection",
+    "LazyAdam": "embedlib.optim",
+    "RowWiseAdagrad": "embedlib.optim",
+    "ShardedEmbed": "embedlib.embed",
+    "SparseAwareOptimizer": "embedlib.optim",
+    "SparseSGD": "embedlib.optim",
+    "TableSpec": "embedlib.collection",
+    "VocabShardedLogits": "embedlib.logits",
+    "export_disabled_checks": "embedlib.export_checks",
+    "plan_embedding": "embedlib.plan",
+    "vocab_parallel_cross_entropy": "embedlib.losses",
+}
+
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+  if name in _EXPORTS:
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+  try:  # ``import embedlib; embedlib.models`` as when every name was imported eagerly
+    return importlib.import_module(f"{__name__}.{name}")
+  except ModuleNotFoundError as e:
+    if e.name != f"{__name__}.{name}":
+      raise
+    raise AttributeError(f"module 'embedlib' has no attribute {name!r}") from None
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_EXPORTS))

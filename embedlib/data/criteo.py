@@ -320,7 +320,7 @@ class CriteoReader(Iterator[dict]):
       rows.append(parsed)
       self._state["line"] = line_index + 1
     self._state["position"] += 1
-    return self._assemble(rows)
+    return self.assemble(rows)
 
   def _in_split(self, index: int) -> bool:
     if not self._holdout_below:
@@ -371,7 +371,8 @@ class CriteoReader(Iterator[dict]):
                   reason, count, "none" if limit is None else limit,
                   "; later ones are counted, not logged" if count == MAX_REPORTED else "")
 
-  def _assemble(self, rows: list) -> dict:
+  def assemble(self, rows: list) -> dict:
+    """A batch of ``parse_line`` results, hashed as this reader hashes (``train.predict``)."""
     labels = np.array([r[0] for r in rows], np.float32)
     ints = np.array([r[1] for r in rows], np.float64)
     dense = np.log1p(np.maximum(ints, 0.0)).astype(np.float32)
