@@ -37,56 +37,81 @@ def _own(flat, policy, index, group):
   return hi, lo, own, bucket - index * per, per * policy.bucket_size
 
 
-def _local(state, clock, flat, *, policy, train, index, group):
+def _local(state, extra, clock, flat, *, policy, train, index, group, init):
   hi, lo, own, bucket, rows_per = _own(flat, policy, index, group)
+  placed_at, table, key_data = extra
   if train:
     state, rows, placed, stats = step_lib.train_step(
         state, hi, lo, own, bucket, clock, policy=policy)
+    # The rows placed here start again: their first value and a fresh clock mark.
+    put = jnp.where(placed, rows, rows_per)
+    placed_at = placed_at.at[put].set(clock + 1, mode="drop")
+    values = init_rows(init, key_data, jnp.maximum(rows, 0) + index * rows_per,
+                       table.shape[1], table.dtype)
+    table = table.at[put].set(values, mode="drop")
   else:
     rows = step_lib.lookup(state, hi, lo, own, bucket, bucket_size=policy.bucket_size)
     placed = jnp.zeros(rows.shape, bool)
     stats = jnp.stack([jnp.sum(state.score >= 0), jnp.int32(0), jnp.int32(0),
                        jnp.sum(own & (rows < 0))]).astype(jnp.int32)
   rows = jnp.where(rows >= 0, rows + index * rows_per, -1)
-  return state, rows, placed, jnp.concatenate([stats, jnp.sum(own, keepdims=True).astype(jnp.int32)])
+  stats = jnp.concatenate([stats, jnp.sum(own, keepdims=True).astype(jnp.int32)])
+  return state, (placed_at, table), rows, stats
 
 
-@functools.partial(jax.jit, static_argnames=("policy", "mesh", "table_axes", "train"))
-def run(state: step_lib.MapState, clock, flat, *, policy: policy_lib.Policy, mesh,
-        table_axes: tuple, train: bool):
+def init_rows(init, key_data, rows, features, dtype):
+  """Each row's initial value: ``init`` drawn with the key folded with its row number."""
+  key = jax.random.wrap_key_data(key_data)
+  draw = lambda r: init(jax.random.fold_in(key, r), (1, features), dtype)[0]
+  return jax.vmap(draw)(rows)
+
+
+@functools.partial(jax.jit, static_argnames=("policy", "mesh", "table_axes", "train", "init",
+                                             "table_spec"))
+def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
+        policy: policy_lib.Policy, mesh, table_axes: tuple, train: bool, init, table_spec):
   """The map's step (or look-up) for ``flat`` uint32 ``[m, 2]`` id words.
 
+  Args:
+    state: the whole table's ``MapState``, split over ``table_axes``.
+    placed_at: int32 ``[capacity]``, the clock at which each row was placed.
+    table: the rows, ``[capacity, features]`` laid out by ``table_spec``.
+    key_data: the init key's data.
+    clock: int32 scalar, before this step.
+    flat: uint32 ``[m, 2]`` id words.
+
   Returns:
-    ``(state, rows, placed, stats)``: rows int32 ``[m]`` (global row,
-    ``-1``: the default), placed bool ``[m]``, stats int32 ``[5]`` (resident
-    rows, admitted, evicted, lookups reading the default, lookups).
+    ``(state, placed_at, table, rows, stats)``: rows int32 ``[m]`` (global
+    row, ``-1``: the default), stats int32 ``[5]`` (resident rows, admitted,
+    evicted, lookups reading the default, lookups), summed over the group.
   """
-  group = 1
-  if mesh is not None and table_axes:
-    group = math.prod(dict(mesh.shape)[a] for a in table_axes)
-  if group == 1:
-    return _local(state, clock, flat, policy=policy, train=train, index=0, group=1)
-  split = P(table_axes)
+  kw = dict(policy=policy, train=train, init=init)
+  if mesh is None:
+    state, (placed_at, table), rows, stats = _local(
+        state, (placed_at, table, key_data), clock, flat, index=0, group=1, **kw)
+    return state, placed_at, table, rows, stats
+  group = math.prod(dict(mesh.shape)[a] for a in table_axes)
+  split = P(table_axes or None)
   has_sketch = state.sketch is not None
 
-  def body(khi, klo, score, sketch, clock, flat):
-    index = lax.axis_index(table_axes)
+  def body(khi, klo, score, sketch, placed_at, table, key_data, clock, flat):
+    index = lax.axis_index(table_axes) if table_axes else 0
     local = step_lib.MapState(khi, klo, score, sketch if has_sketch else None)
-    local, rows, placed, stats = _local(local, clock, flat, policy=policy, train=train,
-                                        index=index, group=group)
-    rows = lax.psum(rows + 1, table_axes) - 1
-    placed = lax.psum(placed.astype(jnp.int32), table_axes) > 0
-    stats = lax.psum(stats, table_axes)
+    local, (placed_at, table), rows, stats = _local(
+        local, (placed_at, table, key_data), clock, flat, index=index, group=group, **kw)
+    if table_axes:
+      rows = lax.psum(rows + 1, table_axes) - 1
+      stats = lax.psum(stats, table_axes)
     sketch = local.sketch if has_sketch else jnp.zeros((group,), jnp.uint8)
-    return local.keys_hi, local.keys_lo, local.score, sketch, rows, placed, stats
+    return local.keys_hi, local.keys_lo, local.score, sketch, placed_at, table, rows, stats
 
   sketch = state.sketch if has_sketch else jnp.zeros((group,), jnp.uint8)
-  out = jax.shard_map(
+  tspec = P(*table_spec)
+  khi, klo, score, sketch, placed_at, table, rows, stats = jax.shard_map(
       body, mesh=mesh,
-      in_specs=(split, split, split, split, P(), P()),
-      out_specs=(split, split, split, split, P(), P(), P()),
+      in_specs=(split, split, split, split, split, tspec, P(), P(), P()),
+      out_specs=(split, split, split, split, split, tspec, P(), P()),
       check_vma=False,
-  )(state.keys_hi, state.keys_lo, state.score, sketch, clock, flat)
-  khi, klo, score, sketch, rows, placed, stats = out
-  return (step_lib.MapState(khi, klo, score, sketch if has_sketch else None),
-          rows, placed, stats)
+  )(state.keys_hi, state.keys_lo, state.score, sketch, placed_at, table, key_data, clock, flat)
+  state = step_lib.MapState(khi, klo, score, sketch if has_sketch else None)
+  return state, placed_at, table, rows, stats

@@ -17,6 +17,7 @@ from embedlib import kernels
 from embedlib import options
 from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import mapping
+from embedlib.dynamic.mapping import init_rows
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
 from embedlib.embed import ShardedEmbed
@@ -199,18 +200,18 @@ class DynamicEmbed(nnx.Module):
     w = self.words(ids)
     flat = w.value.reshape(-1, 2)
     train = not self.deterministic
-    state, rows, placed, stats = mapping.run(
-        self._state(), self.clock[...], flat, policy=self.policy, mesh=self.mesh,
-        table_axes=self.table_axes, train=train)
+    state, placed_at, table, rows, stats = mapping.run(
+        self._state(), self.placed_at[...], self.rows.embedding[...], self.init_key[...],
+        self.clock[...], flat, policy=self.policy, mesh=self.mesh,
+        table_axes=self.table_axes, train=train, init=self.embedding_init,
+        table_spec=tuple(self.rows.plan.table_spec))
     if train:
       self.keys_hi[...], self.keys_lo[...], self.score[...] = state[:3]
       if self.sketch is not None:
         self.sketch[...] = state.sketch
       self.clock[...] = self.clock[...] + 1
-      self.placed_at[...] = self.placed_at[...].at[
-          jnp.where(placed, rows, self.policy.capacity)].set(self.clock[...], mode="drop")
-      self.rows.embedding[...] = _reset(self.rows.embedding[...], rows, placed,
-                                        self.init_key[...], init=self.embedding_init)
+      self.placed_at[...] = placed_at
+      self.rows.embedding[...] = table
       lookups = jnp.maximum(stats[4], 1).astype(jnp.float32)
       self.last[...] = jnp.stack([
           stats[0] / self.policy.capacity, stats[1], stats[2], stats[3] / lookups
@@ -273,18 +274,3 @@ class DynamicEmbed(nnx.Module):
 def _padding(w: ids_lib.Words):
   pad = jnp.uint32(ids_lib.PAD_WORD)
   return (w.hi == pad) & (w.lo == pad)
-
-
-def init_rows(init, key_data, rows, features, dtype):
-  """Each row's initial value: ``init`` drawn with the key folded with its row number."""
-  key = jax.random.wrap_key_data(key_data)
-  draw = lambda r: init(jax.random.fold_in(key, r), (1, features), dtype)[0]
-  return jax.vmap(draw)(rows)
-
-
-def _reset(table, rows, placed, key_data, *, init):
-  """``table`` with the rows placed this step back at their initial values."""
-  n, features = table.shape
-  target = jnp.where(placed, rows, n)
-  values = init_rows(init, key_data, jnp.maximum(rows, 0), features, table.dtype)
-  return table.at[target].set(values, mode="drop")
