@@ -102,15 +102,16 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
     if table_axes:
       rows = lax.psum(rows + 1, table_axes) - 1
       stats = lax.psum(stats, table_axes)
-    sketch = local.sketch if has_sketch else jnp.zeros((group,), jnp.uint8)
+    sketch = local.sketch if has_sketch else sketch
     return local.keys_hi, local.keys_lo, local.score, sketch, placed_at, table, rows, stats
 
-  sketch = state.sketch if has_sketch else jnp.zeros((group,), jnp.uint8)
+  sketch = state.sketch if has_sketch else jnp.zeros((1,), jnp.uint8)
+  sspec = split if has_sketch else P()
   tspec = P(*table_spec)
   khi, klo, score, sketch, placed_at, table, rows, stats = jax.shard_map(
       body, mesh=mesh,
-      in_specs=(split, split, split, split, split, tspec, P(), P(), P()),
-      out_specs=(split, split, split, split, split, tspec, P(), P()),
+      in_specs=(split, split, split, sspec, split, tspec, P(), P(), P()),
+      out_specs=(split, split, split, sspec, split, tspec, P(), P()),
       check_vma=False,
   )(state.keys_hi, state.keys_lo, state.score, sketch, placed_at, table, key_data, clock, flat)
   state = step_lib.MapState(khi, klo, score, sketch if has_sketch else None)
