@@ -9,6 +9,7 @@ Layers, each importing only those above it in this list:
 
 from embedlib.collection import EmbeddingCollection, FeatureSpec, TableSpec
 from embedlib.embed import ShardedEmbed
+from embedlib.dynamic import DynamicEmbed
 from embedlib.export_checks import export_disabled_checks
 from embedlib.logits import VocabShardedLogits
 from embedlib.losses import vocab_parallel_cross_entropy
@@ -16,6 +17,7 @@ from embedlib.optim import LazyAdam, RowWiseAdagrad, SparseAwareOptimizer, Spars
 from embedlib.plan import EmbeddingPlan, plan_embedding
 
 __all__ = [
+    "DynamicEmbed",
     "EmbeddingCollection",
     "EmbeddingPlan",
     "FeatureSpec",

@@ -63,11 +63,12 @@ def _range(dtype: str):
   return int(info.min), int(info.max)
 
 
-def host_words(ids, *, id_dtype: str = "uint64", name: str = "dynamic") -> np.ndarray:
+def host_words(ids, *, id_dtype: str | None = None, name: str = "dynamic") -> np.ndarray:
   """Host ids of any integer dtype to uint32 ``[..., 2]`` words, exactly.
 
-  Every value must lie in ``id_dtype``'s range or be the padding id
-  (``-1``, or ``2**64 - 1``).
+  With ``id_dtype`` None any 64-bit pattern is an id (an int64 ``-5`` is
+  the uint64 ``2**64 - 5``); else every value must lie in ``id_dtype``'s
+  range or be the padding id (``-1``, or ``2**64 - 1``).
 
   >>> host_words(np.array([2**40 + 3, -1]), name="t").tolist()
   [[256, 3], [4294967295, 4294967295]]
@@ -78,7 +79,7 @@ def host_words(ids, *, id_dtype: str = "uint64", name: str = "dynamic") -> np.nd
         f"{name}: raw ids {ids!r} do not fit a 64-bit integer; DynamicEmbed takes "
         "ids of at most 64 bits (declare id_dtype='uint64' and pass numpy uint64).")
   _check_integer(arr.dtype, name)
-  lo_ok, hi_ok = _range(id_dtype)
+  lo_ok, hi_ok = _range(id_dtype) if id_dtype is not None else (-2**63, 2**64 - 1)
   if arr.size:
     if np.issubdtype(arr.dtype, np.signedinteger):
       wide = arr.astype(np.int64)
@@ -102,7 +103,7 @@ def host_words(ids, *, id_dtype: str = "uint64", name: str = "dynamic") -> np.nd
                    (u & np.uint64(PAD_WORD)).astype(np.uint32)], axis=-1)
 
 
-def words(ids, *, id_dtype: str = "uint64", name: str = "dynamic") -> Words:
+def words(ids, *, id_dtype: str | None = None, name: str = "dynamic") -> Words:
   """Host ids to ``Words`` on the device (see ``host_words``)."""
   return Words(jnp.asarray(host_words(ids, id_dtype=id_dtype, name=name)))
 

@@ -89,7 +89,8 @@ class DynamicEmbed(nnx.Module):
       (width default ``bucket_size``).
     default: ``"zero"`` or ``"learned"``.
     id_dtype: the raw ids' declared dtype (``int32``, ``uint32``, ``int64``,
-      ``uint64``); host ids outside it are an error.
+      ``uint64``); host ids outside it are an error. None: any 64-bit
+      pattern (signed ids are their two's complement).
     mesh, sharding, table_axes, data_axes: as ``ShardedEmbed``'s.
     name: the table's name in errors and statistics.
     dtype, param_dtype, embedding_init: as ``nnx.Embed``'s.
@@ -108,7 +109,7 @@ class DynamicEmbed(nnx.Module):
       sketch_depth: int = 2,
       sketch_width: int | None = None,
       default: str = ZERO,
-      id_dtype: str = "uint64",
+      id_dtype: str | None = None,
       mesh=None,
       sharding: str = options.AUTO,
       table_axes=None,
@@ -125,7 +126,7 @@ class DynamicEmbed(nnx.Module):
         name=name)
     if default not in DEFAULTS:
       raise ValueError(f"{name}: default={default!r}; use one of {DEFAULTS}.")
-    if str(np.dtype(id_dtype)) not in ids_lib.ID_DTYPES:
+    if id_dtype is not None and str(np.dtype(id_dtype)) not in ids_lib.ID_DTYPES:
       raise ValueError(f"{name}: id_dtype={id_dtype!r}; use one of {ids_lib.ID_DTYPES}.")
     if sharding not in LAYOUTS:
       raise ValueError(
@@ -134,7 +135,7 @@ class DynamicEmbed(nnx.Module):
     if sharding == options.AUTO:
       sharding = "replicated" if mesh is None else "vocab"
     self.name = name
-    self.id_dtype = str(np.dtype(id_dtype))
+    self.id_dtype = None if id_dtype is None else str(np.dtype(id_dtype))
     self.default = default
     self.embedding_init = embedding_init
     self.deterministic = False

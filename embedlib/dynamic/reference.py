@@ -18,7 +18,7 @@ INT_MAX = 2**31 - 1
 
 def as_uint64(raw) -> list[int]:
   """Raw ids (any integer dtype) as Python ints in ``[0, 2**64)`` (two's complement)."""
-  w = ids_lib.host_words(np.asarray(raw).reshape(-1), id_dtype="uint64" if np.asarray(raw).dtype.kind == "u" else "int64")
+  w = ids_lib.host_words(np.asarray(raw).reshape(-1))
   return [(int(h) << 32) | int(l) for h, l in w.reshape(-1, 2)]
 
 

@@ -62,7 +62,7 @@ def test_step_equals_reference(compiled, seed):
   ref = ref_lib.Reference(policy)
   state = _empty(policy)
   for t, batch in enumerate(helpers.draw_batches(seed, 8, 12)):
-    flat = jnp.asarray(ids_lib.host_words(batch, id_dtype="int64"))
+    flat = jnp.asarray(ids_lib.host_words(batch))
     state, rows, placed, stats = run(state, flat, jnp.int32(t))
     want, want_placed = ref.step(ref_lib.as_uint64(batch))
     assert np.asarray(rows).tolist() == want, (t, batch)
