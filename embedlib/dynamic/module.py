@@ -166,11 +166,12 @@ class DynamicEmbed(nnx.Module):
                                         device=split))
                    if self.policy.uses_sketch else None)
     self.placed_at = DynamicMap(jnp.zeros((n,), jnp.int32, device=split))
-    self.clock = DynamicMap(jnp.zeros((), jnp.int32))
-    self.slots_clock = DynamicMap(jnp.zeros((), jnp.int32))
-    self.init_key = DynamicMap(jax.random.key_data(key))
-    self.last = DynamicStats(jnp.zeros((len(STATS),), jnp.float32))
-    self.default_row = (nnx.Param(jnp.zeros((features,), param_dtype))
+    every = self._place(P())
+    self.clock = DynamicMap(jnp.zeros((), jnp.int32, device=every))
+    self.slots_clock = DynamicMap(jnp.zeros((), jnp.int32, device=every))
+    self.init_key = DynamicMap(jax.device_put(jax.random.key_data(key), every))
+    self.last = DynamicStats(jnp.zeros((len(STATS),), jnp.float32, device=every))
+    self.default_row = (nnx.Param(jnp.zeros((features,), param_dtype, device=every))
                         if default == LEARNED else None)
 
   def _place(self, spec):

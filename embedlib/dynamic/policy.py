@@ -103,6 +103,11 @@ class Policy:
     return self.decay_every > 0 and clock % self.decay_every == 0
 
   def map_bytes_per_row(self) -> float:
-    """Bytes of map state per row: two key words, a score, the sketch's share."""
+    """Bytes of map state per row: two key words, a score, the placement clock
+    (for ``reset_slots``) and the sketch's share (uint8 counters).
+
+    >>> Policy(1024).map_bytes_per_row(), Policy(1024, admit_after=2).map_bytes_per_row()
+    (16.0, 18.0)
+    """
     sketch = self.sketch_depth * self.width / self.bucket_size if self.uses_sketch else 0
-    return 12 + sketch
+    return 16.0 + sketch
