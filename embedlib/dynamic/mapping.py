@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from embedlib import sharding as sharding_lib
 from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
@@ -92,6 +93,9 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
     return state, placed_at, table, rows, stats
   group = math.prod(dict(mesh.shape)[a] for a in table_axes)
   split = P(table_axes or None)
+  given = getattr(jax.typeof(flat), "sharding", None)
+  batch_spec = P(given.spec[0]) if given is not None and given.spec else P()
+  flat = sharding_lib.place(flat, mesh, P())
   has_sketch = state.sketch is not None
 
   def body(khi, klo, score, sketch, placed_at, table, key_data, clock, flat):
@@ -115,4 +119,5 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
       check_vma=False,
   )(state.keys_hi, state.keys_lo, state.score, sketch, placed_at, table, key_data, clock, flat)
   state = step_lib.MapState(khi, klo, score, sketch if has_sketch else None)
-  return state, placed_at, table, rows, stats
+  # Rows leave split as the ids came, so the lookup stays data-parallel.
+  return state, placed_at, table, sharding_lib.place(rows, mesh, batch_spec), stats

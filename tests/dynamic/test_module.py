@@ -137,3 +137,21 @@ def test_bad_ids():
   with pytest.raises(ValueError, match="items: raw ids .* do not fit a 64-bit"):
     emb([2**70])
   assert emb.resident() == {}
+
+
+def test_data_parallel_ids_on_a_mesh():
+  mesh = helpers.mesh(8)
+  emb = embedlib.DynamicEmbed(64, 4, bucket_size=8, mesh=mesh, rngs=nnx.Rngs(0))
+  ref = ref_lib.Reference(emb.policy)
+  batch = helpers.draw_batches(11, 1, 16)[0]
+  w = dynamic.words(batch)
+  w = dynamic.Words(jax.device_put(w.value, jax.NamedSharding(mesh, jax.P("x"))))
+
+  @nnx.jit
+  def look(emb, w):
+    return emb.rows_of(w), emb(w)
+
+  with jax.set_mesh(mesh):
+    rows, out = look(emb, w)
+  assert np.asarray(rows).tolist() == ref.step(ref_lib.as_uint64(batch))[0]
+  assert out.shape == (16, 4) and rows.sharding.spec[0] == "x"
