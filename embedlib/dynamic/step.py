@@ -3,11 +3,10 @@
 ``lookup`` and ``train_step`` run on the buckets one device owns (all of
 them off a mesh), with the step's ids already marked by owner. No loop
 runs over ids: the step's ids are sorted by (bucket, id), so distinct ids
-are runs and each bucket's admitted ids come in ascending order; the
-bucket's slots are sorted by (class, score, slot), free slots first, then
-evictable residents; the r-th admitted id of a bucket takes the r-th slot
-of that order, which is what placing them one by one (lowest free slot,
-else the minimum-score untouched resident) gives.
+are runs and each bucket's admitted ids come in ascending order; the r-th
+admitted id of a bucket takes the r-th slot in the order free slots (by
+slot), then untouched residents by (score, slot): what placing them one by
+one (lowest free slot, else the minimum-score untouched resident) gives.
 
 A resident is found by comparing an id with its bucket's ``bucket_size``
 keys (HierarchicalKV's bucket scan): ``bucket_size`` compares per id.
@@ -137,14 +136,32 @@ def train_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_li
   per_bucket = jax.ops.segment_sum(cand.astype(jnp.int32), s.bucket, nbl)
   before = jnp.cumsum(per_bucket) - per_bucket
   rank = jnp.cumsum(cand.astype(jnp.int32)) - 1 - before[s.bucket]
-  slot_bucket = jnp.arange(rows_n, dtype=jnp.int32) // b
-  usable = (policy.eviction is not None) & (score >= 0) & ~touched
-  klass = jnp.where(score < 0, 0, jnp.where(usable, 1, 2))
-  *_, order = lax.sort((slot_bucket, klass, score, jnp.arange(rows_n, dtype=jnp.int32)),
-                       num_keys=4)
-  avail = jax.ops.segment_sum((klass < 2).astype(jnp.int32), slot_bucket, nbl)
+  # No slot is ever freed, so a bucket's free slots are the suffix after
+  # its residents: the r-th admitted id takes slot `residents + r` while
+  # free ones last, then the (r - free)-th smallest (score, slot) among the
+  # untouched residents. The scores are sorted alone (a key-only sort of
+  # each bucket); the slot holding the j-th smallest is found by a scan of
+  # the id's bucket, as the residents are.
+  occupied = (score >= 0).reshape(nbl, b)
+  residents = occupied.sum(axis=1).astype(jnp.int32)
+  free = b - residents
+  fresh = rank < free[s.bucket]
+  slot = s.bucket * b + jnp.minimum(residents[s.bucket] + rank, b - 1)
+  avail = free
+  if policy.eviction is not None:
+    key = jnp.where((score >= 0) & ~touched, jnp.minimum(score, INT_MAX - 1), INT_MAX)
+    ordered = lax.sort(key.reshape(nbl, b), dimension=1)
+    avail = free + (ordered < INT_MAX).sum(axis=1).astype(jnp.int32)
+    j = jnp.clip(rank - free[s.bucket], 0, b - 1)
+    row_keys = ordered[s.bucket]                                   # [m, b], sorted
+    value = jnp.take_along_axis(row_keys, j[:, None], axis=1)[:, 0]
+    nth = j - (row_keys < value[:, None]).sum(axis=1)              # among equal scores
+    bucket_keys = key.reshape(nbl, b)[s.bucket]                    # [m, b], by slot
+    equal = bucket_keys == value[:, None]
+    hit = equal & (jnp.cumsum(equal, axis=1) == (nth + 1)[:, None])
+    victim = s.bucket * b + jnp.argmax(hit, axis=1).astype(jnp.int32)
+    slot = jnp.where(fresh, slot, victim)
   placed = cand & (rank < avail[s.bucket])
-  slot = order[s.bucket * b + jnp.clip(rank, 0, b - 1)]
   evicted = placed & (score[slot] >= 0)
   put = jnp.where(placed, slot, rows_n)
   new_score = jnp.full_like(s.count, t) if policy.eviction != policy_lib.LFU else s.count
