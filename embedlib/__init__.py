@@ -3,17 +3,17 @@
 Layers, each importing only those above it in this list:
 ``plan`` (pure Python) -> ``kernels`` -> ``strategies`` -> ``embed``
 (with ``logits`` and ``losses``, its vocab-parallel output) ->
-``collection`` -> ``optim`` -> ``models``, ``data``, ``metrics``,
+``collection`` -> ``optim`` -> ``dynamic`` -> ``models``, ``data``, ``metrics``,
 ``checkpoint`` -> ``train``.
 """
 
 from embedlib.collection import EmbeddingCollection, FeatureSpec, TableSpec
 from embedlib.embed import ShardedEmbed
-from embedlib.dynamic import DynamicEmbed
 from embedlib.export_checks import export_disabled_checks
 from embedlib.logits import VocabShardedLogits
 from embedlib.losses import vocab_parallel_cross_entropy
 from embedlib.optim import LazyAdam, RowWiseAdagrad, SparseAwareOptimizer, SparseSGD
+from embedlib.dynamic import DynamicEmbed  # after optim: it trains through it
 from embedlib.plan import EmbeddingPlan, plan_embedding
 
 __all__ = [

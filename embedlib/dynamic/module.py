@@ -64,7 +64,10 @@ class DynamicEmbed(nnx.Module):
   with its row number, the same on any device count.
 
   In training mode (nnx's default) a lookup updates the map; after
-  ``eval()`` it only reads it.
+  ``eval()`` it only reads it. Each training-mode call (``__call__``,
+  ``bag``, ``rows_of``) is one step of the policy and advances its clock:
+  a model that reads one table for several features should make one call
+  (concatenate the ids) so that they count as one step.
 
   Ids: numpy (or Python) integers of any dtype, split exactly into two
   uint32 words on the host (64-bit values past ``2**32`` with x64 off
