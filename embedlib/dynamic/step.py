@@ -84,6 +84,43 @@ def lookup(state: MapState, hi, lo, own, bucket, *, bucket_size: int):
   return _unsort(s, jnp.where(s.resident, s.slot, -1), -1)
 
 
+def _victims(key, s: Sorted, rank, free, b):
+  """The slot of each id's ``rank - free``-th smallest untouched resident (score, slot).
+
+  ``key``: each slot's score where it may be evicted, else ``INT_MAX``.
+  While every such score fits beside a slot number in 31 bits (LRU clocks
+  below ``2**24`` with buckets of 128), one key-only sort of (score, slot)
+  words per bucket gives the victims; past that, a slower exact search.
+  """
+  bits = max(1, (b - 1).bit_length())
+  limit = 1 << (31 - bits)
+  fits = jnp.max(jnp.where(key < INT_MAX, key, 0)) < limit
+  return lax.cond(fits, lambda: _victims_packed(key, s, rank, free, b, bits),
+                  lambda: _victims_search(key, s, rank, free, b))
+
+
+def _victims_packed(key, s: Sorted, rank, free, b, bits):
+  nbl = key.shape[0] // b
+  within = jnp.arange(key.shape[0], dtype=jnp.int32) % b
+  packed = jnp.where(key < INT_MAX, (key << bits) | within, INT_MAX)
+  ordered = lax.sort(packed.reshape(nbl, b), dimension=1)
+  j = jnp.clip(rank - free[s.bucket], 0, b - 1)
+  return s.bucket * b + (ordered[s.bucket, j] & ((1 << bits) - 1))
+
+
+def _victims_search(key, s: Sorted, rank, free, b):
+  nbl = key.shape[0] // b
+  ordered = lax.sort(key.reshape(nbl, b), dimension=1)
+  j = jnp.clip(rank - free[s.bucket], 0, b - 1)
+  row_keys = ordered[s.bucket]                                   # [m, b], sorted
+  value = jnp.take_along_axis(row_keys, j[:, None], axis=1)[:, 0]
+  nth = j - (row_keys < value[:, None]).sum(axis=1)              # among equal scores
+  bucket_keys = key.reshape(nbl, b)[s.bucket]                    # [m, b], by slot
+  equal = bucket_keys == value[:, None]
+  hit = equal & (jnp.cumsum(equal, axis=1) == (nth + 1)[:, None])
+  return s.bucket * b + jnp.argmax(hit, axis=1).astype(jnp.int32)
+
+
 def train_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_lib.Policy):
   """One step of the policy on this shard's buckets.
 
@@ -150,17 +187,12 @@ def train_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_li
   avail = free
   if policy.eviction is not None:
     key = jnp.where((score >= 0) & ~touched, jnp.minimum(score, INT_MAX - 1), INT_MAX)
-    ordered = lax.sort(key.reshape(nbl, b), dimension=1)
-    avail = free + (ordered < INT_MAX).sum(axis=1).astype(jnp.int32)
-    j = jnp.clip(rank - free[s.bucket], 0, b - 1)
-    row_keys = ordered[s.bucket]                                   # [m, b], sorted
-    value = jnp.take_along_axis(row_keys, j[:, None], axis=1)[:, 0]
-    nth = j - (row_keys < value[:, None]).sum(axis=1)              # among equal scores
-    bucket_keys = key.reshape(nbl, b)[s.bucket]                    # [m, b], by slot
-    equal = bucket_keys == value[:, None]
-    hit = equal & (jnp.cumsum(equal, axis=1) == (nth + 1)[:, None])
-    victim = s.bucket * b + jnp.argmax(hit, axis=1).astype(jnp.int32)
-    slot = jnp.where(fresh, slot, victim)
+    usable = (key < INT_MAX).reshape(nbl, b).sum(axis=1).astype(jnp.int32)
+    avail = free + usable
+    # A step whose admitted ids all find free slots skips the victims' search.
+    evicts = jnp.any(cand & ~fresh & (rank < avail[s.bucket]))
+    slot = lax.cond(evicts, lambda: jnp.where(fresh, slot, _victims(key, s, rank, free, b)),
+                    lambda: slot)
   placed = cand & (rank < avail[s.bucket])
   evicted = placed & (score[slot] >= 0)
   put = jnp.where(placed, slot, rows_n)

@@ -89,3 +89,16 @@ def test_order_of_arrival_does_not_matter(compiled):
       state, rows, _, _ = run(state, flat, jnp.int32(t))
     outs.append(dict(zip(batch[perm].tolist(), np.asarray(rows).tolist())))
   assert outs[0] == outs[1]
+
+
+def test_late_clocks_take_the_exact_search(compiled):
+  """Clocks past 2**24 no longer fit the packed victims' sort: the search must agree."""
+  policy, run = compiled
+  start = 2**30
+  ref = ref_lib.Reference(policy)
+  ref.clock = start
+  state = _empty(policy)
+  for t, batch in enumerate(helpers.draw_batches(21, 6, 12)):
+    flat = jnp.asarray(ids_lib.host_words(batch))
+    state, rows, _, _ = run(state, flat, jnp.int32(start + t))
+    assert np.asarray(rows).tolist() == ref.step(ref_lib.as_uint64(batch))[0], t
