@@ -96,6 +96,11 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
   given = getattr(jax.typeof(flat), "sharding", None)
   batch_spec = P(given.spec[0]) if given is not None and given.spec else P()
   flat = sharding_lib.place(flat, mesh, P())
+  state = step_lib.MapState(*(None if v is None else sharding_lib.place(v, mesh, split)
+                              for v in state))
+  placed_at = sharding_lib.place(placed_at, mesh, split)
+  table = sharding_lib.place(table, mesh, P(*table_spec))
+  key_data, clock = (sharding_lib.place(v, mesh, P()) for v in (key_data, clock))
   has_sketch = state.sketch is not None
 
   def body(khi, klo, score, sketch, placed_at, table, key_data, clock, flat):

@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from embedlib import kernels
 from embedlib import options
+from embedlib import sharding as sharding_lib
 from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import mapping
 from embedlib.dynamic.mapping import init_rows
@@ -160,25 +161,34 @@ class DynamicEmbed(nnx.Module):
     self.group = group
     self.features = features
     key = rngs.params()
-    split = self._place(P(self.table_axes or None))
+    split_spec = P(self.table_axes or None)
+    split, every = self._place(split_spec), self._place(P())
     n, nb = capacity, self.policy.num_buckets
-    self.keys_hi = DynamicMap(jnp.zeros((n,), jnp.uint32, device=split))
-    self.keys_lo = DynamicMap(jnp.zeros((n,), jnp.uint32, device=split))
-    self.score = DynamicMap(jnp.full((n,), policy_lib.EMPTY, jnp.int32, device=split))
-    self.sketch = (DynamicMap(jnp.zeros((nb, sketch_depth, self.policy.width), jnp.uint8,
-                                        device=split))
+    as_map = lambda v, spec: DynamicMap(v, **self._metadata(spec))
+    self.keys_hi = as_map(jnp.zeros((n,), jnp.uint32, device=split), split_spec)
+    self.keys_lo = as_map(jnp.zeros((n,), jnp.uint32, device=split), split_spec)
+    self.score = as_map(jnp.full((n,), policy_lib.EMPTY, jnp.int32, device=split), split_spec)
+    self.sketch = (as_map(jnp.zeros((nb, sketch_depth, self.policy.width), jnp.uint8,
+                                    device=split), split_spec)
                    if self.policy.uses_sketch else None)
-    self.placed_at = DynamicMap(jnp.zeros((n,), jnp.int32, device=split))
-    every = self._place(P())
-    self.clock = DynamicMap(jnp.zeros((), jnp.int32, device=every))
-    self.slots_clock = DynamicMap(jnp.zeros((), jnp.int32, device=every))
-    self.init_key = DynamicMap(jax.device_put(jax.random.key_data(key), every))
-    self.last = DynamicStats(jnp.zeros((len(STATS),), jnp.float32, device=every))
-    self.default_row = (nnx.Param(jnp.zeros((features,), param_dtype, device=every))
+    self.placed_at = as_map(jnp.zeros((n,), jnp.int32, device=split), split_spec)
+    self.clock = as_map(jnp.zeros((), jnp.int32, device=every), P())
+    self.slots_clock = as_map(jnp.zeros((), jnp.int32, device=every), P())
+    self.init_key = as_map(jax.device_put(jax.random.key_data(key), every), P())
+    self.last = DynamicStats(jnp.zeros((len(STATS),), jnp.float32, device=every),
+                             **self._metadata(P()))
+    self.default_row = (nnx.Param(jnp.zeros((features,), param_dtype, device=every),
+                                  **self._metadata(P()))
                         if default == LEARNED else None)
 
+  def _metadata(self, spec) -> dict:
+    """Sharding metadata, which lays the variables out under ``nnx.eval_shape`` too."""
+    if self.mesh is None:
+      return {}
+    return {"out_sharding": tuple(spec), "mesh": self.mesh}
+
   def _place(self, spec):
-    if self.mesh is None or not hasattr(self.mesh, "devices"):
+    if self.mesh is None or not sharding_lib.has_devices(self.mesh):
       return None
     return NamedSharding(self.mesh, spec)
 
