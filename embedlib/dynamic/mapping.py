@@ -3,14 +3,22 @@
 Buckets are contiguous row blocks and the rows are split over the table
 axes in contiguous blocks, so device ``d`` of the table group owns buckets
 ``[d * B / G, (d + 1) * B / G)`` and their rows, keys, scores and sketch:
-no device holds the whole map. The step's ids come to every device of the
-group replicated (``in_specs=P()``: where the caller's ids are split over
-data axes, XLA all-gathers them, 8 bytes per id), each owner runs
-``step.train_step`` on its buckets' ids, and one ``psum`` of an int32 per
-id over the table axes hands every device every id's row (an owner adds
-``row + 1``, the others 0). Per step a device moves ``8 * ids`` bytes in
-and ``4 * ids`` out, whatever the table's size; routing each id to its owner
-with the routed layout's all-to-all would cut that by the group size.
+no device holds the whole map.
+
+The step's ``M`` ids are split over the group (``M / G`` a rank; ranks
+outside the group hold copies, so each copy of the map makes the same
+step). Each rank routes its ids to their owners as the routed layout does
+(``strategies.routed.bucketize``, a static ``capacity`` per owner, then one
+``all_to_all`` of id words, 8 bytes each), the owner runs
+``step.train_step`` on every id of its buckets, and a second ``all_to_all``
+hands each id its row (4 bytes): about ``12 * 2 * M / G`` bytes a rank with
+the default capacity. The policy is the same whatever order ids arrive in,
+so the owner's step equals the reference's. A step with more ids for one
+owner than the capacity takes the all-gather path instead (``lax.cond`` on
+the group's largest count; the same result): every rank gets every id
+(``8 * M`` bytes), owners step their buckets, and a ``psum`` of an int32 per
+id hands back the rows (an owner adds ``row + 1``, the others 0). A batch
+that doesn't split evenly over the group always takes that path.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from embedlib import sharding as sharding_lib
 from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
+from embedlib.strategies import routed as routed_lib
 
 
 def _own(flat, policy, index, group):
@@ -67,10 +76,33 @@ def init_rows(init, key_data, rows, features, dtype):
   return jax.vmap(draw)(rows)
 
 
+def route_capacity(ids_per_rank: int, group: int, capacity: int | None) -> int:
+  """Ids one rank sends each owner in a step: twice the even share, or as given.
+
+  >>> route_capacity(1024, 8, None), route_capacity(4, 8, None), route_capacity(64, 8, 3)
+  (256, 4, 3)
+  """
+  if capacity is not None:
+    return max(1, min(capacity, ids_per_rank))
+  return min(ids_per_rank, max(8, -(-2 * ids_per_rank // group)))
+
+
+def _route(flat, policy, group, cap):
+  """This rank's ids in a ``[group * cap, 2]`` send buffer by owner; each id's slot."""
+  hi, lo = flat[:, 0], flat[:, 1]
+  pad = (hi == jnp.uint32(ids_lib.PAD_WORD)) & (lo == jnp.uint32(ids_lib.PAD_WORD))
+  owner = ids_lib.bucket_of(hi, lo, policy.num_buckets) // (policy.num_buckets // group)
+  _, slot, need = routed_lib.bucketize(jnp.where(pad, -1, owner), 1, group, cap)
+  put = jnp.where(slot >= 0, slot, group * cap)
+  send = jnp.full((group * cap, 2), ids_lib.PAD_WORD, jnp.uint32).at[put].set(flat, mode="drop")
+  return send, slot, need
+
+
 @functools.partial(jax.jit, static_argnames=("policy", "mesh", "table_axes", "train", "init",
-                                             "table_spec"))
+                                             "table_spec", "capacity"))
 def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
-        policy: policy_lib.Policy, mesh, table_axes: tuple, train: bool, init, table_spec):
+        policy: policy_lib.Policy, mesh, table_axes: tuple, train: bool, init, table_spec,
+        capacity: int | None = None):
   """The map's step (or look-up) for ``flat`` uint32 ``[m, 2]`` id words.
 
   Args:
@@ -80,6 +112,7 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
     key_data: the init key's data.
     clock: int32 scalar, before this step.
     flat: uint32 ``[m, 2]`` id words.
+    capacity: ids one rank routes to each owner (``route_capacity``).
 
   Returns:
     ``(state, placed_at, table, rows, stats)``: rows int32 ``[m]`` (global
@@ -95,7 +128,14 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
   split = P(table_axes or None)
   given = getattr(jax.typeof(flat), "sharding", None)
   batch_spec = P(given.spec[0]) if given is not None and given.spec else P()
-  flat = sharding_lib.place(flat, mesh, P())
+  m = flat.shape[0]
+  # Each rank of the group holds a share of the ids and routes them to their
+  # owners; a batch that doesn't split evenly over the group goes whole to
+  # every rank instead.
+  routed = bool(table_axes) and group > 1 and m % group == 0
+  cap = route_capacity(m // group, group, capacity) if routed else 0
+  id_spec = P(table_axes) if routed else P()
+  flat = sharding_lib.place(flat, mesh, id_spec)
   state = step_lib.MapState(*(None if v is None else sharding_lib.place(v, mesh, split)
                               for v in state))
   placed_at = sharding_lib.place(placed_at, mesh, split)
@@ -106,11 +146,33 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
   def body(khi, klo, score, sketch, placed_at, table, key_data, clock, flat):
     index = lax.axis_index(table_axes) if table_axes else 0
     local = step_lib.MapState(khi, klo, score, sketch if has_sketch else None)
-    local, (placed_at, table), rows, stats = _local(
-        local, (placed_at, table, key_data), clock, flat, index=index, group=group, **kw)
-    if table_axes:
-      rows = lax.psum(rows + 1, table_axes) - 1
-      stats = lax.psum(stats, table_axes)
+    extra = (placed_at, table, key_data)
+    run_local = functools.partial(_local, index=index, group=group, **kw)
+
+    def gathered():
+      every = lax.all_gather(flat, table_axes, tiled=True) if routed else flat
+      local2, (placed_at2, table2), rows, stats = run_local(local, extra, clock, every)
+      if table_axes:
+        rows = lax.psum(rows + 1, table_axes) - 1
+        stats = lax.psum(stats, table_axes)
+      if routed:
+        rows = lax.dynamic_slice_in_dim(rows, index * flat.shape[0], flat.shape[0])
+      return local2, placed_at2, table2, rows, stats
+
+    if routed:
+      send, slot, need = _route(flat, policy, group, cap)
+      need = lax.pmax(need, table_axes)
+
+      def owners():
+        asked = lax.all_to_all(send, table_axes, 0, 0, tiled=True)
+        local2, (placed_at2, table2), rows, stats = run_local(local, extra, clock, asked)
+        back = lax.all_to_all(rows, table_axes, 0, 0, tiled=True)
+        rows = jnp.where(slot >= 0, back[jnp.maximum(slot, 0)], -1)
+        return local2, placed_at2, table2, rows, lax.psum(stats, table_axes)
+
+      local, placed_at, table, rows, stats = lax.cond(need <= cap, owners, gathered)
+    else:
+      local, placed_at, table, rows, stats = gathered()
     sketch = local.sketch if has_sketch else sketch
     return local.keys_hi, local.keys_lo, local.score, sketch, placed_at, table, rows, stats
 
@@ -119,8 +181,8 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
   tspec = P(*table_spec)
   khi, klo, score, sketch, placed_at, table, rows, stats = jax.shard_map(
       body, mesh=mesh,
-      in_specs=(split, split, split, sspec, split, tspec, P(), P(), P()),
-      out_specs=(split, split, split, sspec, split, tspec, P(), P()),
+      in_specs=(split, split, split, sspec, split, tspec, P(), P(), id_spec),
+      out_specs=(split, split, split, sspec, split, tspec, id_spec, P()),
       check_vma=False,
   )(state.keys_hi, state.keys_lo, state.score, sketch, placed_at, table, key_data, clock, flat)
   state = step_lib.MapState(khi, klo, score, sketch if has_sketch else None)

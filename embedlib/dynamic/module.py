@@ -78,8 +78,9 @@ class DynamicEmbed(nnx.Module):
 
   On a mesh the rows are split in contiguous blocks over ``table_axes``
   (the vocab or routed layout of ``ShardedEmbed``), each device owning whole
-  buckets with their part of the map (see ``embedlib.dynamic.mapping``), so
-  the number of buckets must divide by the group size.
+  buckets with their part of the map, and ids are routed to their owners
+  with an all-to-all (see ``embedlib.dynamic.mapping``), so the number of
+  buckets must divide by the group size.
 
   Args:
     capacity: rows; a multiple of ``bucket_size``.
@@ -96,6 +97,9 @@ class DynamicEmbed(nnx.Module):
       ``uint64``); host ids outside it are an error. None: any 64-bit
       pattern (signed ids are their two's complement).
     mesh, sharding, table_axes, data_axes: as ``ShardedEmbed``'s.
+    route_capacity: ids one rank sends each owner of the map per step
+      (``embedlib.dynamic.mapping``); None: twice the even share. A step
+      needing more takes the all-gather path, with the same result.
     name: the table's name in errors and statistics.
     dtype, param_dtype, embedding_init: as ``nnx.Embed``'s.
     rngs: ``rngs.params()`` draws the init key.
@@ -118,6 +122,7 @@ class DynamicEmbed(nnx.Module):
       sharding: str = options.AUTO,
       table_axes=None,
       data_axes=None,
+      route_capacity: int | None = None,
       name: str = "dynamic",
       dtype: tp.Any = None,
       param_dtype: tp.Any = jnp.float32,
@@ -141,6 +146,7 @@ class DynamicEmbed(nnx.Module):
     self.name = name
     self.id_dtype = None if id_dtype is None else str(np.dtype(id_dtype))
     self.default = default
+    self.route_capacity = route_capacity
     self.embedding_init = embedding_init
     self.deterministic = False
     self.rows = ShardedEmbed(
@@ -219,7 +225,7 @@ class DynamicEmbed(nnx.Module):
         self._state(), self.placed_at[...], self.rows.embedding[...], self.init_key[...],
         self.clock[...], flat, policy=self.policy, mesh=self.mesh,
         table_axes=self.table_axes, train=train, init=self.embedding_init,
-        table_spec=tuple(self.rows.plan.table_spec))
+        table_spec=tuple(self.rows.plan.table_spec), capacity=self.route_capacity)
     if train:
       self.keys_hi[...], self.keys_lo[...], self.score[...] = state[:3]
       if self.sketch is not None:

@@ -142,19 +142,24 @@ def test_bad_ids():
   assert emb.resident() == {}
 
 
-def test_data_parallel_ids_on_a_mesh():
+@pytest.mark.parametrize("capacity", [None, 1], ids=["routed", "overflow_gathers"])
+def test_data_parallel_ids_on_a_mesh(capacity):
+  """Ids split over the group go to their owners (all-to-all); past the capacity, gathered."""
   mesh = helpers.mesh(8)
-  emb = embedlib.DynamicEmbed(64, 4, bucket_size=8, mesh=mesh, rngs=nnx.Rngs(0))
+  emb = embedlib.DynamicEmbed(64, 4, bucket_size=8, mesh=mesh, route_capacity=capacity,
+                              eviction="lfu", rngs=nnx.Rngs(0))
   ref = ref_lib.Reference(emb.policy)
-  batch = helpers.draw_batches(11, 1, 16)[0]
-  w = dynamic.words(batch)
-  w = dynamic.Words(jax.device_put(w.value, jax.NamedSharding(mesh, jax.P("x"))))
 
   @nnx.jit
   def look(emb, w):
     return emb.rows_of(w), emb(w)
 
-  with jax.set_mesh(mesh):
-    rows, out = look(emb, w)
-  assert np.asarray(rows).tolist() == ref.step(ref_lib.as_uint64(batch))[0]
-  assert out.shape == (16, 4) and rows.sharding.spec[0] == "x"
+  for batch in helpers.draw_batches(11, 3, 32):
+    w = dynamic.words(batch)
+    w = dynamic.Words(jax.device_put(w.value, jax.NamedSharding(mesh, jax.P("x"))))
+    with jax.set_mesh(mesh):
+      rows, out = look(emb, w)
+    assert np.asarray(rows).tolist() == ref.step(ref_lib.as_uint64(batch))[0]
+    ref.step(ref_lib.as_uint64(batch))    # the second lookup of the step is one more step
+  assert emb.resident() == ref.resident()
+  assert out.shape == (32, 4) and rows.sharding.spec[0] == "x"

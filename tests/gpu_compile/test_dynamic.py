@@ -1,8 +1,8 @@
 """A dynamic table's train step compiles for 8 H200s without a device, with no spills.
 
-The map's step (sort of the step's ids, bucket scan, placement, the
-victims' sort, resets of placed rows) inside the owners' ``shard_map``,
-then the rows' Mosaic GPU lookup and the fused row-wise update, as the
+The map's step (ids routed to their owners by all-to-all, the sort of the
+step's ids, bucket scan, placement, the victims' sort, resets of placed
+rows) inside the owners' ``shard_map``, then the rows' Mosaic GPU lookup and the fused row-wise update, as the
 sparse step of ``test_sparse_step.py`` compiles them.
 """
 
@@ -43,7 +43,7 @@ def test_dynamic_step_compiles():
   program = compiled.compile_checked("dynamic", step, state, words, mesh=mesh, target="H200",
                                      donate_argnums=0)
   compiled.check_all(program, kernels=("embedlib_gather_mosaic",),
-                     collectives_=("all-reduce",))
+                     collectives_=("all-to-all", "all-reduce"))
   assert "sort(" in program.text
   # The map, rows and slots are written in place: what is not is scalars and the stats.
   memory = program.memory
