@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import embedlib
 from embedlib import dynamic
 from embedlib.dynamic import reference as ref_lib
 from tests.dynamic import helpers
+
+DEEP = int(os.environ.get("EMBEDLIB_HYPOTHESIS_EXAMPLES", "0"))
 
 POLICIES = {
     "lru": dict(eviction="lru"),
@@ -163,3 +169,24 @@ def test_data_parallel_ids_on_a_mesh(capacity):
     ref.step(ref_lib.as_uint64(batch))    # the second lookup of the step is one more step
   assert emb.resident() == ref.resident()
   assert out.shape == (32, 4) and rows.sharding.spec[0] == "x"
+
+
+POLICY_POOL = [dict(eviction="lru"), dict(eviction="lfu", decay_every=2),
+               dict(eviction=None, admit_after=2), dict(eviction="lru", admit_after=3),
+               dict(eviction="lfu", admit_after=2, sketch_width=3)]
+
+
+@settings(max_examples=DEEP or 2, deadline=None, derandomize=not DEEP, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(policy=st.sampled_from(POLICY_POOL), devices=st.sampled_from([1, 4, 8]),
+       buckets=st.sampled_from([8, 16]), bucket_size=st.sampled_from([2, 4]),
+       seed=st.integers(0, 2**31 - 1), size=st.sampled_from([8, 24]))
+def test_random_tables_equal_reference(policy, devices, buckets, bucket_size, seed, size):
+  """Random policies, capacities, device counts and ids: rows, residents and stats exact."""
+  emb = embedlib.DynamicEmbed(buckets * bucket_size, 2, bucket_size=bucket_size,
+                              mesh=helpers.mesh(devices), rngs=nnx.Rngs(0), **policy)
+  ref = ref_lib.Reference(emb.policy)
+  for batch in helpers.draw_batches(seed, 5, size):
+    assert np.asarray(emb.rows_of(batch)).tolist() == ref.step(ref_lib.as_uint64(batch))[0]
+    assert emb.stats() == pytest.approx(ref.stats)
+  assert emb.resident() == ref.resident()
