@@ -8,7 +8,7 @@ step (``step``) and the map over a mesh (``mapping``).
 from embedlib.dynamic.ids import Words, words
 from embedlib.dynamic.module import DynamicEmbed, DynamicMap, DynamicStats, init_rows
 from embedlib.dynamic.policy import Policy
-from embedlib.dynamic.train import reset_slots
+from embedlib.dynamic.train import reset_slots, step_stats
 
 __all__ = ["DynamicEmbed", "DynamicMap", "DynamicStats", "Policy", "Words", "init_rows",
-           "reset_slots", "words"]
+           "reset_slots", "step_stats", "words"]

@@ -43,3 +43,25 @@ def reset_slots(optimizer, model) -> None:
       mask = fresh.reshape(fresh.shape + (1,) * (value.ndim - 1))
       slots[name][...] = jnp.where(mask, jnp.asarray(slot.init, value.dtype), value)
     module.slots_clock[...] = module.clock[...]
+
+
+def step_stats(model) -> dict[str, float]:
+  """Every dynamic table's last training step, flat, for a metrics writer.
+
+  Keys are ``dynamic/<table path>/<stat>`` with the stats of
+  ``DynamicEmbed.stats`` (occupancy, admitted, evicted, default_share); the
+  trainer writes them beside the loss.
+
+  >>> import numpy as np
+  >>> emb = DynamicEmbed(128, 2, rngs=nnx.Rngs(0))
+  >>> _ = emb.rows_of(np.array([7, 8, 7]))
+  >>> step_stats(nnx.Dict({"users": emb}))["dynamic/users/admitted"]
+  2
+  """
+  out = {}
+  for path, module in nnx.iter_graph(model):
+    if isinstance(module, DynamicEmbed):
+      key = row_grads_lib.table_key(path) or module.name
+      for name, value in module.stats().items():
+        out[f"dynamic/{key}/{name}"] = value
+  return out
