@@ -6,7 +6,8 @@ step (``step``) and the map over a mesh (``mapping``).
 """
 
 from embedlib.dynamic.ids import Words, words
-from embedlib.dynamic.module import DynamicEmbed, DynamicMap, DynamicStats, init_rows
+from embedlib.dynamic.mapping import init_rows
+from embedlib.dynamic.module import DynamicEmbed, DynamicMap, DynamicStats
 from embedlib.dynamic.policy import Policy
 from embedlib.dynamic.train import reset_slots, step_stats
 

@@ -18,7 +18,6 @@ from embedlib import options
 from embedlib import sharding as sharding_lib
 from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import mapping
-from embedlib.dynamic.mapping import init_rows
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
 from embedlib.embed import ShardedEmbed
