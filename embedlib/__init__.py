@@ -3,7 +3,7 @@
 Layers, each importing only those above it in this list:
 ``plan`` (pure Python) -> ``kernels`` -> ``strategies`` -> ``embed``
 (with ``logits`` and ``losses``, its vocab-parallel output) ->
-``collection`` -> ``optim`` -> ``models``, ``data``, ``metrics``,
+``collection`` -> ``optim`` -> ``dynamic`` -> ``models``, ``data``, ``metrics``,
 ``checkpoint`` -> ``train``.
 
 The names below are imported on first use (PEP 562), not by ``import
@@ -16,6 +16,7 @@ import importlib
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
+    "DynamicEmbed": "embedlib.dynamic",
     "EmbeddingCollection": "embedlib.collection",
     "EmbeddingPlan": "embedlib.plan",
     "FeatureSpec": "embedlib.collection",

@@ -14,9 +14,16 @@ member has as a table of its own in the same collection
 (``<collection>/tables/<name>``), each read from and written to the rows
 its placement gives it: a checkpoint restores across placements as across
 device counts.
+
+A dynamic table's map (``embedlib.DynamicEmbed``: keys, scores, placement
+clocks, sketch) is split over its devices by whole buckets, and is stored
+the same way, shard by shard (``maps/<key>/<field>``): a restore onto
+another device count hands each device its new buckets.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import numpy as np
@@ -26,7 +33,38 @@ from jax.experimental import multihost_utils
 from embedlib import host_memory
 from embedlib import param as param_lib
 from embedlib.checkpoint.sharded import Logical, Stacked
+from embedlib.dynamic import module as dynamic_module
 from embedlib.optim import row_grads
+
+#: The split fields of a ``DynamicEmbed``'s map, stored shard by shard.
+MAP_FIELDS = ("keys_hi", "keys_lo", "score", "placed_at", "sketch")
+
+
+def _map_variables(model) -> dict[tuple, nnx.Variable]:
+  """Path -> variable of every split map field of the model's dynamic tables."""
+  out = {}
+  for path, node in nnx.iter_graph(model):
+    if isinstance(node, dynamic_module.DynamicEmbed):
+      for field in MAP_FIELDS:
+        if getattr(node, field, None) is not None:
+          out[tuple(path) + (field,)] = getattr(node, field)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _NotPaths:
+  """An nnx filter: every variable but those at ``paths``."""
+
+  paths: frozenset
+
+  def __call__(self, path, value) -> bool:
+    del value
+    return tuple(path) not in self.paths
+
+
+def _dense_filter(model, optimizer):
+  return nnx.All(row_grads.NotTables(frozenset(optimizer.keys)),
+                 _NotPaths(frozenset(_map_variables(model))))
 
 
 def _slot_logical_shape(value, plan) -> tuple[int, ...]:
@@ -57,8 +95,7 @@ def member_key(stack_key: str, member: str) -> str:
 
 
 def _dense_tree(model, optimizer) -> dict:
-  keys = frozenset(optimizer.keys)
-  tree = {"dense": nnx.to_pure_dict(nnx.state(model, row_grads.NotTables(keys))),
+  tree = {"dense": nnx.to_pure_dict(nnx.state(model, _dense_filter(model, optimizer))),
           "step": optimizer.step[...]}
   if optimizer.dense is not None:
     tree["dense_opt"] = nnx.to_pure_dict(nnx.state(optimizer.dense))
@@ -92,6 +129,8 @@ def _sharded_items(model, optimizer, value) -> dict:
       name = f"slots/{key}/{slot_name}"
       out[name] = _stored(name, key, emb, value(slot),
                           _slot_logical_shape(slot[...], emb.plan))
+  for path, variable in _map_variables(model).items():
+    out["maps/" + row_grads.table_key(path)] = Logical(value(variable), tuple(variable.shape))
   return out
 
 
@@ -160,7 +199,7 @@ def load_state(model: nnx.Module, optimizer, dense: dict, sharded: dict | None =
     sharded: the restored tables and slots; None when they are already in
       (restored through ``table_loader``, one at a time).
   """
-  state = nnx.state(model, row_grads.NotTables(frozenset(optimizer.keys)))
+  state = nnx.state(model, _dense_filter(model, optimizer))
   nnx.replace_by_pure_dict(state, dense["dense"])
   nnx.update(model, state)
   load = table_loader(model, optimizer)

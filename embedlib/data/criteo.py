@@ -9,6 +9,10 @@ Each line holds 40 tab-separated fields: the 0/1 label, 13 integer features
 * Categorical values are hashed with a stable per-feature-salted splitmix64
   into rows ``1 .. num_embeddings - 1``; **row 0 is reserved for "missing"**,
   so a model learns one embedding for absent values.
+* With ``raw_ids=True`` the categorical values come as they are instead
+  (int64, exact: a dynamic table such as ``embedlib.DynamicEmbed`` gives
+  each its own row), and a missing value is ``MISSING_RAW`` (``2**60``, which
+  no 15-digit hex value reaches), so it too is an id with a learned row.
 * Batches have a fixed size: a last partial batch (per epoch) is dropped and
   counted in ``dropped_examples``.
 * Process ``p`` of ``n`` reads the ``p (mod n)``-th lines of its split (all
@@ -54,6 +58,8 @@ _INTEGER = re.compile(r"-?[0-9]+")
 #: Resolution of the hold-out fraction: a line is held out when its hash mod this is below it.
 _HOLDOUT_BUCKETS = 1 << 20
 _HOLDOUT_SALT = _hashing.derive_key("criteo", "holdout")
+#: The raw id of a missing categorical value with ``raw_ids=True``.
+MISSING_RAW = 1 << 60
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +188,9 @@ class CriteoReader(Iterator[dict]):
     holdout: fraction of the lines, in ``[0, 1)``, held out for evaluation.
     split: with ``holdout > 0``, ``"train"`` reads the other lines and
       ``"holdout"`` the held-out ones.
+    raw_ids: yield the categorical values themselves (int64; missing is
+      ``MISSING_RAW``) rather than rows hashed mod each table's size; the
+      spec's sizes are then unused.
 
   Raises:
     FileNotFoundError: at construction, naming a path that does not exist.
@@ -203,6 +212,7 @@ class CriteoReader(Iterator[dict]):
       num_epochs: int | None = 1,
       holdout: float = 0.0,
       split: str = "train",
+      raw_ids: bool = False,
   ):
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not paths:
@@ -250,6 +260,7 @@ class CriteoReader(Iterator[dict]):
     self.process_index, self.process_count = process_index, process_count
     self.max_bad_lines, self.num_epochs = max_bad_lines, num_epochs
     self.holdout, self.split = float(holdout), split
+    self.raw_ids = bool(raw_ids)
     self._holdout_below = int(round(self.holdout * _HOLDOUT_BUCKETS))
     salts = [_hashing.derive_key("criteo", f.name) for f in spec.features]
     self._salts = np.array(salts, np.uint64)
@@ -378,6 +389,10 @@ class CriteoReader(Iterator[dict]):
     dense = np.log1p(np.maximum(ints, 0.0)).astype(np.float32)
     cats = np.array([r[2] for r in rows], np.int64)
     missing = cats < 0
+    if self.raw_ids:
+      raw = np.where(missing, MISSING_RAW, cats)
+      sparse = {f.name: raw[:, i].copy() for i, f in enumerate(self.spec.features)}
+      return {"dense": dense, "sparse": sparse, "label": labels}
     values = np.maximum(cats, 0).astype(np.uint64)
     ids = _hashing.mix(values ^ self._salts) % self._buckets + np.uint64(1)
     ids = np.where(missing, 0, ids).astype(np.int32)

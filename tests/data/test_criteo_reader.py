@@ -232,3 +232,13 @@ def test_holdout_splits_the_lines_in_two_disjoint_parts(tmp_path, process_count)
   assert not set(train) & set(held)
   assert len(set(train) | set(held)) >= 398  # at most one odd line dropped per split
   assert 60 < len(held) < 140  # about a quarter of 400
+
+
+def test_raw_ids_are_the_values_themselves(tmp_path):
+  from embedlib.data.criteo import MISSING_RAW
+  cats = ["fffffffffffffff", "", "68fd1e64"] + [f"{i:x}" for i in range(23)]
+  path = write(tmp_path, [make_line(cats=cats)] * 2)
+  batch = next(iter(CriteoReader(path, SPEC, batch_size=2, raw_ids=True)))
+  got = [int(batch["sparse"][f.name][0]) for f in SPEC.features[:4]]
+  assert got == [16**15 - 1, MISSING_RAW, 0x68FD1E64, 0]
+  assert batch["sparse"]["C1"].dtype == np.int64

@@ -1,0 +1,190 @@
+"""The dynamic map over a mesh: each device runs the policy on the buckets it owns.
+
+Buckets are contiguous row blocks and the rows are split over the table
+axes in contiguous blocks, so device ``d`` of the table group owns buckets
+``[d * B / G, (d + 1) * B / G)`` and their rows, keys, scores and sketch:
+no device holds the whole map.
+
+The step's ``M`` ids are split over the group (``M / G`` a rank; ranks
+outside the group hold copies, so each copy of the map makes the same
+step). Each rank routes its ids to their owners as the routed layout does
+(``strategies.routed.bucketize``, a static ``capacity`` per owner, then one
+``all_to_all`` of id words, 8 bytes each), the owner runs
+``step.train_step`` on every id of its buckets, and a second ``all_to_all``
+hands each id its row (4 bytes): about ``12 * 2 * M / G`` bytes a rank with
+the default capacity. The policy is the same whatever order ids arrive in,
+so the owner's step equals the reference's. A step with more ids for one
+owner than the capacity takes the all-gather path instead (``lax.cond`` on
+the group's largest count; the same result): every rank gets every id
+(``8 * M`` bytes), owners step their buckets, and a ``psum`` of an int32 per
+id hands back the rows (an owner adds ``row + 1``, the others 0). A batch
+that doesn't split evenly over the group always takes that path.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from embedlib import sharding as sharding_lib
+from embedlib.dynamic import ids as ids_lib
+from embedlib.dynamic import policy as policy_lib
+from embedlib.dynamic import step as step_lib
+from embedlib.strategies import routed as routed_lib
+
+
+def _own(flat, policy, index, group):
+  hi, lo = flat[:, 0], flat[:, 1]
+  pad = (hi == jnp.uint32(ids_lib.PAD_WORD)) & (lo == jnp.uint32(ids_lib.PAD_WORD))
+  bucket = ids_lib.bucket_of(hi, lo, policy.num_buckets)
+  per = policy.num_buckets // group
+  own = ~pad & (bucket // per == index)
+  return hi, lo, own, bucket - index * per, per * policy.bucket_size
+
+
+def _local(state, extra, clock, flat, *, policy, train, index, group, init):
+  hi, lo, own, bucket, rows_per = _own(flat, policy, index, group)
+  placed_at, table, key_data = extra
+  if train:
+    state, rows, placed, stats = step_lib.train_step(
+        state, hi, lo, own, bucket, clock, policy=policy)
+    # The rows placed here start again: their first value and a fresh clock mark.
+    put = jnp.where(placed, rows, rows_per)
+    placed_at = placed_at.at[put].set(clock + 1, mode="drop")
+    values = init_rows(init, key_data, jnp.maximum(rows, 0) + index * rows_per,
+                       table.shape[1], table.dtype)
+    table = table.at[put].set(values, mode="drop")
+  else:
+    rows = step_lib.lookup(state, hi, lo, own, bucket, bucket_size=policy.bucket_size)
+    placed = jnp.zeros(rows.shape, bool)
+    stats = jnp.stack([jnp.sum(state.score >= 0), jnp.int32(0), jnp.int32(0),
+                       jnp.sum(own & (rows < 0))]).astype(jnp.int32)
+  rows = jnp.where(rows >= 0, rows + index * rows_per, -1)
+  stats = jnp.concatenate([stats, jnp.sum(own, keepdims=True).astype(jnp.int32)])
+  return state, (placed_at, table), rows, stats
+
+
+def init_rows(init, key_data, rows, features, dtype):
+  """Each row's initial value: ``init`` drawn with the key folded with its row number."""
+  key = jax.random.wrap_key_data(key_data)
+  draw = lambda r: init(jax.random.fold_in(key, r), (1, features), dtype)[0]
+  return jax.vmap(draw)(rows)
+
+
+def route_capacity(ids_per_rank: int, group: int, capacity: int | None) -> int:
+  """Ids one rank sends each owner in a step: twice the even share, or as given.
+
+  >>> route_capacity(1024, 8, None), route_capacity(4, 8, None), route_capacity(64, 8, 3)
+  (256, 4, 3)
+  """
+  if capacity is not None:
+    return max(1, min(capacity, ids_per_rank))
+  return min(ids_per_rank, max(8, -(-2 * ids_per_rank // group)))
+
+
+def _route(flat, policy, group, cap):
+  """This rank's ids in a ``[group * cap, 2]`` send buffer by owner; each id's slot."""
+  hi, lo = flat[:, 0], flat[:, 1]
+  pad = (hi == jnp.uint32(ids_lib.PAD_WORD)) & (lo == jnp.uint32(ids_lib.PAD_WORD))
+  owner = ids_lib.bucket_of(hi, lo, policy.num_buckets) // (policy.num_buckets // group)
+  _, slot, need = routed_lib.bucketize(jnp.where(pad, -1, owner), 1, group, cap)
+  put = jnp.where(slot >= 0, slot, group * cap)
+  send = jnp.full((group * cap, 2), ids_lib.PAD_WORD, jnp.uint32).at[put].set(flat, mode="drop")
+  return send, slot, need
+
+
+@functools.partial(jax.jit, static_argnames=("policy", "mesh", "table_axes", "train", "init",
+                                             "table_spec", "capacity"))
+def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
+        policy: policy_lib.Policy, mesh, table_axes: tuple, train: bool, init, table_spec,
+        capacity: int | None = None):
+  """The map's step (or look-up) for ``flat`` uint32 ``[m, 2]`` id words.
+
+  Args:
+    state: the whole table's ``MapState``, split over ``table_axes``.
+    placed_at: int32 ``[capacity]``, the clock at which each row was placed.
+    table: the rows, ``[capacity, features]`` laid out by ``table_spec``.
+    key_data: the init key's data.
+    clock: int32 scalar, before this step.
+    flat: uint32 ``[m, 2]`` id words.
+    capacity: ids one rank routes to each owner (``route_capacity``).
+
+  Returns:
+    ``(state, placed_at, table, rows, stats)``: rows int32 ``[m]`` (global
+    row, ``-1``: the default), stats int32 ``[5]`` (resident rows, admitted,
+    evicted, lookups reading the default, lookups), summed over the group.
+  """
+  kw = dict(policy=policy, train=train, init=init)
+  if mesh is None:
+    state, (placed_at, table), rows, stats = _local(
+        state, (placed_at, table, key_data), clock, flat, index=0, group=1, **kw)
+    return state, placed_at, table, rows, stats
+  group = math.prod(dict(mesh.shape)[a] for a in table_axes)
+  split = P(table_axes or None)
+  given = getattr(jax.typeof(flat), "sharding", None)
+  batch_spec = P(given.spec[0]) if given is not None and given.spec else P()
+  m = flat.shape[0]
+  # Each rank of the group holds a share of the ids and routes them to their
+  # owners; a batch that doesn't split evenly over the group goes whole to
+  # every rank instead.
+  routed = bool(table_axes) and group > 1 and m % group == 0
+  cap = route_capacity(m // group, group, capacity) if routed else 0
+  id_spec = P(table_axes) if routed else P()
+  flat = sharding_lib.place(flat, mesh, id_spec)
+  state = step_lib.MapState(*(None if v is None else sharding_lib.place(v, mesh, split)
+                              for v in state))
+  placed_at = sharding_lib.place(placed_at, mesh, split)
+  table = sharding_lib.place(table, mesh, P(*table_spec))
+  key_data, clock = (sharding_lib.place(v, mesh, P()) for v in (key_data, clock))
+  has_sketch = state.sketch is not None
+
+  def body(khi, klo, score, sketch, placed_at, table, key_data, clock, flat):
+    index = lax.axis_index(table_axes) if table_axes else 0
+    local = step_lib.MapState(khi, klo, score, sketch if has_sketch else None)
+    extra = (placed_at, table, key_data)
+    run_local = functools.partial(_local, index=index, group=group, **kw)
+
+    def gathered():
+      every = lax.all_gather(flat, table_axes, tiled=True) if routed else flat
+      local2, (placed_at2, table2), rows, stats = run_local(local, extra, clock, every)
+      if table_axes:
+        rows = lax.psum(rows + 1, table_axes) - 1
+        stats = lax.psum(stats, table_axes)
+      if routed:
+        rows = lax.dynamic_slice_in_dim(rows, index * flat.shape[0], flat.shape[0])
+      return local2, placed_at2, table2, rows, stats
+
+    if routed:
+      send, slot, need = _route(flat, policy, group, cap)
+      need = lax.pmax(need, table_axes)
+
+      def owners():
+        asked = lax.all_to_all(send, table_axes, 0, 0, tiled=True)
+        local2, (placed_at2, table2), rows, stats = run_local(local, extra, clock, asked)
+        back = lax.all_to_all(rows, table_axes, 0, 0, tiled=True)
+        rows = jnp.where(slot >= 0, back[jnp.maximum(slot, 0)], -1)
+        return local2, placed_at2, table2, rows, lax.psum(stats, table_axes)
+
+      local, placed_at, table, rows, stats = lax.cond(need <= cap, owners, gathered)
+    else:
+      local, placed_at, table, rows, stats = gathered()
+    sketch = local.sketch if has_sketch else sketch
+    return local.keys_hi, local.keys_lo, local.score, sketch, placed_at, table, rows, stats
+
+  sketch = state.sketch if has_sketch else jnp.zeros((1,), jnp.uint8)
+  sspec = split if has_sketch else P()
+  tspec = P(*table_spec)
+  khi, klo, score, sketch, placed_at, table, rows, stats = jax.shard_map(
+      body, mesh=mesh,
+      in_specs=(split, split, split, sspec, split, tspec, P(), P(), id_spec),
+      out_specs=(split, split, split, sspec, split, tspec, id_spec, P()),
+      check_vma=False,
+  )(state.keys_hi, state.keys_lo, state.score, sketch, placed_at, table, key_data, clock, flat)
+  state = step_lib.MapState(khi, klo, score, sketch if has_sketch else None)
+  # Rows leave split as the ids came, so the lookup stays data-parallel.
+  return state, placed_at, table, sharding_lib.place(rows, mesh, batch_spec), stats

@@ -1,0 +1,296 @@
+"""``DynamicEmbed``: a table of raw ids, rows assigned on admission and freed on eviction."""
+
+from __future__ import annotations
+
+import math
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from flax.nnx.nn.linear import default_embed_init
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from embedlib import kernels
+from embedlib import options
+from embedlib import sharding as sharding_lib
+from embedlib.dynamic import ids as ids_lib
+from embedlib.dynamic import mapping
+from embedlib.dynamic import policy as policy_lib
+from embedlib.dynamic import step as step_lib
+from embedlib.embed import ShardedEmbed
+
+ZERO = "zero"
+LEARNED = "learned"
+DEFAULTS = (ZERO, LEARNED)
+STATS = ("occupancy", "admitted", "evicted", "default_share")
+LAYOUTS = (options.AUTO, "vocab", "routed", "replicated")
+
+
+class DynamicMap(nnx.Variable):
+  """The id -> row map of a ``DynamicEmbed``: keys, scores, sketch, clock, init key."""
+
+
+class DynamicStats(nnx.Variable):
+  """The last training step's statistics of a ``DynamicEmbed`` (``STATS``)."""
+
+
+class DynamicEmbed(nnx.Module):
+  """An embedding table of raw ids: rows are given on admission, taken back on eviction.
+
+  >>> import numpy as np
+  >>> from flax import nnx
+  >>> import embedlib
+  >>> emb = embedlib.DynamicEmbed(256, 4, bucket_size=128, rngs=nnx.Rngs(0))
+  >>> ids = np.array([2**40 + 7, 3, 2**40 + 7, -1], np.int64)
+  >>> rows = emb.rows_of(ids)           # training mode: admits on lookup
+  >>> bool(rows[0] == rows[2] and rows[0] != rows[1]), int(rows[3])
+  (True, -1)
+  >>> emb(ids).shape
+  (4, 4)
+  >>> emb.stats()["admitted"], emb.stats()["occupancy"]
+  (0, 0.0078125)
+
+  Its ``capacity`` rows form ``capacity / bucket_size`` buckets; a hash of
+  the raw id picks the bucket, which admits and evicts on its own (the exact
+  rules: ``embedlib.dynamic.policy``). Distinct resident ids never share a
+  row. An id that is not resident (not admitted yet, or turned away by a
+  full bucket) reads the default row: zeros, or one learned row
+  (``default="learned"``); its gradient reaches no resident row. The
+  padding id (``-1``, ``2**64 - 1``) reads zeros and is never admitted. A
+  placed row starts from ``embedding_init`` drawn with the init key folded
+  with its row number, the same on any device count.
+
+  In training mode (nnx's default) a lookup updates the map; after
+  ``eval()`` it only reads it. Each training-mode call (``__call__``,
+  ``bag``, ``rows_of``) is one step of the policy and advances its clock:
+  a model that reads one table for several features should make one call
+  (concatenate the ids) so that they count as one step.
+
+  Ids: numpy (or Python) integers of any dtype, split exactly into two
+  uint32 words on the host (64-bit values past ``2**32`` with x64 off
+  included); device arrays of 32-bit ids (signed sign-extend, unsigned
+  zero-extend); or ``embedlib.dynamic.Words`` (uint32 ``[..., 2]`` words),
+  what a jitted step should take for 64-bit ids.
+
+  On a mesh the rows are split in contiguous blocks over ``table_axes``
+  (the vocab or routed layout of ``ShardedEmbed``), each device owning whole
+  buckets with their part of the map, and ids are routed to their owners
+  with an all-to-all (see ``embedlib.dynamic.mapping``), so the number of
+  buckets must divide by the group size.
+
+  Args:
+    capacity: rows; a multiple of ``bucket_size``.
+    features: embedding width.
+    admit_after: occurrences before an id gets a row (1: on first sight).
+    eviction: ``"lru"``, ``"lfu"`` or None (a full bucket turns newcomers away).
+    bucket_size: slots per bucket.
+    decay_every: steps between halvings of LFU scores and sketch counters
+      (0: never).
+    sketch_depth, sketch_width: the admission count-min sketch per bucket
+      (width default ``bucket_size``).
+    default: ``"zero"`` or ``"learned"``.
+    id_dtype: the raw ids' declared dtype (``int32``, ``uint32``, ``int64``,
+      ``uint64``); host ids outside it are an error. None: any 64-bit
+      pattern (signed ids are their two's complement).
+    mesh, sharding, table_axes, data_axes: as ``ShardedEmbed``'s.
+    route_capacity: ids one rank sends each owner of the map per step
+      (``embedlib.dynamic.mapping``); None: twice the even share. A step
+      needing more takes the all-gather path, with the same result.
+    name: the table's name in errors and statistics.
+    dtype, param_dtype, embedding_init: as ``nnx.Embed``'s.
+    rngs: ``rngs.params()`` draws the init key.
+  """
+
+  def __init__(
+      self,
+      capacity: int,
+      features: int,
+      *,
+      admit_after: int = 1,
+      eviction: str | None = policy_lib.LRU,
+      bucket_size: int = 128,
+      decay_every: int = 0,
+      sketch_depth: int = 2,
+      sketch_width: int | None = None,
+      default: str = ZERO,
+      id_dtype: str | None = None,
+      mesh=None,
+      sharding: str = options.AUTO,
+      table_axes=None,
+      data_axes=None,
+      route_capacity: int | None = None,
+      name: str = "dynamic",
+      dtype: tp.Any = None,
+      param_dtype: tp.Any = jnp.float32,
+      embedding_init: tp.Callable = default_embed_init,
+      rngs: nnx.Rngs,
+  ):
+    self.policy = policy_lib.Policy(
+        capacity, bucket_size=bucket_size, admit_after=admit_after, eviction=eviction,
+        decay_every=decay_every, sketch_depth=sketch_depth, sketch_width=sketch_width,
+        name=name)
+    if default not in DEFAULTS:
+      raise ValueError(f"{name}: default={default!r}; use one of {DEFAULTS}.")
+    if id_dtype is not None and str(np.dtype(id_dtype)) not in ids_lib.ID_DTYPES:
+      raise ValueError(f"{name}: id_dtype={id_dtype!r}; use one of {ids_lib.ID_DTYPES}.")
+    if sharding not in LAYOUTS:
+      raise ValueError(
+          f"{name}: sharding={sharding!r}; a dynamic table's rows are split in whole "
+          f"buckets, so use one of {LAYOUTS}.")
+    if sharding == options.AUTO:
+      sharding = "replicated" if mesh is None else "vocab"
+    self.name = name
+    self.id_dtype = None if id_dtype is None else str(np.dtype(id_dtype))
+    self.default = default
+    self.route_capacity = route_capacity
+    self.embedding_init = embedding_init
+    self.deterministic = False
+    self.rows = ShardedEmbed(
+        capacity, features, mesh=mesh, sharding=sharding, table_axes=table_axes,
+        data_axes=data_axes, name=name, dtype=dtype, param_dtype=param_dtype,
+        embedding_init=nnx.initializers.zeros, rngs=rngs)
+    plan = self.rows.plan
+    self.mesh = self.rows.mesh
+    self.table_axes = tuple(plan.table_axes) if plan.strategy != "replicated" else ()
+    group = math.prod(dict(plan.mesh_shape)[a] for a in self.table_axes) if self.table_axes else 1
+    if self.policy.num_buckets % group or plan.padded_shape[0] != capacity:
+      raise ValueError(
+          f"{name}: capacity={capacity} holds {self.policy.num_buckets} buckets of "
+          f"{bucket_size}, which do not split evenly over the {group} devices of table "
+          f"axes {self.table_axes} (devices own whole buckets); use a capacity that "
+          f"is a multiple of bucket_size * {group} = {bucket_size * group}, or a "
+          "smaller bucket_size.")
+    self.group = group
+    self.features = features
+    key = rngs.params()
+    split_spec = P(self.table_axes or None)
+    split, every = self._place(split_spec), self._place(P())
+    n, nb = capacity, self.policy.num_buckets
+    as_map = lambda v, spec: DynamicMap(v, **self._metadata(spec))
+    self.keys_hi = as_map(jnp.zeros((n,), jnp.uint32, device=split), split_spec)
+    self.keys_lo = as_map(jnp.zeros((n,), jnp.uint32, device=split), split_spec)
+    self.score = as_map(jnp.full((n,), policy_lib.EMPTY, jnp.int32, device=split), split_spec)
+    self.sketch = (as_map(jnp.zeros((nb, sketch_depth, self.policy.width), jnp.uint8,
+                                    device=split), split_spec)
+                   if self.policy.uses_sketch else None)
+    self.placed_at = as_map(jnp.zeros((n,), jnp.int32, device=split), split_spec)
+    self.clock = as_map(jnp.zeros((), jnp.int32, device=every), P())
+    self.slots_clock = as_map(jnp.zeros((), jnp.int32, device=every), P())
+    self.init_key = as_map(jax.device_put(jax.random.key_data(key), every), P())
+    self.last = DynamicStats(jnp.zeros((len(STATS),), jnp.float32, device=every),
+                             **self._metadata(P()))
+    self.default_row = (nnx.Param(jnp.zeros((features,), param_dtype, device=every),
+                                  **self._metadata(P()))
+                        if default == LEARNED else None)
+
+  def _metadata(self, spec) -> dict:
+    """Sharding metadata, which lays the variables out under ``nnx.eval_shape`` too."""
+    if self.mesh is None:
+      return {}
+    return {"out_sharding": tuple(spec), "mesh": self.mesh}
+
+  def _place(self, spec):
+    if self.mesh is None or not sharding_lib.has_devices(self.mesh):
+      return None
+    return NamedSharding(self.mesh, spec)
+
+  # -- ids -------------------------------------------------------------------
+
+  def words(self, ids) -> ids_lib.Words:
+    """Any accepted ids as ``Words`` (host ids range-checked against ``id_dtype``)."""
+    if isinstance(ids, ids_lib.Words):
+      return ids
+    if isinstance(ids, jax.Array) or isinstance(ids, jax.core.Tracer):
+      return ids_lib.device_words(ids, name=self.name)
+    return ids_lib.words(ids, id_dtype=self.id_dtype, name=self.name)
+
+  def _state(self) -> step_lib.MapState:
+    return step_lib.MapState(self.keys_hi[...], self.keys_lo[...], self.score[...],
+                             None if self.sketch is None else self.sketch[...])
+
+  def rows_of(self, ids) -> jax.Array:
+    """Each id's row (``-1``: the default), admitting and evicting in training mode.
+
+    Returns:
+      int32 ``ids.shape``.
+    """
+    w = self.words(ids)
+    flat = w.value.reshape(-1, 2)
+    train = not self.deterministic
+    state, placed_at, table, rows, stats = mapping.run(
+        self._state(), self.placed_at[...], self.rows.embedding[...], self.init_key[...],
+        self.clock[...], flat, policy=self.policy, mesh=self.mesh,
+        table_axes=self.table_axes, train=train, init=self.embedding_init,
+        table_spec=tuple(self.rows.plan.table_spec), capacity=self.route_capacity)
+    if train:
+      self.keys_hi[...], self.keys_lo[...], self.score[...] = state[:3]
+      if self.sketch is not None:
+        self.sketch[...] = state.sketch
+      self.clock[...] = self.clock[...] + 1
+      self.placed_at[...] = placed_at
+      self.rows.embedding[...] = table
+      lookups = jnp.maximum(stats[4], 1).astype(jnp.float32)
+      self.last[...] = jnp.stack([
+          stats[0] / self.policy.capacity, stats[1], stats[2], stats[3] / lookups
+      ]).astype(jnp.float32)
+    return rows.reshape(w.shape)
+
+  def stats(self) -> dict:
+    """The last training step's ``occupancy`` (resident share of rows),
+    ``admitted``, ``evicted`` and ``default_share`` (share of non-padding
+    lookups reading the default row), as Python numbers."""
+    values = np.asarray(self.last[...])
+    return {k: (int(v) if k in ("admitted", "evicted") else float(v))
+            for k, v in zip(STATS, values)}
+
+  def resident(self) -> dict[int, int]:
+    """Every resident raw id (as a uint64 value) and its row; gathers the map to the host."""
+    hi, lo, score = (np.asarray(v[...]) for v in (self.keys_hi, self.keys_lo, self.score))
+    rows = np.flatnonzero(score >= 0)
+    return {(int(hi[r]) << 32) | int(lo[r]): int(r) for r in rows}
+
+  # -- lookups ---------------------------------------------------------------
+
+  def __call__(self, ids) -> jax.Array:
+    """Embeds raw ids: ``ids.shape + (features,)`` (``Words``: their ``shape``)."""
+    w = self.words(ids)
+    rows = self.rows_of(w)
+    out = self.rows(rows)
+    if self.default_row is not None:
+      use = (rows < 0) & ~_padding(w)
+      out = out + jnp.where(use[..., None], self.default_row[...].astype(out.dtype), 0)
+    return out
+
+  def bag(self, ids, weights=None, *, combiner: str = "sum") -> jax.Array:
+    """Pooled lookup of padded bags of raw ids: ``[batch, bag]`` to ``[batch, features]``.
+
+    Every id but padding is a member (a non-resident one reads the default
+    row): ``mean`` divides by the members' summed weights, ``sqrtn`` by
+    the root of their summed squares.
+    """
+    kernels.check_combiner(combiner)
+    w = self.words(ids)
+    if len(w.shape) != 2:
+      raise ValueError(
+          f"{self.name}: bag() takes ids [batch, bag] padded with -1, got shape "
+          f"{w.shape}; use __call__ for unpooled rows.")
+    if weights is not None and tuple(jnp.shape(weights)) != w.shape:
+      raise ValueError(
+          f"{self.name}: bag() weights of shape {jnp.shape(weights)} must match the "
+          f"ids' shape {w.shape}.")
+    rows = self.rows_of(w)
+    member = ~_padding(w)
+    coef = kernels.bag_coefficients(jnp.where(member, 0, -1), weights, 1, combiner)
+    out = self.rows.bag(rows, coef, combiner="sum")
+    if self.default_row is not None:
+      share = jnp.sum(jnp.where(member & (rows < 0), coef, 0.0), axis=1)
+      out = out + share[:, None].astype(out.dtype) * self.default_row[...].astype(out.dtype)
+    return out
+
+
+def _padding(w: ids_lib.Words):
+  pad = jnp.uint32(ids_lib.PAD_WORD)
+  return (w.hi == pad) & (w.lo == pad)

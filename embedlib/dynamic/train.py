@@ -1,0 +1,67 @@
+"""Training a model with dynamic tables through ``embedlib.optim``.
+
+The rows of a ``DynamicEmbed`` are a routed or vocab ``ShardedEmbed``
+(``emb.rows``), so ``embedlib.optim.value_and_grad`` and
+``SparseAwareOptimizer`` train them row by row like any table: a lookup of
+a non-resident id reads row ``-1`` (an invalid id), which gets no gradient.
+A placed row is reset to its initial value during the lookup; its optimizer
+slots are reset by ``reset_slots``, called between the gradient and the
+update::
+
+    loss, grads = optim.value_and_grad(loss_fn)(model)
+    dynamic.reset_slots(opt, model)
+    opt.update(model, grads)
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+from embedlib.dynamic.module import DynamicEmbed
+from embedlib.optim import row_grads as row_grads_lib
+
+
+def reset_slots(optimizer, model) -> None:
+  """Sets the optimizer slots of every row placed since the last call to their initial values.
+
+  Args:
+    optimizer: the model's ``embedlib.optim.SparseAwareOptimizer``.
+    model: the model, holding ``DynamicEmbed`` modules anywhere.
+  """
+  keys = list(optimizer.keys)
+  for path, module in nnx.iter_graph(model):
+    if not isinstance(module, DynamicEmbed):
+      continue
+    key = row_grads_lib.table_key(tuple(path) + ("rows",))
+    if key not in keys:
+      continue
+    fresh = module.placed_at[...] > module.slots_clock[...]
+    slots = optimizer.slots[keys.index(key)]
+    for name, slot in optimizer.rule.slots().items():
+      value = slots[name][...]
+      mask = fresh.reshape(fresh.shape + (1,) * (value.ndim - 1))
+      slots[name][...] = jnp.where(mask, jnp.asarray(slot.init, value.dtype), value)
+    module.slots_clock[...] = module.clock[...]
+
+
+def step_stats(model) -> dict[str, float]:
+  """Every dynamic table's last training step, flat, for a metrics writer.
+
+  Keys are ``dynamic/<table path>/<stat>`` with the stats of
+  ``DynamicEmbed.stats`` (occupancy, admitted, evicted, default_share); the
+  trainer writes them beside the loss.
+
+  >>> import numpy as np
+  >>> emb = DynamicEmbed(128, 2, rngs=nnx.Rngs(0))
+  >>> _ = emb.rows_of(np.array([7, 8, 7]))
+  >>> step_stats(nnx.Dict({"users": emb}))["dynamic/users/admitted"]
+  2
+  """
+  out = {}
+  for path, module in nnx.iter_graph(model):
+    if isinstance(module, DynamicEmbed):
+      key = row_grads_lib.table_key(path) or module.name
+      for name, value in module.stats().items():
+        out[f"dynamic/{key}/{name}"] = value
+  return out
