@@ -107,15 +107,15 @@ def scoring(config, model, mesh, *, top_k: int = 100,
   """The serving program of ``config``'s task."""
   name = task_name(config)
   try:
+    task = setup.task(config)
+    spec = task.data_spec()
     if name == "ctr":
-      return scoring_lib.ctr(config, setup.data_spec(config))
+      return scoring_lib.ctr(config, spec)
     if name == "retrieval":
-      task = setup.task(config)
-      _, eval_source = setup.sources(config, setup.data_spec(config))
+      _, eval_source = setup.sources(config, task, spec)
       return scoring_lib.retrieval(task, model, mesh, eval_source, top_k=top_k)
     if name == "sequential":
-      score = scoring_lib.sequential(config, setup.data_spec(config), top_k=top_k,
-                                     exclude_input=exclude_input)
+      score = scoring_lib.sequential(config, spec, top_k=top_k, exclude_input=exclude_input)
       score.info["data"]["raw_item_ids"] = _raw_item_ids(config.data.path)
       return score
   except ValueError as e:

@@ -19,10 +19,11 @@ K = 5
 
 def _exported(config, out, **kw):
   mesh = export_lib.serving_mesh(config, 1)
-  model, _ = setup.model_and_optimizer(config, setup.data_spec(config), mesh)
+  task = setup.task(config)
+  spec = task.data_spec()
+  model, _ = setup.model_and_optimizer(config, task, spec, mesh)
   export_lib.export(config, model, mesh, str(out), batch_size=8, top_k=K, **kw)
-  task, spec = setup.task(config), setup.data_spec(config)
-  _, source = setup.sources(config, spec)
+  _, source = setup.sources(config, task, spec)
   return model, mesh, task, source, serving.load(out)
 
 
@@ -74,7 +75,8 @@ def test_retrieval_top_k_over_the_precomputed_item_tower(tmp_path):
 def test_top_k_past_the_items_is_refused(tmp_path):
   config = two_tower.get_config("smoke")
   mesh = export_lib.serving_mesh(config, 1)
-  model, _ = setup.model_and_optimizer(config, setup.data_spec(config), mesh)
+  task = setup.task(config)
+  model, _ = setup.model_and_optimizer(config, task, task.data_spec(), mesh)
   with pytest.raises(export_lib.ExportError, match=r"--top_k=5000: must lie in \[1, 2000\]"):
     export_lib.export(config, model, mesh, str(tmp_path / "a"), top_k=5000)
 
@@ -110,13 +112,13 @@ def test_predict_writes_each_users_next_items_in_the_files_ids(tmp_path):
 def test_a_sharded_retrieval_artifact_keeps_its_corpus_split(tmp_path):
   config = two_tower.get_config("smoke")
   mesh = export_lib.serving_mesh(config, 4)
-  model, _ = setup.model_and_optimizer(config, setup.data_spec(config), mesh)
+  task = setup.task(config)
+  model, _ = setup.model_and_optimizer(config, task, task.data_spec(), mesh)
   export_lib.export(config, model, mesh, str(tmp_path / "art"), batch_size=8, top_k=K)
   served = serving.load(tmp_path / "art")
   corpus = served.weights[-1]
   assert corpus.sharding.spec[0] is not None and served.mesh.size == 4  # rows split over 4
-  task = setup.task(config)
-  _, source = setup.sources(config, setup.data_spec(config))
+  _, source = setup.sources(config, task, task.data_spec())
   batch = task.featurize(next(source))
   got = served({n: batch[n] for n in served.input_names})
   score = export_lib.scoring(config, model, mesh, top_k=K)
