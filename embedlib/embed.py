@@ -27,7 +27,7 @@ from embedlib import logits as logits_lib
 from embedlib import lookahead
 from embedlib import strategies
 from embedlib import tape as tape_lib
-from embedlib.strategies import ahead, dedup
+from embedlib.strategies import dedup
 from embedlib.strategies import dispatch as dispatch_lib
 from embedlib.strategies.request import Request
 from embedlib.plan import check_shape, plan_embedding
@@ -368,7 +368,7 @@ class ShardedEmbed(nnx.Module):
         and route overflow) after its lookups; a list receives them instead, as
         callables, for a caller with more lookups to run them after its
         last one: a traced check must follow every ``shard_map`` of the
-        jitted function (see ``strategies.sharded.no_context_mesh``).
+        jitted function (see ``strategies.runner.no_context_mesh``).
 
     Returns:
       One output per request: ``ids.shape + (features,)`` unpooled,
@@ -386,7 +386,7 @@ class ShardedEmbed(nnx.Module):
       # A batch read ahead: its step checks it when it looks it up.
       return out
     # Traced checks come after the lookups, whose shard_maps they would
-    # otherwise precede (see strategies.sharded.no_context_mesh).
+    # otherwise precede (see strategies.runner.no_context_mesh).
     deferred = []
     if on_overflow == dedup.ERROR:
       deferred += [functools.partial(dedup.check_capacity, need, capacity, self.plan.name, what)
@@ -458,14 +458,14 @@ class ShardedEmbed(nnx.Module):
     """
     key = lookahead.request_key(self.plan.name, requests, num_unique, on_overflow)
     if lookahead.is_collecting(scope):
-      scope.add(key, ahead.distribute(requests, plan=self.plan, mesh=self.mesh,
-                                      num_unique=num_unique, check_vma=run["check_vma"],
-                                      table=table, gather=run["gather"],
-                                      early_fetch=scope.early_fetch))
+      scope.add(key, strategies.distribute(requests, plan=self.plan, mesh=self.mesh,
+                                           num_unique=num_unique, check_vma=run["check_vma"],
+                                           table=table, gather=run["gather"],
+                                           early_fetch=scope.early_fetch))
       return tuple(dispatch_lib.no_rows(r, self.plan, self.mesh, table.dtype)
                    for r in requests), {}
-    return ahead.lookup_distributed(table, requests, scope.take(key), num_unique=num_unique,
-                                    on_overflow=on_overflow, **run)
+    return strategies.finish(table, requests, scope.take(key), num_unique=num_unique,
+                             on_overflow=on_overflow, **run)
 
   def attend(self, query, out_sharding=None):
     """``query @ logical_table.T``: exactly ``num_embeddings`` logits.

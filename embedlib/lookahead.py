@@ -2,11 +2,11 @@
 
 A pipelined train step runs the loss on batch N+1 once more, on a copy of
 the model, inside ``collecting``: there every ``ShardedEmbed`` lookup only
-distributes its ids (``strategies.ahead.distribute``) and returns zero
+distributes its ids (``strategies.distribute``) and returns zero
 rows, so what the program keeps of that pass is the ids' movement alone
 (the rest of the loss is dead and XLA drops it). Step N+1 then runs its loss
 inside ``using(those)``: each lookup takes the distribution made for it
-and only reads and moves rows (``strategies.ahead.lookup_distributed``).
+and only reads and moves rows (``strategies.finish``).
 
 Lookups are matched by table, request shapes and call order, as the tape
 of ``embedlib.optim`` matches them; a loss is traced more than once
@@ -33,7 +33,7 @@ class Distributions:
   """The ids' distributions of one batch's lookups, in call order (a pytree).
 
   Attributes:
-    values: one ``strategies.ahead.distribute`` result per lookup (None
+    values: one ``strategies.distribute`` result per lookup (None
       for a lookup made in line).
     keys: each lookup's static key (table, request shapes, options).
   """
@@ -93,7 +93,7 @@ def collecting(early_fetch: float = 0.0):
 
   ``early_fetch`` (0: off) fetches routed and vocab tables' rows too, with
   that share of each rank's rows for corrected rows
-  (``strategies.ahead.distribute``).
+  (``strategies.distribute``).
   """
   scope = _Collecting(early_fetch)
   token = _ACTIVE.set(scope)

@@ -38,7 +38,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from embedlib.optim import sorted_update
-from embedlib.strategies import collectives, nodes, routed
+from embedlib.strategies import collectives, nodes
+from embedlib.strategies import unique as unique_lib
 
 
 def pays(plan, ids_per_device: int, itemsize: int) -> bool:
@@ -115,7 +116,7 @@ def _send(unique, sums, low, high, *, rows_per_rank: int, group: int, capacity: 
   """This round's send buffers: the ids in ``[low, high)`` of their owner, and their sums."""
   owner = jnp.where(unique >= 0, unique // rows_per_rank, 0)
   now = (unique >= 0) & (unique >= low[owner]) & (unique < high[owner])
-  send, slot, _ = routed.bucketize(jnp.where(now, unique, -1), rows_per_rank, group, capacity)
+  send, slot, _ = unique_lib.bucketize(jnp.where(now, unique, -1), rows_per_rank, group, capacity)
   slots = group * capacity
   dropped = slots + jnp.arange(slot.shape[0], dtype=jnp.int32)  # distinct: no atomics on GPU
   send_grads = jnp.zeros((slots, sums.shape[1]), sums.dtype).at[

@@ -69,13 +69,13 @@ def concat_slices(x, token_axes, rest_axes):
   """
   last = x.ndim - 1
   if rest_axes:
-    x = _gather_rest(x, rest_axes, last)
+    x = gather_rest(x, rest_axes, last)
   if token_axes:
     x = lax.all_to_all(x, token_axes, 0, last, tiled=True)
   return x
 
 
-def _gather_rest(x, rest_axes, axis):
+def gather_rest(x, rest_axes, axis):
   """Tiled all-gather over ranks holding the same tokens, with a right VJP.
 
   With shard_map's type check on, ``to="invarying"`` tells it the result is
@@ -91,6 +91,21 @@ def _gather_rest(x, rest_axes, axis):
   full = jnp.zeros(x.shape[:axis] + (width * ranks,) + x.shape[axis + 1:], x.dtype)
   start = lax.axis_index(rest_axes) * width
   return lax.psum(lax.dynamic_update_slice_in_dim(full, x, start, axis), rest_axes)
+
+
+def rest_share(flat, rest_axes):
+  """This rank's share of ids that every rank along ``rest_axes`` holds.
+
+  Ranks holding the same ids (tensor-parallel) each take one slice of them
+  (the last padded with ``-1``); ``gather_rest`` brings their results
+  back together.
+  """
+  if not rest_axes:
+    return flat
+  ranks = lax.psum(1, rest_axes)
+  flat = sharding_lib.pad_tokens(flat, ranks, -1)
+  size = flat.shape[0] // ranks
+  return lax.dynamic_slice_in_dim(flat, lax.axis_index(rest_axes) * size, size)
 
 
 def group_rank(table_axes: tuple[str, ...]):

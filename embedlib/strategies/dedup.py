@@ -8,8 +8,13 @@ instead of one per id; the batch is rebuilt on the shard that owns it, and
 pooled requests are pooled there with the ``bag`` kernel reading the unique
 rows (no ``[batch, bag, features]`` intermediate).
 
+A lookup is ``distribute`` (the distinct ids and the inverse index) then
+``finish`` (the distinct ids' rows, the batch rebuilt from them); the
+distinct ids' own lookup is the table's (``lookup_unique``), in line or
+from its distribution made ahead.
+
 Overflow (more distinct ids in one shard than ``capacity``) is never
-silently wrong: ``lookup_requests`` either falls back to the lookup without
+silently wrong: ``finish`` either falls back to the lookup without
 dedup (``lax.cond``) or returns the count for the caller to check with
 ``check_capacity``, which raises naming the table and the capacity it needs.
 """
@@ -21,68 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import checkify
-from jax.sharding import PartitionSpec as P
 
-from embedlib import _compat
 from embedlib import options
 from embedlib import sharding as sharding_lib
 from embedlib.kernels import reference
-from embedlib.strategies import sharded
-
-_NO_ID = jnp.iinfo(jnp.int32).max  # sorts after every valid id
-
-
-def unique_with_inverse(ids, capacity: int):
-  """Distinct valid ids of ``ids``, their inverse index and their count.
-
-  A sort rather than ``jnp.unique(size=...)``: invalid ids (``-1``) must not
-  use up capacity, and the count that detects overflow comes from the same
-  sort. The sort has one operand (the ids) and each id finds its place by a
-  binary search, as ``optim.apply.dedup`` does: cheaper than sorting the
-  ids with their positions (``argsort``).
-
-  Args:
-    ids: int32 of any shape, ``-1`` for padding and invalid ids.
-    capacity: static number of unique slots.
-
-  Returns:
-    ``(unique [capacity] int32 padded with -1, inverse ids.shape int32 with
-    -1 at invalid ids, count [] int32)``. When ``count > capacity``, the
-    inverse of the dropped ids is ``>= capacity`` (a caller must not use it).
-
-  >>> u, inv, n = unique_with_inverse(jnp.array([[7, 3, 7], [-1, 3, 9]]), 4)
-  >>> u.tolist(), inv.tolist(), int(n)
-  ([3, 7, 9, -1], [[1, 0, 1], [-1, 0, 2]], 3)
-  """
-  flat = ids.reshape(-1).astype(jnp.int32)
-  valid = flat >= 0
-  keys = jnp.where(valid, flat, _NO_ID)
-  key = lax.sort(keys)
-  first = (key != _NO_ID) & jnp.concatenate([jnp.ones((1,), bool), key[1:] != key[:-1]])
-  slot = jnp.cumsum(first, dtype=jnp.int32) - 1
-  count = jnp.sum(first, dtype=jnp.int32)
-  unique = jnp.full((capacity,), -1, jnp.int32)
-  # Repeats point past every slot (past any overflowing slot too), each at
-  # its own index: distinct indices, so the scatter needs no atomics on a GPU.
-  n = key.shape[0]
-  past = capacity + n + jnp.arange(n, dtype=jnp.int32)
-  unique = unique.at[jnp.where(first, slot, past)].set(key, mode="drop", unique_indices=True)
-  # Each id's first position among the sorted keys holds its slot.
-  at = jnp.searchsorted(key, keys, method="scan_unrolled")
-  inverse = jnp.where(valid, slot[at], -1)
-  return unique, inverse.reshape(ids.shape), count
-
-
-def _map_shards(body, args, *, plan, mesh, check_vma=True):
-  """Runs ``body`` on each data shard of ``args`` (all split on dim 0)."""
-  if mesh is None:
-    return body(*args)
-  spec = P(plan.data_axes or None)
-  args = jax.tree.map(lambda a: sharding_lib.place(a, mesh, spec), args)
-  with sharded.no_context_mesh():
-    return _compat.shard_map(
-      body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=check_vma
-  )(*args)
+from embedlib.strategies import runner
+from embedlib.strategies import unique as unique_lib
 
 
 def unique_per_shard(ids, capacity: int, *, plan, mesh):
@@ -100,10 +49,10 @@ def unique_per_shard(ids, capacity: int, *, plan, mesh):
   """
 
   def body(local):
-    unique, inverse, count = unique_with_inverse(local, capacity)
+    unique, inverse, count = unique_lib.unique_with_inverse(local, capacity)
     return unique, inverse, count[None]
 
-  return _map_shards(body, (ids,), plan=plan, mesh=mesh)
+  return runner.per_shard(body, (ids,), plan=plan, mesh=mesh)
 
 
 def rebuild(rows, inverse, coefs, *, plan, mesh, gather, bag, check_vma=True):
@@ -134,7 +83,7 @@ def rebuild(rows, inverse, coefs, *, plan, mesh, gather, bag, check_vma=True):
         for inv, p in zip(inverse, pooled)
     )
 
-  return _map_shards(
+  return runner.per_shard(
       body, (rows, tuple(inverse), coefs), plan=plan, mesh=mesh, check_vma=check_vma
   )
 
@@ -149,35 +98,56 @@ def as_2d(ids):
   return ids[:, None] if ids.ndim == 1 else ids
 
 
-def lookup_requests(table, requests, *, plan, mesh, gather, bag, capacity: int,
-                    on_overflow: str = FALLBACK, check_vma=True):
-  """One lookup of each shard's distinct ids, shared by all ``requests``.
+def distribute(requests, *, plan, mesh, capacity: int):
+  """Each data shard's distinct ids over all ``requests``, and each id's place among them.
+
+  Args:
+    requests: ``Request`` s of the table, ids ``[batch]`` or ``[batch, bag]``
+      sharing the batch.
+    plan: the table's ``EmbeddingPlan``.
+    mesh: the mesh, or None.
+    capacity: distinct ids per data shard.
+
+  Returns:
+    ``{"unique": [shards * capacity], "inverse": [padded batch, widths],
+    "counts": [shards]}`` (``unique_per_shard``). A caller that distributes
+    ahead adds ``"rows"``: the distribution of the distinct ids' own lookup.
+  """
+  ids = sharding_lib.pad_tokens(
+      jnp.concatenate([as_2d(r.ids) for r in requests], axis=1), plan.data_shards, -1
+  )
+  unique, inverse, counts = unique_per_shard(ids, capacity, plan=plan, mesh=mesh)
+  return {"unique": unique, "inverse": inverse, "counts": counts}
+
+
+def finish(table, requests, state, *, plan, mesh, gather, bag, capacity: int,
+           lookup_unique, lookup_all, on_overflow: str = FALLBACK, check_vma=True):
+  """The requests' outputs from one lookup of each shard's distinct ids.
 
   Args:
     table: the physical table, ``plan.padded_shape``.
-    requests: ``Request`` s of the table, ids ``[batch]`` or ``[batch, bag]``
-      sharing the batch.
+    requests: as ``distribute`` took them.
+    state: ``distribute``'s.
     plan: the table's ``EmbeddingPlan``.
     mesh: the mesh, or None.
     gather: local row kernel.
     bag: local pooled kernel.
     capacity: distinct ids per data shard.
+    lookup_unique: ``(table, state) -> [shards * capacity, features]``, the
+      rows of ``state["unique"]``.
+    lookup_all: ``(table) -> outputs``, the requests looked up without
+      dedup (a shard holding more distinct ids than ``capacity``).
     on_overflow: ``"fallback"``: a shard holding more distinct ids than
-      ``capacity`` takes the lookup without dedup (``lax.cond``, same
-      result); ``"error"``: the caller checks the returned count.
+      ``capacity`` takes ``lookup_all`` (``lax.cond``, same result);
+      ``"error"``: the caller checks the returned count.
     check_vma: shard_map's type check (off for the Pallas interpreter).
 
   Returns:
-    ``(outputs, need)``: one output per request, as
-    ``sharded.lookup_requests`` gives them, and the most distinct ids any
-    shard held (int32 scalar).
+    ``(outputs, need)``: one output per request, as ``lookup_all`` gives
+    them, and the most distinct ids any shard held (int32 scalar).
   """
   batch = requests[0].ids.shape[0]
-  ids = sharding_lib.pad_tokens(
-      jnp.concatenate([as_2d(r.ids) for r in requests], axis=1), plan.data_shards, -1
-  )
-  unique, inverse, counts = unique_per_shard(ids, capacity, plan=plan, mesh=mesh)
-  need = jnp.max(counts)
+  need = jnp.max(state["counts"])
   coefs = coefficients(requests, plan)
   widths = [as_2d(r.ids).shape[1] for r in requests]
   # Each output takes its own ids' batch split, as without dedup: the two
@@ -185,25 +155,24 @@ def lookup_requests(table, requests, *, plan, mesh, gather, bag, capacity: int,
   specs = [sharding_lib.leading_spec(r.ids, mesh) if mesh is not None else None
            for r in requests]
 
-  def with_dedup(table, unique, inverse, coefs):
-    rows = sharded.lookup(
-        table, unique, plan=plan, mesh=mesh, gather=gather, check_vma=check_vma
-    )
+  def with_dedup(table, carried, coefs):
+    unique, inverse, ahead = carried
+    rows = lookup_unique(table, {"unique": unique, "rows": ahead})
     parts = jnp.split(inverse, np.cumsum(widths)[:-1], axis=1)
     parts = [p[:, 0] if r.ids.ndim == 1 else p for p, r in zip(parts, requests)]
     out = rebuild(rows, parts, coefs, plan=plan, mesh=mesh, gather=gather, bag=bag,
                   check_vma=check_vma)
-    return tuple(sharding_lib.restore_tokens(o, batch, mesh, spec) for o, spec in zip(out, specs))
+    return tuple(runner.restore(o, batch, spec, mesh=mesh) for o, spec in zip(out, specs))
 
-  def without_dedup(table, unique, inverse, coefs):
-    del unique, inverse, coefs
-    return sharded.lookup_requests(
-        table, requests, plan=plan, mesh=mesh, gather=gather, bag=bag, check_vma=check_vma
-    )
+  def without_dedup(table, carried, coefs):
+    del carried, coefs
+    return lookup_all(table)
 
+  # What the branches read: the counts were read above.
+  carried = (state["unique"], state["inverse"], state.get("rows"))
   if on_overflow == ERROR:
-    return with_dedup(table, unique, inverse, coefs), need
-  return lax.cond(need > capacity, without_dedup, with_dedup, table, unique, inverse, coefs), need
+    return with_dedup(table, carried, coefs), need
+  return lax.cond(need > capacity, without_dedup, with_dedup, table, carried, coefs), need
 
 
 def coefficients(requests, plan):

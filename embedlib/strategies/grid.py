@@ -19,42 +19,37 @@ from jax import lax
 from embedlib.strategies import collectives, vocab
 
 
-def lookup(table, ids, *, plan, gather):
-  """Grid-sharded lookup.
-
-  Args:
-    table: ``[padded_vocab / rows group, padded_features / columns group]``.
-    ids: ``[tokens, ...]`` int32, ``-1`` for invalid ids.
-    plan: the table's ``EmbeddingPlan``.
-    gather: local kernel; ids outside the shard give zero rows.
+def distribute(ids, weights=None, *, plan, combiner=None):
+  """The ids (and a bag's weights) over the column group, then the vocab distribution.
 
   Returns:
-    ``[tokens, ..., padded_features]``; the caller drops padded columns.
+    ``vocab.distribute``'s state over the row group.
   """
   ids = collectives.gather_tokens(ids, plan.column_token_axes)
-  block = vocab.lookup(table, ids, plan=plan, gather=gather)
-  return collectives.concat_slices(block, plan.column_token_axes, plan.column_rest_axes)
-
-
-def bag_lookup(table, ids, weights, *, plan, bag, combiner):
-  """Grid-sharded pooled bag lookup: the vocab bag of this column block, then concat.
-
-  Args:
-    table: ``[padded_vocab / rows group, padded_features / columns group]``.
-    ids: ``[tokens, bag]`` int32, ``-1`` for padding and invalid ids.
-    weights: ``[tokens, bag]`` float, or None for all ones.
-    plan: the table's ``EmbeddingPlan``.
-    bag: local pooled kernel.
-    combiner: ``"sum" | "mean" | "sqrtn"``.
-
-  Returns:
-    ``[tokens, padded_features]``; the caller drops padded columns.
-  """
-  ids = collectives.gather_tokens(ids, plan.column_token_axes)
-  if weights is not None:
+  if combiner is not None and weights is not None:
     weights = collectives.gather_tokens(weights, plan.column_token_axes)
-  pooled = vocab.bag_lookup(table, ids, weights, plan=plan, bag=bag, combiner=combiner)
-  return collectives.concat_slices(pooled, plan.column_token_axes, plan.column_rest_axes)
+  return vocab.distribute(ids, weights, plan=plan, combiner=combiner)
+
+
+def finish(table, state, *, plan, gather=None, bag=None, combiner=None, corrections=None):
+  """The vocab finish of this rank's column block, then the blocks concatenated.
+
+  Args:
+    table: ``[padded_vocab / rows group, padded_features / columns group]``.
+    state: ``distribute``'s.
+    plan: the table's ``EmbeddingPlan``.
+    gather: local row kernel; ids outside the shard give zero rows.
+    bag: local pooled kernel.
+    combiner: unused (the state holds the bag's coefficients).
+    corrections: unused (nothing is fetched early).
+
+  Returns:
+    ``[tokens, ..., padded_features]`` (``[tokens, padded_features]``
+    pooled); the caller drops padded columns.
+  """
+  del corrections
+  block = vocab.finish(table, state, plan=plan, gather=gather, bag=bag, combiner=combiner)
+  return collectives.concat_slices(block, plan.column_token_axes, plan.column_rest_axes)
 
 
 def local_logits(table, query, *, plan):

@@ -1,8 +1,9 @@
 """Hidden (column) sharding: each rank owns a slice of every row's columns.
 
-Lookup: ids to every rank of the group -> gather of this rank's column slice
--> columns concatenated over the group (all_gather, or all_to_all when the
-ranks hold different tokens: the recommender seed's design). Attend: this
+Lookup: ids to every rank of the group (``distribute``) -> gather of this
+rank's column slice -> columns concatenated over the group (``finish``:
+all_gather, or all_to_all when the ranks hold different tokens, the
+recommender seed's design). Attend: this
 rank's columns of the query times its slice -> partial logits summed over
 the group. Padded columns are zero and are sliced off by the caller.
 """
@@ -14,45 +15,51 @@ from jax import lax
 from embedlib.strategies import collectives
 
 
-def lookup(table, ids, *, plan, gather):
-  """Hidden-sharded lookup.
+def distribute(ids, weights=None, *, plan, combiner=None):
+  """Input distribution: the group's ids (and a bag's weights) on every rank of it.
 
   Args:
-    table: ``[num_embeddings, padded_features / group]``.
-    ids: ``[tokens, ...]`` int32, ``-1`` for invalid ids.
+    ids: ``[tokens, ...]`` int32, ``-1`` for invalid ids (and padding in a bag).
+    weights: ``[tokens, bag]`` float, or None for all ones.
     plan: the table's ``EmbeddingPlan``.
-    gather: local kernel; ids outside the table give zero rows.
+    combiner: ``"sum" | "mean" | "sqrtn"`` for a pooled lookup, else None.
 
   Returns:
-    ``[tokens, ..., padded_features]``; the caller drops padded columns.
+    ``{"ids": [group_tokens, ...]}``, with ``"weights"`` when pooled.
   """
   ids = collectives.gather_tokens(ids, plan.token_axes)
-  cols = gather(table, ids)
-  return collectives.concat_slices(cols, plan.token_axes, plan.rest_axes)
+  if combiner is None:
+    return {"ids": ids}
+  if weights is not None:
+    weights = collectives.gather_tokens(weights, plan.token_axes)
+  return {"ids": ids, "weights": weights}
 
 
-def bag_lookup(table, ids, weights, *, plan, bag, combiner):
-  """Hidden-sharded pooled bag lookup: pool this rank's columns, then concat.
+def finish(table, state, *, plan, gather=None, bag=None, combiner=None, corrections=None):
+  """This rank's column slice of each row (or pooled bag), then the columns concatenated.
 
   Every rank holds every row, so each pools whole bags (combiner included)
   on its column slice; only pooled ``[tokens, width]`` blocks travel.
 
   Args:
     table: ``[num_embeddings, padded_features / group]``.
-    ids: ``[tokens, bag]`` int32, ``-1`` for padding and invalid ids.
-    weights: ``[tokens, bag]`` float, or None for all ones.
+    state: ``distribute``'s.
     plan: the table's ``EmbeddingPlan``.
+    gather: local row kernel; ids outside the table give zero rows.
     bag: local pooled kernel ``bag(table, ids, weights, combiner=...)``.
-    combiner: ``"sum" | "mean" | "sqrtn"``.
+    combiner: the pooled lookup's, else None.
+    corrections: unused (nothing is fetched early).
 
   Returns:
-    ``[tokens, padded_features]``; the caller drops padded columns.
+    ``[tokens, ..., padded_features]`` (``[tokens, padded_features]``
+    pooled); the caller drops padded columns.
   """
-  ids = collectives.gather_tokens(ids, plan.token_axes)
-  if weights is not None:
-    weights = collectives.gather_tokens(weights, plan.token_axes)
-  pooled = bag(table, ids, weights, combiner=combiner)
-  return collectives.concat_slices(pooled, plan.token_axes, plan.rest_axes)
+  del corrections
+  if combiner is None:
+    cols = gather(table, state["ids"])
+  else:
+    cols = bag(table, state["ids"], state["weights"], combiner=combiner)
+  return collectives.concat_slices(cols, plan.token_axes, plan.rest_axes)
 
 
 def attend(table, query, *, plan):

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from embedlib.strategies import unique
+
 
 class NodeSent(NamedTuple):
   """What the two-level route's ids step leaves for its rows step (``send_ids``).
@@ -68,14 +70,12 @@ def send_ids(send, plan):
       (``crowded``): the flat route's bytes, the same rows.
 
   Args:
-    send: int32 ``[group * capacity]`` from ``routed.bucketize``.
+    send: int32 ``[group * capacity]`` from ``unique.bucketize``.
     plan: the table's ``EmbeddingPlan`` (``plan.node_route``).
 
   Returns:
     A ``NodeSent``: the ids to look up here and what ``rows_back`` needs.
   """
-  from embedlib.strategies import dedup  # dedup builds on this module's callers
-
   n_nodes, per = plan.nodes, plan.devices_per_node
   capacity = send.shape[0] // plan.group_size
   cap = plan.node_capacity_for(capacity)
@@ -83,11 +83,11 @@ def send_ids(send, plan):
   # gets block l, the ids of every rank of the node for local index l.
   x = within_node(send.reshape(n_nodes, per, capacity).transpose(1, 0, 2), plan)
   x = x.transpose(1, 0, 2).reshape(n_nodes, per * capacity)  # per destination node
-  unique, inverse, count = jax.vmap(lambda i: dedup.unique_with_inverse(i, cap))(x)
+  firsts, inverse, count = jax.vmap(lambda i: unique.unique_with_inverse(i, cap))(x)
   crowded = lax.pmax(jnp.max(count), plan.table_axes) > cap
 
   def distinct():
-    got = across_nodes(unique, plan)
+    got = across_nodes(firsts, plan)
     return jnp.pad(got, ((0, 0), (0, per * capacity - cap)), constant_values=-1)
 
   ids = lax.cond(crowded, lambda: across_nodes(x, plan), distinct)

@@ -3,38 +3,35 @@
 from __future__ import annotations
 
 
-def lookup(table, ids, *, plan, gather):
-  """Input distribution: none. Local lookup. Output distribution: none.
-
-  Args:
-    table: ``[num_embeddings, features]``, the whole table.
-    ids: ``[tokens, ...]`` int32, ``-1`` for invalid ids.
-    plan: the table's ``EmbeddingPlan`` (unused: nothing to distribute).
-    gather: local kernel; ids outside the table give zero rows.
+def distribute(ids, weights=None, *, plan, combiner=None):
+  """Input distribution: none (every device holds the whole table).
 
   Returns:
-    ``ids.shape + (features,)``.
+    ``{"ids": ids}``, with ``"weights"`` when pooled (``combiner`` given).
   """
   del plan
-  return gather(table, ids)
+  return {"ids": ids} if combiner is None else {"ids": ids, "weights": weights}
 
 
-def bag_lookup(table, ids, weights, *, plan, bag, combiner):
-  """Pooled bag lookup on the local copy; no communication.
+def finish(table, state, *, plan, gather=None, bag=None, combiner=None, corrections=None):
+  """Local lookup (or pooled bag) on the local copy; no output distribution.
 
   Args:
     table: ``[num_embeddings, features]``, the whole table.
-    ids: ``[tokens, bag]`` int32, ``-1`` for padding and invalid ids.
-    weights: ``[tokens, bag]`` float, or None for all ones.
+    state: ``distribute``'s.
     plan: unused.
+    gather: local row kernel; ids outside the table give zero rows.
     bag: local pooled kernel ``bag(table, ids, weights, combiner=...)``.
-    combiner: ``"sum" | "mean" | "sqrtn"``.
+    combiner: the pooled lookup's, else None.
+    corrections: unused.
 
   Returns:
-    ``[tokens, features]``.
+    ``ids.shape + (features,)``, or ``[tokens, features]`` pooled.
   """
-  del plan
-  return bag(table, ids, weights, combiner=combiner)
+  del plan, corrections
+  if combiner is None:
+    return gather(table, state["ids"])
+  return bag(table, state["ids"], state["weights"], combiner=combiner)
 
 
 def attend(table, query, *, plan):

@@ -6,12 +6,13 @@ axes = table axes), vocab all-gathers every rank's ids and reduce-scatters
 full rows, so each rank receives a row for every id of the group, ``G``
 times the rows it needs. Here each rank receives about its own:
 
-1. input distribution: bucket this rank's ids by owning rank into a static
-   ``[group, capacity]`` buffer and ``all_to_all`` it;
+1. input distribution (``distribute``): bucket this rank's ids by owning
+   rank into a static ``[group, capacity]`` buffer and ``all_to_all`` it
+   (``send_ids``);
 2. local lookup of the ids received (``[group * capacity, features]``);
 3. output distribution: ``all_to_all`` the rows back, each into the slot
    its id left from, where the id reads it (a pooled request pools the rows
-   it reads, with the bag's coefficients).
+   it reads, with the bag's coefficients). Steps 2 and 3 are ``finish``.
 
 Ranks holding the same ids (rest axes: tensor-parallel) each route a slice
 of them and gather the rows after. The backward is the same route reversed:
@@ -30,75 +31,60 @@ however many of their ranks ask for it (``strategies.nodes``).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
 from embedlib import sharding as sharding_lib
 from embedlib.kernels import reference
-from embedlib.strategies import collectives, nodes, vocab
+from embedlib.strategies import collectives, early, nodes, unique, vocab
 
 
-def bucketize(ids, rows_per_rank: int, group: int, capacity: int):
-  """Input distribution, step one: each id's slot in a per-owner send buffer.
+def distribute(ids, *, plan, capacity: int):
+  """Input distribution, step one: this rank's ids bucketed by the rank owning their rows.
 
-  The owners' buckets are found with one stable sort of the owners (the
-  ids' positions ride along); an id's place in its bucket is its place in
-  the sorted run of its owner, so no two ids of one owner share a slot and
-  the earlier ids of a bucket keep the slots when it overflows.
-
-  Args:
-    ids: int32 ``[n]`` rows of the (physical) table, ``-1`` for none.
-    rows_per_rank: rows each rank owns (row ``r`` lives on ``r // rows_per_rank``).
-    group: ranks in the table group.
-    capacity: ids per destination.
-
-  Returns:
-    ``(send, slot, need)``: ``send`` int32 ``[group * capacity]``, the
-    owner-local row of each id in its owner's block (``-1`` in empty
-    slots); ``slot`` int32 ``[n]``, where each id's row comes back (``-1``
-    for invalid ids and for ids past the capacity); ``need`` int32, the
-    largest bucket (the capacity this step needs).
-
-  >>> send, slot, need = bucketize(jnp.array([5, 0, -1, 4, 7]), 4, 2, 2)
-  >>> send.tolist(), slot.tolist(), int(need)
-  ([0, -1, 1, 0], [2, 0, -1, 3, -1], 3)
-  """
-  n = ids.shape[0]
-  owner = jnp.where(ids >= 0, ids // rows_per_rank, group).astype(jnp.int32)
-  iota = jnp.arange(n, dtype=jnp.int32)
-  sorted_owner, perm = lax.sort((owner, iota), num_keys=1, is_stable=True)
-  starts = jnp.searchsorted(
-      sorted_owner, jnp.arange(group + 1, dtype=jnp.int32), method="scan_unrolled"
-  ).astype(jnp.int32)
-  place = jnp.zeros((n,), jnp.int32).at[perm].set(iota - starts[sorted_owner],
-                                                   unique_indices=True)
-  need = jnp.max(starts[1:] - starts[:-1])
-  kept = (owner < group) & (place < capacity)
-  slot = jnp.where(kept, owner * capacity + place, -1)
-  local = ids - owner * rows_per_rank
-  send = jnp.full((group * capacity,), -1, jnp.int32)
-  # Distinct indices, dropped ones each past the end: no atomics on a GPU.
-  send = send.at[jnp.where(kept, slot, group * capacity + iota)].set(
-      local, mode="drop", unique_indices=True)
-  return send, slot, need
-
-
-def exchange(table, send, *, plan, gather):
-  """Ids out to their owners, local lookup, rows back (steps 1 to 3).
+  Needs the ids alone, never the table. A table whose ids are not its rows
+  maps them first (a stack's logical rows: ``rowmap.physical_ids``) and
+  hands the rows here. Ranks holding the same ids (rest axes) each bucket a
+  slice of them (``collectives.rest_share``). The exchange of the buckets
+  (``send_ids``) runs in ``finish`` in line, where an overflowing step
+  never sends them, or ahead (``send_ahead``).
 
   Args:
-    table: ``[rows_per_rank, features]``, this rank's rows.
-    send: int32 ``[group * capacity]`` from ``bucketize``.
+    ids: an iterable of int32 arrays, this rank's rows of the physical
+      table (``-1`` for invalid ids), read in order.
     plan: the table's ``EmbeddingPlan``.
-    gather: local kernel; ``-1`` reads a zero row.
+    capacity: ids per destination (``sharded.route_capacity``).
 
   Returns:
-    ``[group * capacity, features]``: in each slot, the row of the id that
-    left from it.
+    ``{"send": [group * capacity], "slot": [ids], "need": []}``: the send
+    buffer and the slots of ``unique.bucketize``, and the group's largest
+    bucket.
   """
-  sent = send_ids(send, plan=plan)
-  return rows_back(gather(table, asked(sent)), plan=plan, sent=sent)
+  flat = jnp.concatenate([i.reshape(-1) for i in ids]).astype(jnp.int32)
+  mine = collectives.rest_share(flat, plan.rest_axes)
+  send, slot, need = unique.bucketize(mine, plan.padded_shape[0] // plan.group_size,
+                                      plan.group_size, capacity)
+  need = lax.pmax(need, plan.table_axes)
+  return {"send": send, "slot": slot, "need": need}
+
+
+def send_ahead(state, *, plan, table=None, gather=None):
+  """``distribute``'s state with the buckets sent to their owners (``send_ids``): a step ahead.
+
+  With ``table`` (early fetch), the rows too: each owner's rows as
+  ``table`` holds them now (``"stale"``, kept at the owner) and sent back
+  (``"rows"``); ``finish`` brings the rows changed since up to date
+  (``rows_up_to_date``).
+
+  Returns:
+    ``{"received", "slot", "need"}`` (and ``"stale"``, ``"rows"``).
+  """
+  got = {"received": send_ids(state["send"], plan=plan), "slot": state["slot"],
+         "need": state["need"]}
+  if table is not None:
+    got["stale"] = gather(table, asked(got["received"]))
+    got["rows"] = rows_back(got["stale"], plan=plan, sent=got["received"])
+  return got
 
 
 def send_ids(send, *, plan):
@@ -137,72 +123,47 @@ def rows_back(rows, *, plan, sent=None):
   return lax.all_to_all(rows, plan.table_axes, 0, 0, tiled=True)
 
 
-def _my_slice(flat, rest_axes):
-  """This rank's share of ids that every rank along ``rest_axes`` holds."""
-  if not rest_axes:
-    return flat
-  ranks = lax.psum(1, rest_axes)
-  flat = sharding_lib.pad_tokens(flat, ranks, -1)
-  size = flat.shape[0] // ranks
-  return lax.dynamic_slice_in_dim(flat, lax.axis_index(rest_axes) * size, size)
+def _rows_at_home(table, state, *, plan, gather, corrections):
+  """Steps 1 (if not run ahead) to 3: ``[group * capacity, features]``, each slot's row."""
+  if "rows" in state:  # fetched a step early
+    return rows_up_to_date(table, state, corrections, plan=plan, gather=gather)
+  sent = state["received"] if "received" in state else send_ids(state["send"], plan=plan)
+  return rows_back(gather(table, asked(sent)), plan=plan, sent=sent)
 
 
-def lookup_requests(table, requests, *, plan, gather, bag, capacity: int, fallback: bool):
-  """Routed lookup of several requests of one table, in one route.
+def finish(table, requests, state, *, plan, gather, bag, capacity: int, fallback: bool,
+           corrections: int | None = None):
+  """The owners' lookup and the rows' way back, or the vocab path on overflow.
 
   Args:
     table: ``[rows_per_rank, features]``, this rank's rows.
     requests: ``Request`` s with this rank's ids (physical rows, ``-1``
-      invalid), ``[tokens]``, ``[tokens, ...]`` or pooled ``[tokens, bag]``.
+      invalid), ``[tokens]``, ``[tokens, ...]`` or pooled ``[tokens, bag]``;
+      the ids ``distribute`` bucketed.
+    state: ``distribute``'s, or ``send_ahead``'s.
     plan: the table's ``EmbeddingPlan``.
     gather: local row kernel.
     bag: local pooled kernel.
     capacity: ids per destination.
     fallback: take the vocab path when a bucket of the group overflows
       (else the caller checks the returned count).
+    corrections: for rows fetched early, the changed rows each owner can
+      send each rank (``early.correction_capacity``).
 
   Returns:
     ``(outputs, need)``: per request, ``ids.shape + (features,)`` or
     ``[tokens, features]`` pooled; the group's largest bucket.
   """
   flat = jnp.concatenate([r.ids.reshape(-1) for r in requests]).astype(jnp.int32)
-  mine = _my_slice(flat, plan.rest_axes)
-  send, slot, need = bucketize(mine, table.shape[0], plan.group_size, capacity)
-  need = lax.pmax(need, plan.table_axes)
-  return outputs(table, requests, slot, need, lambda: exchange(table, send, plan=plan,
-                                                               gather=gather),
-                 plan=plan, gather=gather, bag=bag, capacity=capacity, fallback=fallback)
-
-
-def outputs(table, requests, slot, need, rows_back_here, *, plan, gather, bag,
-            capacity: int, fallback: bool):
-  """The requests' outputs from the rows routed back, or the vocab path on overflow.
-
-  What follows the route's exchanges, shared by the in-line lookup and one
-  whose ids went out a step ahead (``strategies.ahead``).
-
-  Args:
-    table: ``[rows_per_rank, features]``, this rank's rows.
-    requests: as ``lookup_requests`` takes them.
-    slot: ``bucketize`` 's slots of this rank's ids.
-    need: the group's largest bucket.
-    rows_back_here: ``() -> [group * capacity, features]``, the rows back
-      in this rank's slots (called only when the route is taken).
-    plan, gather, bag, capacity, fallback: as ``lookup_requests`` takes them.
-
-  Returns:
-    ``(outputs, need)`` as ``lookup_requests`` returns them.
-  """
-  flat = jnp.concatenate([r.ids.reshape(-1) for r in requests]).astype(jnp.int32)
 
   def routed():
-    back = rows_back_here()
+    back = _rows_at_home(table, state, plan=plan, gather=gather, corrections=corrections)
     if plan.rest_axes:
-      rows = gather(back, slot)
-      rows = collectives._gather_rest(rows, plan.rest_axes, 0)[: flat.shape[0]]
+      rows = gather(back, state["slot"])
+      rows = collectives.gather_rest(rows, plan.rest_axes, 0)[: flat.shape[0]]
       index = jnp.where(flat >= 0, jnp.arange(flat.shape[0], dtype=jnp.int32), -1)
     else:
-      rows, index = back, slot
+      rows, index = back, state["slot"]
     outs, start = [], 0
     for r in requests:
       part = lax.slice_in_dim(index, start, start + r.ids.size).reshape(r.ids.shape)
@@ -216,17 +177,57 @@ def outputs(table, requests, slot, need, rows_back_here, *, plan, gather, bag,
 
   def unrouted():
     return tuple(
-        _vary_like(
-            vocab.bag_lookup(table, r.ids, r.weights, plan=plan, bag=bag, combiner=r.combiner)
-            if r.pooled else vocab.lookup(table, r.ids, plan=plan, gather=gather),
-            flat,
-        )
+        _vary_like(vocab.finish(table, vocab.distribute(r.ids, r.weights, plan=plan,
+                                                        combiner=r.combiner),
+                                plan=plan, gather=gather, bag=bag), flat)
         for r in requests
     )
 
+  need = state["need"]
   if not fallback:
     return routed(), need
   return lax.cond(need > capacity, unrouted, routed), need
+
+
+def rows_up_to_date(table, got, corrections, *, plan, gather):
+  """The early rows with every row the table has changed since replaced: ``rows_back`` exactly.
+
+  Each owner reads its asked rows again and compares their bits with what
+  it sent (``stale``); the changed ones (at most ``corrections`` per asking
+  rank) go out with their slots and overwrite the early rows there. A step
+  with more changed rows for one rank than that sends every row again.
+  """
+  fresh = gather(table, asked(got["received"]))
+  if plan.node_route:
+    # The corrections' exchange is the flat route's (a changed row goes
+    # straight to the rank that asked); the two-level route's rows come back
+    # deduplicated per node, so there every row is sent again: still exact.
+    return rows_back(fresh, plan=plan, sent=got["received"])
+  group = plan.group_size
+  capacity = fresh.shape[0] // group
+  changed = early.changed_rows(fresh, got["stale"]).reshape(group, capacity)
+  need = lax.pmax(jnp.max(jnp.sum(changed, axis=1, dtype=jnp.int32)), plan.table_axes)
+  exchange = lambda x: lax.all_to_all(x, plan.table_axes, 0, 0, tiled=True)
+
+  def corrected():
+    # The changed slots first in each asking rank's block, in slot order.
+    order = jnp.argsort(~changed, axis=1, stable=True)[:, :corrections].astype(jnp.int32)
+    kept = jnp.take_along_axis(changed, order, axis=1)
+    block = jnp.arange(group, dtype=jnp.int32)[:, None] * capacity
+    values = jnp.take(fresh, (block + order).reshape(-1), axis=0)
+    slots = exchange(jnp.where(kept, block + order, -1).reshape(-1))
+    values = exchange(values)
+    # Back home, a slot of owner b's block is b * capacity + its place there.
+    n = jnp.arange(group * corrections, dtype=jnp.int32)
+    # Unused entries each point past the end at a place of their own.
+    at = jnp.where(slots >= 0, n // corrections * capacity + slots % capacity,
+                   group * capacity + n)
+    return got["rows"].at[at].set(values, mode="drop", unique_indices=True)
+
+  def refetch():
+    return rows_back(fresh, plan=plan)
+
+  return lax.cond(need > corrections, refetch, corrected)
 
 
 def _vary_like(x, ids):

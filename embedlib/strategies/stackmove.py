@@ -24,15 +24,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from embedlib import _compat
 from embedlib import sharding as sharding_lib
-from embedlib.strategies import sharded
+from embedlib.strategies import runner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,8 +141,7 @@ def _run(x, plan, mesh, *, forward, out_rows):
   body = functools.partial(_move, rounds=schedule(placement), axes=axes,
                            group=placement.group, out_rows=out_rows, forward=forward)
   x = sharding_lib.place(x, mesh, spec)
-  with sharded.no_context_mesh():
-    return _compat.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(x)
+  return runner.shard(body, (x,), spec, spec, mesh=mesh)
 
 
 def to_physical(x, plan, mesh):
@@ -206,5 +203,4 @@ def member(rows, plan, mesh, start: int, length: int):
     return lax.psum(block, axes)
 
   rows = sharding_lib.place(rows, mesh, P(axes, None))
-  with sharded.no_context_mesh():
-    return _compat.shard_map(body, mesh=mesh, in_specs=P(axes, None), out_specs=P())(rows)
+  return runner.shard(body, (rows,), P(axes, None), P(), mesh=mesh)

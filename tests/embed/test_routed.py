@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 from jax.experimental import checkify
 
-from embedlib.strategies import routed
+from embedlib.strategies import unique
 from tests.embed.contract import build, check_contract, make_mesh, random_case
 
 MESHES = {
@@ -111,7 +111,7 @@ def test_pooled_bags_and_their_gradient(mesh_name, combiner, capacity):
 def test_bucketize_gives_every_id_its_own_slot():
   rng = np.random.default_rng(0)
   ids = jnp.asarray(rng.integers(-1, 40, 200), jnp.int32)
-  send, slot, need = routed.bucketize(ids, 5, 8, 40)
+  send, slot, need = unique.bucketize(ids, 5, 8, 40)
   ids, send, slot = map(np.asarray, (ids, send, slot))
   valid = ids >= 0
   assert int(need) == max(np.bincount(ids[valid] // 5, minlength=8))

@@ -188,10 +188,10 @@ def test_fifty_early_fetch_steps_equal_in_line_across_a_resume(in_line, tmp_path
 @pytest.mark.slow
 def test_rows_fetched_early_are_stale_without_their_correction(in_line, monkeypatch):
   """What the correction is for: TorchRec's semi-sync pipeline trains on these."""
-  from embedlib.strategies import ahead  # pylint: disable=g-import-not-at-top
+  from embedlib.strategies import routed, vocab  # pylint: disable=g-import-not-at-top
 
-  monkeypatch.setattr(ahead, "_brought_up_to_date", lambda table, got, c, **_: got["rows"])
-  monkeypatch.setattr(ahead, "_vocab_brought_up_to_date", lambda table, got, c, **_: got["rows"])
+  monkeypatch.setattr(routed, "rows_up_to_date", lambda table, got, c, **_: got["rows"])
+  monkeypatch.setattr(vocab, "rows_up_to_date", lambda table, got, c, **_: got["rows"])
   want_losses, _ = in_line(STEPS)
   model, optimizer = _make()
   runner = pipeline.Pipeline(model, optimizer, Source(STEPS), CTR, early_fetch=0.5)
@@ -208,7 +208,7 @@ def test_vocab_rows_fetched_early_are_brought_up_to_date_exactly(table_axes):
   changed (corrected, one of them to -0.0, which comes out 0.0 in line)
   and with many (every row sent again): the in-line lookup bit for bit.
   """
-  from embedlib.strategies import ahead, dispatch, request  # pylint: disable=g-import-not-at-top
+  from embedlib.strategies import dispatch, request  # pylint: disable=g-import-not-at-top
 
   mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   embed = embedlib.ShardedEmbed(30, 4, mesh=mesh, sharding="vocab", table_axes=table_axes,
@@ -222,10 +222,10 @@ def test_vocab_rows_fetched_early_are_brought_up_to_date_exactly(table_axes):
 
   @jax.jit
   def in_line_and_early(table, updated):
-    early = ahead.distribute(requests, plan=embed.plan, mesh=mesh, table=table,
-                             gather=run["gather"], early_fetch=0.25)
+    early = dispatch.distribute(requests, plan=embed.plan, mesh=mesh, table=table,
+                                gather=run["gather"], early_fetch=0.25)
     return (dispatch.lookup_requests(updated, requests, **run)[0][0],
-            ahead.lookup_distributed(updated, requests, early, **run)[0][0])
+            dispatch.finish(updated, requests, early, **run)[0][0])
 
   marked = jnp.array([-0.0, 1.0, 2.0, 3.0])
   few = table.at[4].set(marked).at[7].add(1.0)
