@@ -8,7 +8,7 @@ no device holds the whole map.
 The step's ``M`` ids are split over the group (``M / G`` a rank; ranks
 outside the group hold copies, so each copy of the map makes the same
 step). Each rank routes its ids to their owners as the routed layout does
-(``strategies.routed.bucketize``, a static ``capacity`` per owner, then one
+(``strategies.unique.bucketize``, a static ``capacity`` per owner, then one
 ``all_to_all`` of id words, 8 bytes each), the owner runs
 ``step.train_step`` on every id of its buckets, and a second ``all_to_all``
 hands each id its row (4 bytes): about ``12 * 2 * M / G`` bytes a rank with
@@ -35,7 +35,7 @@ from embedlib import sharding as sharding_lib
 from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
-from embedlib.strategies import routed as routed_lib
+from embedlib.strategies import unique as unique_lib
 
 
 def _own(flat, policy, index, group):
@@ -92,7 +92,7 @@ def _route(flat, policy, group, cap):
   hi, lo = flat[:, 0], flat[:, 1]
   pad = (hi == jnp.uint32(ids_lib.PAD_WORD)) & (lo == jnp.uint32(ids_lib.PAD_WORD))
   owner = ids_lib.bucket_of(hi, lo, policy.num_buckets) // (policy.num_buckets // group)
-  _, slot, need = routed_lib.bucketize(jnp.where(pad, -1, owner), 1, group, cap)
+  _, slot, need = unique_lib.bucketize(jnp.where(pad, -1, owner), 1, group, cap)
   put = jnp.where(slot >= 0, slot, group * cap)
   send = jnp.full((group * cap, 2), ids_lib.PAD_WORD, jnp.uint32).at[put].set(flat, mode="drop")
   return send, slot, need
