@@ -12,6 +12,7 @@ import pathlib
 import sys
 
 import numpy as np
+import pytest
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "init_memory.py"
 
@@ -49,6 +50,7 @@ def test_quick_run_checks_then_prints(monkeypatch, capsys):
   assert "ShardedEmbed (1 GiB, vocab) differs" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # the verdict itself (agree) is checked in the quick run above
 def test_a_build_from_another_seed_fails_the_run(capsys):
   script = import_script()
   assert script.main(["--quick", "--layouts", "hidden", "--wrong-seed", "EmbeddingCollection"]) == 1

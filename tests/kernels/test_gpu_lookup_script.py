@@ -80,7 +80,8 @@ WRONG = {
 }
 
 
-@pytest.mark.parametrize("which", sorted(WRONG))
+# The bag case reruns the same check path with another kernel: -m slow.
+@pytest.mark.parametrize("which", ["gather", pytest.param("bag", marks=pytest.mark.slow)])
 def test_a_wrong_reference_fails_the_check_before_any_timing(which, env):
   code = WRONG_REFERENCE_RUN.format(script=str(SCRIPT), which=which, wrong=WRONG[which])
   result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
