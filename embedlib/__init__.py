@@ -14,12 +14,14 @@ from embedlib.logits import VocabShardedLogits
 from embedlib.losses import vocab_parallel_cross_entropy
 from embedlib.optim import LazyAdam, RowWiseAdagrad, SparseAwareOptimizer, SparseSGD
 from embedlib.plan import EmbeddingPlan, plan_embedding
+from embedlib.quant import QuantizedEmbed, quantize
 
 __all__ = [
     "EmbeddingCollection",
     "EmbeddingPlan",
     "FeatureSpec",
     "LazyAdam",
+    "QuantizedEmbed",
     "RowWiseAdagrad",
     "ShardedEmbed",
     "SparseAwareOptimizer",
@@ -28,6 +30,7 @@ __all__ = [
     "VocabShardedLogits",
     "export_disabled_checks",
     "plan_embedding",
+    "quantize",
     "vocab_parallel_cross_entropy",
 ]
 __version__ = "0.1.0"
