@@ -130,7 +130,8 @@ def gather(table: fmt.QuantizedTable, ids, *, kernel: str = "auto", interpret: b
   """``dequantize(table)[ids]`` with zero rows for invalid ids, dequantizing only those rows.
 
   Args:
-    table: a `QuantizedTable` (a local shard inside ``shard_map``).
+    table: a `QuantizedTable` (a local shard inside ``shard_map``); a float
+      table (rows a strategy already gathered) takes `kernels.gather`.
     ids: int array of any shape; ids outside ``[0, rows)`` read zeros.
     kernel: one of ``options.KERNELS`` (see `plan`).
     interpret: Pallas interpreter on (True), off (False) or on CPU only (None).
@@ -143,6 +144,8 @@ def gather(table: fmt.QuantizedTable, ids, *, kernel: str = "auto", interpret: b
   >>> gather(q, jnp.array([2, -1]), kernel="pallas").tolist()
   [[4.0, 5.0], [0.0, 0.0]]
   """
+  if not fmt.is_quantized(table):  # rows already gathered (a routed lookup's exchange)
+    return dispatch.gather(table, ids, kernel=kernel, interpret=interpret)
   _check_ids("quantized gather", ids)
   if ids.size == 0:
     return dispatch._empty(ids.shape + (table.shape[1],), table.data.astype(jnp.float32)[:0],
@@ -156,7 +159,7 @@ def bag(table: fmt.QuantizedTable, ids, weights=None, *, combiner: str = "sum",
   """Pooled bags of ``dequantize(table)`` (`kernels.bag`'s semantics), dequantizing only their rows.
 
   Args:
-    table: a `QuantizedTable`.
+    table: a `QuantizedTable`; a float table takes `kernels.bag`.
     ids: int ``[batch, bag]`` padded with -1 (any invalid id is padding).
     weights: optional float ``[batch, bag]``.
     combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"``.
@@ -171,6 +174,9 @@ def bag(table: fmt.QuantizedTable, ids, weights=None, *, combiner: str = "sum",
   >>> bag(q, jnp.array([[0, 2, -1]]), combiner="mean", kernel="xla").tolist()
   [[2.0, 3.0]]
   """
+  if not fmt.is_quantized(table):  # rows already gathered (a routed lookup's exchange)
+    return dispatch.bag(table, ids, weights, combiner=combiner, kernel=kernel,
+                        interpret=interpret)
   _check_ids("quantized bag", ids)
   reference.check_combiner(combiner)
   check_bag_shapes(ids, weights)

@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from embedlib import sharding as sharding_lib
+from embedlib import table as table_lib
 from embedlib import tape as tape_lib
 from embedlib.embed import ShardedEmbed
 from embedlib.quant import format as fmt
@@ -96,7 +97,10 @@ class QuantizedEmbed(ShardedEmbed):
   def dequantized(self) -> jax.Array:
     """The logical float32 table the lookups read (tests and checks: it builds the whole table)."""
     full = fmt.dequantize(self.physical_table())
-    return full[: self.num_embeddings, : self.features]
+    if self.mesh is None:
+      return full[: self.num_embeddings, : self.features]
+    full = sharding_lib.place_always(full, NamedSharding(self.mesh, P(*self.plan.table_spec)))
+    return table_lib.unpad(full, self.plan, self.mesh)
 
   def attend(self, query, out_sharding=None):
     raise NotImplementedError(

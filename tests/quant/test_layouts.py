@@ -1,0 +1,122 @@
+"""Quantized lookups in every layout and kernel: the float twin's results, bit for bit.
+
+The twin (`tests.quant.twin`) is the float module holding the dequantized
+tables in the same layout; the float contract tests tie it to the
+single-device reference. Here each case also checks the gathers against
+that reference directly, and the rows against the float table within the
+format's stated bound. Layout x kernel x format x mesh is covered pairwise
+(`tests.covering`); ``-m slow`` runs the rest of the product.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import embedlib
+from embedlib.quant import format as fmt
+from embedlib.quant import lookup
+from tests.covering import params
+from tests.embed.contract import make_mesh, reference_lookup
+from tests.quant.twin import quantized_and_twin
+
+MESHES = {
+    "8-tokens": ((8,), ("batch",), None, None, None),
+    "2x4-tp": ((2, 4), ("data", "model"), None, None, None),
+    "4x2-grid": ((4, 2), ("data", "model"), ("data",), ("model",), None),
+}
+LAYOUTS = ["replicated", "vocab", "hidden", "routed", "grid"]
+KERNELS = ["xla", "pallas", "cpu"]
+SIZES = {"replicated": (7, 5), "vocab": (99, 10), "hidden": (13, 7), "routed": (99, 6),
+         "grid": (99, 10)}
+
+
+def _ids(num_embeddings, shape, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(-2, num_embeddings + 3, shape).astype(np.int32)
+  ids.flat[0] = num_embeddings  # invalid ids of both signs, always
+  ids.flat[-1] = -1
+  return jnp.asarray(ids)
+
+
+@pytest.mark.parametrize("layout, kernel, bits, mesh_name",
+                         params(LAYOUTS, KERNELS, fmt.FORMATS, list(MESHES)))
+def test_layout_kernel_format(layout, kernel, bits, mesh_name):
+  shape, names, table_axes, column_axes, data_axes = MESHES[mesh_name]
+  if layout == "grid" and column_axes is None:
+    table_axes, column_axes = ("model",), ("data",) if len(shape) > 1 else None
+    if column_axes is None:
+      pytest.skip("a grid needs two mesh axes")
+  kw = dict(table_axes=table_axes, column_axes=column_axes) if layout == "grid" else {}
+  mesh = make_mesh(shape, names)
+  n, f = SIZES[layout]
+  emb = embedlib.ShardedEmbed(n, f, mesh=mesh, sharding=layout, kernel=kernel,
+                              rngs=nnx.Rngs(0), **kw)
+  q, twin = quantized_and_twin(emb, bits)
+  assert q.plan.strategy == layout
+  ids = _ids(n, (11, 3))
+  out = q(ids)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(twin(ids)))
+  np.testing.assert_array_equal(np.asarray(out),
+                                np.asarray(reference_lookup(q.dequantized(), ids)))
+  # Within the format's bound of the float table, where valid.
+  physical = np.asarray(jax.device_get(emb.physical_table()))
+  bound = fmt.error_bound(physical, jax.device_get(q.physical_table()))[:n, :f]
+  valid = np.asarray((ids >= 0) & (ids < n))
+  err = np.abs(np.asarray(out) - np.asarray(emb(ids)))
+  safe = np.where(valid, ids, 0)
+  assert (err <= bound[safe]).all()
+  weights = jnp.asarray(np.random.default_rng(1).uniform(0.5, 2, ids.shape), jnp.float32)
+  for combiner, w in (("sum", weights), ("mean", None), ("sqrtn", weights)):
+    np.testing.assert_array_equal(np.asarray(q.bag(ids, w, combiner=combiner)),
+                                  np.asarray(twin.bag(ids, w, combiner=combiner)))
+
+
+def test_jit_and_bf16_scales():
+  mesh = make_mesh((8,), ("batch",))
+  emb = embedlib.ShardedEmbed(50, 8, mesh=mesh, sharding="vocab", rngs=nnx.Rngs(1))
+  q, twin = quantized_and_twin(emb, 4, jnp.bfloat16)
+  assert q.physical_table().scale_bias.dtype == jnp.bfloat16
+  ids = _ids(50, (16, 4))
+  got = nnx.jit(lambda m, i: m.bag(i, combiner="mean"))(q, ids)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(twin.bag(ids, combiner="mean")))
+
+
+def test_invalid_ids_error_rule():
+  emb = embedlib.ShardedEmbed(10, 4, invalid_ids="error", rngs=nnx.Rngs(0))
+  q = embedlib.quantize(emb, 8)
+  with pytest.raises(IndexError, match="10"):  # the float module's error, as is
+    q(jnp.array([3, 10]))
+  assert q(jnp.array([3, 9])).shape == (2, 4)
+
+
+def test_training_is_an_error():
+  emb = embedlib.ShardedEmbed(10, 4, rngs=nnx.Rngs(0))
+  q = embedlib.quantize(emb, 8)
+  assert not nnx.state(q, nnx.Param)  # nothing for an optimizer
+  ids = jnp.array([1, 2])
+  table = q.physical_table()
+  rows = lambda sb: lookup.gather(dataclasses.replace(table, scale_bias=sb), ids, kernel="xla")
+  with pytest.raises(ValueError, match="train the float module"):
+    jax.grad(lambda sb: jnp.sum(rows(sb)))(table.scale_bias)
+  with pytest.raises(NotImplementedError, match="attend"):
+    q.attend(jnp.ones((1, 4)))
+  with pytest.raises(ValueError, match="already quantized"):
+    embedlib.quantize(q)
+
+
+def test_collection_with_stacks():
+  from tests.collection.test_placement import FEATURES, TABLES, BATCH, make_inputs
+  mesh = jax.make_mesh((8,), ("batch",))
+  coll = embedlib.EmbeddingCollection(TABLES, FEATURES, mesh=mesh, table_batched=True,
+                                      batch_size=BATCH, devices_per_host=4, rngs=nnx.Rngs(0))
+  q, twin = quantized_and_twin(coll, 8)
+  assert sum(isinstance(m, embedlib.QuantizedEmbed) for _, m in nnx.iter_graph(q)) >= 3
+  assert q.stacks  # tables stacked by placement
+  inputs, weights = make_inputs()
+  got, want = q(inputs, weights), twin(inputs, weights)
+  for name in want:
+    np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
