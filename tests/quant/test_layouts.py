@@ -4,8 +4,11 @@ The twin (`tests.quant.twin`) is the float module holding the dequantized
 tables in the same layout; the float contract tests tie it to the
 single-device reference. Here each case also checks the gathers against
 that reference directly, and the rows against the float table within the
-format's stated bound. Layout x kernel x format x mesh is covered pairwise
-(`tests.covering`); ``-m slow`` runs the rest of the product.
+format's stated bound. Bags are exact where the float bag runs the same
+kernel family; where it is Mosaic GPU's (jax >= 0.11's ``pallas`` on CPU)
+it sums the same terms in another order: f32 ulps, 1e-6. Layout x kernel x
+format x mesh is covered pairwise (`tests.covering`); ``-m slow`` runs the
+rest of the product.
 """
 
 import dataclasses
@@ -17,6 +20,7 @@ import pytest
 from flax import nnx
 
 import embedlib
+from embedlib import kernels
 from embedlib.quant import format as fmt
 from embedlib.quant import lookup
 from tests.covering import params
@@ -72,7 +76,10 @@ def test_layout_kernel_format(layout, kernel, bits, mesh_name):
       np.random.default_rng(1).uniform(0.5, 2, ids.shape), jnp.float32)
   out, twin_out, float_out, bags, twin_bags = _results(q, twin, emb, ids, combiner, weights)
   np.testing.assert_array_equal(np.asarray(out), np.asarray(twin_out))
-  np.testing.assert_array_equal(np.asarray(bags), np.asarray(twin_bags))
+  if lookup.plan(kernel)["cpu"] == kernels.plan(kernel)["cpu"]:
+    np.testing.assert_array_equal(np.asarray(bags), np.asarray(twin_bags))
+  else:  # jax >= 0.11: the float twin's bag is Mosaic GPU's, which sums in another order
+    np.testing.assert_allclose(np.asarray(bags), np.asarray(twin_bags), rtol=1e-6, atol=1e-6)
   np.testing.assert_array_equal(np.asarray(out),
                                 np.asarray(reference_lookup(q.dequantized(), ids)))
   # Within the format's bound of the float table, where valid (zeros elsewhere).
