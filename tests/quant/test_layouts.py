@@ -118,6 +118,9 @@ def test_training_is_an_error():
   rows = lambda sb: lookup.gather(dataclasses.replace(table, scale_bias=sb), ids, kernel="xla")
   with pytest.raises(ValueError, match="train the float module"):
     jax.grad(lambda sb: jnp.sum(rows(sb)))(table.scale_bias)
+  # The sparse optimizers' tape: the training step of a model.
+  with pytest.raises(ValueError, match="train the float module"):
+    embedlib.optim.value_and_grad(lambda m: jnp.sum(m(ids)))(q)
   with pytest.raises(NotImplementedError, match="attend"):
     q.attend(jnp.ones((1, 4)))
   with pytest.raises(ValueError, match="already quantized"):
