@@ -139,3 +139,13 @@ def test_collection_with_stacks():
   got, want = q(inputs, weights), twin(inputs, weights)
   for name in want:
     np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+
+
+def test_dedup_on_a_routed_table():
+  from embedlib.strategies import Request
+  mesh = make_mesh((8,), ("batch",))
+  emb = embedlib.ShardedEmbed(99, 6, mesh=mesh, sharding="routed", rngs=nnx.Rngs(0))
+  q, twin = quantized_and_twin(emb, 4)
+  requests = (Request(_ids(99, (16, 3)), None, "mean"),)
+  (got,), (want,) = (m.lookup_requests(requests, num_unique=8) for m in (q, twin))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
