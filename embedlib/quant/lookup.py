@@ -31,8 +31,7 @@ from embedlib.kernels import reference
 from embedlib.kernels.bag_pallas import check_bag_shapes
 from embedlib.kernels.bag_xla import bag_xla
 from embedlib.kernels.gather_cpu import gather_cpu
-from embedlib.kernels.pallas_ad import _run as _on_platform
-from embedlib.kernels.pallas_ad import COMPILED, INTERPRET
+from embedlib import sharding as sharding_lib
 from embedlib.quant import format as fmt
 from embedlib.quant import triton
 
@@ -78,16 +77,27 @@ def _gathered(table: fmt.QuantizedTable, ids, take):
   return fmt.dequantize_rows(data, sb, table.bits, table.block_width)
 
 
+def _compiled_on_gpu(fn, impl: str, name: str):
+  """``fn`` as is when interpreted; else lowered for CUDA alone (`platforms.on_gpu`)."""
+  if impl == TRITON_INTERPRET:
+    return fn
+  return lambda *args: platforms.on_gpu(fn, *args, name=name)
+
+
+def _empty(shape, *operands):
+  """The float32 zeros of a lookup without ids, typed to vary as the operands do."""
+  return sharding_lib.match_varying(jnp.zeros(shape, jnp.float32), *operands)[0]
+
+
 def _gather_impl(impl: str):
   if impl == XLA:
     return lambda t, i: _gathered(t, i, reference.gather_reference).reshape(
         i.shape + (t.shape[1],))
   if impl == CPU:
     return lambda t, i: _gathered(t, i, gather_cpu).reshape(i.shape + (t.shape[1],))
-  mode = INTERPRET if impl == TRITON_INTERPRET else COMPILED
-  return lambda t, i: _on_platform(
-      lambda t, i: triton.gather_triton(t, i, interpret=mode == INTERPRET), mode,
-      "quantized gather")(t, i)
+  return _compiled_on_gpu(
+      lambda t, i: triton.gather_triton(t, i, interpret=impl == TRITON_INTERPRET), impl,
+      "quantized gather")
 
 
 def _bag_impl(impl: str):
@@ -103,11 +113,10 @@ def _bag_impl(impl: str):
       return bag_xla(rows, local, weights, combiner=combiner)
 
     return pooled
-  mode = INTERPRET if impl == TRITON_INTERPRET else COMPILED
-  return lambda t, ids, weights, combiner: _on_platform(
+  return lambda t, ids, weights, combiner: _compiled_on_gpu(
       lambda t, i, *w: triton.bag_triton(t, i, *(w or (None,)), combiner=combiner,
-                                         interpret=mode == INTERPRET),
-      mode, "quantized bag")(t, ids, *(() if weights is None else (weights,)))
+                                         interpret=impl == TRITON_INTERPRET),
+      impl, "quantized bag")(t, ids, *(() if weights is None else (weights,)))
 
 
 @jax.custom_jvp
@@ -148,8 +157,7 @@ def gather(table: fmt.QuantizedTable, ids, *, kernel: str = "auto", interpret: b
     return dispatch.gather(table, ids, kernel=kernel, interpret=interpret)
   _check_ids("quantized gather", ids)
   if ids.size == 0:
-    return dispatch._empty(ids.shape + (table.shape[1],), table.data.astype(jnp.float32)[:0],
-                           ids)
+    return _empty(ids.shape + (table.shape[1],), *jax.tree.leaves(table), ids)
   branches = _branches(_gather_impl, kernel, interpret)
   return _no_gradient(platforms.by_platform(table, ids, **branches))
 
@@ -181,9 +189,8 @@ def bag(table: fmt.QuantizedTable, ids, weights=None, *, combiner: str = "sum",
   reference.check_combiner(combiner)
   check_bag_shapes(ids, weights)
   if ids.size == 0:
-    return dispatch._empty(ids.shape[:1] + (table.shape[1],),
-                           table.data.astype(jnp.float32)[:0], ids,
-                           *(() if weights is None else (weights,)))
+    return _empty(ids.shape[:1] + (table.shape[1],), *jax.tree.leaves(table), ids,
+                  *(() if weights is None else (weights,)))
   branches = _branches(_bag_impl, kernel, interpret, combiner=combiner)
   return _no_gradient(platforms.by_platform(table, ids, weights, **branches))
 
