@@ -154,33 +154,39 @@ def quantize(module, bits=fmt.INT8, scale_dtype=jnp.float16, *, skip=()):
     raise ValueError(f"{module.plan.name}: already quantized; quantize the float module.")
   if isinstance(module, ShardedEmbed):
     return one(module)
-  found = [(path, m) for path, m in nnx.iter_graph(module)
-           if isinstance(m, ShardedEmbed) and not isinstance(m, QuantizedEmbed)
-           and m.plan.name not in skip]
-  if not found and not any(isinstance(m, QuantizedEmbed) for _, m in nnx.iter_graph(module)):
+  done = {}  # id of a float table -> its quantized one: shared tables stay shared
+  for _, parent in list(nnx.iter_graph(module)):
+    for key, child in _children(parent):
+      if (isinstance(child, ShardedEmbed) and not isinstance(child, QuantizedEmbed)
+          and child.plan.name not in skip):
+        if id(child) not in done:
+          done[id(child)] = one(child)
+        _assign(parent, key, done[id(child)])
+  if not done and not any(isinstance(m, QuantizedEmbed) for _, m in nnx.iter_graph(module)):
     raise ValueError(
         f"quantize: {type(module).__name__} holds no ShardedEmbed; pass a ShardedEmbed, "
         "an EmbeddingCollection or a model built from them."
     )
-  done = {}
-  for path, m in found:
-    new = done.setdefault(id(m), one(m))  # a table shared by two parents stays shared
-    _set(module, path, new)
   return module
 
 
-def _set(root, path, value):
-  parent = root
-  for key in path[:-1]:
-    parent = _child(parent, key)
-  key = path[-1]
-  if isinstance(parent, nnx.Module) and isinstance(key, str) and hasattr(parent, key):
+def _children(node):
+  """``(key, child)`` of a graph node's direct children (none inside a table)."""
+  if isinstance(node, ShardedEmbed):
+    return []
+  if isinstance(node, nnx.Module):  # nnx.Dict and nnx.List too: entries are attributes
+    return [(k, v) for k, v in vars(node).items() if not k.startswith("_")]
+  if isinstance(node, dict):
+    return list(node.items())
+  if isinstance(node, list):
+    return list(enumerate(node))
+  return []
+
+
+def _assign(parent, key, value):
+  if isinstance(parent, nnx.List):
+    parent[int(key)] = value
+  elif isinstance(parent, nnx.Module):
     setattr(parent, key, value)
   else:
     parent[key] = value
-
-
-def _child(node, key):
-  if isinstance(node, nnx.Module) and isinstance(key, str) and hasattr(node, key):
-    return getattr(node, key)
-  return node[key]

@@ -149,3 +149,17 @@ def test_dedup_on_a_routed_table():
   requests = (Request(_ids(99, (16, 3)), None, "mean"),)
   (got,), (want,) = (m.lookup_requests(requests, num_unique=8) for m in (q, twin))
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_shared_tables_stay_shared():
+  emb = embedlib.ShardedEmbed(5, 2, rngs=nnx.Rngs(0))
+
+  class Holder(nnx.Module):
+    def __init__(self):
+      self.a, self.b = emb, emb
+      self.d, self.l = nnx.Dict({"x": emb}), nnx.List([emb])
+
+  m = embedlib.quantize(Holder(), "fp8")
+  assert isinstance(m.a, embedlib.QuantizedEmbed) and m.a is m.b is m.d["x"] is m.l[0]
+  with pytest.raises(ValueError, match="holds no ShardedEmbed"):
+    embedlib.quantize(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
