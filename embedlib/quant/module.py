@@ -43,12 +43,13 @@ def _quantize_physical(table, plan, mesh, bits, scale_dtype):
   blocks = _blocks(plan)
   run = functools.partial(fmt.quantize_table, bits=bits, scale_dtype=scale_dtype,
                           blocks=blocks)
-  if mesh is None or not sharding_lib.has_devices(mesh):
-    return jax.jit(run)(table)
-  spec = NamedSharding(mesh, P(*plan.table_spec))
+  spec = None if mesh is None else NamedSharding(mesh, P(*plan.table_spec))
   shapes = jax.eval_shape(run, table)
-  shardings = jax.tree.map(lambda _: spec, shapes)
-  return jax.jit(run, out_shardings=shardings)(table)
+  if isinstance(table, jax.ShapeDtypeStruct):  # an abstract module (ahead-of-time lowering)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=spec), shapes)
+  if spec is None or not sharding_lib.has_devices(mesh):
+    return jax.jit(run)(table)
+  return jax.jit(run, out_shardings=jax.tree.map(lambda _: spec, shapes))(table)
 
 
 class QuantizedEmbed(ShardedEmbed):
@@ -127,7 +128,8 @@ def quantize(module, bits=fmt.INT8, scale_dtype=jnp.float16, *, skip=()):
 
   Args:
     module: a ``ShardedEmbed`` (a `QuantizedEmbed` is returned), or any nnx
-      module holding them (an ``EmbeddingCollection``, a model): each
+      module holding them (concrete, or abstract from ``nnx.eval_shape``:
+      its tables become ``ShapeDtypeStruct`` s, for ahead-of-time lowering) (an ``EmbeddingCollection``, a model): each
       ``ShardedEmbed`` in its graph is replaced in place by a
       `QuantizedEmbed` and ``module`` itself is returned (so the float
       tables are released, never held twice).
