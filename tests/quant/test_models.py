@@ -2,7 +2,8 @@
 
 Tolerance: int8 rows are within half a step of the float rows (about 1/510
 of each row's range); through the small MLPs here the logits move by far
-less than 0.05, and int4 (1/30 of the range) by less than 0.3.
+less than 0.05, and int4 (1/30 of the range) by less than 0.3. (fp8 and
+bf16 take the same path: `tests/quant/test_layouts.py` covers their kernels.)
 """
 
 import jax.numpy as jnp
@@ -24,7 +25,7 @@ def _model():
       bottom_sizes=(16, 8), top_sizes=(16, 1), interaction="dot", rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("bits, tol", [(8, 0.05), (4, 0.3), ("fp8", 0.3), ("bf16", 0.05)])
+@pytest.mark.parametrize("bits, tol", [(8, 0.05), (4, 0.3)])
 def test_quantized_dlrm(bits, tol):
   model = _model()
   dense = jnp.linspace(-1, 1, 12).reshape(4, 3)
@@ -35,4 +36,4 @@ def test_quantized_dlrm(bits, tol):
   got = quantized(dense, sparse)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(twin(dense, sparse)))
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=tol)
-  assert not np.array_equal(np.asarray(got), np.asarray(want)) or bits == "bf16"
+  assert not np.array_equal(np.asarray(got), np.asarray(want))

@@ -29,6 +29,4 @@ def quantized_and_twin(model, bits, scale_dtype=None):
       if f.mesh is not None:
         table = jax.device_put(table, NamedSharding(f.mesh, P(*f.plan.table_spec)))
       param_lib.set_physical(f.embedding, table.astype(f.param_dtype))
-  if isinstance(model, embedlib.ShardedEmbed):
-    return quantized, twin
   return quantized, twin
