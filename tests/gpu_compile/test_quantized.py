@@ -1,4 +1,4 @@
-"""The quantized gather and bag (`embedlib.quant.triton`) compile for an H100, without one.
+"""The quantized gather and bag (`embedlib.quant.triton`) compile for H100 / H200, without one.
 
 One program per format: a gather and a weighted mean bag of a quantized
 table, with ``kernel="pallas"`` (the Triton kernels on CUDA: Mosaic GPU has
@@ -23,11 +23,6 @@ from tests.gpu_compile.test_strategies import OPCODES
 S = jax.ShapeDtypeStruct
 
 
-@pytest.fixture(scope="module")
-def mesh():
-  return deviceless.gpu_mesh((1,), ("x",), target="H100")
-
-
 def _lookups(table, ids, bag_ids, weights):
   rows = lookup.gather(table, ids, kernel="pallas", interpret=False)
   bags = lookup.bag(table, bag_ids, weights, combiner="mean", kernel="pallas", interpret=False)
@@ -35,15 +30,18 @@ def _lookups(table, ids, bag_ids, weights):
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
-@pytest.mark.parametrize("bits", fmt.FORMATS)
-def test_quantized_lookups_compile(mesh, bits):
+@pytest.mark.parametrize("bits, target", [(8, "H100"), (4, "H200"), ("fp8", "H100"),
+                                         ("bf16", "H200")])
+def test_quantized_lookups_compile(bits, target):
+  mesh = deviceless.gpu_mesh((1,), ("x",), target=target)
   rep = NamedSharding(mesh, P())
   shapes = jax.eval_shape(lambda t: fmt.quantize_table(t, bits, blocks=2),
                           S((1000, 192), jnp.float32))
   table = jax.tree.map(lambda s: S(s.shape, s.dtype, sharding=rep), shapes)
   args = (table, S((512,), jnp.int32, sharding=rep), S((64, 8), jnp.int32, sharding=rep),
           S((64, 8), jnp.float32, sharding=rep))
-  program = compiled.compile_checked(f"quantized {bits}", _lookups, *args, mesh=mesh)
+  program = compiled.compile_checked(f"quantized {bits}", _lookups, *args, mesh=mesh,
+                                     target=target)
   compiled.check_all(program)
   # The compiled Triton kernels, named by their pallas_call.
   assert "embedlib_quantized_gather" in program.text
