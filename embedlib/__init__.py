@@ -22,6 +22,7 @@ _EXPORTS = {
     "FeatureSpec": "embedlib.collection",
     "LazyAdam": "embedlib.optim",
     "RowWiseAdagrad": "embedlib.optim",
+    "QuantizedEmbed": "embedlib.quant",
     "ShardedEmbed": "embedlib.embed",
     "SparseAwareOptimizer": "embedlib.optim",
     "SparseSGD": "embedlib.optim",
@@ -29,6 +30,7 @@ _EXPORTS = {
     "VocabShardedLogits": "embedlib.logits",
     "export_disabled_checks": "embedlib.export_checks",
     "plan_embedding": "embedlib.plan",
+    "quantize": "embedlib.quant",
     "vocab_parallel_cross_entropy": "embedlib.losses",
 }
 

@@ -289,7 +289,17 @@ class ShardedEmbed(nnx.Module):
     param_lib.set_physical(self.embedding,
                            table_lib.load(table, self.plan, self.mesh, self.param_dtype))
 
+  def _stored(self):
+    """The stored table's raw value (a pytree), for the eager-call test."""
+    return self.embedding.get_raw_value()
+
   # -- lookups -----------------------------------------------------------
+
+  def _local_kernels(self) -> dict:
+    """The strategies' local ``gather`` and ``bag`` kernels and their ``check_vma``."""
+    return dict(gather=functools.partial(kernels.gather, kernel=self.kernel),
+                bag=functools.partial(kernels.bag, kernel=self.kernel),
+                check_vma=kernels.shard_map_check_vma(self.kernel))
 
   def __call__(self, inputs, out_sharding=None) -> jax.Array:
     """Embeds integer ids: ``inputs.shape + (features,)``.
@@ -378,7 +388,7 @@ class ShardedEmbed(nnx.Module):
     requests = tuple(r.replace(ids=self._sanitize(ids, r.pooled))
                      for ids, r in zip(raw, requests))
     on_overflow = on_overflow or self.on_overflow
-    if eager_on_mesh(self.mesh, requests, self.embedding.get_raw_value()):
+    if eager_on_mesh(self.mesh, requests, self._stored()):
       out, overflow = _eager_requests(self, requests, num_unique, on_overflow)
     else:
       out, overflow = self._lookup_requests(requests, num_unique, on_overflow)
@@ -426,10 +436,7 @@ class ShardedEmbed(nnx.Module):
 
   def _lookup_requests(self, requests, num_unique, on_overflow):
     table = self.physical_table()
-    gather = functools.partial(kernels.gather, kernel=self.kernel)
-    bag = functools.partial(kernels.bag, kernel=self.kernel)
-    run = dict(plan=self.plan, mesh=self.mesh, gather=gather, bag=bag,
-               check_vma=kernels.shard_map_check_vma(self.kernel))
+    run = dict(plan=self.plan, mesh=self.mesh, **self._local_kernels())
     scope = lookahead.active()
     if scope is None:
       out, overflow = strategies.lookup_requests(
@@ -517,7 +524,7 @@ class ShardedEmbed(nnx.Module):
           f"{self.plan.name}: attend needs a query whose last dimension is "
           f"features={self.features}, got shape {query.shape}."
       )
-    if eager_on_mesh(self.mesh, query, self.embedding.get_raw_value()):
+    if eager_on_mesh(self.mesh, query, self._stored()):
       return _eager_attend(self, query, out_sharding)
     return self._attend(query, out_sharding)
 

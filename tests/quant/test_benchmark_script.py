@@ -1,0 +1,15 @@
+"""benchmarks/quantized.py runs end to end on the quickstart's smoke config (slow: it trains)."""
+
+import pytest
+
+from tests import benchmark_scripts
+
+
+@pytest.mark.slow
+def test_quantized_benchmark_smoke(capsys):
+  benchmark_scripts.load("quantized").main(["--smoke"])
+  lines = capsys.readouterr().out.splitlines()
+  rows = {line.split()[0]: line.split() for line in lines if line.split()[:1] and
+          line.split()[0] in ("float32", "8", "4", "fp8", "bf16")}
+  assert set(rows) == {"float32", "8", "4", "fp8", "bf16"}
+  assert float(rows["8"][-1]) < 0.35 and float(rows["4"][-1]) < 0.2  # bytes vs float32
