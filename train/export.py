@@ -16,7 +16,9 @@ from absl import app, flags
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The workdir of a finished python -m train run.")
 _OUT = flags.DEFINE_string("out", None, "The artifact's directory (new, or empty).")
-_BITS = flags.DEFINE_enum("bits", None, ["8", "4"], "Quantize the tables to 8 or 4 bits first.")
+_BITS = flags.DEFINE_enum("bits", None, ["8", "4", "fp8", "bf16"],
+                          "Quantize the tables first: 8 or 4 bits a value with a scale and bias "
+                          "per row, fp8 (e4m3) or bf16 (embedlib.quantize).")
 _PLATFORMS = flags.DEFINE_list("platforms", ["cpu"], "Lowering platforms: cpu, cuda, rocm, tpu.")
 _DEVICES = flags.DEFINE_integer(
     "devices", 1, "Devices the program is sharded over (the run's mesh axes); 1 serves on one "
@@ -26,6 +28,10 @@ _TOP_K = flags.DEFINE_integer("top_k", 100, "Retrieval, next-item: items returne
 _EXCLUDE = flags.DEFINE_bool("exclude_input", False,
                              "Next-item: leave a history's own items out of its top k.")
 flags.mark_flags_as_required(["workdir", "out"])
+
+
+def _bits(value):
+  return int(value) if value in ("8", "4") else value
 
 
 def main(argv):
@@ -44,7 +50,7 @@ def main(argv):
     config, model, mesh = export_lib.restore(_WORKDIR.value, _DEVICES.value)
     manifest = export_lib.export(
         config, model, mesh, _OUT.value, batch_size=_BATCH.value,
-        platforms=tuple(_PLATFORMS.value), bits=None if _BITS.value is None else int(_BITS.value),
+        platforms=tuple(_PLATFORMS.value), bits=_bits(_BITS.value),
         top_k=_TOP_K.value, exclude_input=_EXCLUDE.value)
   except (export_lib.ExportError, NotImplementedError, *console.EXPECTED_ERRORS) as e:
     log.error("error: %s", e)

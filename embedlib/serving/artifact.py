@@ -22,6 +22,7 @@ import json
 import os
 
 import numpy as np
+import ml_dtypes
 
 #: The manifest's ``format`` key; a reader refuses others.
 FORMAT = "embedlib.serving/1"
@@ -53,6 +54,11 @@ def weight_file(index: int) -> str:
   return f"{WEIGHTS_DIR}/{index:04d}.npy"
 
 
+#: Dtypes ``.npy`` can't name (``ml_dtypes``, which jax brings): stored as their bits.
+BIT_VIEWS = {name: np.dtype(getattr(ml_dtypes, name))
+             for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")}
+
+
 def write_weight(directory: str, index: int, array) -> dict:
   """Writes weight ``index`` as ``.npy``; returns its manifest entry (without its name).
 
@@ -63,19 +69,25 @@ def write_weight(directory: str, index: int, array) -> dict:
   dtype, shape = np.dtype(array.dtype), tuple(array.shape)
   if dtype.hasobject:
     raise ValueError(f"weight {index} has dtype {dtype}; only numeric arrays serve.")
+  entry = {}
+  if dtype.name in BIT_VIEWS:  # .npy has no bfloat16 / float8: their bits, read back as a view
+    entry["view"], dtype = dtype.name, np.dtype(f"<u{dtype.itemsize}")
+    to_host = lambda x: np.asarray(x).view(dtype)
+  else:
+    to_host = np.asarray
   relative = weight_file(index)
   os.makedirs(os.path.join(directory, WEIGHTS_DIR), exist_ok=True)
   path = os.path.join(directory, relative)
   if shards is None or not shape or 0 in shape:
-    np.save(path, np.asarray(array), allow_pickle=False)
+    np.save(path, to_host(array), allow_pickle=False)
   else:
     out = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
     for shard in shards:
       if shard.replica_id == 0:  # each block once, however many devices hold it
-        out[shard.index] = np.asarray(shard.data)
+        out[shard.index] = to_host(shard.data)
     out.flush()
     del out
-  return {"file": relative, "dtype": dtype.str, "shape": list(shape)}
+  return {"file": relative, "dtype": dtype.str, "shape": list(shape), **entry}
 
 
 def finish(directory: str, manifest: dict) -> None:
@@ -161,4 +173,9 @@ def read_weight(directory: str, manifest: dict, entry: dict) -> np.ndarray:
         f"{path} holds {array.dtype.str} {list(array.shape)}, the manifest says weight "
         f"{entry.get('name')!r} is {entry['dtype']} {list(entry['shape'])}; "
         f"{_fix(directory)}.")
+  if "view" in entry:
+    if entry["view"] not in BIT_VIEWS:
+      raise ArtifactError(f"{path}: the manifest's view {entry['view']!r} is none of "
+                          f"{sorted(BIT_VIEWS)}; {_fix(directory)}.")
+    array = array.view(BIT_VIEWS[entry["view"]])
   return array

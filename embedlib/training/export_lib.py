@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import tempfile
-import types
 
 import jax
 import ml_collections
@@ -27,7 +26,8 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import embedlib
+from embedlib import export_checks
+from embedlib import quant as quantize_lib
 from embedlib.kernels import cpu_library
 from embedlib.serving import artifact
 from embedlib.training import setup
@@ -88,18 +88,14 @@ def restore(workdir: str, devices: int = 1):
   return config, model, mesh
 
 
-def quantized(model, bits: int | None):
-  """``model`` with quantized tables (``embedlib.quantize``); ``model`` for ``bits=None``."""
+def quantized(model, bits):
+  """``model`` with its tables quantized in place (``embedlib.quantize``); itself for ``None``.
+
+  ``bits``: 8 or 4 (row-wise integers with an fp16 scale and bias), ``"fp8"`` or ``"bf16"``.
+  """
   if bits is None:
     return model
-  quantize = getattr(embedlib, "quantize", None)
-  if isinstance(quantize, types.ModuleType):  # the module embedlib/quantize.py, not its function
-    quantize = getattr(quantize, "quantize", None)
-  if quantize is None:
-    raise NotImplementedError(
-        f"--bits={bits} needs embedlib.quantize (quantized tables), which this embedlib does "
-        "not have yet; export the float model (leave out --bits).")
-  return quantize(model, bits=bits)
+  return quantize_lib.quantize(model, bits=bits)
 
 
 def scoring(config, model, mesh, *, top_k: int = 100,
@@ -190,7 +186,7 @@ def program(model, mesh, score: scoring_lib.Scoring, batch_size: int,
   for platform in platforms:
     with _xla_cpu_lookups():
       programs[platform] = jax.export.export(
-          jitted, platforms=(platform,), disabled_checks=embedlib.export_disabled_checks())(
+          jitted, platforms=(platform,), disabled_checks=export_checks.export_disabled_checks())(
               *weights, *inputs)
     text = programs[platform].mlir_module()
     found = [t for t in cpu_library.TARGETS if f"custom_call @{t}(" in text]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import embedlib
 from embedlib import serving
 from embedlib.training import export_lib
 
@@ -139,13 +140,23 @@ def test_a_sharded_artifact_loads_sharded_in_its_layouts(restored, trained, tmp_
   np.testing.assert_allclose(got, one_device, rtol=0, atol=1e-6)
 
 
-def test_bits_name_the_missing_quantizer(restored, tmp_path):
+# int8: the integer codes; bf16: a dtype .npy can't name, stored as its bits.
+@pytest.mark.parametrize("bits", [8, "bf16"])
+def test_a_quantized_artifact_equals_the_quantized_model_bit_for_bit(restored, tmp_path, bits):
   config, model, mesh = restored
-  if hasattr(__import__("embedlib"), "quantize"):
-    pytest.skip("embedlib.quantize exists: quantized export is tested with it")
-  with pytest.raises(NotImplementedError, match="embedlib.quantize"):
-    export_lib.export(config, model, mesh, str(tmp_path / "q"), bits=8)
-  assert not (tmp_path / "q").exists()
+  out = tmp_path / "q"
+  manifest = export_lib.export(config, nnx.clone(model), mesh, str(out), batch_size=16, bits=bits)
+  assert manifest["bits"] == bits
+  table = next(w for w in manifest["weights"] if w["shape"][:1] == [1000])
+  assert table["dtype"] == ("|u1" if bits == 8 else "<u2")  # codes, or bf16's bits
+  served = serving.load(out)
+  inputs = _inputs(served.manifest, rows=16, seed=3)
+  quantized = embedlib.quantize(nnx.clone(model), bits=bits)
+  sizes = {s["name"]: s["num_embeddings"] for s in served.manifest["inputs"][1:]}
+  ids = {k: np.where((v >= 0) & (v < sizes[k]), v.astype(np.int64), -1).astype(np.int32)
+         for k, v in inputs.items() if k != "dense"}
+  want = nnx.jit(lambda m, d, s: jax.nn.sigmoid(m(d, s)))(quantized, inputs["dense"], ids)
+  np.testing.assert_array_equal(served(inputs)["probability"], np.asarray(want))
 
 
 def test_cpu_and_cuda_programs_each_with_their_own_kernels(artifact, restored, tmp_path):
