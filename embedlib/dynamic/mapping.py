@@ -91,19 +91,20 @@ def _place_rows(init, key_data, table, put, offset):
   """
   n, m = table.shape[0], put.shape[0]
   count = jnp.sum(put < n)
+  (where,) = jnp.nonzero(put < n, size=m, fill_value=0)
+  rows = jnp.where(jnp.arange(m) < count, put[where], n)     # placed rows first
+  at = jnp.minimum(rows, n - 1) + offset
   sizes = init_sizes(m)
 
+  # Each branch fills the first k rows of one [m, features] block, so the
+  # table itself never passes through the conditional (which would copy it).
   def draw(k):
-    def branch(table):
-      (where,) = jnp.nonzero(put < n, size=k, fill_value=0)
-      rows = jnp.where(jnp.arange(k) < count, put[where], n)
-      values = init_rows(init, key_data, jnp.minimum(rows, n - 1) + offset, table.shape[1],
-                         table.dtype)
-      return table.at[rows].set(values, mode="drop")
-    return branch
+    return lambda: jnp.zeros((m, table.shape[1]), table.dtype).at[:k].set(
+        init_rows(init, key_data, at[:k], table.shape[1], table.dtype))
 
-  index = jnp.sum(jnp.asarray(sizes) < count)
-  return lax.switch(jnp.minimum(index, len(sizes) - 1), [draw(k) for k in sizes], table)
+  index = jnp.minimum(jnp.sum(jnp.asarray(sizes) < count), len(sizes) - 1)
+  values = lax.switch(index, [draw(k) for k in sizes])
+  return table.at[rows].set(values, mode="drop")
 
 
 def init_rows(init, key_data, rows, features, dtype):
