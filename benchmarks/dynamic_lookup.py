@@ -2,6 +2,7 @@
 
     python3 benchmarks/dynamic_lookup.py           # 1M x 64 f32, 65,536 Zipf ids
     python3 benchmarks/dynamic_lookup.py --quick   # 65,536 x 16, 4,096 ids (--smoke: the same)
+    python3 benchmarks/dynamic_lookup.py --zeros-init  # the dynamic rows start at zero: no draws
 
 One device of jax's default backend, no mesh. Ids are Zipf(1.05) ranks
 spread over 64-bit values (raw ids); the fixed table takes them hashed mod
@@ -79,12 +80,15 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", "--smoke", action="store_true")
   parser.add_argument("--repeats", type=int, default=None)
+  parser.add_argument("--zeros-init", action="store_true",
+                      help="the dynamic table's rows start at zero: its step without the draws")
   args = parser.parse_args(argv)
   rows, width, n = (65_536, 16, 4_096) if args.quick else (1 << 20, 64, 65_536)
   repeats = args.repeats or (5 if args.quick else 7)
   rule = optim.RowWiseAdagrad(learning_rate=0.01)
   fixed = embedlib.ShardedEmbed(rows, width, rngs=nnx.Rngs(0))
-  dyn = embedlib.DynamicEmbed(rows, width, bucket_size=128, rngs=nnx.Rngs(0))
+  init = {"embedding_init": nnx.initializers.zeros} if args.zeros_init else {}
+  dyn = embedlib.DynamicEmbed(rows, width, bucket_size=128, rngs=nnx.Rngs(0), **init)
   fixed_opt = optim.SparseAwareOptimizer(fixed, None, rule)
   dyn_opt = optim.SparseAwareOptimizer(dyn, None, rule)
   batches = [raw_ids(n, seed) for seed in range(4 + 2 * repeats)]
