@@ -56,9 +56,7 @@ def _local(state, extra, clock, flat, *, policy, train, index, group, init):
     # The rows placed here start again: their first value and a fresh clock mark.
     put = jnp.where(placed, rows, rows_per)
     placed_at = placed_at.at[put].set(clock + 1, mode="drop")
-    values = init_rows(init, key_data, jnp.maximum(rows, 0) + index * rows_per,
-                       table.shape[1], table.dtype)
-    table = table.at[put].set(values, mode="drop")
+    table = _place_rows(init, key_data, table, put, index * rows_per)
   else:
     rows = step_lib.lookup(state, hi, lo, own, bucket, bucket_size=policy.bucket_size)
     placed = jnp.zeros(rows.shape, bool)
@@ -67,6 +65,46 @@ def _local(state, extra, clock, flat, *, policy, train, index, group, init):
   rows = jnp.where(rows >= 0, rows + index * rows_per, -1)
   stats = jnp.concatenate([stats, jnp.sum(own, keepdims=True).astype(jnp.int32)])
   return state, (placed_at, table), rows, stats
+
+
+def init_sizes(m: int) -> tuple[int, ...]:
+  """The static numbers of rows a step may draw initial values for: small
+  steps, then eighths of ``m``, so a step draws at most an eighth of ``m``
+  more rows than it places.
+
+  >>> init_sizes(1024)
+  (16, 64, 128, 256, 384, 512, 640, 768, 896, 1024)
+  >>> init_sizes(4)
+  (1, 2, 3, 4)
+  """
+  sizes = {max(1, m // 64), max(1, m // 16)} | {max(1, m * k // 8) for k in range(1, 9)}
+  return tuple(sorted(sizes))
+
+
+def _place_rows(init, key_data, table, put, offset):
+  """``table`` with the rows ``put`` (local; ``>= len(table)``: none) set to their
+  initial values (global row ``put + offset``).
+
+  Drawing is most of a placing step's cost, and shapes are static: the
+  placed rows are packed into the smallest of ``init_sizes`` that holds
+  them, one branch each, and only those are drawn.
+  """
+  n, m = table.shape[0], put.shape[0]
+  count = jnp.sum(put < n)
+  (where,) = jnp.nonzero(put < n, size=m, fill_value=0)
+  rows = jnp.where(jnp.arange(m) < count, put[where], n)     # placed rows first
+  at = jnp.minimum(rows, n - 1) + offset
+  sizes = init_sizes(m)
+
+  # Each branch fills the first k rows of one [m, features] block, so the
+  # table itself never passes through the conditional (which would copy it).
+  def draw(k):
+    return lambda: jnp.zeros((m, table.shape[1]), table.dtype).at[:k].set(
+        init_rows(init, key_data, at[:k], table.shape[1], table.dtype))
+
+  index = jnp.minimum(jnp.sum(jnp.asarray(sizes) < count), len(sizes) - 1)
+  values = lax.switch(index, [draw(k) for k in sizes])
+  return table.at[rows].set(values, mode="drop")
 
 
 def init_rows(init, key_data, rows, features, dtype):

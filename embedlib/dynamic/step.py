@@ -64,12 +64,23 @@ def _sort(state: MapState, hi, lo, own, bucket, bucket_size) -> Sorted:
   lead = lax.cummax(jnp.where(first, pos, 0))
   s_own = s_b < nbl
   sb = jnp.minimum(s_b, nbl - 1)
-  slots = sb[:, None] * bucket_size + jnp.arange(bucket_size, dtype=jnp.int32)
-  match = ((state.keys_hi[slots] == s_hi[:, None]) & (state.keys_lo[slots] == s_lo[:, None])
-           & (state.score[slots] >= 0))
-  resident = s_own & match.any(axis=1)
-  slot = sb * bucket_size + jnp.argmax(match, axis=1).astype(jnp.int32)
-  return Sorted(sb, s_own, s_hi, s_lo, perm, first, count, lead, resident, slot)
+  resident, slot = _scan(state, sb, s_hi, s_lo, bucket_size)
+  return Sorted(sb, s_own, s_hi, s_lo, perm, first, count, lead, s_own & resident, slot)
+
+
+def _scan(state: MapState, bucket, hi, lo, bucket_size):
+  """Whether each id is resident in its bucket, and its slot there (any where not).
+
+  Each id reads its bucket's keys and scores as whole rows of the
+  ``[buckets, bucket_size]`` views: a gather of contiguous rows, not of
+  ``bucket_size`` scattered elements per id.
+  """
+  nbl = state.score.shape[0] // bucket_size
+  rows = lambda v: v.reshape(nbl, bucket_size)[bucket]
+  match = ((rows(state.keys_hi) == hi[:, None]) & (rows(state.keys_lo) == lo[:, None])
+           & (rows(state.score) >= 0))
+  slot = bucket * bucket_size + jnp.argmax(match, axis=1).astype(jnp.int32)
+  return match.any(axis=1), slot
 
 
 def _unsort(s: Sorted, values, fill):
@@ -79,9 +90,13 @@ def _unsort(s: Sorted, values, fill):
 
 
 def lookup(state: MapState, hi, lo, own, bucket, *, bucket_size: int):
-  """Local rows of the ids (``-1``: not resident here), changing nothing."""
-  s = _sort(state, hi, lo, own, bucket, bucket_size)
-  return _unsort(s, jnp.where(s.resident, s.slot, -1), -1)
+  """Local rows of the ids (``-1``: not resident here), changing nothing.
+
+  Nothing is placed, so each id is looked up where it stands: no sort.
+  """
+  nbl = state.score.shape[0] // bucket_size
+  resident, slot = _scan(state, jnp.clip(bucket, 0, nbl - 1), hi, lo, bucket_size)
+  return jnp.where(own & resident, slot, -1)
 
 
 def _victims(key, s: Sorted, rank, free, b):
@@ -135,7 +150,8 @@ def train_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_li
 
   Returns:
     ``(state, rows, placed, stats)``: the new state; int32 ``[m]`` local
-    rows (``-1``: not resident); bool ``[m]``, placed this step; int32
+    rows (``-1``: not resident); bool ``[m]``, true at one occurrence of
+    each id placed this step (so it counts placed rows); int32
     ``[4]`` (resident rows, admitted, evicted, lookups reading the default).
   """
   b = policy.bucket_size
@@ -207,6 +223,6 @@ def train_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_li
   stats = jnp.stack([
       jnp.sum(state.score >= 0), jnp.sum(placed), jnp.sum(evicted),
       jnp.sum(s.own & (row < 0))]).astype(jnp.int32)
-  placed_out = _unsort(s, placed, False)
+  placed_out = jnp.zeros(placed.shape, bool).at[s.perm].set(placed & s.first)
   rows_out = jnp.full(row.shape, -1, jnp.int32).at[s.perm].set(row)
   return state, rows_out, placed_out, stats
