@@ -1,0 +1,93 @@
+"""Raw Criteo ids into dynamic tables through ``python -m train``: stats, exact resume, bad keys."""
+
+import os
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import dlrm_criteo
+from embedlib import dynamic
+from embedlib.training import events, setup, train_lib
+from embedlib.training.writers import read_jsonl
+from tests.train.test_train import _criteo_lines
+
+STATS = ("occupancy", "admitted", "evicted", "default_share")
+
+
+def _config(path, steps):
+  config = dlrm_criteo.get_config("smoke_raw")
+  with config.unlocked():
+    config.data.train_path, config.data.eval_holdout = str(path), 0.2
+    config.num_train_steps = steps
+    config.eval_batches = 2
+  return config
+
+
+def _tables(model):
+  tables = {}
+  for name, emb in model.embeddings.dynamic.items():
+    tables[name] = (emb.resident(), np.asarray(emb.rows.embedding[...]),
+                    int(emb.clock[...]))
+  return tables
+
+
+@pytest.mark.slow
+def test_raw_ids_run_writes_stats_and_resumes_exactly(tmp_path):
+  path = tmp_path / "day_0.tsv"
+  path.write_text(_criteo_lines(400))
+  straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+  train_lib.train_and_evaluate(_config(path, 4), str(straight))
+  train_lib.train_and_evaluate(_config(path, 2), str(resumed))
+  train_lib.train_and_evaluate(_config(path, 4), str(resumed))
+
+  tb = events.read_scalars(str(straight / "tensorboard" / "train"))
+  for stat in STATS:
+    assert [s for s, _ in tb[f"dynamic/embeddings/dynamic/C1/{stat}"]] == [2, 4]
+  # 32 distinct values per feature per step, each admitted on sight into 256 rows.
+  assert tb["dynamic/embeddings/dynamic/C1/occupancy"][-1][1] > 0
+  assert tb["dynamic/embeddings/dynamic/C26/default_share"][-1][1] == 0.0
+  # Resumed after step 2: the same loss, eval and tables as the straight run.
+  last = [{k: v for k, v in read_jsonl(d / "train.jsonl")[-1].items()
+           if k != "examples_per_sec"} for d in (straight, resumed)]
+  assert last[0] == last[1] and last[0]["step"] == 4
+  assert read_jsonl(straight / "eval.jsonl")[-1] == read_jsonl(resumed / "eval.jsonl")[-1]
+  a, _ = setup.restore_model(_config(path, 4), str(straight))
+  b, _ = setup.restore_model(_config(path, 4), str(resumed))
+  ta, tb_ = _tables(a), _tables(b)
+  assert ta.keys() == tb_.keys() and len(ta) == 26
+  for name in ta:
+    assert ta[name][0] == tb_[name][0] and ta[name][2] == tb_[name][2] == 4, name
+    np.testing.assert_array_equal(ta[name][1], tb_[name][1])
+  # The eval read the map without admitting: the clock counts the 4 training steps.
+  assert len(ta["C1"][0]) > 0 and os.path.isdir(straight / "checkpoints" / "4")
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("admit_after", 0, "config.model.dynamic.admit_after"),
+    ("eviction", "fifo", "config.model.dynamic.eviction: .*'none'"),
+    ("capacity", 100, "config.model.dynamic.capacity"),
+])
+def test_bad_dynamic_setting_names_its_key(tmp_path, key, value, words):
+  config = _config(tmp_path / "day.tsv", 4)
+  with config.unlocked():
+    config.model.dynamic[key] = value
+  with pytest.raises(setup.ConfigError, match=words):
+    setup.task(config)
+
+
+def test_pipeline_with_raw_ids_is_a_config_error(tmp_path):
+  config = _config(tmp_path / "day.tsv", 4)
+  with config.unlocked():
+    config.pipeline = True
+  with pytest.raises(setup.ConfigError, match="config.pipeline: .*set pipeline=False"):
+    setup.task(config)
+
+
+def test_frozen_maps_leave_the_map_alone():
+  emb = dynamic.DynamicEmbed(128, 2, rngs=nnx.Rngs(0))
+  with dynamic.frozen_maps(emb):
+    emb(np.array([5, 6]))
+  assert emb.resident() == {} and not emb.deterministic
+  emb(np.array([5]))
+  assert set(emb.resident()) == {5}
