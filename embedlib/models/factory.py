@@ -160,6 +160,15 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
                   max_ids_per_sample=1 if f.bag_size == 1 else None)
       for f in data_spec.features
   ]
+  try:
+    return _dlrm(model_config, data_spec, tables, features, name, dim, mesh, batch_size, rngs)
+  except ValueError as e:
+    if dynamic and "devices own whole buckets" in str(e):
+      raise ValueError(f"config.model.dynamic.capacity: {e}") from None
+    raise
+
+
+def _dlrm(model_config, data_spec, tables, features, name, dim, mesh, batch_size, rngs):
   return DLRM(
       num_dense=data_spec.num_dense,
       tables=tables,

@@ -16,10 +16,11 @@ LR = 0.5     # a power of two: the reference's updates are exact
 BATCH, BAG, DIM = 4, 2, 4
 
 
-def _collection(devices):
+def _collection(devices, sharding):
   spec = DynamicSpec(bucket_size=4, eviction="lru")
   return EmbeddingCollection(
-      [TableSpec("users", 32, DIM, dynamic=spec), TableSpec("fixed", 10, DIM)],
+      [TableSpec("users", 32, DIM, sharding=sharding, dynamic=spec),
+       TableSpec("fixed", 10, DIM)],
       [FeatureSpec("clicks", "users", combiner="sum"),
        FeatureSpec("last", "users", combiner=None),
        FeatureSpec("country", "fixed")],
@@ -37,10 +38,11 @@ def _step(coll, opt, inputs, cots):
   return loss
 
 
-@pytest.mark.parametrize("devices", [1, 4])
-def test_collection_dynamic_table_equals_reference(devices):
-  coll = _collection(devices)
+@pytest.mark.parametrize("devices,sharding", [(1, "auto"), (4, "auto"), (8, "routed")])
+def test_collection_dynamic_table_equals_reference(devices, sharding):
+  coll = _collection(devices, sharding)
   emb = coll.dynamic["users"]
+  assert emb.rows.plan.strategy == ("vocab" if sharding == "auto" else sharding)
   with jax.set_mesh(coll.mesh):
     opt = optim.SparseAwareOptimizer(coll, None, optim.SparseSGD(learning_rate=LR))
   ref = ref_lib.Reference(emb.policy)

@@ -8,7 +8,7 @@ from flax import nnx
 
 from configs import dlrm_criteo
 from embedlib import dynamic
-from embedlib.training import events, setup, train_lib
+from embedlib.training import events, setup, tasks, train_lib
 from embedlib.training.writers import read_jsonl
 from tests.train.test_train import _criteo_lines
 
@@ -91,3 +91,12 @@ def test_frozen_maps_leave_the_map_alone():
   assert emb.resident() == {} and not emb.deterministic
   emb(np.array([5]))
   assert set(emb.resident()) == {5}
+
+
+def test_capacity_that_does_not_split_over_the_devices_names_the_key(tmp_path):
+  config = _config(tmp_path / "day.tsv", 4)
+  with config.unlocked():
+    config.model.dynamic.capacity = 128     # 4 buckets of 32 for 8 devices
+  made = tasks.make_task(config)   # the model alone: no data file needed
+  with pytest.raises(setup.ConfigError, match="config.model.dynamic.capacity: .*whole buckets"):
+    setup.model_and_optimizer(config, made, made.data_spec(), setup.make_mesh(config))
