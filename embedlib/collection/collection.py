@@ -18,8 +18,8 @@ from embedlib.collection import inputs as inputs_lib
 from embedlib.collection import planner
 from embedlib.collection import stacks as stacks_lib
 from embedlib.collection.specs import FeatureSpec, Ragged, TableSpec, validate
-from embedlib.dynamic import module as dynamic_module
 from embedlib.dynamic import ids as dynamic_ids
+from embedlib.dynamic import module as dynamic_module
 from embedlib.embed import ShardedEmbed
 from embedlib.strategies import Request
 from embedlib.strategies.dedup import ERROR, FALLBACK, OVERFLOW_MODES
@@ -57,6 +57,15 @@ class EmbeddingCollection(nnx.Module):
   treat both alike. Pooled features use the pooled-bag kernel inside the
   table's strategy: only pooled rows are communicated, never
   ``[batch, bag, features]``.
+
+  Dynamic tables (``TableSpec(..., dynamic=DynamicSpec(...))``) are
+  ``embedlib.DynamicEmbed`` modules (``self.dynamic[name]``) read by raw
+  ids: ``[batch]`` or padded ``[batch, bag]`` host integers of any dtype,
+  32-bit device ids or ``embedlib.dynamic.Words``, pooled or as sequences
+  (not ragged). All the features of one dynamic table are admitted together,
+  as one step of its policy. They are laid out on their own (never stacked,
+  no dedup); ``route_capacity`` applies to them, ``num_unique`` and
+  ``node_capacity`` don't.
 
   Dedup (``num_unique``): each data shard looks up its distinct ids once
   (capacity ``num_unique`` per shard, for all features of a table together)
@@ -300,6 +309,8 @@ class EmbeddingCollection(nnx.Module):
   def unique_counts(self, inputs: Mapping[str, tp.Any]) -> dict[str, int]:
     """The dedup capacity each table needs for ``inputs``: distinct ids per shard.
 
+    Dynamic tables are left out: they don't dedup.
+
     >>> from flax import nnx
     >>> coll = EmbeddingCollection([TableSpec("t", 10, 4)],
     ...                            [FeatureSpec("a", "t"), FeatureSpec("b", "t")],
@@ -308,7 +319,6 @@ class EmbeddingCollection(nnx.Module):
     {'t': 3}
     """
     bags = self._bags(inputs, {})
-    # A dynamic table's ids go to their buckets' owners, undeduplicated.
     return {
         name: module.distinct_ids_per_shard([r for _, r in requests])
         for name, module, requests in self._lookups(bags)
@@ -362,13 +372,14 @@ def _dynamic_request(spec: FeatureSpec, ids, weights):
     raise ValueError(
         f"feature {spec.name!r} reads dynamic table {spec.table!r}, which takes padded "
         "ids ([batch] or [batch, bag] padded with -1), not ragged ones; pad the bags.")
-  shape = tuple(getattr(ids, "shape", None) or np.shape(ids))
-  if isinstance(ids, dynamic_ids.Words):
-    shape = ids.shape
+  if not isinstance(ids, (dynamic_ids.Words, jax.Array)):
+    ids = np.asarray(ids)  # host ids stay exact: DynamicEmbed splits them into words
+  shape = tuple(ids.shape)
   if len(shape) not in (1, 2):
     raise ValueError(f"feature {spec.name!r}: ids of shape {shape}; pass [batch] or "
                      "[batch, bag] raw ids.")
-  if spec.max_ids_per_sample is not None and len(shape) == 2 and shape[1] > spec.max_ids_per_sample:
+  most = spec.max_ids_per_sample
+  if most is not None and len(shape) == 2 and shape[1] > most:
     raise ValueError(f"feature {spec.name!r}: bags of {shape[1]} ids exceed its "
                      f"max_ids_per_sample={spec.max_ids_per_sample}.")
   if spec.is_sequence:

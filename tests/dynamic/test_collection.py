@@ -81,7 +81,7 @@ def test_all_dynamic_collection_and_eval_mode():
   assert out["a"].shape == (2, 2) and set(coll.dynamic["t"].resident()) == {2**40, 7}
   coll.eval()
   before = coll.dynamic["t"].resident()
-  coll({"a": np.array([[5, 6], [7, -1]], np.int64)})
+  coll({"a": [[5, 6], [7, -1]]})                        # host lists of ids too
   assert coll.dynamic["t"].resident() == before       # eval() only reads the map
 
 
