@@ -34,8 +34,6 @@ ids in 256-row tables. The pipelined step (``pipeline=True``) does not run
 dynamic tables yet.
 """
 
-import ml_collections
-
 from configs import parts, quickstart
 
 
@@ -46,10 +44,6 @@ def get_config(arg=None):
   config.data.table_sizes = (1_000_000,) * 26
   config.data.bag_sizes = ()
   config.data.max_bad_lines = 0
-  config.data.raw_ids = False
-  config.model.dynamic = ml_collections.ConfigDict(dict(
-      capacity=0, bucket_size=128, admit_after=1, eviction="lru", decay_every=0,
-      default="zero"))
 
   config.model.embed_dim = 64
   config.model.bottom_sizes = (512, 256)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import dlrm_criteo
+from configs import dlrm_criteo, quickstart
 from embedlib import dynamic
 from embedlib.training import events, setup, tasks, train_lib
 from embedlib.training.writers import read_jsonl
@@ -61,6 +61,28 @@ def test_raw_ids_run_writes_stats_and_resumes_exactly(tmp_path):
     np.testing.assert_array_equal(ta[name][1], tb_[name][1])
   # The eval read the map without admitting: the clock counts the 4 training steps.
   assert len(ta["C1"][0]) > 0 and os.path.isdir(straight / "checkpoints" / "4")
+
+
+def test_synthetic_raw_ids_with_admission_write_each_tables_stats(tmp_path):
+  config = quickstart.get_config("smoke")
+  with config.unlocked():
+    config.data.raw_ids = True
+    config.num_train_steps, config.eval_every, config.checkpoint_every = 2, 2, 2
+    config.model.dynamic.update(capacity=64, bucket_size=8, admit_after=2, eviction="lfu")
+  train_lib.train_and_evaluate(config, str(tmp_path))
+  record = read_jsonl(tmp_path / "train.jsonl")[-1]
+  tb = events.read_scalars(str(tmp_path / "tensorboard" / "train"))
+  names = [f"f{i}" for i in range(8)]
+  for name in names:
+    for stat in STATS:
+      key = f"dynamic/embeddings/dynamic/{name}/{stat}"
+      assert tb[key] == [(2, pytest.approx(record[key]))], key
+  # admit_after=2: an id seen once so far reads the default row.
+  shares = [record[f"dynamic/embeddings/dynamic/{n}/default_share"] for n in names]
+  assert all(0.0 <= s < 1.0 for s in shares) and max(shares) > 0, shares
+  admitted = [record[f"dynamic/embeddings/dynamic/{n}/admitted"] for n in names]
+  occupancy = [record[f"dynamic/embeddings/dynamic/{n}/occupancy"] for n in names]
+  assert all(0 < a <= o * 64 for a, o in zip(admitted, occupancy)), (admitted, occupancy)
 
 
 @pytest.mark.parametrize("key,value,words", [
