@@ -22,6 +22,16 @@ day.tsv --lines 2000``),
         --config.data.train_path=day.tsv --config.data.eval_holdout=0.05 --workdir /tmp/cr
 
 takes about 25 s on 2 CPU cores (measured: 24 s), most of it compiling.
+
+Raw ids: ``--config.data.raw_ids=True`` reads each categorical value as it
+is (no hashing mod ``table_size``) into dynamic tables (``embedlib.DynamicEmbed``)
+of ``config.model.dynamic``: ``capacity`` rows each (0: ``data.table_sizes``),
+``bucket_size``, ``admit_after``, ``eviction`` (``lru``, ``lfu``, ``none``),
+``decay_every``, ``default`` (``zero``, ``learned``). TensorBoard then shows
+each table's ``dynamic/.../occupancy``, ``admitted``, ``evicted`` and
+``default_share`` (the logging step's). ``smoke_raw`` is ``smoke`` with raw
+ids in 256-row tables. The pipelined step (``pipeline=True``) does not run
+dynamic tables yet.
 """
 
 from configs import parts, quickstart
@@ -43,7 +53,7 @@ def get_config(arg=None):
   parts.set_schedule(config, batch_size=2048, num_train_steps=100_000, eval_every=5_000,
                      eval_batches=100)
 
-  if arg == "smoke":
+  if arg in ("smoke", "smoke_raw"):
     config.data.table_sizes = (1_000,) * 26
     config.model.embed_dim = 8
     config.model.bottom_sizes = (16,)
@@ -53,6 +63,10 @@ def get_config(arg=None):
     config.log_every = 2
     config.eval_every = 2
     config.checkpoint_every = 2
+    if arg == "smoke_raw":
+      config.data.raw_ids = True
+      config.model.dynamic.capacity = 256
+      config.model.dynamic.bucket_size = 32
   elif arg:
     paths = arg.split(",")
     config.data.train_path = paths[0]

@@ -37,6 +37,8 @@ def get_config(arg=None):
   # Malformed Criteo lines to skip before stopping; -1 skips them all.
   config.data.max_bad_lines = 0
   config.data.prefetch = 2
+  # Ids as they are, into dynamic tables of config.model.dynamic (DLRM, DCN; no pipeline).
+  config.data.raw_ids = False
 
   config.model = ml_collections.ConfigDict()
   config.model.name = "dlrm"
@@ -49,6 +51,10 @@ def get_config(arg=None):
   config.model.kernel = "auto"
   # Tables up to this many bytes are replicated (None: the library default).
   config.model.replicate_below_bytes = 0
+  # The dynamic tables of config.data.raw_ids (embedlib.DynamicEmbed); capacity 0: table_sizes.
+  config.model.dynamic = ml_collections.ConfigDict(dict(
+      capacity=0, bucket_size=128, admit_after=1, eviction="lru", decay_every=0,
+      default="zero"))
 
   config.optim = parts.optimizers(dense_lr=2e-3, sparse_lr=0.3, warmup_steps=50)
   parts.set_schedule(config, batch_size=1024, num_train_steps=1200, eval_every=400,

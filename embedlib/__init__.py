@@ -17,6 +17,7 @@ import importlib
 #: Public name -> the module that defines it.
 _EXPORTS = {
     "DynamicEmbed": "embedlib.dynamic",
+    "DynamicSpec": "embedlib.collection",
     "EmbeddingCollection": "embedlib.collection",
     "EmbeddingPlan": "embedlib.plan",
     "FeatureSpec": "embedlib.collection",

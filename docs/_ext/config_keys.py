@@ -87,6 +87,22 @@ EXPLAINED = {
                          "for eval, instead of `data.eval_path`.",
     "data.max_bad_lines": "Criteo: malformed lines skipped (each logged) before the run "
                           "stops; `-1` skips them all.",
+    "data.raw_ids": "Read categorical values as raw ids into dynamic tables "
+                    "(`model.dynamic`) instead of hashing them mod `data.table_sizes`; "
+                    "DLRM and DCN, not with `pipeline=True`.",
+    "model.dynamic.capacity": "Rows of each dynamic table (`data.raw_ids`); 0 takes "
+                              "`data.table_sizes`. A multiple of `bucket_size` times the "
+                              "devices of the table axes.",
+    "model.dynamic.bucket_size": "Slots per bucket of a dynamic table; each bucket admits "
+                                 "and evicts on its own.",
+    "model.dynamic.admit_after": "Sightings (1 to 255) before a raw id gets a row; until "
+                                 "then it reads the default row.",
+    "model.dynamic.eviction": "`lru`, `lfu` or `none` (a full bucket turns newcomers "
+                              "away to the default row).",
+    "model.dynamic.decay_every": "Steps between halvings of LFU scores and admission "
+                                 "counts; 0: never.",
+    "model.dynamic.default": "What a raw id without a row reads: `zero` or `learned` "
+                             "(one learned row per table).",
     "data.prefetch": "Batches a background thread prepares ahead of the step.",
     "data.num_users": "Users of the planted request world.",
     "data.num_items": "Items of the planted catalogue.",

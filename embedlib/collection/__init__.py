@@ -12,10 +12,11 @@ from embedlib.collection.planner import (
     estimate_bytes_moved,
     plan_collection,
 )
-from embedlib.collection.specs import FeatureSpec, Ragged, TableSpec
+from embedlib.collection.specs import DynamicSpec, FeatureSpec, Ragged, TableSpec
 
 __all__ = [
     "CollectionPlan",
+    "DynamicSpec",
     "EmbeddingCollection",
     "FeatureSpec",
     "Ragged",

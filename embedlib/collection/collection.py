@@ -17,7 +17,9 @@ from embedlib import table as table_lib
 from embedlib.collection import inputs as inputs_lib
 from embedlib.collection import planner
 from embedlib.collection import stacks as stacks_lib
-from embedlib.collection.specs import FeatureSpec, TableSpec, validate
+from embedlib.collection.specs import FeatureSpec, Ragged, TableSpec, validate
+from embedlib.dynamic import ids as dynamic_ids
+from embedlib.dynamic import module as dynamic_module
 from embedlib.embed import ShardedEmbed
 from embedlib.strategies import Request
 from embedlib.strategies.dedup import ERROR, FALLBACK, OVERFLOW_MODES
@@ -55,6 +57,15 @@ class EmbeddingCollection(nnx.Module):
   treat both alike. Pooled features use the pooled-bag kernel inside the
   table's strategy: only pooled rows are communicated, never
   ``[batch, bag, features]``.
+
+  Dynamic tables (``TableSpec(..., dynamic=DynamicSpec(...))``) are
+  ``embedlib.DynamicEmbed`` modules (``self.dynamic[name]``) read by raw
+  ids: ``[batch]`` or padded ``[batch, bag]`` host integers of any dtype,
+  32-bit device ids or ``embedlib.dynamic.Words``, pooled or as sequences
+  (not ragged). All the features of one dynamic table are admitted together,
+  as one step of its policy. They are laid out on their own (never stacked,
+  no dedup); ``route_capacity`` applies to them, ``num_unique`` and
+  ``node_capacity`` don't.
 
   Dedup (``num_unique``): each data shard looks up its distinct ids once
   (capacity ``num_unique`` per shard, for all features of a table together)
@@ -134,6 +145,16 @@ class EmbeddingCollection(nnx.Module):
       rngs: nnx.Rngs,
   ):
     tables, features = validate(tables, features)
+    all_tables, all_features = tables, features
+    dynamic_specs = [t for t in tables if t.dynamic is not None]
+    dynamic_names = {t.name for t in dynamic_specs}
+    # Dynamic tables have a layout of their own (whole buckets): the planner lays out the rest.
+    tables = tuple(t for t in tables if t.dynamic is None)
+    features = tuple(f for f in features if f.table not in dynamic_names)
+    dynamic_route = route_capacity
+    num_unique, route_capacity, node_capacity = (
+        {k: v for k, v in c.items() if k not in dynamic_names} if isinstance(c, Mapping) else c
+        for c in (num_unique, route_capacity, node_capacity))
     kernels.resolve_kernel(kernel)  # fail early on an unknown kernel name
     if on_overflow not in OVERFLOW_MODES:
       raise ValueError(f"on_overflow={on_overflow!r}; use one of {OVERFLOW_MODES}.")
@@ -147,7 +168,7 @@ class EmbeddingCollection(nnx.Module):
                                   "distinct ids per destination rank from one node")
     if devices_per_host is None and mesh is not None and sharding_lib.has_devices(mesh):
       devices_per_host = _devices_per_host(mesh)
-    self.plan = planner.plan_collection(
+    self.plan = _empty_plan(mesh, batch_size) if not tables else planner.plan_collection(
         tables, features, mesh=mesh, table_axes=table_axes, data_axes=data_axes,
         param_dtype=param_dtype, batch_size=batch_size, num_unique=self.num_unique,
         route_capacity=self.route_capacity,
@@ -162,8 +183,8 @@ class EmbeddingCollection(nnx.Module):
     # "auto" resolved: the capacities the planner chose (None: no dedup).
     self.num_unique = {t.name: t.num_unique for t in [*self.plan.tables, *self.plan.stacks]
                        if getattr(t, "stack", None) is None and t.num_unique is not None}
-    self.table_specs = tables
-    self.feature_specs = features
+    self.table_specs = all_tables
+    self.feature_specs = all_features
     self.mesh = mesh
     self.kernel = kernel
     self.on_overflow = on_overflow
@@ -199,11 +220,16 @@ class EmbeddingCollection(nnx.Module):
           rngs=rngs,
       )
     self.stacks = nnx.Dict(stacks)
+    self.dynamic = nnx.Dict({
+        t.name: _dynamic_table(t, dynamic_route, mesh, table_axes, data_axes, dtype,
+                               param_dtype, rngs) for t in dynamic_specs})
 
   def logical_table(self, name: str):
     """Table ``name``'s logical ``[num_embeddings, features]`` rows, wherever it lives."""
     if name in self.tables:
       return self.tables[name].logical_table()
+    if name in self.dynamic:
+      return self.dynamic[name].rows.logical_table()
     for s in self.plan.stacks:
       if name in s.members:
         return self._members(s, names=(name,))[name]
@@ -213,6 +239,7 @@ class EmbeddingCollection(nnx.Module):
   def logical_tables(self) -> dict:
     """Every table's logical rows by name (each stack read once)."""
     out = {name: t.logical_table() for name, t in self.tables.items()}
+    out.update({name: t.rows.logical_table() for name, t in self.dynamic.items()})
     for s in self.plan.stacks:
       out.update(self._members(s))
     return {t.name: out[t.name] for t in self.table_specs}
@@ -240,8 +267,15 @@ class EmbeddingCollection(nnx.Module):
       single-hot sequence features), ``[batch, bag, features]`` for sequence
       features, in the order of the ``FeatureSpec`` s.
     """
-    bags = self._bags(inputs, dict(weights or {}))
+    weights = dict(weights or {})
+    bags = self._bags(inputs, weights)
     out, checks = {}, []
+    for name, module in self.dynamic.items():
+      feats = self._features_of(name)
+      rows = module.lookup_many([_dynamic_request(f, inputs[f.name], weights.get(f.name))
+                                 for f in feats])
+      for f, r in zip(feats, rows):
+        out[f.name] = r
     for name, module, requests in self._lookups(bags):
       rows = module.lookup_requests(
           [r for _, r in requests], num_unique=self.num_unique.get(name),
@@ -275,6 +309,8 @@ class EmbeddingCollection(nnx.Module):
   def unique_counts(self, inputs: Mapping[str, tp.Any]) -> dict[str, int]:
     """The dedup capacity each table needs for ``inputs``: distinct ids per shard.
 
+    Dynamic tables are left out: they don't dedup.
+
     >>> from flax import nnx
     >>> coll = EmbeddingCollection([TableSpec("t", 10, 4)],
     ...                            [FeatureSpec("a", "t"), FeatureSpec("b", "t")],
@@ -306,12 +342,14 @@ class EmbeddingCollection(nnx.Module):
           f"feature {missing[0]!r} has no ids in the inputs ({len(missing)} "
           f"missing); pass ids for every feature of {names}."
       )
-    rows = {t.name: t.num_embeddings for t in self.table_specs}
+    rows = {t.name: t.num_embeddings for t in self.table_specs if t.dynamic is None}
     bags = {
         f.name: inputs_lib.to_bags(f, inputs[f.name], weights.get(f.name), rows[f.table])
-        for f in self.feature_specs
+        for f in self.feature_specs if f.table in rows
     }
-    first = self.feature_specs[0].name
+    if not bags:
+      return bags
+    first = next(iter(bags))
     for name, b in bags.items():
       if b.batch != bags[first].batch:
         raise ValueError(
@@ -326,6 +364,52 @@ def _request(spec: FeatureSpec, bags: inputs_lib.Bags) -> Request:
     # squeeze, not [:, 0]: JAX fails an eager empty gather on an Explicit mesh.
     return Request(jnp.squeeze(bags.ids, 1) if bags.single_hot else bags.ids)
   return Request(bags.ids, bags.weights, spec.combiner)
+
+
+def _dynamic_request(spec: FeatureSpec, ids, weights):
+  """A dynamic table's ``(ids, weights, combiner)`` for ``DynamicEmbed.lookup_many``."""
+  if isinstance(ids, (tuple, Ragged)):
+    raise ValueError(
+        f"feature {spec.name!r} reads dynamic table {spec.table!r}, which takes padded "
+        "ids ([batch] or [batch, bag] padded with -1), not ragged ones; pad the bags.")
+  if not isinstance(ids, (dynamic_ids.Words, jax.Array)):
+    ids = np.asarray(ids)  # host ids stay exact: DynamicEmbed splits them into words
+  shape = tuple(ids.shape)
+  if len(shape) not in (1, 2):
+    raise ValueError(f"feature {spec.name!r}: ids of shape {shape}; pass [batch] or "
+                     "[batch, bag] raw ids.")
+  most = spec.max_ids_per_sample
+  if most is not None and len(shape) == 2 and shape[1] > most:
+    raise ValueError(f"feature {spec.name!r}: bags of {shape[1]} ids exceed its "
+                     f"max_ids_per_sample={spec.max_ids_per_sample}.")
+  if spec.is_sequence:
+    if weights is not None:
+      raise ValueError(f"feature {spec.name!r} is a sequence feature; it takes no weights.")
+    return ids, None, None
+  if len(shape) == 1:  # single-hot: a bag of one
+    ids = ids[:, None] if not isinstance(ids, dynamic_ids.Words) else dynamic_ids.Words(
+        ids.value[:, None])
+    weights = None if weights is None else weights[:, None]
+  return ids, weights, spec.combiner
+
+
+def _dynamic_table(spec, route_capacity, mesh, table_axes, data_axes, dtype, param_dtype,
+                   rngs):
+  """The ``DynamicEmbed`` of a dynamic ``TableSpec``."""
+  kw = spec.dynamic.kwargs()
+  if kw["route_capacity"] is None and route_capacity is not None:
+    kw["route_capacity"] = (route_capacity.get(spec.name) if isinstance(route_capacity, Mapping)
+                            else route_capacity)
+  return dynamic_module.DynamicEmbed(
+      spec.num_embeddings, spec.features, mesh=mesh, sharding=spec.sharding,
+      table_axes=table_axes, data_axes=data_axes, name=spec.name, dtype=dtype,
+      param_dtype=param_dtype, embedding_init=spec.initializer, rngs=rngs, **kw)
+
+
+def _empty_plan(mesh, batch_size):
+  """The plan of a collection whose tables are all dynamic."""
+  shape = () if mesh is None else tuple(dict(mesh.shape).items())
+  return planner.CollectionPlan((), batch_size, shape)
 
 
 def _check_stacked_keys(what, given, plan):

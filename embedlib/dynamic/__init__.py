@@ -9,7 +9,7 @@ from embedlib.dynamic.ids import Words, words
 from embedlib.dynamic.mapping import init_rows
 from embedlib.dynamic.module import DynamicEmbed, DynamicMap, DynamicStats
 from embedlib.dynamic.policy import Policy
-from embedlib.dynamic.train import reset_slots, step_stats
+from embedlib.dynamic.train import frozen_maps, reset_slots, step_stats
 
-__all__ = ["DynamicEmbed", "DynamicMap", "DynamicStats", "Policy", "Words", "init_rows",
-           "reset_slots", "step_stats", "words"]
+__all__ = ["DynamicEmbed", "DynamicMap", "DynamicStats", "Policy", "Words", "frozen_maps",
+           "init_rows", "reset_slots", "step_stats", "words"]

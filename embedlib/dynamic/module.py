@@ -257,12 +257,7 @@ class DynamicEmbed(nnx.Module):
   def __call__(self, ids) -> jax.Array:
     """Embeds raw ids: ``ids.shape + (features,)`` (``Words``: their ``shape``)."""
     w = self.words(ids)
-    rows = self.rows_of(w)
-    out = self.rows(rows)
-    if self.default_row is not None:
-      use = (rows < 0) & ~_padding(w)
-      out = out + jnp.where(use[..., None], self.default_row[...].astype(out.dtype), 0)
-    return out
+    return self._embed(w, self.rows_of(w))
 
   def bag(self, ids, weights=None, *, combiner: str = "sum") -> jax.Array:
     """Pooled lookup of padded bags of raw ids: ``[batch, bag]`` to ``[batch, features]``.
@@ -272,7 +267,35 @@ class DynamicEmbed(nnx.Module):
     the root of their summed squares.
     """
     kernels.check_combiner(combiner)
-    w = self.words(ids)
+    w = self._check_bag(self.words(ids), weights)
+    return self._pool(w, self.rows_of(w), weights, combiner)
+
+  def lookup_many(self, requests) -> list[jax.Array]:
+    """Several lookups as one step of the policy: ``[(ids, weights, combiner)]``.
+
+    A ``combiner`` of None returns rows (``__call__``), otherwise pooled bags
+    (``bag``); every request's ids are admitted together, so features that
+    share the table count as one step (what ``EmbeddingCollection`` does).
+    """
+    ws = []
+    for ids, weights, combiner in requests:
+      w = self.words(ids)
+      if combiner is not None:
+        kernels.check_combiner(combiner)
+        w = self._check_bag(w, weights)
+      ws.append(w)
+    flat = ids_lib.Words(jnp.concatenate([w.value.reshape(-1, 2) for w in ws]))
+    rows = self.rows_of(flat)
+    out, start = [], 0
+    for w, (_, weights, combiner) in zip(ws, requests):
+      size = math.prod(w.shape)
+      part = rows[start:start + size].reshape(w.shape)
+      start += size
+      out.append(self._embed(w, part) if combiner is None
+                 else self._pool(w, part, weights, combiner))
+    return out
+
+  def _check_bag(self, w: ids_lib.Words, weights) -> ids_lib.Words:
     if len(w.shape) != 2:
       raise ValueError(
           f"{self.name}: bag() takes ids [batch, bag] padded with -1, got shape "
@@ -281,7 +304,16 @@ class DynamicEmbed(nnx.Module):
       raise ValueError(
           f"{self.name}: bag() weights of shape {jnp.shape(weights)} must match the "
           f"ids' shape {w.shape}.")
-    rows = self.rows_of(w)
+    return w
+
+  def _embed(self, w: ids_lib.Words, rows) -> jax.Array:
+    out = self.rows(rows)
+    if self.default_row is not None:
+      use = (rows < 0) & ~_padding(w)
+      out = out + jnp.where(use[..., None], self.default_row[...].astype(out.dtype), 0)
+    return out
+
+  def _pool(self, w: ids_lib.Words, rows, weights, combiner: str) -> jax.Array:
     member = ~_padding(w)
     coef = kernels.bag_coefficients(jnp.where(member, 0, -1), weights, 1, combiner)
     out = self.rows.bag(rows, coef, combiner="sum")

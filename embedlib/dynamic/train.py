@@ -15,6 +15,8 @@ update::
 
 from __future__ import annotations
 
+import contextlib
+
 import jax.numpy as jnp
 from flax import nnx
 
@@ -65,3 +67,21 @@ def step_stats(model) -> dict[str, float]:
       for name, value in module.stats().items():
         out[f"dynamic/{key}/{name}"] = value
   return out
+
+
+@contextlib.contextmanager
+def frozen_maps(model):
+  """Inside, every dynamic table of ``model`` only looks ids up (as after ``eval()``).
+
+  For an evaluation: its ids are neither admitted nor counted, and the rest
+  of the model (dropout and the like) keeps its mode.
+  """
+  tables = [m for _, m in nnx.iter_graph(model) if isinstance(m, DynamicEmbed)]
+  before = [m.deterministic for m in tables]
+  for m in tables:
+    m.deterministic = True
+  try:
+    yield
+  finally:
+    for m, was in zip(tables, before):
+      m.deterministic = was

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from flax import nnx
 
-from embedlib.collection import FeatureSpec, TableSpec
+from embedlib.collection import DynamicSpec, FeatureSpec, TableSpec
 from embedlib.data.multi_hash import MultiHash
 from embedlib.data.next_item import NextItemSpec
 from embedlib.data.sequences import SequenceSpec
@@ -54,8 +54,46 @@ def hashers(model_config) -> dict[str, MultiHash]:
   return out
 
 
+#: config.model.dynamic keys, in the order their errors are matched.
+_DYNAMIC_KEYS = ("capacity", "admit_after", "eviction", "bucket_size", "decay_every", "default")
+
+
+def dynamic_tables(model_config, data_spec) -> list[TableSpec]:
+  """The DLRM family's tables as dynamic ones (raw ids), set by ``config.model.dynamic``.
+
+  ``capacity`` (0: each feature's ``num_embeddings``, i.e.
+  ``config.data.table_sizes``), ``bucket_size``, ``admit_after``,
+  ``eviction`` (``"lru" | "lfu" | "none"``), ``decay_every`` and
+  ``default`` (``"zero" | "learned"``): see ``embedlib.DynamicEmbed``.
+
+  Raises:
+    ValueError: naming the ``config.model.dynamic`` key that can't work.
+  """
+  cfg = model_config.get("dynamic")
+  if cfg is None:
+    raise ValueError("config.model.dynamic: raw ids (config.data.raw_ids=True) need the "
+                     "dynamic tables' settings; add config.model.dynamic (see "
+                     "configs/dlrm_criteo.py), or set config.data.raw_ids=False.")
+  eviction = cfg.get("eviction", "lru")
+  try:
+    spec = DynamicSpec(
+        admit_after=cfg.get("admit_after", 1),
+        eviction=None if eviction in ("none", None) else eviction,
+        bucket_size=cfg.get("bucket_size", 128), decay_every=cfg.get("decay_every", 0),
+        default=cfg.get("default", "zero"))
+    capacity = cfg.get("capacity", 0)
+    return [TableSpec(f.name, capacity or f.num_embeddings, model_config.embed_dim,
+                      dynamic=spec) for f in data_spec.features]
+  except (TypeError, ValueError) as e:
+    msg = str(e)
+    key = next((k for k in _DYNAMIC_KEYS if f"{k}=" in msg), "capacity")
+    if key == "eviction":
+      msg = msg.replace("None (a full", "'none' (a full")
+    raise ValueError(f"config.model.dynamic.{key}: {msg}") from None
+
+
 def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
-                rngs: nnx.Rngs):
+                dynamic: bool = False, rngs: nnx.Rngs):
   """Builds the model named by ``model_config.name`` for a dataset layout.
 
   The DLRM family gets one table per categorical feature of a ``DataSpec``
@@ -83,6 +121,8 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
     data_spec: the dataset layout (dense width, categorical features).
     mesh: the device mesh, or None for one device.
     batch_size: global batch, for the plan's traffic estimates.
+    dynamic: the DLRM family's tables are dynamic, read by raw ids
+      (``dynamic_tables``).
     rngs: random number generators.
 
   Returns:
@@ -91,6 +131,10 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
   name = model_config.name
   if name not in NAMES:
     raise ValueError(f"config.model.name={name!r}; use one of {NAMES}.")
+  if dynamic and name not in _FAMILY:
+    raise ValueError(f"config.data.raw_ids: config.model.name={name!r} has no dynamic "
+                     "tables yet; raw ids train the DLRM family (dlrm, dcn). Set "
+                     "config.data.raw_ids=False.")
   if name in NEXT_ITEM:
     if not isinstance(data_spec, NextItemSpec):
       raise ValueError(f"config.model.name={name!r} reads next-item batches (a NextItemSpec), "
@@ -107,12 +151,24 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
     raise ValueError(f"config.model.name={name!r} reads click batches (a DataSpec); use the "
                      "ctr task.")
   dim = model_config.embed_dim
-  tables = [TableSpec(f.name, f.num_embeddings, dim) for f in data_spec.features]
+  if dynamic:
+    tables = dynamic_tables(model_config, data_spec)
+  else:
+    tables = [TableSpec(f.name, f.num_embeddings, dim) for f in data_spec.features]
   features = [
       FeatureSpec(f.name, f.name, combiner=model_config.combiner,
                   max_ids_per_sample=1 if f.bag_size == 1 else None)
       for f in data_spec.features
   ]
+  try:
+    return _dlrm(model_config, data_spec, tables, features, name, dim, mesh, batch_size, rngs)
+  except ValueError as e:
+    if dynamic and "devices own whole buckets" in str(e):
+      raise ValueError(f"config.model.dynamic.capacity: {e}") from None
+    raise
+
+
+def _dlrm(model_config, data_spec, tables, features, name, dim, mesh, batch_size, rngs):
   return DLRM(
       num_dense=data_spec.num_dense,
       tables=tables,

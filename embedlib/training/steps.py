@@ -5,7 +5,7 @@ from __future__ import annotations
 import optax
 from flax import nnx
 
-from embedlib import optim
+from embedlib import dynamic, optim
 
 
 def loss_fn(model, batch):
@@ -29,6 +29,8 @@ def train_step(model, optimizer, batch, *, task):
     The loss, a float32 scalar.
   """
   loss, grads = optim.value_and_grad(task.loss, tables=optimizer.tables)(model, batch)
+  # Rows a dynamic table placed in this step's lookups start with fresh slots.
+  dynamic.reset_slots(optimizer, model)
   optimizer.update(model, grads)
   return loss
 

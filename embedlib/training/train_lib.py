@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from embedlib import checkpoint, optim
+from embedlib import checkpoint, dynamic, optim
 from embedlib import data as data_lib
 from embedlib.training import pipeline, setup
 # eval_step and loss_fn are re-exported: callers of the single-task loop import them here.
@@ -47,7 +47,8 @@ def evaluate(model, source, start_state, mesh, max_batches, task) -> dict:
   source.set_state(start_state)
   batches = (data_lib.to_global_batch(task.featurize(b), mesh)
              for b in itertools.islice(source, max_batches))
-  return task.evaluate(model, batches, mesh, source)
+  with dynamic.frozen_maps(model):  # eval ids are looked up, never admitted
+    return task.evaluate(model, batches, mesh, source)
 
 
 def _progress(total, start):
@@ -259,7 +260,13 @@ def _plans(model) -> str:
   """The plan of every table: the collection's table, or one line per ``ShardedEmbed``."""
   embeddings = getattr(model, "embeddings", None)
   if embeddings is not None and hasattr(embeddings, "plan"):
-    return str(embeddings.plan)
+    lines = [str(embeddings.plan)]
+    for name, emb in getattr(embeddings, "dynamic", {}).items():
+      p = emb.policy
+      lines.append(f"dynamic table {name}: {p.capacity} x {emb.features} in {p.num_buckets} "
+                   f"buckets of {p.bucket_size}, {emb.rows.plan.strategy} over {emb.group} "
+                   f"devices; admit_after={p.admit_after}, eviction={p.eviction}")
+    return "\n".join(lines)
   return "\n".join(f"{key}: {emb.plan}" for key, emb in optim.sparse_tables(model))
 
 
@@ -314,7 +321,8 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
       if step % config.log_every == 0 or step == config.num_train_steps:
         # On the host: a device program here would run beside the steps in flight.
         mean_loss = float(np.mean(jax.device_get(losses)))
-        scalars = {"loss": mean_loss, **task.log_scalars(model)}
+        # Dynamic tables' occupancy and their last step's admitted, evicted, default_share.
+        scalars = {"loss": mean_loss, **task.log_scalars(model), **dynamic.step_stats(model)}
         if timed:
           elapsed = time.perf_counter() - tic - paused
           scalars["examples_per_sec"] = timed * config.batch_size / elapsed

@@ -15,7 +15,9 @@ import jax
 from jax.experimental import multihost_utils
 
 from embedlib import data as data_lib
+from embedlib import dynamic
 from embedlib import metrics
+from embedlib.models import factory
 from embedlib.training import steps
 from embedlib.training.tasks import base
 
@@ -59,6 +61,7 @@ class CTRTask(base.Task):
   eval_path: str = _host("")
   eval_holdout: float = _host(0.0)
   max_bad_lines: int = _host(0)
+  raw_ids: bool = _host(False)
 
   @classmethod
   def from_config(cls, config) -> CTRTask:
@@ -73,11 +76,28 @@ class CTRTask(base.Task):
     if data.source != "criteo" and data.eval_holdout:
       base.fail("data.eval_holdout", f"the {data.source} source has its own eval stream; "
                 "leave eval_holdout at 0.")
-    return cls(source=data.source, table_sizes=tuple(data.table_sizes),
+    made = cls(source=data.source, table_sizes=tuple(data.table_sizes),
                num_dense=data.num_dense, bag_sizes=tuple(data.bag_sizes),
                zipf_exponent=data.zipf_exponent, signal_scale=data.signal_scale,
                train_path=data.train_path, eval_path=data.eval_path,
-               eval_holdout=data.eval_holdout, max_bad_lines=data.max_bad_lines)
+               eval_holdout=data.eval_holdout, max_bad_lines=data.max_bad_lines,
+               raw_ids=bool(data.get("raw_ids", False)))
+    if made.raw_ids:
+      made._check_raw_ids(config)
+    return made
+
+  def _check_raw_ids(self, config) -> None:
+    """Raw ids need dynamic tables that can be built, and the in-line step."""
+    if config.get("pipeline", False):
+      base.fail("pipeline", "the pipelined step does not run dynamic tables (config.data."
+                "raw_ids=True) yet; set pipeline=False, or config.data.raw_ids=False.")
+    if config.model.name not in ("dlrm", "dcn"):
+      base.fail("data.raw_ids", f"config.model.name={config.model.name!r} has no dynamic "
+                "tables; raw ids train dlrm or dcn. Set config.data.raw_ids=False.")
+    try:
+      factory.dynamic_tables(config.model, self.data_spec())
+    except ValueError as e:
+      raise base.ConfigError(str(e)) from None
 
   def check_data(self) -> None:
     if self.source != "criteo":
@@ -120,7 +140,7 @@ class CTRTask(base.Task):
   def sources(self, spec, *, batch_size: int, seed: int, eval_batches: int):
     share = dict(process_index=jax.process_index(), process_count=jax.process_count())
     if self.source == "criteo":
-      kw = dict(batch_size=batch_size, **share,
+      kw = dict(batch_size=batch_size, **share, raw_ids=self.raw_ids,
                 max_bad_lines=None if self.max_bad_lines == -1 else self.max_bad_lines)
       train = data_lib.CriteoReader(self.train_path, spec, num_epochs=None,
                                     holdout=self.eval_holdout, split="train", **kw)
@@ -144,6 +164,16 @@ class CTRTask(base.Task):
     if not isinstance(eval_source, data_lib.SyntheticSource):
       return {}
     return {"oracle_auc": eval_source.oracle_metrics()["auc"]}
+
+  def featurize(self, batch: dict) -> dict:
+    """With raw ids, each feature's ids as exact uint32 words (``dynamic.words``)."""
+    if not self.raw_ids:
+      return batch
+    return {**batch, "sparse": {k: dynamic.words(v) for k, v in batch["sparse"].items()}}
+
+  def build_model(self, model_config, spec, mesh, *, batch_size: int, rngs):
+    return factory.build_model(model_config, spec, mesh=mesh, batch_size=batch_size,
+                               dynamic=self.raw_ids, rngs=rngs)
 
   def loss(self, model, batch):
     return steps.loss_fn(model, batch)
