@@ -37,3 +37,18 @@ os.environ["XLA_FLAGS"] = " ".join(
     + ["--xla_force_host_platform_device_count=8"]
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def pytest_runtest_setup(item):
+  """A SIGTERM that ends a test worker prints every thread's stack first.
+
+  A worker that dies without a Python error leaves pytest-xdist only "node
+  down: Not properly terminated"; fatal signals already print their stacks
+  (pytest's faulthandler), SIGTERM does not. Registered before each test
+  because a test that installs its own SIGTERM handler (``StopSignals``)
+  puts back Python's view of the old one, which drops this.
+  """
+  del item
+  import faulthandler
+  import signal
+  faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
