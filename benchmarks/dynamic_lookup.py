@@ -4,6 +4,7 @@
     python3 benchmarks/dynamic_lookup.py --quick   # 65,536 x 16, 4,096 ids (--smoke: the same)
     python3 benchmarks/dynamic_lookup.py --zeros-init  # the dynamic rows start at zero: no draws
     python3 benchmarks/dynamic_lookup.py --rows 65536  # tables full after two steps: evictions
+    python3 benchmarks/dynamic_lookup.py --parts       # the dynamic step's pieces, timed apart
 
 One device of jax's default backend, no mesh. Ids are Zipf(1.05) ranks
 spread over 64-bit values (raw ids); the fixed table takes them hashed mod
@@ -35,6 +36,7 @@ non-resident id reads the default, which is no row). Never asserts a time.
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -52,8 +54,11 @@ from flax import nnx  # noqa: E402
 
 import embedlib  # noqa: E402
 from embedlib import dynamic, optim  # noqa: E402
+from embedlib.dynamic import ids as ids_lib  # noqa: E402
+from embedlib.dynamic import mapping  # noqa: E402
 from embedlib.dynamic import reference  # noqa: E402
-from timing import print_table, time_once  # noqa: E402
+from embedlib.dynamic import step as step_lib  # noqa: E402
+from timing import print_table, summary, time_once  # noqa: E402
 from worker_protocol import default_env, missing_note, start_or_note  # noqa: E402
 
 FIXED, DYNAMIC = "fixed: ShardedEmbed step", "dynamic: DynamicEmbed step"
@@ -93,6 +98,51 @@ def dynamic_step(emb, opt, words):
 @nnx.jit
 def lookup(emb, ids):
   return emb(ids)
+
+
+def parts(dyn, batch_words, repeats: int) -> None:
+  """``--parts``: the dynamic step's pieces, each jitted apart on the warmed
+  table's state (none donated, so the table stays as it is)."""
+  policy = dyn.policy
+  state = dyn._state()
+  flat = batch_words.value.reshape(-1, 2)
+  hi, lo = flat[:, 0], flat[:, 1]
+  own = jnp.ones(hi.shape, bool)
+  bucket = ids_lib.bucket_of(hi, lo, policy.num_buckets)
+  clock = dyn.clock[...]
+  key_data = dyn.init_key[...]
+  table = dyn.rows.embedding[...]
+  _, rows, placed, _ = step_lib.train_step(state, hi, lo, own, bucket, clock, policy=policy)
+  count = int(jnp.sum(placed))
+  drawn = next(k for k in mapping.init_sizes(hi.shape[0]) if k >= count)
+  put = jnp.where(placed, rows, policy.capacity)
+  at = jnp.arange(drawn, dtype=jnp.int32)
+  pieces = {
+      "map step (step.train_step)": jax.jit(functools.partial(
+          step_lib.train_step, policy=policy)),
+      "  sort by (bucket, hi, lo) (step._sort)": jax.jit(functools.partial(
+          step_lib._sort, bucket_size=policy.bucket_size)),
+      "  bucket scan alone (step.lookup)": jax.jit(functools.partial(
+          step_lib.lookup, bucket_size=policy.bucket_size)),
+      f"draw {drawn:,} initial rows (mapping.init_rows)": jax.jit(
+          lambda k, r: mapping.init_rows(dyn.embedding_init, k, r, table.shape[1], table.dtype)),
+      "place drawn rows (mapping._place_rows)": jax.jit(
+          lambda k, t, p: mapping._place_rows(dyn.embedding_init, k, t, p, 0)),
+  }
+  args = {
+      "map step (step.train_step)": (state, hi, lo, own, bucket, clock),
+      "  sort by (bucket, hi, lo) (step._sort)": (state, hi, lo, own, bucket),
+      "  bucket scan alone (step.lookup)": (state, hi, lo, own, bucket),
+      f"draw {drawn:,} initial rows (mapping.init_rows)": (key_data, at),
+      "place drawn rows (mapping._place_rows)": (key_data, table, put),
+  }
+  cases = {name: functools.partial(fn, *args[name]) for name, fn in pieces.items()}
+  for case in cases.values():
+    jax.block_until_ready(case())
+  times = rounds(cases, repeats)
+  print(f"\nthe dynamic step's pieces ({count:,} rows placed), ms:")
+  for name, ts in times.items():
+    print(f"{name:52s} {summary(ts)}")
 
 
 def shared_rows(raw: np.ndarray, rows: np.ndarray) -> tuple[int, int]:
@@ -151,6 +201,8 @@ def main(argv=None) -> int:
   parser.add_argument("--rows", type=int, default=None,
                       help="rows of every table (default 1,048,576; --quick 65,536): fewer "
                            "rows than the ids seen make the dynamic tables evict")
+  parser.add_argument("--parts", action="store_true",
+                      help="instead: time the dynamic step's pieces (map step, sort, scan, draws)")
   parser.add_argument("--no-peers", dest="peers", action="store_false",
                       help="leave out the TorchRec columns")
   parser.add_argument("--torch-threads", type=int, default=2)
@@ -177,6 +229,9 @@ def main(argv=None) -> int:
     print("check: FAILED: the dynamic map differs from the reference's after the warm steps")
     return 1
   print(f"check: ok (the map equals the reference's: {len(ref.resident()):,} resident ids)")
+  if args.parts:
+    parts(dyn, words[WARM - 1], repeats)
+    return 0
   graphdef, state = nnx.split(dyn)          # a copy: the train step donates dyn's arrays
   frozen = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
   frozen.eval()
