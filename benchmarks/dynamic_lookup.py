@@ -95,7 +95,8 @@ def dynamic_step(emb, opt, words):
   return loss
 
 
-@nnx.jit
+# graph_updates=False: nnx.jit's default would also return the table (a copy per call).
+@nnx.jit(graph_updates=False)
 def lookup(emb, ids):
   return emb(ids)
 
