@@ -398,7 +398,7 @@ def _assert_same(got, want):
 
 @pytest.mark.slow
 def test_sigkill_mid_raw_id_run_resumes_its_maps_from_the_last_intact_checkpoint(tmp_path):
-  """Killed mid-run (a checkpoint each step, so most likely mid-save), pipelined: the
+  """Killed mid-run (a checkpoint each step, so the kill may land mid-save), pipelined: the
   newest intact checkpoint holds the maps with their rows, and the resumed run ends
   where an uninterrupted in-line run does, bit for bit."""
   workdir = tmp_path / "run"
@@ -409,15 +409,16 @@ def test_sigkill_mid_raw_id_run_resumes_its_maps_from_the_last_intact_checkpoint
   saved = found[0]
   assert saved >= 1 and found[1]
   last = saved + 2
-  done = subprocess.run(_command(workdir, *RAW, "--config.pipeline=True", "--config.eval_every=100000",
-                                 f"--config.num_train_steps={last}"),
-                        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
-  assert done.returncode == 0, done.stderr[-3000:]
-  assert f"resumed from the checkpoint at step {saved}" in done.stderr
-
   straight = tmp_path / "straight"
-  train_lib.train_and_evaluate(_raw_smoke(num_train_steps=last, eval_every=100000),
-                               str(straight))
+  tail = ["--config.eval_every=100000", f"--config.num_train_steps={last}"]
+  # The uninterrupted in-line run, in a process like the killed one (its devices).
+  runs = [subprocess.Popen(_command(w, *RAW, *extra, *tail), cwd=ROOT, env=_env(),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+          for w, extra in ((workdir, ["--config.pipeline=True"]), (straight, []))]
+  errs = [p.communicate(timeout=900)[1] for p in runs]
+  for p, e in zip(runs, errs):
+    assert p.returncode == 0, e[-3000:]
+  assert f"resumed from the checkpoint at step {saved}" in errs[0]
   # The checkpoint the killed run left: the uninterrupted run's maps and rows at its step.
   _assert_same(_maps_and_rows(workdir, _raw_smoke(), saved),
                _maps_and_rows(straight, _raw_smoke(), saved))
