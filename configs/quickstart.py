@@ -37,7 +37,7 @@ def get_config(arg=None):
   # Malformed Criteo lines to skip before stopping; -1 skips them all.
   config.data.max_bad_lines = 0
   config.data.prefetch = 2
-  # Ids as they are, into dynamic tables of config.model.dynamic (DLRM, DCN; no pipeline).
+  # Ids as they are, into dynamic tables of config.model.dynamic (DLRM, DCN).
   config.data.raw_ids = False
 
   config.model = ml_collections.ConfigDict()
