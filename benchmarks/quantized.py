@@ -20,9 +20,11 @@ The data: ``quickstart`` and ``two_tower`` read their planted sources;
 (``embedlib.data.criteo_synth``, ``--lines`` of it, 5% held out for eval)
 and keeps the config's model (26 tables of width 64, MLPs 512-256 and
 512-256-1) with ``--rows`` rows a table (the config's 1,000,000 at
-``--rows 1000000``, 6.7 GB of float32 tables); ``sasrec`` writes a
-MovieLens ``u.data`` whose users walk a planted ring of items
-(``planted_movielens``; no MovieLens release is read).
+``--rows 1000000``, 6.7 GB of float32 tables); ``sasrec`` reads the
+MovieLens release ``--data`` names (ML-100K: RecBole's wheel carries it, at
+``.peers/lib/python3.11/site-packages/recbole/dataset_example/ml-100k``), or
+without it writes a ``u.data`` whose users walk a planted ring of items
+(``planted_movielens``).
 
 SASRec ties its item table to its output layer, and a quantized table has no
 ``attend``: its rows here are the format's dequantized ones loaded into the
@@ -116,10 +118,14 @@ def make_config(model: str, data_dir: str, args):
     note = f"two-tower retrieval ({config.data.num_items:,}-item catalogue, planted requests)"
   elif model == "sasrec":
     config = movielens.get_config("smoke" if args.smoke else None)
-    users, items = (40, 60) if args.smoke else (args.users, args.items)
-    config.data.path = planted_movielens(os.path.join(data_dir, "ml"), num_users=users,
-                                         num_items=items)
-    note = f"SASRec next item (planted ring: {users:,} users, {items:,} items, 20-80 each)"
+    if args.data:
+      config.data.path = args.data
+      note = f"SASRec next item ({args.data})"
+    else:
+      users, items = (40, 60) if args.smoke else (args.users, args.items)
+      config.data.path = planted_movielens(os.path.join(data_dir, "ml"), num_users=users,
+                                           num_items=items)
+      note = f"SASRec next item (planted ring: {users:,} users, {items:,} items, 20-80 each)"
   else:
     raise ValueError(f"--model={model!r}; use one of {', '.join(METRIC)}.")
   if not args.smoke:
@@ -193,6 +199,8 @@ def main(argv=None) -> None:
   parser.add_argument("--rows", type=int, default=100_000, help="criteo: rows a table")
   parser.add_argument("--lines", type=int, default=320_000, help="criteo: lines of data")
   parser.add_argument("--batch-size", type=int, default=1024, help="criteo: the batch")
+  parser.add_argument("--data", default=None,
+                      help="sasrec: a MovieLens folder or file (default: a planted ring)")
   parser.add_argument("--users", type=int, default=1_000, help="sasrec: planted users")
   parser.add_argument("--items", type=int, default=2_000, help="sasrec: planted items")
   parser.add_argument("--smoke", action="store_true", help="the config's smoke variant")
