@@ -19,7 +19,7 @@ One run, each step in a fresh process:
    quantized inference DLRM (``benchmarks/peers/torchrec_serving.py``, int8
    rows, fp16 scale and bias, FBGEMM) score the same ``--batches`` batches of
    ``B`` examples, ``--rounds`` times each, interleaved; min / median / max
-   examples/s per side and the ratio of medians.
+   examples/s per side, the ratio of medians and of the best runs.
 
 The ids are drawn per table from a Zipf(1.2) law over its rows (a hashed
 Criteo column's skew), the dense features as ``log1p`` of counts.
@@ -165,7 +165,7 @@ def main(argv=None) -> None:
   parser.add_argument("--steps", type=int, default=20, help="training steps of 1,024")
   parser.add_argument("--batch-size", type=int, default=2048, help="the exported program's batch")
   parser.add_argument("--batches", type=int, default=8, help="batches scored per timed run")
-  parser.add_argument("--rounds", type=int, default=5, help="timed runs per side")
+  parser.add_argument("--rounds", type=int, default=21, help="timed runs per side")
   parser.add_argument("--threads", type=int, default=2, help="TorchRec's torch threads")
   parser.add_argument("--tmp", default=None, help="where the workdir and artifact go")
   parser.add_argument("--smoke", action="store_true", help="configs/dlrm_criteo.py:smoke")
@@ -252,7 +252,10 @@ def throughput(args, python, artifact, data) -> None:
     print(f"  {w.name}: {info}")
   if len(workers) == 2:
     medians = [sorted(rates[w.name])[len(rates[w.name]) // 2] for w, _ in workers]
-    print(f"embedlib / TorchRec, medians: {medians[0] / medians[1]:.2f}")
+    best = [max(rates[w.name]) for w, _ in workers]
+    # On a shared machine the best run is the one least slowed by others.
+    print(f"embedlib / TorchRec, medians: {medians[0] / medians[1]:.2f}; best runs: "
+          f"{best[0] / best[1]:.2f}")
   for note in notes:
     print(note)
 
