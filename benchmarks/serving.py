@@ -19,7 +19,10 @@ One run, each step in a fresh process:
    quantized inference DLRM (``benchmarks/peers/torchrec_serving.py``, int8
    rows, fp16 scale and bias, FBGEMM) score the same ``--batches`` batches of
    ``B`` examples, ``--rounds`` times each, interleaved; min / median / max
-   examples/s per side, the ratio of medians and of the best runs.
+   examples/s per side, the ratio of medians and of the best runs. TorchRec's
+   model holds the artifact's weights (its int8 tables dequantized, then
+   quantized again by ``from_float``): the two sides' probabilities on the
+   first batch are compared.
 
 The ids are drawn per table from a Zipf(1.2) law over its rows (a hashed
 Criteo column's skew), the dense features as ``log1p`` of counts.
@@ -126,8 +129,11 @@ def train(workdir: str, rows: int, steps: int, lines: int, smoke: bool) -> None:
   train_lib.train_and_evaluate(config, os.path.join(workdir, "run"))
 
 
-def jax_worker(artifact: str, data: str) -> None:
-  """Scores the batches of ``data`` with the loaded artifact on ``run`` requests (a child's job)."""
+def jax_worker(artifact: str, data: str, dump: str | None = None) -> None:
+  """Scores the batches of ``data`` with the loaded artifact on ``run`` requests (a child's job).
+
+  ``dump``: where to save the first batch's probabilities (``.npy``).
+  """
   import embedlib.serving  # pylint: disable=g-import-not-at-top
 
   model = embedlib.serving.load(artifact)
@@ -135,6 +141,8 @@ def jax_worker(artifact: str, data: str) -> None:
   names = [n for n in model.input_names if n != "dense"]
   batches = [{"dense": d, **{n: s[:, i] for i, n in enumerate(names)}}
              for d, s in zip(arrays["dense"], arrays["sparse"])]
+  if dump:
+    np.save(dump, model(batches[0])["probability"])
   position = [0]
 
   def run_steps(n):
@@ -170,7 +178,7 @@ def main(argv=None) -> None:
   parser.add_argument("--tmp", default=None, help="where the workdir and artifact go")
   parser.add_argument("--smoke", action="store_true", help="configs/dlrm_criteo.py:smoke")
   parser.add_argument("--train-into", help=argparse.SUPPRESS)
-  parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
+  parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.smoke:
     args.rows, args.steps, args.batch_size, args.batches, args.rounds = 1_000, 2, 32, 2, 2
@@ -219,8 +227,10 @@ def throughput(args, python, artifact, data) -> None:
   notes = []
   workers = []
   env = worker_protocol.default_env(OMP_WAIT_POLICY="PASSIVE")
+  dumps = [os.path.join(os.path.dirname(data), f"first_{side}.npy") for side in ("jax", "torch")]
   worker, info = worker_protocol.start_or_note(
-      "embedlib int8 artifact", [python, __file__, "--serve", artifact, data], env, notes)
+      "embedlib int8 artifact", [python, __file__, "--serve", artifact, data, dumps[0]], env,
+      notes)
   if worker:
     workers.append((worker, info))
   note = worker_protocol.missing_note(PEER_PYTHON)
@@ -232,7 +242,8 @@ def throughput(args, python, artifact, data) -> None:
     worker, info = worker_protocol.start_or_note(
         "TorchRec quant EBC int8",
         [PEER_PYTHON, os.path.join(ROOT, "benchmarks", "peers", "torchrec_serving.py"),
-         "--data", data, "--tables", tables, "--threads", str(args.threads), *shape], env, notes)
+         "--data", data, "--tables", tables, "--threads", str(args.threads), "--artifact",
+         artifact, "--dump", dumps[1], *shape], env, notes)
     if worker:
       workers.append((worker, info))
   rates = {w.name: [] for w, _ in workers}
@@ -256,6 +267,10 @@ def throughput(args, python, artifact, data) -> None:
     # On a shared machine the best run is the one least slowed by others.
     print(f"embedlib / TorchRec, medians: {medians[0] / medians[1]:.2f}; best runs: "
           f"{best[0] / best[1]:.2f}")
+  if all(os.path.exists(d) for d in dumps):
+    diff = np.abs(np.load(dumps[0]) - np.load(dumps[1]))
+    print(f"the two sides' probabilities on the first batch: max |diff| {diff.max():.2e}, "
+          f"mean {diff.mean():.2e}")
   for note in notes:
     print(note)
 

@@ -12,8 +12,10 @@ of ``embedlib.models.DLRM`` under ``configs/dlrm_criteo.py``) whose
 ``EmbeddingBagCollection`` is replaced by the quantized inference one
 (``torchrec.quant.EmbeddingBagCollection.from_float``: FBGEMM's inference
 table-batched embedding, int8 rows with an fp16 scale and bias, float32
-output). Its weights are its own random ones: the work per example is the
-JAX side's, the scores are not compared.
+output). With ``--artifact`` its weights are the embedlib artifact's (its
+int8 tables dequantized into the float collection, then quantized again by
+TorchRec), so the scores can be compared (``--dump``); without, its own
+random ones.
 
 Each timed batch starts from the numpy arrays, as the JAX side's does: the
 ``KeyedJaggedTensor`` is built inside the timing, then the forward and the
@@ -22,6 +24,7 @@ sigmoid run under ``torch.no_grad()`` (FBGEMM's CPU kernel fails under
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -40,6 +43,45 @@ from worker_protocol import serve  # noqa: E402
 DTYPES = {"int8": torch.qint8, "int4": torch.quint4x2}
 
 
+def _weights(directory):
+  """``{name: array}`` of an embedlib artifact's weights (its manifest and ``.npy`` files)."""
+  with open(os.path.join(directory, "manifest.json")) as f:
+    manifest = json.load(f)
+  weights = {w["name"]: np.load(os.path.join(directory, w["file"]), mmap_mode="r",
+                                allow_pickle=False) for w in manifest["weights"]}
+  return manifest, weights
+
+
+def load_artifact(directory, model, tables):
+  """Copies an embedlib int8 DLRM artifact's weights into ``model`` (float tables dequantized).
+
+  Both DLRMs concatenate the bottom MLP's output and the tables' vectors in
+  feature order, take the pairwise dots above the diagonal row by row, and
+  put the bottom output first: the top MLP's first kernel maps one to one.
+  """
+  manifest, w = _weights(directory)
+
+  def linear(layer, prefix):
+    layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(w[f"{prefix}['kernel'].value"].T)))
+    layer.bias.copy_(torch.from_numpy(np.array(w[f"{prefix}['bias'].value"])))
+
+  with torch.no_grad():
+    for i, p in enumerate(model.dense_arch.model._mlp):
+      linear(p._linear, f"['bottom']['layers'][{i}]")
+    mlp = model.over_arch.model[0]._mlp
+    for i, p in enumerate(mlp):
+      linear(p._linear, f"['top']['layers'][{i}]")
+    linear(model.over_arch.model[1], f"['top']['layers'][{len(mlp)}]")
+    for i, feature in enumerate(manifest["data"]["features"]):
+      prefix = f"['embeddings']['tables']['{feature['name']}']['table'].value"
+      codes, scale_bias = w[prefix + ".data"], w[prefix + ".scale_bias"]
+      rows = tables.embedding_bags[f"t{i}"].weight
+      for start in range(0, rows.shape[0], 1 << 16):  # a float copy of a block at a time
+        sb = np.asarray(scale_bias[start:start + (1 << 16), 0], np.float32)
+        block = np.asarray(codes[start:start + (1 << 16)], np.float32) * sb[:, :1] + sb[:, 1:]
+        rows[start:start + len(block)] = torch.from_numpy(block)
+
+
 def build(args, sizes):
   keys = [f"f{i}" for i in range(len(sizes))]
   configs = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=args.dim, num_embeddings=n,
@@ -51,6 +93,8 @@ def build(args, sizes):
   tables.qconfig = QuantConfig(
       activation=quant.PlaceholderObserver.with_args(dtype=torch.float),
       weight=quant.PlaceholderObserver.with_args(dtype=DTYPES[args.dtype]))
+  if args.artifact:
+    load_artifact(args.artifact, model, tables)
   quantized = QuantEBC.from_float(tables)
   model.sparse_arch.embedding_bag_collection = quantized
   model.eval()
@@ -69,6 +113,8 @@ def main():
   parser.add_argument("--bottom", type=lambda s: [int(x) for x in s.split(",")], default=[512, 256])
   parser.add_argument("--top", type=lambda s: [int(x) for x in s.split(",")], default=[512, 256, 1])
   parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--artifact", help="an embedlib int8 DLRM artifact whose weights to use")
+  parser.add_argument("--dump", help="write the first batch's probabilities here (.npy)")
   args = parser.parse_args()
 
   torch.set_num_threads(args.threads)
@@ -89,6 +135,11 @@ def main():
         total = float(probability.mean())
     return total
 
+  if args.dump:
+    with torch.no_grad():
+      dense, sparse = batches[0]
+      np.save(args.dump, torch.sigmoid(model(torch.from_numpy(dense), to_kjt(sparse, keys)))
+              .squeeze(-1).numpy())
   first = run_steps(args.warmup)
   serve(run_steps, {
       "torch": torch.__version__, "torchrec": torchrec.__version__,
