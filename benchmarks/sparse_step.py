@@ -164,9 +164,11 @@ def build_step(vocab, width, sparse, **layout):
   if sparse:
     opt = optim.SparseAwareOptimizer(model, None, optim.RowWiseAdagrad(LR))
   else:
-    # Accumulators from 0, as torch.optim.Adagrad's (optax's default 0.1
-    # would barely move the rows: steps of lr * g / sqrt(0.1)).
-    opt = nnx.Optimizer(model, optax.adagrad(LR, initial_accumulator_value=0.0, eps=1e-10),
+    # torch.optim.Adagrad's rule: accumulators from 0 (optax's default 0.1
+    # would barely move the rows: steps of lr * g / sqrt(0.1)), and eps
+    # 1e-10 added after the square root, which optax adds under it: 1e-20
+    # there (a row's gradient here is small enough for 1e-10 to matter).
+    opt = nnx.Optimizer(model, optax.adagrad(LR, initial_accumulator_value=0.0, eps=1e-20),
                         wrt=nnx.Param)
   graphdef, state = nnx.split((model, opt))
   grad = optim.value_and_grad if sparse else nnx.value_and_grad
@@ -298,8 +300,9 @@ def update_path(path):
 #: Cases with the sparse step's rule (row-wise AdaGrad, lr, eps 1e-8,
 #: accumulators from 0) from the same table and ids: the same loss.
 SAME_RULE = (SPARSE_XLA, SPARSE_SORTED, "PyTorch FBGEMM fused row-wise AdaGrad")
-#: Cases with element-wise Adagrad (accumulators from 0, eps 1e-10): the
-#: same loss as each other, another than row-wise AdaGrad's.
+#: Cases with element-wise Adagrad (accumulators from 0, eps 1e-10 after
+#: the square root): the same loss as each other, another than row-wise
+#: AdaGrad's.
 ELEMENTWISE = (DENSE, "PyTorch Embedding(sparse=True) + Adagrad",
                "PyTorch dense Embedding + Adagrad")
 
