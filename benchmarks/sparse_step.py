@@ -61,7 +61,8 @@ Every case starts from the same table (``initial_table``, the PyTorch
 workers' too) and takes the same ids every step, the same number of steps;
 each prints its loss at its last step, which must agree among the cases of
 one rule: row-wise AdaGrad (embedlib's sparse step by all three updates,
-FBGEMM's fused), element-wise Adagrad (the dense step, PyTorch's two).
+FBGEMM's fused), PyTorch's element-wise Adagrad (its two cases; the JAX
+dense step's optax rule differs in where it adds eps, see ``ELEMENTWISE``).
 
 Prints min / median / max ms per case and its ratio to the sparse step, the
 speed-up (dense median / sparse median; target >= 10), each compiled JAX
@@ -300,11 +301,12 @@ def update_path(path):
 #: Cases with the sparse step's rule (row-wise AdaGrad, lr, eps 1e-8,
 #: accumulators from 0) from the same table and ids: the same loss.
 SAME_RULE = (SPARSE_XLA, SPARSE_SORTED, "PyTorch FBGEMM fused row-wise AdaGrad")
-#: Cases with element-wise Adagrad (accumulators from 0, eps 1e-10 after
-#: the square root): the same loss as each other, another than row-wise
-#: AdaGrad's.
-ELEMENTWISE = (DENSE, "PyTorch Embedding(sparse=True) + Adagrad",
-               "PyTorch dense Embedding + Adagrad")
+#: PyTorch's element-wise Adagrad cases (one formula): the same loss as
+#: each other, another than row-wise AdaGrad's. The JAX dense step is
+#: element-wise too, but optax adds eps under the square root: this loss's
+#: steps overshoot and oscillate (a row's entries share one gradient), which
+#: amplifies that difference, so it is not expected to match them.
+ELEMENTWISE = ("PyTorch Embedding(sparse=True) + Adagrad", "PyTorch dense Embedding + Adagrad")
 
 
 def print_losses(jax_losses, peer_losses):
@@ -317,10 +319,13 @@ def print_losses(jax_losses, peer_losses):
     if name == SPARSE:
       continue
     what = "same rule: should agree"
-    if name in ELEMENTWISE:
-      dense = losses[DENSE][0]
-      what = (f"element-wise Adagrad: should agree with the {DENSE} case, "
-              f"relative difference {(loss - dense) / abs(dense):+.1e}")
+    if name == DENSE:
+      what = "optax element-wise Adagrad, eps under the root: not expected to agree"
+    elif name in ELEMENTWISE:
+      other = losses.get(ELEMENTWISE[1])
+      what = ("element-wise Adagrad" if other is None or name == ELEMENTWISE[1] else
+              f"element-wise Adagrad: should agree with the dense PyTorch case, relative "
+              f"difference {(loss - other[0]) / abs(other[0]):+.1e}")
     print(f"  {name:44s} {loss:.6g} (step {n}; relative difference "
           f"{(loss - ours) / abs(ours):+.1e}; {what})")
 
