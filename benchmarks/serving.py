@@ -78,25 +78,41 @@ print("@@load " + json.dumps(out))
 """
 
 
+# Runs argv[2:] as a child of this small process and writes the child's peak
+# RSS to argv[1]. A process forked straight from a large one (a test worker,
+# a benchmark holding tables) starts with a copy of its pages, and Linux
+# counts that copy's high-water mark in the exec'd child's ru_maxrss; forked
+# from this one, the copy is a bare interpreter's.
+_REAPER = """import os, sys
+pid = os.fork()
+if pid == 0:
+  os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+  f.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_child(argv, what, env=None) -> tuple[str, float, float]:
   """Runs ``argv`` from the repository root; ``(stdout, seconds, its peak RSS in MiB)``.
 
-  Output goes to files and the child is reaped with ``wait4``: the one way to
-  read a single child's ``ru_maxrss`` (``RUSAGE_CHILDREN`` is every child's max).
+  The child is started and reaped (``wait4``, the one way to read a single
+  child's ``ru_maxrss``) by a small Python process in between (``_REAPER``),
+  so the peak is the child's own, not this process's size at the fork.
   """
-  with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+  with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
+      tempfile.NamedTemporaryFile("r") as peak:
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=ROOT,
-                            env=env)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc = subprocess.run([sys.executable, "-c", _REAPER, peak.name, *argv], stdout=out,
+                          stderr=err, stdin=subprocess.DEVNULL, cwd=ROOT, env=env, check=False)
     seconds = time.perf_counter() - start
     out.seek(0)
     err.seek(0)
     if proc.returncode:
       raise RuntimeError(f"{what} failed (exit {proc.returncode}); the end of its stderr:\n"
                          f"{err.read()[-3000:]}")
-    return out.read(), seconds, usage.ru_maxrss / 1024
+    return out.read(), seconds, int(peak.read()) / 1024
 
 
 def write_batches(path: str, num: int, batch: int, rows: int, seed: int = 0) -> None:

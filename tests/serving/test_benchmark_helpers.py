@@ -32,11 +32,13 @@ def test_batches_hold_skewed_ids_in_range(serving, tmp_path):
 
 
 def test_run_child_reads_the_child_peak_not_the_parent(serving):
+  parent = np.ones(1_200 << 17)  # 1,200 MiB here, which a child forked from here starts with
   out, _, peak = serving.run_child(
       [sys.executable, "-c", "import numpy as np; a = np.ones(300 << 17); print(a.sum())"],
       "allocating")
   assert out.strip() == str(float(300 << 17))
   assert 300 <= peak < 1_000  # 300 MiB of float64, plus numpy
+  del parent
   with pytest.raises(RuntimeError, match=r"failing failed \(exit 3\)(.|\n)*boom"):
     serving.run_child([sys.executable, "-c",
                        "import sys; print('boom', file=sys.stderr); sys.exit(3)"], "failing")
