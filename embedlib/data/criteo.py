@@ -330,6 +330,26 @@ class CriteoReader(Iterator[dict]):
     self._state["position"] += 1
     return self._cut(parts)
 
+  def chunks(self):
+    """Every row of one pass, in chunks of columns (``criteo_chunks.parse_chunk``'s).
+
+    Malformed lines are counted and reported as by batches; the reader's
+    position is left alone. The binary converter writes from these.
+    """
+    self.close()
+    stream = criteo_chunks.grain_stream(
+        self._refs, self._settings, epoch=0, skip_before=0, num_epochs=1,
+        workers=self.workers) if self.workers else criteo_chunks.stream(
+            self.paths, self._settings, epoch=0, skip_before=0, num_epochs=1)
+    try:
+      for chunk in stream:
+        self._bad_row = 0
+        self._report_bad(chunk, before=None)
+        yield chunk
+    finally:
+      if hasattr(stream, "close"):
+        stream.close()
+
   def _report_bad(self, chunk: dict, before: int | None) -> None:
     """Counts the chunk's malformed lines up to global line ``before`` (all: None), in order."""
     bad = chunk["bad"]
