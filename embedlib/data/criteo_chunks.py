@@ -33,6 +33,9 @@ from embedlib.data import criteo_format as fmt
 #: chunks between processes costs little beside it.
 CHUNK_LINES = 4096
 _SCAN_BYTES = 1 << 24
+#: Chunks each worker keeps ready (grain's per-worker buffer; one more waits
+#: in the thread that collects the worker's output, one more is being parsed).
+BUFFER_CHUNKS = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,5 +226,9 @@ def grain_stream(refs: list[ChunkRef], settings: Settings, *, epoch: int, skip_b
   stop = sys.maxsize // 2 if num_epochs is None else num_epochs * len(refs)
   dataset = grain.MapDataset.range(first, max(stop, first)).map(
       LoadChunk(refs, settings, epoch, skip_before))
-  options = grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2)
-  return iter(dataset.to_iter_dataset().mp_prefetch(options))
+  # Parsing holds the GIL: threads inside a worker would only add chunks
+  # parsed ahead (grain's default reads 500 ahead with 16 threads).
+  read = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+  options = grain.MultiprocessingOptions(num_workers=workers,
+                                         per_worker_buffer_size=BUFFER_CHUNKS)
+  return iter(dataset.to_iter_dataset(read).mp_prefetch(options))

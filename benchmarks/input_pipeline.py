@@ -1,0 +1,112 @@
+"""Criteo input: TSV lines/s by number of worker processes, and the binary format's examples/s.
+
+    python benchmarks/input_pipeline.py                    # 100,352 lines; workers 0, 1, 2
+    python benchmarks/input_pipeline.py --workers 0,1,2,4  # more worker counts
+    python benchmarks/input_pipeline.py --quick            # a smoke run
+
+One ``criteo_synth`` file (its lines have the real files' layout and empty
+fields), converted once to the binary format (``embedlib.data.criteo_binary``,
+hashed ids). Every case is an endless reader of the same file at the same
+batch size, started before the timing (worker start-up is printed apart);
+then every case reads ``--window`` examples per repeat, round-robin over the
+cases, ``--repeats`` times. Before each timed window a case first reads the
+batches its workers parsed ahead while the other cases ran (``per worker
+buffer`` chunks), so that a window times parsing, not a full buffer.
+
+- ``tsv, in-process``: ``CriteoReader(workers=0)``, the parse in this process;
+- ``tsv, N workers``: ``CriteoReader(workers=N)``, chunks parsed in N grain
+  worker processes and cut into batches here;
+- ``binary``: ``CriteoBinaryReader``, batches sliced from the memory-mapped
+  records (at the TSV's batch size, and at ``--big-batch``).
+
+Prints examples/s (min / median / max over the repeats) and the ratio of
+medians to the in-process TSV reader. Never asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from embedlib.data import criteo_binary, criteo_chunks, criteo_spec  # noqa: E402
+from embedlib.data.criteo import CriteoReader  # noqa: E402
+from embedlib.data.criteo_synth import CriteoSynth  # noqa: E402
+
+
+def _read(reader, examples: int, batch_size: int) -> None:
+  for _ in range(-(-examples // batch_size)):
+    next(reader)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--lines", type=int, default=100_352)
+  parser.add_argument("--workers", default="0,1,2", help="comma-separated worker counts")
+  parser.add_argument("--batch-size", type=int, default=2048)
+  parser.add_argument("--big-batch", type=int, default=65_536)
+  parser.add_argument("--window", type=int, default=49_152, help="TSV examples per repeat")
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--quick", action="store_true")
+  args = parser.parse_args(argv)
+  if args.quick:
+    args.lines, args.window, args.repeats, args.big_batch = 20_000, 8_192, 2, 8_192
+  counts = [int(w) for w in args.workers.split(",")]
+  tables = [1_000_000] * 26
+  spec = criteo_spec(tables)
+  batch = args.batch_size
+
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "day.tsv")
+    CriteoSynth().write(path, args.lines)
+    size = os.path.getsize(path)
+    tic = time.perf_counter()
+    criteo_binary.convert([path], os.path.join(tmp, "bin"), table_sizes=tables,
+                          workers=max(counts))
+    print(f"file: {args.lines:,} lines, {size / 2**20:.1f} MiB; binary written in "
+          f"{time.perf_counter() - tic:.1f} s with {max(counts)} workers; batch {batch}; "
+          f"cpus: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
+
+    cases = {}  # name -> (reader, examples per window, batch size, examples to read first)
+    for w in counts:
+      tic = time.perf_counter()
+      reader = CriteoReader(path, spec, batch_size=batch, num_epochs=None, workers=w)
+      next(reader)
+      print(f"tsv, {w} workers: first batch after {time.perf_counter() - tic:.2f} s "
+            "(worker start-up, the scan of the file)")
+      # Each worker's buffer, the chunk waiting for the collecting thread, the one it parses.
+      ahead = w * (criteo_chunks.BUFFER_CHUNKS + 2) * criteo_chunks.CHUNK_LINES
+      name = "tsv, in-process" if w == 0 else f"tsv, {w} workers"
+      cases[name] = (reader, args.window, batch, ahead)
+    for b in (batch, args.big_batch):
+      reader = criteo_binary.CriteoBinaryReader(os.path.join(tmp, "bin"), spec, batch_size=b,
+                                                num_epochs=None)
+      next(reader)
+      cases[f"binary, batch {b:,}"] = (reader, max(20 * args.window, 4 * b), b, 0)
+
+    rates = {name: [] for name in cases}
+    for _ in range(args.repeats):
+      for name, (reader, examples, b, ahead) in cases.items():
+        _read(reader, ahead, b)
+        tic = time.perf_counter()
+        _read(reader, examples, b)
+        rates[name].append(-(-examples // b) * b / (time.perf_counter() - tic))
+    for reader, *_ in cases.values():
+      reader.close()
+
+  base = statistics.median(rates[next(iter(rates))])
+  print(f"\n{'case':24s} {'min':>11s} {'median':>11s} {'max':>11s}  examples/s; "
+        "ratio of medians to the in-process TSV reader")
+  for name, values in rates.items():
+    med = statistics.median(values)
+    print(f"{name:24s} {min(values):11,.0f} {med:11,.0f} {max(values):11,.0f}  {med / base:6.2f}x")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
