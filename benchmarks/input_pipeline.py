@@ -20,7 +20,12 @@ buffer`` chunks), so that a window times parsing, not a full buffer.
   records (at the TSV's batch size, and at ``--big-batch``).
 
 Prints examples/s (min / median / max over the repeats) and the ratio of
-medians to the in-process TSV reader. Never asserts a time.
+medians to the in-process TSV reader, and the CPU time each case spends per
+1,000 examples (median): in this process, and in all processes (this one
+and its workers). On a shared machine the wall-clock rates depend on what
+else runs; the CPU times show what the cases cost wherever they run: with
+W workers on W free cores the rate is bound by the busiest process. Never
+asserts a time.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import sys
 import tempfile
 import time
 
+import psutil  # installed with grain
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from embedlib.data import criteo_binary, criteo_chunks, criteo_spec  # noqa: E402
@@ -42,6 +49,17 @@ from embedlib.data.criteo_synth import CriteoSynth  # noqa: E402
 def _read(reader, examples: int, batch_size: int) -> None:
   for _ in range(-(-examples // batch_size)):
     next(reader)
+
+
+def _cpu(process) -> float:
+  """CPU seconds of ``process`` and its live children (the workers)."""
+  total = sum(process.cpu_times()[:2])
+  for child in process.children(recursive=True):
+    try:
+      total += sum(child.cpu_times()[:2])
+    except psutil.NoSuchProcess:
+      pass
+  return total
 
 
 def main(argv=None) -> int:
@@ -90,21 +108,31 @@ def main(argv=None) -> int:
       cases[f"binary, batch {b:,}"] = (reader, max(20 * args.window, 4 * b), b, 0)
 
     rates = {name: [] for name in cases}
+    cpu_here, cpu_all = {name: [] for name in cases}, {name: [] for name in cases}
+    me = psutil.Process()
     for _ in range(args.repeats):
       for name, (reader, examples, b, ahead) in cases.items():
         _read(reader, ahead, b)
+        before = (time.process_time(), _cpu(me))
         tic = time.perf_counter()
         _read(reader, examples, b)
-        rates[name].append(-(-examples // b) * b / (time.perf_counter() - tic))
+        seconds = time.perf_counter() - tic
+        done = -(-examples // b) * b
+        rates[name].append(done / seconds)
+        cpu_here[name].append((time.process_time() - before[0]) / done * 1e6)
+        cpu_all[name].append((_cpu(me) - before[1]) / done * 1e6)
     for reader, *_ in cases.values():
       reader.close()
 
   base = statistics.median(rates[next(iter(rates))])
-  print(f"\n{'case':24s} {'min':>11s} {'median':>11s} {'max':>11s}  examples/s; "
-        "ratio of medians to the in-process TSV reader")
+  print(f"\n{'case':24s} {'min':>11s} {'median':>11s} {'max':>11s}  {'ratio':>6s}  "
+        f"{'CPU ms / 1k examples: here':>26s}  {'all':>6s}")
   for name, values in rates.items():
     med = statistics.median(values)
-    print(f"{name:24s} {min(values):11,.0f} {med:11,.0f} {max(values):11,.0f}  {med / base:6.2f}x")
+    print(f"{name:24s} {min(values):11,.0f} {med:11,.0f} {max(values):11,.0f}  {med / base:5.2f}x"
+          f"  {statistics.median(cpu_here[name]):26.2f}  {statistics.median(cpu_all[name]):6.2f}")
+  print("examples/s: min / median / max over the repeats; ratio: of medians, to the "
+        "in-process TSV reader")
   return 0
 
 
