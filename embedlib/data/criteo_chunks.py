@@ -68,9 +68,10 @@ def parse_chunk(lines, ref: ChunkRef, settings: Settings, *, epoch: int,
   """This process's rows of ``lines`` (the chunk's raw lines, as bytes), as columns.
 
   Returns:
-    ``{"epoch", "line" [n] int64, "label" [n] float32, "dense" [n, 13] float32,
-    "ids" [n, 26] (int32 rows, or int64 raw values), "bad": [(index, line
-    path, line number, reason)]}``; lines before global index ``skip_before`` are left out.
+    ``{"epoch", "line" [n] int64 (global line indices), "label" [n] float32, "dense"
+    [n, 13] float32, "ids" [n, 26] (int32 rows, or int64 raw values), "bad": [(index,
+    path, line number, reason)]}``; lines before global index ``skip_before`` are
+    left out.
   """
   count = len(lines)
   index = np.arange(ref.first_index, ref.first_index + count)
@@ -79,23 +80,26 @@ def parse_chunk(lines, ref: ChunkRef, settings: Settings, *, epoch: int,
   mine = kept & (share == settings.process_index) & (index >= skip_before)
   labels, ints, cats, rows, bad = [], [], [], [], []
   for j in np.flatnonzero(mine).tolist():
-    try:
-      label, values, categorical = fmt.parse_line(lines[j].decode("ascii"))
-    except (ValueError, UnicodeDecodeError) as e:
-      reason = "not ASCII text" if isinstance(e, UnicodeDecodeError) else str(e)
-      bad.append((ref.first_index + j, ref.path, ref.first_number + j + 1, reason))
-      continue
-    labels.append(label)
-    ints.append(values)
-    cats.append(categorical)
+    parsed = fmt.parse_usual(lines[j])
+    if parsed is None:  # parse_line reads it, or names what is wrong
+      try:
+        parsed = fmt.parse_line(lines[j].decode("ascii"))
+      except (ValueError, UnicodeDecodeError) as e:
+        reason = "not ASCII text" if isinstance(e, UnicodeDecodeError) else str(e)
+        bad.append((ref.first_index + j, ref.path, ref.first_number + j + 1, reason))
+        continue
+    labels.append(parsed[0])
+    ints.append(parsed[1])
+    cats.append(parsed[2])
     rows.append(ref.first_index + j)
   n = len(rows)
+  ints = np.array(ints, np.float64).reshape(n, fmt.CRITEO_NUM_DENSE)
   cats = np.array(cats, np.int64).reshape(n, fmt.CRITEO_NUM_SPARSE)
   return {
       "epoch": epoch,
       "line": np.array(rows, np.int64),
       "label": np.array(labels, np.float32),
-      "dense": fmt.to_dense(np.array(ints, np.float64).reshape(n, fmt.CRITEO_NUM_DENSE)),
+      "dense": fmt.to_dense(ints),
       "ids": fmt.to_ids(cats, settings.salts, settings.buckets, settings.raw_ids),
       "bad": bad,
   }

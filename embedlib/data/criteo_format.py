@@ -107,3 +107,25 @@ def to_ids(cats: np.ndarray, salts: np.ndarray, buckets: np.ndarray, raw_ids: bo
 def to_dense(ints: np.ndarray) -> np.ndarray:
   """The integer features (``[n, 13]``) as float32 ``log1p(max(x, 0))``."""
   return np.log1p(np.maximum(np.asarray(ints, np.float64), 0.0)).astype(np.float32)
+
+
+# The usual line, which parse_line accepts with the same values: a 0/1 label,
+# integers of at most 18 digits (always within 64 bits), hex of at most 15.
+_USUAL_LINE = re.compile(rb"[01](?:\t(?:-?[0-9]{1,18})?){13}(?:\t[0-9a-fA-F]{0,15}){26}\r?\n?")
+
+
+def parse_usual(raw: bytes) -> tuple[int, list[int], list[int]] | None:
+  """``parse_line`` of a raw line, faster, for the usual lines; None for any other.
+
+  A line this returns None for goes through ``parse_line``, which reads it
+  or says what is wrong with it.
+
+  >>> line = ("1\\t5\\t\\t-3" + "\\t" * 10 + "\\t68fd1e64" + "\\t" * 25).encode()
+  >>> parse_usual(line) == parse_line(line.decode()), parse_usual(b"2\\tx")
+  (True, None)
+  """
+  if _USUAL_LINE.fullmatch(raw) is None:
+    return None
+  fields = raw.rstrip(b"\r\n").split(b"\t")
+  return (int(fields[0]), [int(x) if x else 0 for x in fields[1:1 + CRITEO_NUM_DENSE]],
+          [int(x, 16) if x else -1 for x in fields[1 + CRITEO_NUM_DENSE:]])

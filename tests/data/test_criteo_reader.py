@@ -278,3 +278,24 @@ def test_workers_refuse_gzip_naming_the_file_and_the_fix(tmp_path):
   with pytest.raises(CriteoFormatError, match=r"day.tsv.gz is gzip data, which worker processes "
                      r"can't read from the middle; .*gunzip it.*criteo_binary"):
     CriteoReader(path, SPEC, batch_size=2, workers=2)
+
+
+@pytest.mark.parametrize("ints, cats", [
+    ([5, -3, "", "-0", "007", "123456789012345678"], ["68FD1E64", "", "fffffffffffffff"]),
+    (["9223372036854775807", "-9223372036854775808"], ["0x1", "00000000000000a"]),  # parse_line's
+    (["+3"], ["a"]), ([" 7"], ["a"]), (["-"], ["a"]), (["1_0"], ["a"]), ([1], ["1000000000000000"]),
+    ([1], ["g1"]), ([1], ["-1"]), ([1], [" a"]),
+])
+@pytest.mark.parametrize("label, end", [("1", "\n"), ("0", "\r\n"), ("2", ""), ("01", "\n")])
+def test_the_fast_path_reads_what_parse_line_reads(ints, cats, label, end):
+  from embedlib.data.criteo_format import parse_line, parse_usual  # pylint: disable=g-import-not-at-top
+  ints = [str(v) for v in ints] + [""] * (13 - len(ints))
+  line = "\t".join([label, *ints, *cats, *[""] * (26 - len(cats))]) + end
+  try:
+    expected = parse_line(line)
+  except ValueError:
+    expected = None
+  got = parse_usual(line.encode())
+  assert got == expected or (got is None and expected is not None)  # None: parse_line decides
+  if expected is not None and all(len(v) <= 18 for v in ints) and "0x1" not in cats:
+    assert got == expected  # the usual lines take the fast path
