@@ -28,9 +28,16 @@ Each line holds 40 tab-separated fields: the 0/1 label, 13 integer features
   the first. A ``.gz`` file that is not gzip data is refused at
   construction; one that is truncated or corrupt stops the reader at the
   line where its data breaks.
+* ``workers=N`` parses in N grain worker processes (plain TSV files; see
+  ``embedlib.data.criteo_chunks``); the batches, malformed-line reports and
+  states are those of ``workers=0``, so a run may resume with another count.
+  As with any multiprocessing, a script that starts workers keeps its top
+  level code under ``if __name__ == "__main__":``. The binary format
+  (``embedlib.data.criteo_binary``) is faster still.
 
-Lines are parsed with ``str.split`` and ``int``; nothing is evaluated or
-unpickled from the files.
+Lines are parsed with a regular expression, ``bytes.split`` and ``int``;
+nothing is evaluated from the files. Worker processes hand back numpy arrays
+of what they parsed; nothing is unpickled from the files.
 """
 
 from __future__ import annotations
@@ -152,8 +159,8 @@ class CriteoReader(Iterator[dict]):
     FileNotFoundError: at construction, naming a path that does not exist.
     IsADirectoryError: at construction, naming a path that is a directory.
     CriteoFormatError: at construction, for a ``.gz`` path that isn't gzip
-      data (or a gzip file without ``.gz``); while reading, as described in
-      the module docstring.
+      data (or a gzip file without ``.gz``), or any ``.gz`` path with
+      ``workers > 0``; while reading, as described in the module docstring.
   """
 
   def __init__(
