@@ -235,4 +235,9 @@ def grain_stream(refs: list[ChunkRef], settings: Settings, *, epoch: int, skip_b
   read = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
   options = grain.MultiprocessingOptions(num_workers=workers,
                                          per_worker_buffer_size=BUFFER_CHUNKS)
-  return iter(dataset.to_iter_dataset(read).mp_prefetch(options))
+  # Chunks come back pickled through grain's queues rather than in shared
+  # memory: a copy costs little beside the parse, and shared blocks still
+  # queued when a program ends are reported as leaked.
+  pickled = grain.experimental.DatasetOptions(min_shm_size=1 << 62)
+  ordered = grain.experimental.WithOptionsIterDataset(dataset.to_iter_dataset(read), pickled)
+  return iter(ordered.mp_prefetch(options))
