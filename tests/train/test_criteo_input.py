@@ -71,3 +71,13 @@ def test_binary_and_worker_runs_train_as_the_tsv_run_and_resume_exactly(day, tmp
   assert expected[0]["step"] == 4 and expected[1]["step"] == 4
   assert _last(tmp_path / "binary") == expected
   assert _last(tmp_path / "workers") == expected
+
+
+def test_input_settings_of_the_criteo_source_are_refused_elsewhere(tmp_path):
+  from configs import quickstart  # pylint: disable=g-import-not-at-top
+  config = quickstart.get_config("smoke")
+  with config.unlocked():
+    config.data.workers = 2
+  with pytest.raises(setup.ConfigError, match=r"config.data.workers: the synthetic source makes "
+                     r"its batches in this process; .* leave them at 'tsv' and 0"):
+    train_lib.train_and_evaluate(config, str(tmp_path / "run"))

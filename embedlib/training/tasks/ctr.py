@@ -81,6 +81,10 @@ class CTRTask(base.Task):
     if data_format not in FORMATS:
       base.fail("data.format", f"{data_format!r}; the criteo source reads one of {FORMATS} "
                 "('binary': a directory written by python -m embedlib.data.criteo_binary).")
+    if data.source != "criteo" and (workers or data_format != "tsv"):
+      base.fail("data.workers" if workers else "data.format", f"the {data.source} source "
+                "makes its batches in this process; data.format and data.workers are the "
+                "criteo source's: leave them at 'tsv' and 0.")
     if workers < 0 or (workers and data_format != "tsv"):
       base.fail("data.workers", f"{workers}: parsing TSV takes 0 (in this process) or more "
                 "worker processes; the binary format needs none (leave it at 0).")
