@@ -10,8 +10,9 @@ hashed ids). Every case is an endless reader of the same file at the same
 batch size, started before the timing (worker start-up is printed apart);
 then every case reads ``--window`` examples per repeat, round-robin over the
 cases, ``--repeats`` times. Before each timed window a case first reads the
-batches its workers parsed ahead while the other cases ran (``per worker
-buffer`` chunks), so that a window times parsing, not a full buffer.
+batches its workers parsed ahead while the other cases ran (about 4 chunks
+of ``CHUNK_LINES`` per worker), so that a window times parsing, not a full
+buffer.
 
 - ``tsv, in-process``: ``CriteoReader(workers=0)``, the parse in this process;
 - ``tsv, N workers``: ``CriteoReader(workers=N)``, chunks parsed in N grain
@@ -21,8 +22,9 @@ buffer`` chunks), so that a window times parsing, not a full buffer.
 
 Prints examples/s (min / median / max over the repeats) and the ratio of
 medians to the in-process TSV reader, and the CPU time each case spends per
-1,000 examples (median): in this process, and in all processes (this one
-and its workers). On a shared machine the wall-clock rates depend on what
+1,000 examples (median): in this process, and in this one and the case's
+own workers. After each window the run waits ``--settle`` seconds, so that
+the workers refilling their buffers don't run in the next case's window. On a shared machine the wall-clock rates depend on what
 else runs; the CPU times show what the cases cost wherever they run: with
 W workers on W free cores the rate is bound by the busiest process. Never
 asserts a time.
@@ -51,12 +53,12 @@ def _read(reader, examples: int, batch_size: int) -> None:
     next(reader)
 
 
-def _cpu(process) -> float:
-  """CPU seconds of ``process`` and its live children (the workers)."""
-  total = sum(process.cpu_times()[:2])
-  for child in process.children(recursive=True):
+def _cpu(processes) -> float:
+  """CPU seconds of ``processes`` (this one and a case's workers)."""
+  total = 0.0
+  for process in processes:
     try:
-      total += sum(child.cpu_times()[:2])
+      total += sum(process.cpu_times()[:2])
     except psutil.NoSuchProcess:
       pass
   return total
@@ -70,10 +72,13 @@ def main(argv=None) -> int:
   parser.add_argument("--big-batch", type=int, default=65_536)
   parser.add_argument("--window", type=int, default=49_152, help="TSV examples per repeat")
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--settle", type=float, default=0.5,
+                      help="seconds between windows, for the last case's workers to refill")
   parser.add_argument("--quick", action="store_true")
   args = parser.parse_args(argv)
   if args.quick:
-    args.lines, args.window, args.repeats, args.big_batch = 20_000, 8_192, 2, 8_192
+    # A smoke run: windows this short are within reach of the buffers' noise.
+    args.lines, args.window, args.repeats, args.big_batch = 30_000, 16_384, 2, 8_192
   counts = [int(w) for w in args.workers.split(",")]
   tables = [1_000_000] * 26
   spec = criteo_spec(tables)
@@ -90,37 +95,44 @@ def main(argv=None) -> int:
           f"{time.perf_counter() - tic:.1f} s with {max(counts)} workers; batch {batch}; "
           f"cpus: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
 
+    me = psutil.Process()
     cases = {}  # name -> (reader, examples per window, batch size, examples to read first)
+    processes = {}  # name -> this process and the case's workers
     for w in counts:
       tic = time.perf_counter()
+      before = {p.pid for p in me.children(recursive=True)}
       reader = CriteoReader(path, spec, batch_size=batch, num_epochs=None, workers=w)
       next(reader)
       print(f"tsv, {w} workers: first batch after {time.perf_counter() - tic:.2f} s "
             "(worker start-up, the scan of the file)")
-      # Each worker's buffer, the chunk waiting for the collecting thread, the one it parses.
-      ahead = w * (criteo_chunks.BUFFER_CHUNKS + 2) * criteo_chunks.CHUNK_LINES
+      # What a worker holds ready after a pause, measured: about 4 chunks (its
+      # buffer, grain's collecting thread's, the one being handed over and parsed).
+      ahead = w * (criteo_chunks.BUFFER_CHUNKS + 4) * criteo_chunks.CHUNK_LINES
       name = "tsv, in-process" if w == 0 else f"tsv, {w} workers"
       cases[name] = (reader, args.window, batch, ahead)
+      processes[name] = [me] + [p for p in me.children(recursive=True) if p.pid not in before]
     for b in (batch, args.big_batch):
       reader = criteo_binary.CriteoBinaryReader(os.path.join(tmp, "bin"), spec, batch_size=b,
                                                 num_epochs=None)
       next(reader)
       cases[f"binary, batch {b:,}"] = (reader, max(20 * args.window, 4 * b), b, 0)
+      processes[f"binary, batch {b:,}"] = [me]
 
     rates = {name: [] for name in cases}
     cpu_here, cpu_all = {name: [] for name in cases}, {name: [] for name in cases}
-    me = psutil.Process()
     for _ in range(args.repeats):
       for name, (reader, examples, b, ahead) in cases.items():
         _read(reader, ahead, b)
-        before = (time.process_time(), _cpu(me))
+        before = (time.process_time(), _cpu(processes[name]))
         tic = time.perf_counter()
         _read(reader, examples, b)
         seconds = time.perf_counter() - tic
         done = -(-examples // b) * b
         rates[name].append(done / seconds)
         cpu_here[name].append((time.process_time() - before[0]) / done * 1e6)
-        cpu_all[name].append((_cpu(me) - before[1]) / done * 1e6)
+        cpu_all[name].append((_cpu(processes[name]) - before[1]) / done * 1e6)
+        # The case's workers fill their buffers again before the next case is timed.
+        time.sleep(args.settle)
     for reader, *_ in cases.values():
       reader.close()
 
