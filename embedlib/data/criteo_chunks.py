@@ -117,9 +117,9 @@ def stream(paths, settings: Settings, *, epoch: int, skip_before: int, num_epoch
     yielded = False
     for path in paths:
       opener = gzip.open if path.endswith(".gz") else open
-      number, lines, broken = 0, [], None
+      number, broken = 0, None
       with opener(path, "rb") as f:
-        while lines is not None:
+        while True:
           try:  # the lines before a break in gzip data are read, then the break reported
             lines = list(itertools.islice(f, CHUNK_LINES))
           except (EOFError, gzip.BadGzipFile, zlib.error) as err:
