@@ -35,7 +35,8 @@ times its own forward (no pipe latency); every round shuffles the order of the
 cases (seeded). Without ``.peers/`` the PyTorch columns are skipped with a note.
 
 Prints min / median / max ms and the ratio of medians to the baseline
-(target <= 1.0), then the collection's plan on a simulated 8-device
+(target <= 1.0), dedup's cost (the collection with dedup over the one
+without, from one interleaving: target <= 1.5), then the collection's plan on a simulated 8-device
 ``batch`` mesh with the bytes each device receives per step, with and
 without dedup (capacities measured per data shard of this batch). Never
 asserts a time."""
@@ -64,6 +65,7 @@ from flax import nnx  # noqa: E402
 
 from embedlib import EmbeddingCollection, FeatureSpec, TableSpec  # noqa: E402
 from embedlib.collection import plan_collection  # noqa: E402
+from embedlib.plan import cost  # noqa: E402
 from embedlib.plan.report import human_bytes  # noqa: E402
 from timing import interleaved, print_table, time_once  # noqa: E402
 from worker_protocol import default_env, missing_note, start_or_note  # noqa: E402
@@ -284,12 +286,18 @@ def main():
     print(f"{name}: worker peak RSS {rss[name]:.0f} MiB; baseline / it (medians) "
           f"{statistics.median(times[base_name]) / statistics.median(times[name]):.1f}x, "
           f"collection / it {statistics.median(times['collection']) / statistics.median(times[name]):.1f}x")
-  # Dedup in its own interleaving: a case's cache footprint skews the next one.
+  # Dedup in its own interleaving (a case's cache footprint skews the next
+  # one), the collection without dedup beside it: their ratio is dedup's cost.
   dedup_times = interleaved(
-      {base_name: cases[base_name], "collection, dedup": (run_dedup, (dedup_state, ids))},
+      {base_name: cases[base_name], "collection": cases["collection"],
+       "collection, dedup": (run_dedup, (dedup_state, ids))},
       repeats,
   )
   print_table(dedup_times, base_name, f"dedup, {repeats} interleaved repeats, ms")
+  plain, deduped = dedup_times["collection"], dedup_times["collection, dedup"]
+  print(f"dedup / collection (this interleaving): median "
+        f"{statistics.median(deduped) / statistics.median(plain):.2f}, min "
+        f"{min(deduped) / min(plain):.2f}  (target <= 1.5)")
 
   mesh = {"batch": PLAN_DEVICES}
   shard_caps = shard_needs(features, ids_np, PLAN_DEVICES)
@@ -299,9 +307,15 @@ def main():
   print(plan)
   without = sum(t.bytes_moved for t in plan.tables)
   with_best = sum(min(t.bytes_moved, t.bytes_moved_dedup) for t in plan.tables)
+  ids_per_shard = {f.table: int((ids_np[f.name] >= 0).sum()) // PLAN_DEVICES for f in features}
+  pays = [t for t in plan.tables if t.bytes_moved_dedup is not None and cost.dedup_pays(
+      t.bytes_moved, t.bytes_moved_dedup, ids_per_shard[t.name])]
+  with_paying = without - sum(t.bytes_moved - t.bytes_moved_dedup for t in pays)
   print(f"bytes received per device per step: {human_bytes(without)} without dedup, "
         f"{human_bytes(plan.bytes_moved)} with dedup on every table, {human_bytes(with_best)} with "
-        f"dedup only where it moves less")
+        f"dedup only where it moves less, {human_bytes(with_paying)} with dedup only where the "
+        f"bytes it saves pay for its work (cost.dedup_pays, {cost.DEDUP_BYTES_PER_ID} bytes an "
+        f"id: {', '.join(t.name for t in pays) or 'no table'})")
   for name, ts in (("collection", times), ("collection, dedup", dedup_times)):
     print(f"{name} / baseline: median "
           f"{statistics.median(ts[name]) / statistics.median(ts[base_name]):.2f}, "

@@ -3,6 +3,8 @@
     python3 benchmarks/dynamic_lookup.py           # 1M x 64 f32, 65,536 Zipf ids
     python3 benchmarks/dynamic_lookup.py --quick   # 65,536 x 16, 4,096 ids (--smoke: the same)
     python3 benchmarks/dynamic_lookup.py --zeros-init  # the dynamic rows start at zero: no draws
+    python3 benchmarks/dynamic_lookup.py --rows 65536  # tables full after two steps: evictions
+    python3 benchmarks/dynamic_lookup.py --parts       # the dynamic step's pieces, timed apart
 
 One device of jax's default backend, no mesh. Ids are Zipf(1.05) ranks
 spread over 64-bit values (raw ids); the fixed table takes them hashed mod
@@ -15,22 +17,35 @@ train step, jitted with its state donated: lookup, gradient of
   first sight) with the raw ids as words: the map's step (sort, bucket
   scan, placement, resets of placed rows and their slots) comes on top;
 - dynamic, eval: the dynamic table's lookup alone in ``eval()`` mode, beside
-  a fixed lookup alone (the map read without its update).
+  a fixed lookup alone (the map read without its update);
+- TorchRec, when ``.peers/`` is installed (``--no-peers`` leaves them out),
+  each in its own worker (``benchmarks/peers/torchrec_mch.py``) fed the same
+  batches in the same order: its managed collisions
+  (``MCHManagedCollisionModule``, LRU, ``eviction_interval=1``) in front of a
+  ``FusedEmbeddingBagCollection`` with fused row-wise AdaGrad, and that fused
+  table alone on the hashed ids.
 
 The dynamic table is warmed with a few steps first, so the timed steps
 admit and evict as a running job's do; after them its map must equal
 ``embedlib.dynamic.reference`` run on the same batches (every resident id
 and its row), or the script exits 1 before timing anything. Prints min / median / max ms and
 the ratio to the fixed step (the issue's target: at most 1.5 on CPU), the
-map's bytes per row, and the last step's statistics. Never asserts a time.
+map's bytes per row, the last step's statistics and, for the last timed batch, the rows read
+by two or more distinct ids on each side (embedlib's must be 0: a
+non-resident id reads the default, which is no row). Never asserts a time.
 """
 
 import argparse
+import functools
+import json
 import os
+import statistics
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(2, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -39,11 +54,20 @@ from flax import nnx  # noqa: E402
 
 import embedlib  # noqa: E402
 from embedlib import dynamic, optim  # noqa: E402
+from embedlib.dynamic import ids as ids_lib  # noqa: E402
+from embedlib.dynamic import mapping  # noqa: E402
 from embedlib.dynamic import reference  # noqa: E402
-from timing import interleaved, print_table  # noqa: E402
+from embedlib.dynamic import step as step_lib  # noqa: E402
+from timing import print_table, summary, time_once  # noqa: E402
+from worker_protocol import default_env, missing_note, start_or_note  # noqa: E402
 
 FIXED, DYNAMIC = "fixed: ShardedEmbed step", "dynamic: DynamicEmbed step"
 FIXED_EVAL, DYNAMIC_EVAL = "fixed: lookup only", "dynamic: eval lookup only"
+TR_FIXED, TR_MCH = "torchrec: fixed FusedEBC step", "torchrec: MCH + FusedEBC step"
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEER_PYTHON = os.path.join(os.path.dirname(HERE), ".peers", "bin", "python")
+MCH_SCRIPT = os.path.join(HERE, "peers", "torchrec_mch.py")
+WARM = 4     # steps before the timed ones, on each side: 3 checked + 1 untimed
 
 
 def raw_ids(n, seed):
@@ -71,9 +95,117 @@ def dynamic_step(emb, opt, words):
   return loss
 
 
-@nnx.jit
+# graph_updates=False: nnx.jit's default would also return the table (a copy per call).
+@nnx.jit(graph_updates=False)
 def lookup(emb, ids):
   return emb(ids)
+
+
+def parts(dyn, batch_words, repeats: int) -> None:
+  """``--parts``: the dynamic step's pieces, each jitted apart on the warmed
+  table's state and the next batch (only the placing donates its table), and
+  lax.sort of the same ids in cheaper forms, for scale."""
+  policy = dyn.policy
+  state = dyn._state()
+  flat = batch_words.value.reshape(-1, 2)
+  hi, lo = flat[:, 0], flat[:, 1]
+  own = jnp.ones(hi.shape, bool)
+  bucket = ids_lib.bucket_of(hi, lo, policy.num_buckets)
+  clock = dyn.clock[...]
+  key_data = dyn.init_key[...]
+  table = dyn.rows.embedding[...]
+  _, rows, placed, _ = step_lib.train_step(state, hi, lo, own, bucket, clock, policy=policy)
+  count = int(jnp.sum(placed))
+  drawn = next(k for k in mapping.init_sizes(hi.shape[0]) if k >= count)
+  put = jnp.where(placed, rows, policy.capacity)
+  at = jnp.arange(drawn, dtype=jnp.int32)
+  m = hi.shape[0]
+  key_b = jnp.where(own, bucket, policy.num_buckets)
+  packed = key_b * m + jnp.arange(m, dtype=jnp.int32)     # fits 31 bits at these sizes
+  sort3 = "  sort by (bucket, hi, lo) (step._sort)"
+  place = f"draw {drawn:,} rows and place them (mapping._place_rows)"
+  pieces = {
+      "map step (step.train_step)": (functools.partial(step_lib.train_step, policy=policy),
+                                     (state, hi, lo, own, bucket, clock)),
+      sort3: (functools.partial(step_lib._sort, bucket_size=policy.bucket_size),
+              (state, hi, lo, own, bucket)),
+      "    its lax.sort alone: 3 keys + index": (
+          lambda b, h, l: jax.lax.sort((b, h, l, jnp.arange(m, dtype=jnp.int32)), num_keys=3),
+          (key_b, hi, lo)),
+      "    for scale: 1 key + index (2 operands)": (
+          lambda b: jax.lax.sort((b, jnp.arange(m, dtype=jnp.int32)), num_keys=1), (key_b,)),
+      "    for scale: one packed int32 operand": (jax.lax.sort, (packed,)),
+      "  bucket scan alone (step.lookup)": (
+          functools.partial(step_lib.lookup, bucket_size=policy.bucket_size),
+          (state, hi, lo, own, bucket)),
+      f"draw {drawn:,} initial rows (mapping.init_rows)": (
+          lambda k, r: mapping.init_rows(dyn.embedding_init, k, r, table.shape[1], table.dtype),
+          (key_data, at)),
+  }
+  cases = {name: functools.partial(jax.jit(fn), *a) for name, (fn, a) in pieces.items()}
+  # Placing writes into the table: donated, as in the step, so no table copy is timed.
+  placer = jax.jit(lambda k, t, p: mapping._place_rows(dyn.embedding_init, k, t, p, 0),
+                   donate_argnums=1)
+  held = {"table": jnp.copy(table)}
+
+  def place_case():
+    held["table"] = placer(key_data, held["table"], put)
+    return held["table"]
+
+  cases[place] = place_case
+  for case in cases.values():
+    jax.block_until_ready(case())
+  times = rounds(cases, repeats)
+  print(f"\nthe dynamic step's pieces ({count:,} rows placed), ms:")
+  for name, ts in times.items():
+    print(f"{name:52s} {summary(ts)}")
+
+
+def shared_rows(raw: np.ndarray, rows: np.ndarray) -> tuple[int, int]:
+  """Rows (``>= 0``) read by two or more distinct raw ids, and the distinct ids on them."""
+  keep = rows >= 0
+  pairs = np.unique(np.stack([rows[keep].astype(np.int64), raw[keep].view(np.int64)]), axis=1)
+  _, per_row = np.unique(pairs[0], return_counts=True)
+  return int((per_row >= 2).sum()), int(per_row[per_row >= 2].sum())
+
+
+def start_peers(args, tmp, batches, rows, width):
+  """The TorchRec workers, started and warmed: ``({name: worker}, notes, stats path)``."""
+  if not args.peers:
+    return {}, ["TorchRec columns left out (--no-peers)."], None
+  if jax.default_backend() != "cpu":
+    return {}, [f"TorchRec columns left out: CPU workers, and jax runs on "
+                f"{jax.default_backend()!r} here."], None
+  missing = missing_note(args.peer_python)
+  if missing:
+    return {}, [missing], None
+  data, stats = os.path.join(tmp, "batches.npz"), os.path.join(tmp, "mch_stats.json")
+  np.savez(data, ids=np.stack(batches).view(np.int64))
+  env = default_env(OMP_WAIT_POLICY="PASSIVE")
+  workers, notes = {}, []
+  for name, variant in ((TR_FIXED, "fixed"), (TR_MCH, "mch")):
+    w, info = start_or_note(
+        name, [args.peer_python, MCH_SCRIPT, "--data", data, "--rows", str(rows),
+               "--width", str(width), "--variant", variant, "--warmup", str(WARM),
+               "--threads", str(args.torch_threads), "--stats", stats], env, notes)
+    if w is not None:
+      print(f"  {name}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                      for k, v in info.items()))
+      workers[name] = w
+  return workers, notes, stats
+
+
+def rounds(cases: dict, repeats: int) -> dict[str, list[float]]:
+  """Round-robin timings (ms); a case is a JAX call (timed here) or a worker
+  (timed by itself, without the request's round trip)."""
+  times = {name: [] for name in cases}
+  for _ in range(repeats):
+    for name, case in cases.items():
+      if callable(case):
+        times[name].append(time_once(case))
+      else:
+        times[name].append(case.run(1)["seconds"] * 1e3)
+  return times
 
 
 def main(argv=None) -> int:
@@ -82,8 +214,19 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=None)
   parser.add_argument("--zeros-init", action="store_true",
                       help="the dynamic table's rows start at zero: its step without the draws")
+  parser.add_argument("--rows", type=int, default=None,
+                      help="rows of every table (default 1,048,576; --quick 65,536): fewer "
+                           "rows than the ids seen make the dynamic tables evict")
+  parser.add_argument("--parts", action="store_true",
+                      help="instead: time the dynamic step's pieces (map step, sort, scan, draws)")
+  parser.add_argument("--no-peers", dest="peers", action="store_false",
+                      help="leave out the TorchRec columns")
+  parser.add_argument("--torch-threads", type=int, default=2)
+  parser.add_argument("--peer-python", default=PEER_PYTHON,
+                      help="python of the peer venv (default .peers/bin/python)")
   args = parser.parse_args(argv)
   rows, width, n = (65_536, 16, 4_096) if args.quick else (1 << 20, 64, 65_536)
+  rows = args.rows or rows
   repeats = args.repeats or (5 if args.quick else 7)
   rule = optim.RowWiseAdagrad(learning_rate=0.01)
   fixed = embedlib.ShardedEmbed(rows, width, rngs=nnx.Rngs(0))
@@ -91,37 +234,81 @@ def main(argv=None) -> int:
   dyn = embedlib.DynamicEmbed(rows, width, bucket_size=128, rngs=nnx.Rngs(0), **init)
   fixed_opt = optim.SparseAwareOptimizer(fixed, None, rule)
   dyn_opt = optim.SparseAwareOptimizer(dyn, None, rule)
-  batches = [raw_ids(n, seed) for seed in range(4 + 2 * repeats)]
+  batches = [raw_ids(n, seed) for seed in range(WARM + repeats)]
   hashed = [jnp.asarray((b % np.uint64(rows)).astype(np.int32)) for b in batches]
   words = [dynamic.words(b) for b in batches]
   ref = reference.Reference(dyn.policy)
-  for b, w in zip(batches[:3], words[:3]):    # warm: a running table's map
+  for b, w in zip(batches[:WARM - 1], words[:WARM - 1]):    # warm: a running table's map
     dynamic_step(dyn, dyn_opt, w)
     ref.step(reference.as_uint64(b))
   if dyn.resident() != ref.resident():
     print("check: FAILED: the dynamic map differs from the reference's after the warm steps")
     return 1
   print(f"check: ok (the map equals the reference's: {len(ref.resident()):,} resident ids)")
-  # Each timed step takes the next batch, so each admits new ids (and draws
-  # their rows) as a running job's steps do.
-  fresh = iter(range(3, len(batches)))
+  if args.parts:
+    parts(dyn, words[WARM - 1], repeats)
+    return 0
   graphdef, state = nnx.split(dyn)          # a copy: the train step donates dyn's arrays
   frozen = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
   frozen.eval()
+  # Each dynamic step takes the next batch, so each admits new ids (and draws
+  # their rows) as a running job's steps do; the TorchRec workers take the
+  # same batches in the same order.
+  fresh = iter(range(WARM - 1, len(batches)))
+  last = {}
+
+  def dyn_case():
+    last["i"] = next(fresh)
+    return dynamic_step(dyn, dyn_opt, words[last["i"]])
+
   cases = {
-      FIXED: (lambda ids: fixed_step(fixed, fixed_opt, ids), (hashed[0],)),
-      DYNAMIC: (lambda: dynamic_step(dyn, dyn_opt, words[next(fresh)]), ()),
-      FIXED_EVAL: (lambda ids: lookup(fixed, ids), (hashed[0],)),
-      DYNAMIC_EVAL: (lambda w: lookup(frozen, w), (words[0],)),
+      FIXED: lambda: fixed_step(fixed, fixed_opt, hashed[0]),
+      DYNAMIC: dyn_case,
+      FIXED_EVAL: lambda: lookup(fixed, hashed[0]),
+      DYNAMIC_EVAL: lambda: lookup(frozen, words[0]),
   }
-  times = interleaved(cases, repeats)
-  print_table({k: times[k] for k in (FIXED, DYNAMIC)}, FIXED,
+  for case in cases.values():
+    jax.block_until_ready(case())
+  with tempfile.TemporaryDirectory() as tmp:
+    workers, notes, stats_path = start_peers(args, tmp, batches, rows, width)
+    try:
+      times = rounds(dict(cases, **workers), repeats)
+    finally:
+      for w in workers.values():
+        w.close()
+    peer_stats = None
+    if TR_MCH in workers and os.path.exists(stats_path):
+      with open(stats_path) as f:
+        peer_stats = json.load(f)
+  train = [k for k in (FIXED, DYNAMIC, TR_FIXED, TR_MCH) if k in times]
+  print_table({k: times[k] for k in train}, FIXED,
               f"train step, {rows:,} x {width} f32, {n:,} Zipf ids, {jax.default_backend()}")
-  print_table({k: v for k, v in times.items() if k not in (FIXED, DYNAMIC)}, FIXED_EVAL,
-              "lookup only")
+  if TR_MCH in times and TR_FIXED in times:
+    tr = statistics.median(times[TR_MCH]) / statistics.median(times[TR_FIXED])
+    print(f"torchrec MCH step / its fixed step (medians): {tr:.2f}")
+  print_table({k: times[k] for k in (FIXED_EVAL, DYNAMIC_EVAL)}, FIXED_EVAL, "lookup only")
+  for note in notes:
+    print(note)
   print(f"\nmap bytes per row: {dyn.policy.map_bytes_per_row():.0f}; "
         f"distinct ids in a batch: {len(np.unique(batches[0])):,}; last step: {dyn.stats()}")
-  return 0
+  # Rows shared by distinct ids: the last timed batch, looked up after its step.
+  i = last["i"]
+  dyn.eval()
+  got = np.asarray(dyn.rows_of(words[i]))
+  dyn.train()
+  resident = dyn.resident()
+  clash = len(resident) - len(set(resident.values()))
+  s_rows, s_ids = shared_rows(batches[i], got)
+  print(f"rows shared by distinct ids, batch {i}: embedlib {s_rows} ({s_ids} ids; "
+        f"{np.mean(got < 0):.4f} of lookups read the default; whole map: {clash} rows "
+        f"held by two ids)")
+  if peer_stats:
+    p = next(s for s in peer_stats if s["batch"] == i)
+    print(f"rows shared by distinct ids, batch {i}: torchrec MCH {p['shared_rows']} "
+          f"({p['ids_on_shared_rows']} ids; {p['miss_share']:.4f} of lookups read its miss "
+          f"row, a trained row); over its {len(peer_stats)} timed batches: median "
+          f"{statistics.median(s['shared_rows'] for s in peer_stats)}")
+  return 1 if s_rows or clash else 0
 
 
 if __name__ == "__main__":

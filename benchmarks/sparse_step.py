@@ -22,7 +22,8 @@ state donated: lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
 - sparse, sorted (CPU only): the same step with the sorted update, as every
   other platform runs it;
 - dense: ``nnx.value_and_grad`` + ``nnx.Optimizer(optax.adagrad)`` (a
-  table-sized gradient, every row updated);
+  table-sized gradient, every row updated), its accumulators from 0 as
+  ``torch.optim.Adagrad``'s;
 - PyTorch columns, for scale, when ``.peers/`` is installed (each in its own
   worker, ``benchmarks/peers/torch_sparse_step.py``, same ids and loss):
   FBGEMM's fused row-wise AdaGrad (TorchRec ``FusedEmbeddingBagCollection``),
@@ -55,6 +56,13 @@ next case's own). A JAX step is timed until its loss and whole new state
 are ready. On a GPU one timed sample is ``--inner`` consecutive steps
 (default 20, dispatched without waiting, so a sub-millisecond step is not
 timed as Python's dispatch), reported per step; on CPU one step (default 1).
+
+Every case starts from the same table (``initial_table``, the PyTorch
+workers' too) and takes the same ids every step, the same number of steps;
+each prints its loss at its last step, which must agree among the cases of
+one rule: row-wise AdaGrad (embedlib's sparse step by all three updates,
+FBGEMM's fused), PyTorch's element-wise Adagrad (its two cases; the JAX
+dense step's optax rule differs in where it adds eps, see ``ELEMENTWISE``).
 
 Prints min / median / max ms per case and its ratio to the sparse step, the
 speed-up (dense median / sparse median; target >= 10), each compiled JAX
@@ -124,10 +132,25 @@ def zipf_ids(n, vocab, seed=0):
   return jnp.asarray((ranks * np.uint64(2654435761)) % np.uint64(vocab), jnp.int32)
 
 
+def initial_table(key, shape, dtype=jnp.float32):
+  """Every case's initial table: a hash of each entry's position, in [-1/32, 1/32).
+
+  16-bit integers times a power of two, so the PyTorch workers build the
+  same float32 values (``peers/torch_sparse_step.py``) and a case with the
+  same rule must end at the same loss.
+  """
+  del key
+  rows, width = shape
+  r = jnp.arange(rows, dtype=jnp.uint32)[:, None]
+  h = (r * jnp.uint32(width) + jnp.arange(width, dtype=jnp.uint32)) * jnp.uint32(2654435761)
+  return ((h >> 16).astype(jnp.float32) * 2.0**-20 - 2.0**-5).astype(dtype)
+
+
 class Model(nnx.Module):
 
   def __init__(self, vocab, width, rngs, **layout):
-    self.emb = embedlib.ShardedEmbed(vocab, width, rngs=rngs, **layout)
+    self.emb = embedlib.ShardedEmbed(vocab, width, embedding_init=initial_table, rngs=rngs,
+                                     **layout)
 
   def __call__(self, ids):
     return jnp.mean(jnp.sum(self.emb(ids), axis=-1) ** 2)
@@ -142,7 +165,12 @@ def build_step(vocab, width, sparse, **layout):
   if sparse:
     opt = optim.SparseAwareOptimizer(model, None, optim.RowWiseAdagrad(LR))
   else:
-    opt = nnx.Optimizer(model, optax.adagrad(LR), wrt=nnx.Param)
+    # torch.optim.Adagrad's rule: accumulators from 0 (optax's default 0.1
+    # would barely move the rows: steps of lr * g / sqrt(0.1)), and eps
+    # 1e-10 added after the square root, which optax adds under it: 1e-20
+    # there (a row's gradient here is small enough for 1e-10 to matter).
+    opt = nnx.Optimizer(model, optax.adagrad(LR, initial_accumulator_value=0.0, eps=1e-20),
+                        wrt=nnx.Param)
   graphdef, state = nnx.split((model, opt))
   grad = optim.value_and_grad if sparse else nnx.value_and_grad
 
@@ -166,10 +194,12 @@ class Stepper:
   def __init__(self, step, state):
     self.step, self.state = step, state
     self.faults = []
+    self.steps, self.loss = 0, None
 
   def __call__(self, ids):
-    loss, self.state = self.step(self.state, ids)
-    return loss
+    self.loss, self.state = self.step(self.state, ids)
+    self.steps += 1
+    return self.loss
 
   def timed(self, ids, inner=1):
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -268,6 +298,38 @@ def update_path(path):
   return stack
 
 
+#: Cases with the sparse step's rule (row-wise AdaGrad, lr, eps 1e-8,
+#: accumulators from 0) from the same table and ids: the same loss.
+SAME_RULE = (SPARSE_XLA, SPARSE_SORTED, "PyTorch FBGEMM fused row-wise AdaGrad")
+#: PyTorch's element-wise Adagrad cases (one formula): the same loss as
+#: each other, another than row-wise AdaGrad's. The JAX dense step is
+#: element-wise too, but optax adds eps under the square root: this loss's
+#: steps overshoot and oscillate (a row's entries share one gradient), which
+#: amplifies that difference, so it is not expected to match them.
+ELEMENTWISE = ("PyTorch Embedding(sparse=True) + Adagrad", "PyTorch dense Embedding + Adagrad")
+
+
+def print_losses(jax_losses, peer_losses):
+  """Each case's loss at its last step (the same ids every step) beside the sparse step's."""
+  ours, steps = jax_losses[SPARSE]
+  print(f"loss at the last step (step {steps} of each case, same table and ids): "
+        f"sparse row-wise AdaGrad {ours:.6g}")
+  losses = {**jax_losses, **peer_losses}
+  for name, (loss, n) in losses.items():
+    if name == SPARSE:
+      continue
+    what = "same rule: should agree"
+    if name == DENSE:
+      what = "optax element-wise Adagrad, eps under the root: not expected to agree"
+    elif name in ELEMENTWISE:
+      other = losses.get(ELEMENTWISE[1])
+      what = ("element-wise Adagrad" if other is None or name == ELEMENTWISE[1] else
+              f"element-wise Adagrad: should agree with the dense PyTorch case, relative "
+              f"difference {(loss - other[0]) / abs(other[0]):+.1e}")
+    print(f"  {name:44s} {loss:.6g} (step {n}; relative difference "
+          f"{(loss - ours) / abs(ours):+.1e}; {what})")
+
+
 def settled_rounds(runs, repeats, seed=0):
   """Times every case once per round, shuffled, each after one untimed call.
 
@@ -306,7 +368,7 @@ def start_peers(args, tmp, ids, vocab, width):
   for col, variant in PEERS.items():
     w, info = start_or_note(
         col, [args.peer_python, TORCH_SCRIPT, "--data", data, "--rows", str(vocab),
-              "--width", str(width), "--variant", variant,
+              "--width", str(width), "--variant", variant, "--warmup", "1",
               "--threads", str(args.torch_threads)], env, notes)
     if w is None:
       continue
@@ -340,11 +402,19 @@ def run(vocab, width, n, repeats, args):
   uniq = len(np.unique(np.asarray(ids)))
   print(f"\n{vocab:,} x {width} f32 table, {n:,} Zipf(1.05) ids ({uniq:,} distinct)")
   runs = {name: (lambda s=s: s.timed(ids, args.inner)) for name, s in steppers.items()}
+  peer_losses = {}  # the loss of each worker's last step, and its steps
+
+  def peer_run(col, w):
+    out = w.run(1)
+    steps = peer_losses.get(col, (None, 1))[1] + 1   # after its one warm-up step
+    peer_losses[col] = (out["loss"], steps)
+    return out["seconds"] * 1e3
+
   with tempfile.TemporaryDirectory() as tmp:
     workers, notes = start_peers(args, tmp, ids, vocab, width)
     try:
       for col, w in workers.items():
-        runs[col] = lambda w=w: w.run(1)["seconds"] * 1e3
+        runs[col] = lambda col=col, w=w: peer_run(col, w)
       times = settled_rounds(runs, repeats)
     finally:
       for w in workers.values():
@@ -353,6 +423,7 @@ def run(vocab, width, n, repeats, args):
   print_table(times, SPARSE, f"train step, ms ({repeats} rounds{per})")
   for note in notes:
     print(note)
+  print_losses({name: (float(s.loss), s.steps) for name, s in steppers.items()}, peer_losses)
   sparse_ms, dense_ms = statistics.median(times[SPARSE]), statistics.median(times[DENSE])
   print(f"speed-up (dense median / sparse median): {dense_ms / sparse_ms:.1f}x  (target >= 10x)")
   print(f"table {table_bytes / MiB:.1f} MiB, looked-up rows {rows_bytes / MiB:.1f} MiB")

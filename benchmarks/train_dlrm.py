@@ -18,7 +18,12 @@ its own device count), built and warmed up (compiled) before any timing; the
 benchmark then asks each worker in turn for ``--steps`` steps, for
 ``--repeats`` rounds, so machine noise hits every side alike. Reported:
 examples/s min / median / max over the rounds, the worker's peak RSS, and
-the ratio of medians to TorchRec fused. Variants:
+the ratio of medians to TorchRec fused, and each variant's loss after the
+timed steps (the mean over its last round's steps: every variant has then
+trained on the same batches in the same order), beside embedlib's. Variants
+with the same parameters and rules (TorchRec fused, embedlib on 8 devices)
+should agree with embedlib's loss up to their different initial values;
+the frozen-table variants should be higher. Variants:
 
 - ``embedlib, 1 device``: ``embedlib.training.train_lib.train_step`` (jitted, state
   donated) on ``embedlib.training.setup.model_and_optimizer`` for this model, called
@@ -30,8 +35,15 @@ the ratio of medians to TorchRec fused. Variants:
 - ``embedlib, 8 simulated devices``: the same on 8 simulated CPU devices
   sharing the 2 cores (tables planned by the collection; shows the cost of
   the collectives, not a speed-up). ``--no-8dev`` skips it.
-- ``JAX dense``: 26 ``nnx.Embed`` + ``nnx.Optimizer(optax.adagrad)`` on
-  every parameter (a table-sized gradient and update per table).
+- ``JAX dense``: 26 ``nnx.Embed`` + ``nnx.Optimizer(optax.adagrad)`` (a
+  table-sized gradient and update per table): the tables at the sparse
+  side's lr 0.05 with accumulators from 0 and eps 1e-8 (element-wise, not
+  row-wise, AdaGrad), the MLPs as embedlib's. With optax's defaults
+  (accumulators from 0.1) a table entry's step is ``lr * g / sqrt(0.1 +
+  g**2)``, about ``3 * lr * g`` for a row's small gradient (a mean over the
+  batch), where row-wise AdaGrad's first step is ``lr`` whatever ``g``: the
+  tables barely moved, and this variant's loss was the frozen-table
+  variant's (0.545 both).
 - ``JAX frozen tables``: the embedlib model with only the MLPs trained
   (lookups still run forward): the ceiling for JAX here.
 - ``TorchRec fused``: ``FusedEmbeddingBagCollection`` + FBGEMM
@@ -204,20 +216,31 @@ def _dense_step(sizes):
       return self.top(z)[:, 0]
 
   model = DenseDLRM(nnx.Rngs(0))
-  opt = nnx.Optimizer(model, optax.adagrad(DENSE_LR), wrt=nnx.Param)
+  # The tables at the sparse side's learning rate and its accumulators
+  # (from 0, eps 1e-8, as RowWiseAdagrad and FBGEMM): optax's defaults
+  # (accumulators from 0.1) shrink a table's steps by sqrt(0.1 / g**2), and
+  # its tables barely moved from their initial values (the module docstring).
+  # The MLPs as the embedlib model's (the config's optax.adagrad).
+  tables = nnx.All(nnx.Param, nnx.PathContains("tables"))
+  mlps = nnx.All(nnx.Param, nnx.Not(nnx.PathContains("tables")))
+  table_opt = nnx.Optimizer(
+      model, optax.adagrad(SPARSE_LR, initial_accumulator_value=0.0, eps=1e-8), wrt=tables)
+  mlp_opt = nnx.Optimizer(model, optax.adagrad(DENSE_LR), wrt=mlps)
 
-  @nnx.jit(donate_argnums=(0, 1))
-  def step(model, opt, batch):
+  @nnx.jit(donate_argnums=(0, 1, 2))
+  def step(model, table_opt, mlp_opt, batch):
     loss, grads = nnx.value_and_grad(train_lib.loss_fn)(model, batch)
-    opt.update(model, grads)
+    table_opt.update(model, nnx.filter_state(grads, tables))
+    mlp_opt.update(model, nnx.filter_state(grads, mlps))
     return loss
 
-  return nnx.cached_partial(step, model, opt)
+  return nnx.cached_partial(step, model, table_opt, mlp_opt)
 
 
 def jax_worker(args):
   """Builds one JAX variant, warms it up, then serves ``run`` requests."""
   import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from embedlib import data as data_lib  # pylint: disable=g-import-not-at-top
 
@@ -236,11 +259,12 @@ def jax_worker(args):
   position = [0]
 
   def run_steps(n):
-    loss = None
+    """The mean loss of the ``n`` steps: one step's is noisy, a round cycles the batches."""
+    losses = []
     for _ in range(n):
-      loss = step(batches[position[0] % len(batches)])
+      losses.append(step(batches[position[0] % len(batches)]))
       position[0] += 1
-    return float(jax.block_until_ready(loss))
+    return float(jax.block_until_ready(jnp.mean(jnp.stack(losses))))
 
   start = time.perf_counter()
   first = run_steps(args.warmup)
@@ -306,18 +330,19 @@ def _start(specs):
   return workers, info
 
 
-def _print_results(rates, rss, batch, rounds="interleaved rounds"):
+def _print_results(rates, rss, losses, batch, rounds="interleaved rounds"):
   base = statistics.median(rates[TORCHREC]) if TORCHREC in rates else None
   ref = "TorchRec fused" if base else EMBEDLIB
   base = base or statistics.median(rates[EMBEDLIB])
   print(f"\nexamples/s over {len(next(iter(rates.values())))} {rounds} "
-        f"(batch {batch}); ratio = median / median of {ref}")
+        f"(batch {batch}); ratio = median / median of {ref}; loss = mean over the last "
+        "round's steps (every variant trains on the same batches in the same order)")
   print(f"{'variant':40s} {'min':>8s} {'median':>8s} {'max':>8s} {'ratio':>6s} "
-        f"{'ms/step':>8s} {'peak RSS MiB':>13s}")
+        f"{'ms/step':>8s} {'peak RSS MiB':>13s} {'loss':>7s}")
   for name, r in rates.items():
     med = statistics.median(r)
     print(f"{name:40s} {min(r):8.0f} {med:8.0f} {max(r):8.0f} {med / base:6.2f} "
-          f"{batch / med * 1e3:8.1f} {rss[name]:13.0f}")
+          f"{batch / med * 1e3:8.1f} {rss[name]:13.0f} {losses[name]:7.4f}")
 
 
 def main():
@@ -380,15 +405,36 @@ def run(args, sizes, batch, repeats, steps, data):
     r, m, l = _time_workers(group, repeats, steps, batch)
     rates.update(r), rss.update(m), losses.update(l)
   load = os.getloadavg()
-  _print_results(rates, rss, batch,
+  _print_results(rates, rss, losses, batch,
                  "rounds, one worker at a time" if args.full else "interleaved rounds")
-  print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end; last loss: "
-        + ", ".join(f"{n.split(':')[0]} {l:.3f}" for n, l in losses.items()))
+  print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end")
+  _print_agreement(losses)
   if TORCHREC in rates:
     ratio = statistics.median(rates[EMBEDLIB]) / statistics.median(rates[TORCHREC])
     print(f"embedlib / TorchRec fused (medians): {ratio:.2f}x  (target >= 0.95x)")
   else:
     print("TorchRec columns skipped (no .peers/): run `bash benchmarks/install_peers.sh`.")
+
+#: Variants that train the same parameters with the same rules (row-wise
+#: AdaGrad on the tables, Adagrad on the MLPs), from different initial
+#: values (each library's initialisers), against embedlib on one device.
+SAME_TRAINING = (TORCHREC, "embedlib, 8 simulated devices")
+
+
+def _print_agreement(losses):
+  """Each variant's loss beside embedlib's: what the same training should match."""
+  if EMBEDLIB not in losses:
+    return
+  ours = losses[EMBEDLIB]
+  for name, loss in losses.items():
+    if name == EMBEDLIB:
+      continue
+    what = ("the same rules: should agree" if name in SAME_TRAINING else
+            "tables frozen: higher where the tables learn" if "frozen" in name else
+            "element-wise Adagrad on the tables")
+    print(f"  loss {name}: {loss:.4f}, embedlib {ours:.4f}, difference {loss - ours:+.4f} "
+          f"({what})")
+
 
 def _time_workers(specs, repeats, steps, batch):
   """Builds ``specs``' workers, times them in shuffled rounds; ``(rates, rss, losses)``."""

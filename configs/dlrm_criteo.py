@@ -43,8 +43,8 @@ of ``config.model.dynamic``: ``capacity`` rows each (0: ``data.table_sizes``),
 ``decay_every``, ``default`` (``zero``, ``learned``). TensorBoard then shows
 each table's ``dynamic/.../occupancy``, ``admitted``, ``evicted`` and
 ``default_share`` (the logging step's). ``smoke_raw`` is ``smoke`` with raw
-ids in 256-row tables. The pipelined step (``pipeline=True``) does not run
-dynamic tables yet.
+ids in 256-row tables; ``--config.pipeline=True`` runs it pipelined, with
+the in-line run's result.
 """
 
 from configs import parts, quickstart

@@ -42,7 +42,7 @@ def get_config(arg=None):
   config.data.format = "tsv"
   # Criteo TSV only: parse the training lines in this many grain worker processes (0: here).
   config.data.workers = 0
-  # Ids as they are, into dynamic tables of config.model.dynamic (DLRM, DCN; no pipeline).
+  # Ids as they are, into dynamic tables of config.model.dynamic (DLRM, DCN).
   config.data.raw_ids = False
 
   config.model = ml_collections.ConfigDict()

@@ -14,8 +14,16 @@ of ``embedlib.optim`` matches them; a loss is traced more than once
 takes the distributions from the start. A lookup the scope doesn't know
 raises instead of being looked up from another batch's ids.
 
+A dynamic table (``embedlib.DynamicEmbed``) adds its map's step to the
+distributions too: collecting, it steps its map on the ids from the map
+the batch before left (``collecting(previous=...)``), without touching its
+rows; using, it takes that map and places its new rows, then looks the rows
+up as above. A map is a function of the ids seen alone, so it runs ahead
+exactly.
+
 The scope lives in a ``contextvars.ContextVar`` and only affects lookups
-traced under it (``ShardedEmbed`` reads it; nothing else does).
+traced under it (``ShardedEmbed`` and ``DynamicEmbed`` read it; nothing
+else does).
 """
 
 from __future__ import annotations
@@ -43,13 +51,20 @@ class Distributions:
 
 
 class _Collecting:
-  def __init__(self, early_fetch):
+  def __init__(self, early_fetch, previous):
     self.values, self.keys = [], []
     self.early_fetch = early_fetch
+    self.previous = None if previous is None else _Using(previous)
 
   def add(self, key, value):
     self.values.append(value)
     self.keys.append(key)
+
+  def previous_value(self, key):
+    """What the batch before collected for ``key`` (None: no such lookup, or none given)."""
+    if self.previous is None or key not in self.previous.by_key:
+      return None
+    return self.previous.take(key)
 
 
 class _Using:
@@ -88,14 +103,16 @@ def is_using(scope) -> bool:
 
 
 @contextlib.contextmanager
-def collecting(early_fetch: float = 0.0):
+def collecting(early_fetch: float = 0.0, previous: Distributions | None = None):
   """Lookups inside only distribute their ids; yields a callable giving the ``Distributions``.
 
   ``early_fetch`` (0: off) fetches routed and vocab tables' rows too, with
   that share of each rank's rows for corrected rows
-  (``strategies.distribute``).
+  (``strategies.distribute``). ``previous``: the distributions of the
+  batch before, not yet looked up, for a lookup whose distribution follows
+  from the one before it (a dynamic table's map: ``embedlib.dynamic``).
   """
-  scope = _Collecting(early_fetch)
+  scope = _Collecting(early_fetch, previous)
   token = _ACTIVE.set(scope)
   try:
     yield lambda: Distributions(tuple(scope.values), tuple(scope.keys))

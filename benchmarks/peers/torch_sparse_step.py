@@ -20,9 +20,10 @@ Variants:
 - ``dense``: ``nn.Embedding`` and ``torch.optim.Adagrad`` on its dense,
   table-sized gradient (PyTorch's counterpart of the JAX dense step).
 
-Tables start from the library's default initialisers, not the JAX table:
-only the step time is compared, and the rules do the same work whatever
-the values.
+Every table starts from the JAX side's values (``initial_table``: a hash
+of each entry's position, exact in float32 on both sides), so a variant
+with the JAX sparse step's rule (``fused``) must end at its loss; the
+Adagrad variants differ (element-wise, accumulators from 0, ``eps=1e-10``).
 """
 
 import argparse
@@ -34,6 +35,17 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from worker_protocol import serve  # noqa: E402
+
+
+def initial_table(rows, width, out):
+  """Fills ``out`` ``[rows, width]`` as ``sparse_step.initial_table`` does (in row blocks)."""
+  block = max(1, (1 << 22) // width)
+  cols = torch.arange(width, dtype=torch.int64)
+  with torch.no_grad():
+    for start in range(0, rows, block):
+      r = torch.arange(start, min(rows, start + block), dtype=torch.int64)[:, None]
+      h = ((r * width + cols) * 2654435761) & 0xFFFFFFFF
+      out[start:start + r.shape[0]] = (h >> 16).to(torch.float32) * 2.0**-20 - 2.0**-5
 
 
 def build_fused(rows, width, ids, lr):
@@ -48,6 +60,8 @@ def build_fused(rows, width, ids, lr):
       optimizer_type=torchrec.optim.RowWiseAdagrad,
       optimizer_kwargs={"lr": lr, "eps": 1e-8},
       device=torch.device("cpu"))
+  (weight,) = [w for w in tables.state_dict().values()]  # FBGEMM's storage, not a copy
+  initial_table(rows, width, weight)
   kjt = KeyedJaggedTensor.from_lengths_sync(
       keys=["f"], values=torch.from_numpy(ids.astype(np.int64)),
       lengths=torch.ones(len(ids), dtype=torch.int32))
@@ -62,6 +76,7 @@ def build_fused(rows, width, ids, lr):
 
 def build_plain(rows, width, ids, lr, sparse):
   table = torch.nn.Embedding(rows, width, sparse=sparse)
+  initial_table(rows, width, table.weight)
   opt = torch.optim.Adagrad(table.parameters(), lr=lr)
   index = torch.from_numpy(ids.astype(np.int64))
 

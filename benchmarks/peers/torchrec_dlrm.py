@@ -20,6 +20,10 @@ Variants:
 - ``frozen``: a plain ``EmbeddingBagCollection`` with its tables frozen
   (``requires_grad=False``), Adagrad on the MLPs: the MLP-only ceiling.
 
+Both draw their initial values from the JAX model's distributions and train
+the MLPs with optax.adagrad's rule (``like_flax``, ``build``), so the losses
+compare; the values themselves differ.
+
 Batches become ``KeyedJaggedTensor`` s (26 keys, one id per sample) before
 any timing, as the JAX side puts its batches on the device first. Nothing is
 run under ``torch.inference_mode()`` (FBGEMM's CPU kernel fails under it).
@@ -71,6 +75,7 @@ def build(args, sizes, dim):
       dense_arch_layer_sizes=list(args.bottom) + [dim],
       over_arch_layer_sizes=list(args.top),
   )
+  like_flax(model, tables)
   if args.variant == "frozen":
     for p in tables.parameters():
       p.requires_grad_(False)
@@ -78,7 +83,32 @@ def build(args, sizes, dim):
   # must stay out of the dense optimizer (Adagrad would allocate state for them).
   dense = [p for n, p in model.named_parameters()
            if not n.startswith("sparse_arch.") and p.requires_grad]
-  return keys, model, torch.optim.Adagrad(dense, lr=args.dense_lr)
+  # optax.adagrad's defaults, as the JAX side's MLPs train (torch's own are
+  # accumulators from 0 and eps 1e-10, whose first steps are lr per weight:
+  # another rule). optax adds eps under the square root, torch after it:
+  # with accumulators from 0.1 the difference is below float32 rounding.
+  return keys, model, torch.optim.Adagrad(dense, lr=args.dense_lr,
+                                          initial_accumulator_value=0.1, eps=1e-7)
+
+
+def _flax_normal(weight, fan_in):
+  """flax's variance-scaling truncated normal (scale 1, fan in): its embeddings' and kernels' init."""
+  std = (1.0 / fan_in) ** 0.5 / 0.87962566103423978  # the std of a normal cut at 2 sigma
+  torch.nn.init.trunc_normal_(weight, std=std, a=-2 * std, b=2 * std)
+
+
+def like_flax(model, tables):
+  """Initial values drawn as the JAX model's: flax's ``default_embed_init`` for the
+  tables, ``lecun_normal`` kernels and zero biases for the MLPs (not the same
+  values: the same distributions, where torch's defaults draw tables of n rows
+  from U(-1/sqrt(n), 1/sqrt(n)) and Linear layers from another uniform)."""
+  with torch.no_grad():
+    for weight in tables.state_dict().values():   # FBGEMM's storage for the fused one
+      _flax_normal(weight, weight.shape[1])
+    for module in model.modules():
+      if isinstance(module, torch.nn.Linear):
+        _flax_normal(module.weight, module.in_features)
+        torch.nn.init.zeros_(module.bias)
 
 
 def main():
@@ -110,7 +140,8 @@ def main():
   position = [0]
 
   def run_steps(n):
-    loss = None
+    """The mean loss of the ``n`` steps (as the JAX workers'): one step's is noisy."""
+    losses = []
     for _ in range(n):
       dense, kjt, label = batches[position[0] % len(batches)]
       position[0] += 1
@@ -118,7 +149,8 @@ def main():
       loss = loss_fn(model(dense, kjt).squeeze(-1), label)
       loss.backward()   # the fused collection updates its tables here
       opt.step()
-    return loss.item()
+      losses.append(loss.detach())
+    return torch.stack(losses).mean().item()
 
   first = run_steps(args.warmup)
   serve(run_steps, {

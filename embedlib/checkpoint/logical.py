@@ -35,6 +35,7 @@ from embedlib import param as param_lib
 from embedlib.checkpoint.sharded import Logical, Stacked
 from embedlib.dynamic import module as dynamic_module
 from embedlib.optim import row_grads
+from embedlib.table_paths import table_key
 
 #: The split fields of a ``DynamicEmbed``'s map, stored shard by shard.
 MAP_FIELDS = ("keys_hi", "keys_lo", "score", "placed_at", "sketch")
@@ -130,7 +131,7 @@ def _sharded_items(model, optimizer, value) -> dict:
       out[name] = _stored(name, key, emb, value(slot),
                           _slot_logical_shape(slot[...], emb.plan))
   for path, variable in _map_variables(model).items():
-    out["maps/" + row_grads.table_key(path)] = Logical(value(variable), tuple(variable.shape))
+    out["maps/" + table_key(path)] = Logical(value(variable), tuple(variable.shape))
   return out
 
 

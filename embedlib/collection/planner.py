@@ -353,16 +353,19 @@ def _dedup_if_it_pays(plan, bags, *, batch_size: int, local_batch: int) -> int |
   """``num_unique="auto"`` for a table of its own: a capacity, or None (no dedup).
 
   A routed table dedups when routing the expected distinct ids (uniform
-  over its rows, with the route's slack: ``cost.dedup_capacity``) moves
-  fewer bytes than routing every id. Other layouts keep their lookup: their
-  traffic is a row per sample or per id whatever the repeats.
+  over its rows, with the route's slack: ``cost.dedup_capacity``) saves more
+  bytes than dedup's own work on the ids costs (``cost.dedup_pays``), a
+  byte across nodes weighed as for the layout. Other layouts keep their
+  lookup: their traffic is a row per sample or per id whatever the repeats.
   """
   if plan.strategy != options.ROUTED or plan.group_size < 2:
     return None
   ids = local_batch * sum(b for b, _ in bags)
   capacity = cost.dedup_capacity([(ids, plan.num_embeddings)])
   with_dedup = estimate_bytes_moved(plan, bags, batch_size=batch_size, num_unique=capacity)
-  return capacity if with_dedup < estimate_bytes_moved(plan, bags, batch_size=batch_size) else None
+  without = estimate_bytes_moved(plan, bags, batch_size=batch_size)
+  weighed = lambda moved: _weighed(plan, moved, max(ids, 1))[0]
+  return capacity if cost.dedup_pays(weighed(without), weighed(with_dedup), ids) else None
 
 
 def _bags(features: Sequence[FeatureSpec], table: str):
@@ -403,7 +406,8 @@ def plan_collection(
     batch_size: samples per step over the whole mesh, for the estimates.
     num_unique: dedup capacity per data shard, by table (or stack) name:
       an int, or ``"auto"``: dedup a routed table or stack when its
-      expected distinct ids make the route move fewer bytes (the chosen
+      expected distinct ids make the route move fewer bytes, by more than
+      dedup's work on the ids costs (``cost.dedup_pays``; the chosen
       capacity is the ``TablePlan`` 's or ``StackPlan`` 's ``num_unique``).
     route_capacity: ids per destination of routed tables, by table name
       (default: from each call's ids, ``EmbeddingPlan.capacity_for``).

@@ -176,14 +176,16 @@ def _dedup_if_it_pays(plan, planned, members, by_member):
   Deduplicated, a stack routes each member's distinct ids (uniform over its
   rows: a small table sends its few rows, not one per lookup), so it is
   placed balancing those, and the route's capacity follows their
-  proportions (``EmbeddingPlan.capacity_for``). Kept when that moves fewer
-  bytes than routing every id with the plain placement.
+  proportions (``EmbeddingPlan.capacity_for``). Kept when that saves more
+  bytes than dedup's own work on the ids costs (``cost.dedup_pays``) against
+  routing every id with the plain placement.
   """
   distinct = {t.name: math.ceil(cost.distinct_ids(by_member[t.name], t.num_embeddings)[0])
               for t in members}
   capacity = cost.dedup_capacity([(by_member[t.name], t.num_embeddings) for t in members])
   deduped = planned(distinct, raw=by_member)
-  if traffic(deduped, by_member, capacity) < traffic(plan, by_member):
+  if cost.dedup_pays(traffic(plan, by_member), traffic(deduped, by_member, capacity),
+                     sum(by_member.values())):
     return deduped, capacity
   return plan, None
 

@@ -56,7 +56,8 @@ def _local(state, extra, clock, flat, *, policy, train, index, group, init):
     # The rows placed here start again: their first value and a fresh clock mark.
     put = jnp.where(placed, rows, rows_per)
     placed_at = placed_at.at[put].set(clock + 1, mode="drop")
-    table = _place_rows(init, key_data, table, put, index * rows_per)
+    if table is not None:
+      table = _place_rows(init, key_data, table, put, index * rows_per)
   else:
     rows = step_lib.lookup(state, hi, lo, own, bucket, bucket_size=policy.bucket_size)
     placed = jnp.zeros(rows.shape, bool)
@@ -146,7 +147,8 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
   Args:
     state: the whole table's ``MapState``, split over ``table_axes``.
     placed_at: int32 ``[capacity]``, the clock at which each row was placed.
-    table: the rows, ``[capacity, features]`` laid out by ``table_spec``.
+    table: the rows, ``[capacity, features]`` laid out by ``table_spec``; None
+      leaves the rows alone (a pipelined step places them later: ``place``).
     key_data: the init key's data.
     clock: int32 scalar, before this step.
     flat: uint32 ``[m, 2]`` id words.
@@ -177,14 +179,16 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
   state = step_lib.MapState(*(None if v is None else sharding_lib.place(v, mesh, split)
                               for v in state))
   placed_at = sharding_lib.place(placed_at, mesh, split)
-  table = sharding_lib.place(table, mesh, P(*table_spec))
+  has_table = table is not None
+  table = (sharding_lib.place(table, mesh, P(*table_spec)) if has_table
+           else jnp.zeros((1,), jnp.float32))
   key_data, clock = (sharding_lib.place(v, mesh, P()) for v in (key_data, clock))
   has_sketch = state.sketch is not None
 
   def body(khi, klo, score, sketch, placed_at, table, key_data, clock, flat):
     index = lax.axis_index(table_axes) if table_axes else 0
     local = step_lib.MapState(khi, klo, score, sketch if has_sketch else None)
-    extra = (placed_at, table, key_data)
+    extra = (placed_at, table if has_table else None, key_data)
     run_local = functools.partial(_local, index=index, group=group, **kw)
 
     def gathered():
@@ -212,11 +216,12 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
     else:
       local, placed_at, table, rows, stats = gathered()
     sketch = local.sketch if has_sketch else sketch
+    table = table if has_table else jnp.zeros((1,), jnp.float32)
     return local.keys_hi, local.keys_lo, local.score, sketch, placed_at, table, rows, stats
 
   sketch = state.sketch if has_sketch else jnp.zeros((1,), jnp.uint8)
   sspec = split if has_sketch else P()
-  tspec = P(*table_spec)
+  tspec = P(*table_spec) if has_table else P()
   khi, klo, score, sketch, placed_at, table, rows, stats = jax.shard_map(
       body, mesh=mesh,
       in_specs=(split, split, split, sspec, split, tspec, P(), P(), id_spec),
@@ -224,5 +229,40 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
       check_vma=False,
   )(state.keys_hi, state.keys_lo, state.score, sketch, placed_at, table, key_data, clock, flat)
   state = step_lib.MapState(khi, klo, score, sketch if has_sketch else None)
+  table = table if has_table else None
   # Rows leave split as the ids came, so the lookup stays data-parallel.
   return state, placed_at, table, sharding_lib.place(rows, mesh, batch_spec), stats
+
+
+@functools.partial(jax.jit, static_argnames=("mesh", "table_axes", "init", "table_spec", "bound"))
+def place(table, placed_at, clock, key_data, *, mesh, table_axes: tuple, init, table_spec,
+          bound: int):
+  """``table`` with every row placed at ``clock`` set to its initial value.
+
+  What ``run`` does to the rows it places, done apart: a pipelined step
+  runs the map a step ahead (``run`` with no table) and places the rows in
+  the step that looks them up, after the previous step's update, as the
+  in-line step does. The values are ``init_rows``', the same bit for bit.
+
+  Args:
+    table: the rows, ``[capacity, features]`` laid out by ``table_spec``.
+    placed_at: int32 ``[capacity]``, as ``run`` returned it.
+    clock: int32 scalar, the clock after the step that placed them.
+    key_data: the init key's data.
+    bound: at most this many rows were placed (the step's ids).
+  """
+  def body(table, placed_at, key_data, clock, index):
+    n = placed_at.shape[0]
+    (put,) = jnp.nonzero(placed_at == clock, size=max(1, min(n, bound)), fill_value=n)
+    return _place_rows(init, key_data, table, put.astype(jnp.int32), index * n)
+
+  if mesh is None:
+    return body(table, placed_at, key_data, clock, 0)
+  split, tspec = P(table_axes or None), P(*table_spec)
+  table = sharding_lib.place(table, mesh, tspec)
+  placed_at = sharding_lib.place(placed_at, mesh, split)
+  key_data, clock = (sharding_lib.place(v, mesh, P()) for v in (key_data, clock))
+  return jax.shard_map(
+      lambda *a: body(*a, lax.axis_index(table_axes) if table_axes else 0), mesh=mesh,
+      in_specs=(tspec, split, P(), P()), out_specs=tspec, check_vma=False,
+  )(table, placed_at, key_data, clock)

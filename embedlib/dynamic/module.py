@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from embedlib import kernels
+from embedlib import lookahead
 from embedlib import options
 from embedlib import sharding as sharding_lib
 from embedlib.dynamic import ids as ids_lib
@@ -220,23 +221,59 @@ class DynamicEmbed(nnx.Module):
     w = self.words(ids)
     flat = w.value.reshape(-1, 2)
     train = not self.deterministic
-    state, placed_at, table, rows, stats = mapping.run(
-        self._state(), self.placed_at[...], self.rows.embedding[...], self.init_key[...],
-        self.clock[...], flat, policy=self.policy, mesh=self.mesh,
-        table_axes=self.table_axes, train=train, init=self.embedding_init,
-        table_spec=tuple(self.rows.plan.table_spec), capacity=self.route_capacity)
+    scope = lookahead.active()
+    if train and scope is not None:
+      return self._rows_ahead(scope, flat).reshape(w.shape)
+    clock = self.clock[...]
+    state, placed_at, table, rows, stats = self._run(
+        self._state(), self.placed_at[...], clock, self.rows.embedding[...], flat, train)
     if train:
-      self.keys_hi[...], self.keys_lo[...], self.score[...] = state[:3]
-      if self.sketch is not None:
-        self.sketch[...] = state.sketch
-      self.clock[...] = self.clock[...] + 1
-      self.placed_at[...] = placed_at
+      self._commit(state, placed_at, clock + 1, stats)
       self.rows.embedding[...] = table
-      lookups = jnp.maximum(stats[4], 1).astype(jnp.float32)
-      self.last[...] = jnp.stack([
-          stats[0] / self.policy.capacity, stats[1], stats[2], stats[3] / lookups
-      ]).astype(jnp.float32)
     return rows.reshape(w.shape)
+
+  def _run(self, state, placed_at, clock, table, flat, train):
+    return mapping.run(
+        state, placed_at, table, self.init_key[...], clock, flat, policy=self.policy,
+        mesh=self.mesh, table_axes=self.table_axes, train=train, init=self.embedding_init,
+        table_spec=tuple(self.rows.plan.table_spec), capacity=self.route_capacity)
+
+  def _commit(self, state, placed_at, clock, stats) -> None:
+    """Keeps a training step's map, clock and statistics."""
+    self.keys_hi[...], self.keys_lo[...], self.score[...] = state[:3]
+    if self.sketch is not None:
+      self.sketch[...] = state.sketch
+    self.clock[...] = clock
+    self.placed_at[...] = placed_at
+    lookups = jnp.maximum(stats[4], 1).astype(jnp.float32)
+    self.last[...] = jnp.stack([
+        stats[0] / self.policy.capacity, stats[1], stats[2], stats[3] / lookups
+    ]).astype(jnp.float32)
+
+  def _rows_ahead(self, scope, flat) -> jax.Array:
+    """A training lookup under a pipelined step's scope (``embedlib.lookahead``).
+
+    Collecting, the map steps on the ids from where the batch before left it
+    (``MapAhead``) and the rows stay as they are; using, the step keeps that
+    map and places its new rows (``mapping.place``), after the previous
+    step's update as in line, before they are read.
+    """
+    key = (self.name, (tuple(flat.shape),), "map")
+    if lookahead.is_collecting(scope):
+      before = scope.previous_value(key)
+      if before is None:   # the first batch read ahead: the map as it stands
+        before = MapAhead(self._state(), self.placed_at[...], self.clock[...], None, None)
+      state, placed_at, _, rows, stats = self._run(
+          before.state, before.placed_at, before.clock, None, flat, train=True)
+      scope.add(key, MapAhead(state, placed_at, before.clock + 1, stats, rows))
+      return rows
+    ahead = scope.take(key)
+    self._commit(ahead.state, ahead.placed_at, ahead.clock, ahead.stats)
+    self.rows.embedding[...] = mapping.place(
+        self.rows.embedding[...], ahead.placed_at, ahead.clock, self.init_key[...],
+        mesh=self.mesh, table_axes=self.table_axes, init=self.embedding_init,
+        table_spec=tuple(self.rows.plan.table_spec), bound=flat.shape[0])
+    return ahead.rows
 
   def stats(self) -> dict:
     """The last training step's ``occupancy`` (resident share of rows),
@@ -321,6 +358,20 @@ class DynamicEmbed(nnx.Module):
       share = jnp.sum(jnp.where(member & (rows < 0), coef, 0.0), axis=1)
       out = out + share[:, None].astype(out.dtype) * self.default_row[...].astype(out.dtype)
     return out
+
+
+class MapAhead(tp.NamedTuple):
+  """A map's training step made a step ahead (a pipelined step's distribution).
+
+  ``state``, ``placed_at``, ``clock`` (after the step) and ``stats`` as
+  ``mapping.run`` gives them, ``rows`` int32 ``[m]`` the ids' rows.
+  """
+
+  state: step_lib.MapState
+  placed_at: jax.Array
+  clock: jax.Array
+  stats: tp.Any
+  rows: tp.Any
 
 
 def _padding(w: ids_lib.Words):

@@ -124,16 +124,13 @@ def _victims_packed(key, s: Sorted, rank, free, b, bits):
 
 
 def _victims_search(key, s: Sorted, rank, free, b):
+  # A stable sort of each bucket's keys carrying the slots: equal scores keep
+  # slot order. Per bucket, not per id, so no [ids, bucket_size] temporaries.
   nbl = key.shape[0] // b
-  ordered = lax.sort(key.reshape(nbl, b), dimension=1)
+  within = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32), (nbl, b))
+  _, slots = lax.sort((key.reshape(nbl, b), within), dimension=1, is_stable=True, num_keys=1)
   j = jnp.clip(rank - free[s.bucket], 0, b - 1)
-  row_keys = ordered[s.bucket]                                   # [m, b], sorted
-  value = jnp.take_along_axis(row_keys, j[:, None], axis=1)[:, 0]
-  nth = j - (row_keys < value[:, None]).sum(axis=1)              # among equal scores
-  bucket_keys = key.reshape(nbl, b)[s.bucket]                    # [m, b], by slot
-  equal = bucket_keys == value[:, None]
-  hit = equal & (jnp.cumsum(equal, axis=1) == (nth + 1)[:, None])
-  return s.bucket * b + jnp.argmax(hit, axis=1).astype(jnp.int32)
+  return s.bucket * b + slots[s.bucket, j]
 
 
 def train_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_lib.Policy):

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from embedlib.dynamic.module import DynamicEmbed
-from embedlib.optim import row_grads as row_grads_lib
+from embedlib.table_paths import table_key
 
 
 def reset_slots(optimizer, model) -> None:
@@ -35,7 +35,7 @@ def reset_slots(optimizer, model) -> None:
   for path, module in nnx.iter_graph(model):
     if not isinstance(module, DynamicEmbed):
       continue
-    key = row_grads_lib.table_key(tuple(path) + ("rows",))
+    key = table_key(tuple(path) + ("rows",))
     if key not in keys:
       continue
     fresh = module.placed_at[...] > module.slots_clock[...]
@@ -63,7 +63,7 @@ def step_stats(model) -> dict[str, float]:
   out = {}
   for path, module in nnx.iter_graph(model):
     if isinstance(module, DynamicEmbed):
-      key = row_grads_lib.table_key(path) or module.name
+      key = table_key(path) or module.name
       for name, value in module.stats().items():
         out[f"dynamic/{key}/{name}"] = value
   return out

@@ -38,6 +38,7 @@ from jax.sharding import NamedSharding
 from embedlib import sharding as sharding_lib
 from embedlib import embed as embed_lib
 from embedlib import tape as tape_lib
+from embedlib.table_paths import table_key
 
 
 @struct.dataclass
@@ -55,15 +56,6 @@ class Grads:
 
   dense: tp.Any
   rows: dict[str, tuple[tuple[jax.Array, jax.Array], ...]]
-
-
-def table_key(path) -> str:
-  """A table's key in ``Grads.rows``: its module path joined by ``/``.
-
-  >>> table_key(("towers", 0, "user")), table_key(())
-  ('towers/0/user', '')
-  """
-  return "/".join(str(p) for p in path)
 
 
 def sparse_tables(model, tables=None) -> list[tuple[str, embed_lib.ShardedEmbed]]:

@@ -152,6 +152,33 @@ def dedup_capacity(members, *, sigmas: float = ROUTE_SLACK_SIGMAS) -> int:
   return int(min(total, max(1, math.ceil(mean + sigmas * math.sqrt(var) - 1e-9))))
 
 
+#: ``auto`` dedups only where the bytes it saves a device exceed this many per
+#: id it deduplicates: its own work on an id (finding it among the distinct
+#: ids, then rebuilding its row from theirs, beside a ``lax.cond`` and the
+#: overflow count) takes about as long as moving that many bytes between
+#: devices. Measured on simulated CPU devices, where a step with dedup saving
+#: fewer bytes an id than this ran slower (``benchmarks/README.md``, "Dedup").
+DEDUP_BYTES_PER_ID = 64
+
+
+def dedup_pays(moved: int, moved_dedup: int, ids: int) -> bool:
+  """Whether dedup's saving (``moved - moved_dedup`` bytes) pays for its work on ``ids`` ids.
+
+  Args:
+    moved: bytes a device receives per step without dedup (weighed as the
+      caller weighs its layouts, e.g. a byte across nodes counted
+      ``INTER_NODE_WEIGHT`` times).
+    moved_dedup: the same with dedup.
+    ids: ids one data shard deduplicates per step.
+
+  >>> dedup_pays(1_086_547, 1_070_167, 4096)   # uniform ids over 100,000 rows: 4 bytes an id
+  False
+  >>> dedup_pays(1_086_547, 500_507, 4096)     # over 2,000 rows: 143 bytes an id
+  True
+  """
+  return moved - moved_dedup > DEDUP_BYTES_PER_ID * ids
+
+
 def route_bytes(capacity: int, group: int, cols: int, itemsize: int) -> int:
   """Bytes a rank receives in one route: ids out to owners and rows back.
 

@@ -2,9 +2,11 @@
 
 Both are one sort of int32 keys and a binary search, and both write their
 results with scatters whose indices are distinct (dropped entries each point
-past the end at a place of their own), so a GPU needs no atomics. They
-depend on ``jax`` alone: dedup, the routes and the sparse optimizer's row
-gradients build on them.
+past the end at a place of their own), so a GPU needs no atomics. On CPU,
+where XLA's sort costs more than the lookup that dedup serves, the distinct
+ids come from a C++ kernel instead (``kernels.unique_cpu``: no sort of the
+ids), with the same results. Dedup, the routes and the sparse optimizer's
+row gradients build on them.
 """
 
 from __future__ import annotations
@@ -12,20 +14,25 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from embedlib.kernels import cpu_library
+from embedlib.kernels import platforms
+from embedlib.kernels.unique_cpu import unique_cpu
+
 _NO_ID = jnp.iinfo(jnp.int32).max  # sorts after every valid id
 
 
 def unique_with_inverse(ids, capacity: int):
   """Distinct valid ids of ``ids``, their inverse index and their count.
 
-  A sort rather than ``jnp.unique(size=...)``: invalid ids (``-1``) must not
-  use up capacity, and the count that detects overflow comes from the same
-  sort. The sort has one operand (the ids) and each id finds its place by a
-  binary search, as ``optim.apply.dedup`` does: cheaper than sorting the
-  ids with their positions (``argsort``).
+  Not ``jnp.unique(size=...)``: invalid ids (``-1``) must not use up
+  capacity, and the count that detects overflow comes from the same pass.
+  On CPU (where the kernels' library builds) the C++ kernel of
+  ``kernels.unique_cpu``; elsewhere ``unique_sorted``. Both give the
+  distinct ids in increasing order, so the results are the same arrays.
 
   Args:
-    ids: int32 of any shape, ``-1`` for padding and invalid ids.
+    ids: int32 of any shape, ``-1`` for padding and invalid ids (so is
+      any negative id, and ``2**31 - 1``, past the largest table).
     capacity: static number of unique slots.
 
   Returns:
@@ -38,7 +45,27 @@ def unique_with_inverse(ids, capacity: int):
   ([3, 7, 9, -1], [[1, 0, 1], [-1, 0, 2]], 3)
   """
   flat = ids.reshape(-1).astype(jnp.int32)
-  valid = flat >= 0
+  if flat.shape[0] == 0 or not cpu_library.available():
+    unique, inverse, count = unique_sorted(flat, capacity)
+  else:
+    unique, inverse, count = platforms.by_platform(
+        flat, cpu=lambda f: unique_cpu(f, capacity),
+        gpu=lambda f: unique_sorted(f, capacity), default=lambda f: unique_sorted(f, capacity))
+  return unique, inverse.reshape(ids.shape), count
+
+
+def unique_sorted(flat, capacity: int):
+  """``unique_with_inverse`` of flat int32 ids by one sort: every platform's way but the CPU's.
+
+  The sort has one operand (the ids) and each id finds its place by a
+  binary search, as ``optim.apply.dedup`` does: cheaper than sorting the
+  ids with their positions (``argsort``).
+
+  >>> u, inv, n = unique_sorted(jnp.array([7, 3, 7, -1, 3, 9]), 2)
+  >>> u.tolist(), inv.tolist(), int(n)
+  ([3, 7], [1, 0, 1, -1, 0, 2], 3)
+  """
+  valid = (flat >= 0) & (flat != _NO_ID)  # no table has 2**31 rows
   keys = jnp.where(valid, flat, _NO_ID)
   key = lax.sort(keys)
   first = (key != _NO_ID) & jnp.concatenate([jnp.ones((1,), bool), key[1:] != key[:-1]])
@@ -53,7 +80,7 @@ def unique_with_inverse(ids, capacity: int):
   # Each id's first position among the sorted keys holds its slot.
   at = jnp.searchsorted(key, keys, method="scan_unrolled")
   inverse = jnp.where(valid, slot[at], -1)
-  return unique, inverse.reshape(ids.shape), count
+  return unique, inverse, count
 
 
 def bucketize(ids, rows_per_rank: int, group: int, capacity: int):

@@ -2,10 +2,11 @@
 
 ``train_and_evaluate(config, workdir)`` turns a ``configs/*.py`` config into a
 task (``tasks``: its data, model, loss and metrics), a mesh and an optimizer
-(``setup``), trains, evaluates and checkpoints in ``workdir`` (metrics
+(``setup``), reads the loop's keys once (``Loop``), trains, evaluates and checkpoints in ``workdir`` (metrics
 through ``writers``), and resumes from the workdir's newest checkpoint.
 """
 
+from embedlib.training.loop import Loop
 from embedlib.training.pipeline import (
     LookaheadError,
     Pipeline,
@@ -21,6 +22,7 @@ from embedlib.training.writers import MetricWriteError, MetricWriter, read_jsonl
 __all__ = [
     "ConfigError",
     "LookaheadError",
+    "Loop",
     "MetricWriteError",
     "MetricWriter",
     "Pipeline",

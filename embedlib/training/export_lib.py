@@ -32,6 +32,7 @@ from embedlib.kernels import cpu_library
 from embedlib.serving import artifact
 from embedlib.training import setup
 from embedlib.training import train_lib
+from embedlib.training.loop import Loop
 from embedlib.training.tasks import task_name
 
 from embedlib.training import scoring as scoring_lib
@@ -220,7 +221,7 @@ def export(config, model, mesh, out: str, *, batch_size: int | None = None,
   if bad or not platforms:
     raise ExportError(f"--platforms={','.join(platforms)}: {bad[0] if bad else 'none'} is not "
                       f"a jax lowering platform; use some of {', '.join(PLATFORMS)}.")
-  batch_size = int(batch_size or config.batch_size)
+  batch_size = int(batch_size or Loop.from_config(config).batch_size)
   if batch_size < 1 or batch_size % mesh.size:
     raise ExportError(f"--batch_size={batch_size} must be a positive multiple of the "
                       f"{mesh.size} devices exported on.")

@@ -14,23 +14,33 @@ position is recorded after each batch, so a checkpoint after step N
 resumes at batch N+1 however far it read). Resuming needs nothing else:
 the distribution is a function of the next batch alone, recomputed from
 it (``distribute_batch``) at the first step after a restore.
+
+A dynamic table's map (``embedlib.DynamicEmbed``) runs ahead too: its
+admission and eviction depend on the ids alone, so step N's program steps
+the map on batch N+1's ids from the map batch N's distribution carries,
+and hands the rows' ids to the distribution. The model keeps batch N's map
+during step N, which also resets the rows placed for batch N (and their
+optimizer slots) after step N-1's update, as in line: a checkpoint after
+step N holds the in-line run's map, and the map stepped on a read-ahead
+batch that is never trained on is dropped with its distribution.
 """
 
 from __future__ import annotations
 
 from flax import nnx
 
-from embedlib import lookahead, optim
+from embedlib import dynamic, lookahead, optim
 
 
-def _collect(loss, model, batch, early_fetch=0.0):
+def _collect(loss, model, batch, early_fetch=0.0, previous=None):
   """``batch``'s ids distributed as ``loss`` looks them up, on a copy of ``model``.
 
   The copy's state changes (RNG counts, batch statistics) are dropped:
-  the pass exists for its lookups' ids only.
+  the pass exists for its lookups' ids only. ``previous``: the batch
+  before's distributions, whose dynamic tables' maps this batch's step from.
   """
   copy = nnx.merge(*nnx.split(model))
-  with lookahead.collecting(early_fetch) as distributions:
+  with lookahead.collecting(early_fetch, previous) as distributions:
     loss(copy, batch)
   return distributions()
 
@@ -77,10 +87,13 @@ def pipelined_train_step(model, optimizer, batch, distributed, next_batch, *, ta
     bit, and ``next_batch``'s distributions.
   """
   loss_fn = task.loss
-  # No data flows from this step into the next batch's distribution.
-  next_distributed = _collect(loss_fn, model, next_batch, early_fetch)
+  # No data flows from this step into the next batch's distribution, but
+  # for the ids-only map of a dynamic table, which steps on from the map
+  # this batch's distribution carries.
+  next_distributed = _collect(loss_fn, model, next_batch, early_fetch, previous=distributed)
   with lookahead.using(distributed):
     loss, grads = optim.value_and_grad(loss_fn, tables=optimizer.tables)(model, batch)
+  dynamic.reset_slots(optimizer, model)
   optimizer.update(model, grads)
   return loss, next_distributed
 

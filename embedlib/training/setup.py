@@ -21,6 +21,7 @@ from embedlib import checkpoint
 from embedlib import host_memory
 from embedlib import optim
 from embedlib.training import tasks
+from embedlib.training.loop import Loop
 from embedlib.training.tasks.base import ConfigError, fail as _fail
 
 DENSE_OPTIMIZERS = {"adam": optax.adam, "adagrad": optax.adagrad, "sgd": optax.sgd}
@@ -68,34 +69,22 @@ def check_workdir(workdir: str) -> None:
 def task(config) -> tasks.Task:
   """The run's task, built once from a checked config; everything after takes it.
 
-  Checks the loop's keys that ConfigDict's types can't, then builds the task
-  ``config.task.name`` names (``ctr`` when the config has no ``task``), which
-  reads and checks ``config.task`` and ``config.data``, and checks that its
-  data is there (``Task.check_data``; ``tasks.make_task`` builds a task, for
-  a model alone, without it).
+  Checks the loop's keys (``Loop.from_config``) and the optimizers' names,
+  then builds the task ``config.task.name`` names (``ctr`` when the config
+  has no ``task``), which reads and checks ``config.task`` and
+  ``config.data``, and checks that its data is there (``Task.check_data``;
+  ``tasks.make_task`` builds a task, for a model alone, without it).
 
   Raises:
     ConfigError: naming the first key that can't work, and the fix.
   """
-  for key in ("batch_size", "num_train_steps", "log_every", "eval_every",
-              "eval_batches", "checkpoint_every"):
-    if config[key] < 1:
-      _fail(key, f"must be >= 1, got {config[key]}.")
+  Loop.from_config(config)
   if config.optim.dense.name not in DENSE_OPTIMIZERS:
     _fail("optim.dense.name", f"{config.optim.dense.name!r}; use one of "
           f"{tuple(DENSE_OPTIMIZERS)}.")
   if config.optim.sparse.name not in SPARSE_OPTIMIZERS:
     _fail("optim.sparse.name", f"{config.optim.sparse.name!r}; use one of "
           f"{tuple(SPARSE_OPTIMIZERS)}.")
-  early_fetch, pipelined = pipeline_settings(config)
-  if not 0.0 <= early_fetch <= 1.0:
-    _fail("early_fetch", f"{early_fetch} is not a share of a route's slots in [0, 1].")
-  if early_fetch and not pipelined:
-    _fail("early_fetch", "fetches the next batch's rows in the pipelined step; set "
-          "pipeline=True with it, or early_fetch=0.")
-  if config.batch_size % jax.process_count():
-    _fail("batch_size", f"{config.batch_size} must divide over "
-          f"{jax.process_count()} processes.")
   made = tasks.make_task(config)
   made.check_data()
   return made
@@ -104,11 +93,6 @@ def task(config) -> tasks.Task:
 def validate(config) -> None:
   """Raises ``ConfigError`` naming the first key of ``config`` that can't work (``task``)."""
   task(config)
-
-
-def pipeline_settings(config) -> tuple[float, bool]:
-  """``(config.early_fetch, config.pipeline)``: 0 and off in a config without them."""
-  return config.get("early_fetch", 0.0), config.get("pipeline", False)
 
 
 def make_mesh(config):
@@ -163,18 +147,19 @@ def model_and_optimizer(config, task_, spec, mesh):
   The tables train row-wise with ``config.optim.sparse``, or with the dense
   optimizer where the task says so (``Task.sparse_tables``).
   """
+  loop = Loop.from_config(config)
   try:
-    model = task_.build_model(config.model, spec, mesh, batch_size=config.batch_size,
-                              rngs=nnx.Rngs(config.seed))
+    model = task_.build_model(config.model, spec, mesh, batch_size=loop.batch_size,
+                              rngs=nnx.Rngs(loop.seed))
   except ValueError as e:  # the factory names the config key and the fix
     raise ConfigError(str(e)) from None
   optim_config = config.optim
   tx = DENSE_OPTIMIZERS[optim_config.dense.name](
-      _schedule(optim_config.dense, config.num_train_steps))
+      _schedule(optim_config.dense, loop.num_train_steps))
   rule = None  # a task whose table is an output layer trains it with the dense optimizer
   if task_.sparse_tables:
     rule = SPARSE_OPTIMIZERS[optim_config.sparse.name](
-        learning_rate=_schedule(optim_config.sparse, config.num_train_steps))
+        learning_rate=_schedule(optim_config.sparse, loop.num_train_steps))
   optimizer = optim.SparseAwareOptimizer(model, tx, rule)
   _on_mesh(model, mesh)
   _on_mesh(optimizer, mesh)
@@ -188,13 +173,15 @@ def sources(config, task_, spec):
   Raises:
     ConfigError: the data can't give a batch (e.g. a Criteo file without one).
   """
-  return task_.sources(spec, batch_size=config.batch_size, seed=config.seed,
-                       eval_batches=config.eval_batches)
+  loop = Loop.from_config(config)
+  return task_.sources(spec, batch_size=loop.batch_size, seed=loop.seed,
+                       eval_batches=loop.eval_batches)
 
 
 def describe_eval(config, task_) -> str:
   """Which examples the run evaluates on, for the log."""
-  return task_.describe_eval(batch_size=config.batch_size, eval_batches=config.eval_batches)
+  loop = Loop.from_config(config)
+  return task_.describe_eval(batch_size=loop.batch_size, eval_batches=loop.eval_batches)
 
 
 def restore_model(config, workdir: str, mesh=None):

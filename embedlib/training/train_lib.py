@@ -20,6 +20,7 @@ from jax.experimental import multihost_utils
 from embedlib import checkpoint, dynamic, optim
 from embedlib import data as data_lib
 from embedlib.training import pipeline, setup
+from embedlib.training.loop import Loop
 # eval_step and loss_fn are re-exported: callers of the single-task loop import them here.
 from embedlib.training.steps import eval_step, loss_fn, train_step  # noqa: F401
 from embedlib.training.signals import StopSignals
@@ -118,7 +119,7 @@ def _config_differences(config, workdir: str, shown: int = 4) -> str | None:
   return "; ".join(described) + more
 
 
-def _finished(config, workdir: str) -> dict | None:
+def _finished(config, loop: Loop, workdir: str) -> dict | None:
   """The last eval if ``workdir`` already holds the final checkpoint, else None.
 
   Looks only at the checkpoint directory's listing, so a finished run is
@@ -135,7 +136,7 @@ def _finished(config, workdir: str) -> dict | None:
     step = ckpt.latest_step()
   finally:
     ckpt.close()
-  if step is None or step < config.num_train_steps:
+  if step is None or step < loop.num_train_steps:
     return None
   differences = _config_differences(config, workdir)
   if differences is not None:
@@ -145,7 +146,7 @@ def _finished(config, workdir: str) -> dict | None:
         f"{os.path.join(workdir, CONFIG_FILE)} to see its result.")
   log.info("%s is complete: its newest checkpoint is at step %d of num_train_steps=%d, so "
            "there is nothing to train. Raise --config.num_train_steps to train on, or pass "
-           "a new --workdir.", workdir, step, config.num_train_steps)
+           "a new --workdir.", workdir, step, loop.num_train_steps)
   return _last_eval(workdir, step)
 
 
@@ -194,7 +195,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     writers.MetricWriteError: a metrics file could not be written.
   """
   task = setup.task(config)  # built once: every step below takes it
-  done = _finished(config, workdir)
+  loop = Loop.from_config(config)
+  done = _finished(config, loop, workdir)
   if done is not None:
     return done
   mesh = setup.make_mesh(config)
@@ -218,7 +220,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   _save_config(config, workdir)
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                 max_to_keep=config.max_checkpoints)
+                                 max_to_keep=loop.max_checkpoints)
   try:
     start = 0
     found = ckpt.restore_newest(model, optimizer)
@@ -228,15 +230,15 @@ def train_and_evaluate(config, workdir: str) -> dict:
       log.info("resumed from the checkpoint at step %d", start)
 
     def run_eval(step):
-      scalars = {**evaluate(model, eval_source, eval_start, mesh, config.eval_batches, task),
+      scalars = {**evaluate(model, eval_source, eval_start, mesh, loop.eval_batches, task),
                  **oracle}
-      if step == config.num_train_steps:  # the held-out test set, once, at the end
+      if step == loop.num_train_steps:  # the held-out test set, once, at the end
         scalars.update(task.test(model, eval_source, mesh))
       log.info("eval at step %d: %s", step, _line(scalars))
       return {"step": step, **scalars}
 
     with StopSignals() as stop:
-      return _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt,
+      return _loop(loop, workdir, start, model, optimizer, train_source, mesh, ckpt,
                    run_eval, stop, task)
   finally:
     ckpt.close()
@@ -274,25 +276,24 @@ def _line(scalars: dict) -> str:
   return "  ".join(f"{k} {v:.4f}" for k, v in scalars.items())
 
 
-def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, run_eval, stop,
+def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt, run_eval, stop,
           task):
   """Steps ``start + 1 .. num_train_steps``; returns the last eval."""
   train_writer = MetricWriter(workdir, "train", resume_step=start)
   eval_writer = MetricWriter(workdir, "eval", resume_step=start)
   # Batches are put on the mesh in the prefetch thread, ahead of the step.
   prefetch = data_lib.Prefetcher(
-      train_source, buffer_size=config.data.prefetch,
+      train_source, buffer_size=loop.prefetch,
       transform=lambda b: data_lib.to_global_batch(task.featurize(b), mesh))
-  bar = _progress(config.num_train_steps, start)
+  bar = _progress(loop.num_train_steps, start)
   # nnx.jit flattens its module arguments on every call; cached_partial does
   # it once for the whole run.
   step_fn = nnx.cached_partial(train_step, model, optimizer)
-  early_fetch, pipelined = setup.pipeline_settings(config)
-  if pipelined:
+  if loop.pipeline:
     # Batch N+1's ids are distributed in step N's program; checkpoints record
     # the data position after the batch trained on, not the one read ahead.
     runner = pipeline.Pipeline(model, optimizer, prefetch, task, source=train_source,
-                               early_fetch=early_fetch)
+                               early_fetch=loop.early_fetch)
     take_step, data_state = runner.step, runner.get_state
   else:
     take_step = lambda: step_fn(next(prefetch), task=task)
@@ -302,7 +303,7 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
   saved, step = start, start
   losses, timed, paused, tic = [], 0, 0.0, time.perf_counter()
   try:
-    for step in range(start + 1, config.num_train_steps + 1):
+    for step in range(start + 1, loop.num_train_steps + 1):
       if step == start + 1:
         log.info("compiling train_step (step %d waits for it) ...", step)
       loss = take_step()
@@ -318,23 +319,22 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
         timed += 1
       if bar is not None:
         bar.update(1)
-      if step % config.log_every == 0 or step == config.num_train_steps:
+      if loop.logs(step):
         # On the host: a device program here would run beside the steps in flight.
         mean_loss = float(np.mean(jax.device_get(losses)))
         # Dynamic tables' occupancy and their last step's admitted, evicted, default_share.
         scalars = {"loss": mean_loss, **task.log_scalars(model), **dynamic.step_stats(model)}
         if timed:
           elapsed = time.perf_counter() - tic - paused
-          scalars["examples_per_sec"] = timed * config.batch_size / elapsed
-          eta = (config.num_train_steps - step) * elapsed / timed
+          scalars["examples_per_sec"] = timed * loop.batch_size / elapsed
+          eta = (loop.num_train_steps - step) * elapsed / timed
           log.info("step %d  loss %.4f  %.0f examples/s  eta %.0fs", step, mean_loss,
                    scalars["examples_per_sec"], eta)
         else:
           log.info("step %d  loss %.4f", step, mean_loss)
         train_writer.write(step, scalars)
         losses, timed, paused, tic = [], 0, 0.0, time.perf_counter()
-      is_eval = step % config.eval_every == 0 or step == config.num_train_steps
-      is_save = step % config.checkpoint_every == 0 or step == config.num_train_steps
+      is_eval, is_save = loop.evaluates(step), loop.saves(step)
       if is_eval or is_save:
         jax.block_until_ready(loss)  # the steps' own time stays out of `paused`
         pause = time.perf_counter()
@@ -348,16 +348,16 @@ def _loop(config, workdir, start, model, optimizer, train_source, mesh, ckpt, ru
         paused += time.perf_counter() - pause
       with stop.deferred():
         ckpt.check()  # with background saves, a failed one stops the run here
-      if _stop_agreed(stop, step, config.log_every):
+      if _stop_agreed(stop, step, loop.log_every):
         break
-    if stop.requested is not None and step < config.num_train_steps:
+    if stop.requested is not None and step < loop.num_train_steps:
       with stop.deferred():
         if saved < step:
           ckpt.save(step, model, optimizer, data_state())
         ckpt.wait()
       log.info("stopped by %s at step %d of %d; the checkpoint at step %d is in %s. "
                "Rerun the same command to resume.", stop.requested, step,
-               config.num_train_steps, step, ckpt.directory)
+               loop.num_train_steps, step, ckpt.directory)
   finally:
     prefetch.close()
     if bar is not None:

@@ -210,3 +210,28 @@ def test_tables_past_int32_rows_raise_at_plan_time_naming_the_table_and_the_fix(
                      r"for vocab over 8\).*split the table"):
     plan_collection([TableSpec("big", 2**31 - 1, 64, sharding="vocab")],
                     [FeatureSpec("f", "big")], mesh={"batch": 8}, batch_size=512)
+
+
+def test_auto_dedups_only_where_the_bytes_it_saves_pay_for_its_work():
+  """Dedup saving bytes is not enough: the saving must exceed its work on the ids.
+
+  Two routed tables read by 16 ids a sample (256 ids a shard) over 128 rows,
+  so about half the ids repeat: 64 wide, a repeat saves a 256-byte row; 4
+  wide, a 16-byte one, less than ``cost.DEDUP_BYTES_PER_ID``. A bytes-only
+  rule would dedup both.
+  """
+  from embedlib.plan import cost
+  tables = [TableSpec("wide", 128, 64, sharding="routed"),
+            TableSpec("narrow", 128, 4, sharding="routed")]
+  features = [FeatureSpec(f"f_{t.name}", t.name, max_ids_per_sample=16) for t in tables]
+  plan = plan_collection(tables, features, mesh={"batch": 8}, batch_size=128,
+                         num_unique={"wide": "auto", "narrow": "auto"})
+  fixed = plan_collection(tables, features, mesh={"batch": 8}, batch_size=128,
+                          num_unique={"wide": 128, "narrow": 128})
+  ids = 128 // 8 * 16
+  for t in fixed.tables:  # dedup at its full capacity moves fewer bytes for both
+    assert 0 < t.bytes_moved_dedup < t.bytes_moved, t.name
+  saved = {t.name: t.bytes_moved - t.bytes_moved_dedup for t in fixed.tables}
+  assert saved["wide"] > cost.DEDUP_BYTES_PER_ID * ids > saved["narrow"], saved
+  assert plan["wide"].num_unique is not None and plan["narrow"].num_unique is None
+  assert plan["wide"].bytes_moved_dedup < plan["wide"].bytes_moved

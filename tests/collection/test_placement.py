@@ -199,10 +199,12 @@ def test_pins_need_their_placement(spec, match):
     TableSpec("t", 10, 4, **spec)
 
 
+# 64 wide: a repeat saves a 256-byte row, more than dedup's work on an id
+# (``cost.DEDUP_BYTES_PER_ID``); 8 wide, no repeat rate would pay.
 DEDUP_TABLES = (
-    TableSpec("few", 24, 8, sharding="routed"),    # 64 ids a shard over 24 rows: dedup pays
-    TableSpec("many", 4000, 8, sharding="routed"),  # 16 ids a shard over 4000 rows: it doesn't
-    TableSpec("t", 16, 8, sharding="table"),       # a stack of one 16-row table: it pays
+    TableSpec("few", 24, 64, sharding="routed"),    # 64 ids a shard over 24 rows: dedup pays
+    TableSpec("many", 4000, 64, sharding="routed"),  # 16 ids a shard over 4000 rows: it doesn't
+    TableSpec("t", 16, 64, sharding="table"),       # a stack of one 16-row table: it pays
 )
 DEDUP_FEATURES = (
     FeatureSpec("f_few", "few", max_ids_per_sample=8),
@@ -222,16 +224,16 @@ def test_auto_dedup_routes_distinct_ids_where_it_pays_and_matches_reference():
   coll, plain = build(), shaped(num_unique=None)
   assert coll.plan["few"].num_unique is not None and coll.plan["few"].num_unique < 64
   assert coll.plan["many"].num_unique is None
-  stack = coll.plan.stack("stack_8")
+  stack = coll.plan.stack("stack_64")
   assert stack.num_unique is not None and stack.num_unique < 64
-  assert coll.num_unique == {"few": coll.plan["few"].num_unique, "stack_8": stack.num_unique}
+  assert coll.num_unique == {"few": coll.plan["few"].num_unique, "stack_64": stack.num_unique}
   assert plain.num_unique == {} and coll.plan.bytes_moved < plain.plan.bytes_moved
   # The sparse update routes the same distinct ids: at the dedup's capacity,
   # though its placement counts distinct ids and the update's step counts lookups.
   lookups = batch // 8 * 8  # "t" alone: 8 samples of 8 ids a shard
   assert stack.plan.placement.lookups is not None
   assert stack.plan.update_capacity(lookups) == stack.plan.capacity_for(stack.num_unique)
-  assert plain.plan.stack("stack_8").plan.placement.lookups is None
+  assert plain.plan.stack("stack_64").plan.placement.lookups is None
   # "error" raises on overflow: only a capacity the caller gave may.
   assert shaped(on_overflow="error").num_unique == {}
   assert shaped(on_overflow="error", num_unique={"few": 30}).num_unique == {"few": 30}

@@ -25,5 +25,21 @@ def test_dynamic_quality_hashing_maps_ids_into_the_rows():
 
 def test_dynamic_lookup_smoke_checks_the_map_against_the_reference(capsys):
   script = benchmark_scripts.load("dynamic_lookup")
-  assert script.main(["--smoke", "--repeats", "1"]) == 0
-  assert "check: ok" in capsys.readouterr().out
+  assert script.main(["--smoke", "--repeats", "1", "--no-peers"]) == 0
+  out = capsys.readouterr().out
+  assert "check: ok" in out
+  assert "rows shared by distinct ids, batch 4: embedlib 0 (0 ids;" in out
+
+
+def test_dynamic_lookup_counts_rows_shared_by_distinct_ids():
+  script = benchmark_scripts.load("dynamic_lookup")
+  raw = np.array([5, 5, 6, 7, 8, 9], np.uint64)
+  rows = np.array([0, 0, 0, 1, -1, -1])      # 5 and 6 share row 0; -1 is no row
+  assert script.shared_rows(raw, rows) == (1, 2)
+
+
+@pytest.mark.slow
+def test_dynamic_memory_smoke_reports_the_ratio(capsys):
+  script = benchmark_scripts.load("dynamic_memory")
+  assert script.main(["--quick"]) == 0
+  assert "(peak - constant) / state =" in capsys.readouterr().out

@@ -353,3 +353,78 @@ def test_full_disk_stops_with_one_line_and_the_previous_checkpoint_resumes(tmp_p
   finally:
     if tmpfs:
       subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+# -- SIGKILL mid raw-id run -----------------------------------------------------------
+
+#: Raw ids into dynamic tables far smaller than the ids seen: admission and eviction.
+DYNAMIC = {"capacity": 64, "bucket_size": 8, "admit_after": 2, "eviction": "lfu"}
+RAW = ["--config.data.raw_ids=True", "--config.checkpoint_every=1",
+       "--config.max_checkpoints=100", "--config.log_every=1",
+       *(f"--config.model.dynamic.{k}={v}" for k, v in DYNAMIC.items())]
+
+
+def _raw_smoke(**overrides):
+  config = _smoke(checkpoint_every=1, max_checkpoints=100, log_every=1, **overrides)
+  with config.unlocked():
+    config.data.raw_ids = True
+    config.model.dynamic.update(DYNAMIC)
+  return config
+
+
+def _maps_and_rows(workdir, config, step):
+  """Each dynamic table's map (resident ids, scores, placement clocks, clock) and rows."""
+  task = setup.task(config)
+  model, optimizer = setup.model_and_optimizer(config, task, task.data_spec(),
+                                               setup.make_mesh(config))
+  ckpt = checkpoint.Checkpointer(str(workdir / "checkpoints"), max_to_keep=100)
+  try:
+    ckpt.restore(model, optimizer, step=step)
+  finally:
+    ckpt.close()
+  return {name: (t.resident(), np.asarray(t.score[...]), np.asarray(t.placed_at[...]),
+                 int(t.clock[...]), np.asarray(t.rows.embedding[...]))
+          for name, t in model.embeddings.dynamic.items()}
+
+
+def _assert_same(got, want):
+  assert got.keys() == want.keys() and got
+  for name in want:
+    assert got[name][0] == want[name][0] and got[name][0], name
+    assert got[name][3] == want[name][3], name
+    for a, b in zip(got[name][1:], want[name][1:]):
+      np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_raw_id_run_resumes_its_maps_from_the_last_intact_checkpoint(tmp_path):
+  """Killed mid-run (a checkpoint each step, so the kill may land mid-save), pipelined: the
+  newest intact checkpoint holds the maps with their rows, and the resumed run ends
+  where an uninterrupted in-line run does, bit for bit."""
+  workdir = tmp_path / "run"
+  code, err = _run_until(workdir, 4, lambda p: p.kill(), *LONG, *RAW, "--config.pipeline=True")
+  assert code == -signal.SIGKILL, err[-3000:]
+  found = _restore_newest(workdir, _raw_smoke(pipeline=True))
+  assert found is not None, os.listdir(workdir / "checkpoints")
+  saved = found[0]
+  assert saved >= 1 and found[1]
+  last = saved + 2
+  straight = tmp_path / "straight"
+  tail = ["--config.eval_every=100000", f"--config.num_train_steps={last}"]
+  # The uninterrupted in-line run, in a process like the killed one (its devices).
+  runs = [subprocess.Popen(_command(w, *RAW, *extra, *tail), cwd=ROOT, env=_env(),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+          for w, extra in ((workdir, ["--config.pipeline=True"]), (straight, []))]
+  errs = [p.communicate(timeout=900)[1] for p in runs]
+  for p, e in zip(runs, errs):
+    assert p.returncode == 0, e[-3000:]
+  assert f"resumed from the checkpoint at step {saved}" in errs[0]
+  # The checkpoint the killed run left: the uninterrupted run's maps and rows at its step.
+  _assert_same(_maps_and_rows(workdir, _raw_smoke(), saved),
+               _maps_and_rows(straight, _raw_smoke(), saved))
+  _assert_same(_maps_and_rows(workdir, _raw_smoke(), last),
+               _maps_and_rows(straight, _raw_smoke(), last))
+  want = {r["step"]: r for r in read_jsonl(straight / "train.jsonl")}
+  got = {r["step"]: r for r in read_jsonl(workdir / "train.jsonl")}
+  for step in range(saved + 1, last + 1):
+    assert got[step]["loss"] == want[step]["loss"], step

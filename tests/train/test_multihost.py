@@ -27,9 +27,8 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _command(workdir, *extra):
-  return [sys.executable, "-m", "train", "--config", "configs/quickstart.py:smoke",
-          f"--workdir={workdir}", *extra]
+def _command(workdir, *extra, config="configs/quickstart.py:smoke"):
+  return [sys.executable, "-m", "train", "--config", config, f"--workdir={workdir}", *extra]
 
 
 def _env(devices):
@@ -39,17 +38,17 @@ def _env(devices):
   return env
 
 
-@pytest.mark.slow
-def test_two_processes_match_one(tmp_path):
+def _one_and_two_processes(tmp_path, *extra, config="configs/quickstart.py:smoke"):
+  """Workdirs of the same run in one process of 8 devices and two of 4."""
   single = tmp_path / "single"
-  subprocess.run(_command(single), cwd=ROOT, env=_env(8), check=True,
+  subprocess.run(_command(single, *extra, config=config), cwd=ROOT, env=_env(8), check=True,
                  capture_output=True, timeout=600)
   multi = tmp_path / "multi"
   port = _free_port()
   procs = [
       subprocess.Popen(
-          _command(multi, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-                   f"--process_id={i}"),
+          _command(multi, *extra, f"--coordinator_address=127.0.0.1:{port}",
+                   "--num_processes=2", f"--process_id={i}", config=config),
           cwd=ROOT, env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for i in range(2)
   ]
@@ -62,6 +61,12 @@ def test_two_processes_match_one(tmp_path):
     assert [r["step"] for r in one] == [r["step"] for r in two]
     for key in keys:
       np.testing.assert_allclose([r[key] for r in two], [r[key] for r in one], rtol=1e-4)
+  return single, multi
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(tmp_path):
+  single, multi = _one_and_two_processes(tmp_path)
 
   # Each process wrote its own shards of the tables; together they restore
   # (here, onto this process's 8 devices) to the one-process run's tables.
@@ -77,3 +82,37 @@ def test_two_processes_match_one(tmp_path):
     tables.append({k: np.asarray(t.logical_table()) for k, t in model.embeddings.tables.items()})
   for key in tables[0]:
     np.testing.assert_allclose(tables[1][key], tables[0][key], rtol=1e-4, atol=1e-6)
+
+
+#: Dynamic tables far smaller than the ids seen (quickstart's smoke with raw ids).
+DYNAMIC = {"capacity": 64, "bucket_size": 8, "admit_after": 2, "eviction": "lfu"}
+
+
+@pytest.mark.slow
+def test_raw_ids_in_two_processes_match_one(tmp_path):
+  """Dynamic tables: each process routes its ids to the maps' owners over gloo.
+
+  The maps are functions of the ids alone, so they are equal exactly (every
+  resident id in the same row, the same scores and clocks); the rows to
+  the losses' tolerance.
+  """
+  single, multi = _one_and_two_processes(
+      tmp_path, "--config.data.raw_ids=True",
+      *(f"--config.model.dynamic.{k}={v}" for k, v in DYNAMIC.items()))
+  config = quickstart.get_config("smoke")
+  with config.unlocked():
+    config.data.raw_ids = True
+    config.model.dynamic.update(DYNAMIC)
+  one, _ = setup.restore_model(config, str(single))
+  two, _ = setup.restore_model(config, str(multi))
+  tables = one.embeddings.dynamic
+  assert len(tables) == 8
+  for name, a in tables.items():
+    b = two.embeddings.dynamic[name]
+    assert int(a.clock[...]) == int(b.clock[...]) == config.num_train_steps, name
+    assert a.resident() == b.resident() and a.resident(), name
+    for var in ("score", "placed_at"):
+      np.testing.assert_array_equal(np.asarray(getattr(b, var)[...]),
+                                    np.asarray(getattr(a, var)[...]), err_msg=name)
+    np.testing.assert_allclose(np.asarray(b.rows.embedding[...]),
+                               np.asarray(a.rows.embedding[...]), rtol=1e-4, atol=1e-6)

@@ -103,10 +103,7 @@ class CTRTask(base.Task):
     return made
 
   def _check_raw_ids(self, config) -> None:
-    """Raw ids need dynamic tables that can be built, and the in-line step."""
-    if config.get("pipeline", False):
-      base.fail("pipeline", "the pipelined step does not run dynamic tables (config.data."
-                "raw_ids=True) yet; set pipeline=False, or config.data.raw_ids=False.")
+    """Raw ids need dynamic tables that can be built."""
     if config.model.name not in ("dlrm", "dcn"):
       base.fail("data.raw_ids", f"config.model.name={config.model.name!r} has no dynamic "
                 "tables; raw ids train dlrm or dcn. Set config.data.raw_ids=False.")
