@@ -23,6 +23,19 @@ day.tsv --lines 2000``),
 
 takes about 25 s on 2 CPU cores (measured: 24 s), most of it compiling.
 
+Input: ``--config.data.workers=N`` parses the training TSV in N grain worker
+processes (plain TSV; the batches and checkpoints are the same for every N).
+Faster still, convert the TSV once to the binary format and read that:
+
+    python -m embedlib.data.criteo_binary --in /data/day_0.tsv --out /data/day_0.bin \
+        --table-sizes 1000000
+    python -m train --config configs/dlrm_criteo.py:/data/day_0.bin \
+        --config.data.format=binary --workdir runs/criteo
+
+(``--table-sizes`` is the run's ``config.data.table_sizes``; ``--raw-ids``
+keeps the 64-bit values for ``raw_ids=True``.) ``benchmarks/README.md`` has
+the figures of both.
+
 Raw ids: ``--config.data.raw_ids=True`` reads each categorical value as it
 is (no hashing mod ``table_size``) into dynamic tables (``embedlib.DynamicEmbed``)
 of ``config.model.dynamic``: ``capacity`` rows each (0: ``data.table_sizes``),

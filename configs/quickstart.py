@@ -37,6 +37,11 @@ def get_config(arg=None):
   # Malformed Criteo lines to skip before stopping; -1 skips them all.
   config.data.max_bad_lines = 0
   config.data.prefetch = 2
+  # Criteo only: "tsv" (plain or .gz files) or "binary" (a directory written once from the
+  # TSV by python -m embedlib.data.criteo_binary, read memory-mapped).
+  config.data.format = "tsv"
+  # Criteo TSV only: parse the training lines in this many grain worker processes (0: here).
+  config.data.workers = 0
   # Ids as they are, into dynamic tables of config.model.dynamic (DLRM, DCN).
   config.data.raw_ids = False
 

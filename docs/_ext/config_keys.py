@@ -81,7 +81,14 @@ EXPLAINED = {
                           "about `r ** -zipf_exponent`).",
     "data.signal_scale": "Strength of the planted CTR signal: below 1 is harder (oracle "
                          "AUC nearer 0.5), above 1 easier.",
-    "data.train_path": "Criteo: the training TSV (plain or `.gz`).",
+    "data.train_path": "Criteo: the training TSV (plain or `.gz`), or with "
+                       "`data.format='binary'` its binary directory.",
+    "data.format": "Criteo: `tsv` (the text files) or `binary` (a directory written once "
+                   "from them by `python -m embedlib.data.criteo_binary`, read "
+                   "memory-mapped).",
+    "data.workers": "Criteo TSV: grain worker processes parsing the training lines (plain "
+                    "TSV); 0 parses in the trainer's process. Batches and checkpoints are "
+                    "the same for every count.",
     "data.eval_path": "Criteo: the eval TSV; set this or `data.eval_holdout`, not both.",
     "data.eval_holdout": "Criteo: fraction of the training lines held out of training "
                          "for eval, instead of `data.eval_path`.",

@@ -28,38 +28,44 @@ Each line holds 40 tab-separated fields: the 0/1 label, 13 integer features
   the first. A ``.gz`` file that is not gzip data is refused at
   construction; one that is truncated or corrupt stops the reader at the
   line where its data breaks.
+* ``workers=N`` parses in N grain worker processes (plain TSV files; see
+  ``embedlib.data.criteo_chunks``); the batches, malformed-line reports and
+  states are those of ``workers=0``, so a run may resume with another count.
+  As with any multiprocessing, a script that starts workers keeps its top
+  level code under ``if __name__ == "__main__":``. The binary format
+  (``embedlib.data.criteo_binary``) is faster still.
 
-Lines are parsed with ``str.split`` and ``int``; nothing is evaluated or
-unpickled from the files.
+Lines are parsed with a regular expression, ``bytes.split`` and ``int``;
+nothing is evaluated from the files. Worker processes hand back numpy arrays
+of what they parsed; nothing is unpickled from the files.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import logging
 import os
-import re
-import zlib
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from embedlib.data import _hashing
+from embedlib.data import criteo_chunks
+from embedlib.data.criteo_format import (  # re-exported: this module is their public home
+    _GZIP_MAGIC,
+    _HOLDOUT_BUCKETS,
+    CRITEO_NUM_DENSE,
+    CRITEO_NUM_SPARSE,
+    MISSING_RAW,
+    CriteoFormatError,
+    parse_line,
+    to_dense,
+    to_ids,
+)
 from embedlib.data.spec import DataSpec, SparseFeature
 
-CRITEO_NUM_DENSE = 13
-CRITEO_NUM_SPARSE = 26
-_NUM_FIELDS = 1 + CRITEO_NUM_DENSE + CRITEO_NUM_SPARSE
 #: How many malformed lines ``BadLines`` keeps for the report (and the reader logs).
 MAX_REPORTED = 10
-_GZIP_MAGIC = b"\x1f\x8b"
-_INTEGER = re.compile(r"-?[0-9]+")
-#: Resolution of the hold-out fraction: a line is held out when its hash mod this is below it.
-_HOLDOUT_BUCKETS = 1 << 20
-_HOLDOUT_SALT = _hashing.derive_key("criteo", "holdout")
-#: The raw id of a missing categorical value with ``raw_ids=True``.
-MISSING_RAW = 1 << 60
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +91,6 @@ def criteo_spec(num_embeddings: int | Sequence[int] = 100_000) -> DataSpec:
       CRITEO_NUM_DENSE,
       tuple(SparseFeature(f"C{i + 1}", int(n)) for i, n in enumerate(sizes)),
   )
-
-
-class CriteoFormatError(ValueError):
-  """Criteo data that can't be read: a malformed line beyond ``max_bad_lines``, a
-  ``.gz`` file that isn't gzip or is truncated, or too few lines for a batch."""
 
 
 @dataclasses.dataclass
@@ -122,47 +123,6 @@ class BadLines:
     return f"{self.count} malformed line(s); first: {shown}" if self.count else "no malformed lines"
 
 
-def parse_line(text: str) -> tuple[int, list[int], list[int]]:
-  """One Criteo line to ``(label, 13 ints, 26 categorical values or -1)``.
-
-  >>> parse_line("1\\t5\\t\\t-3" + "\\t" * 10 + "\\t68fd1e64" + "\\t" * 25)[0:2]
-  (1, [5, 0, -3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
-
-  Raises:
-    ValueError: with the reason, when the line is malformed.
-  """
-  fields = text.rstrip("\r\n").split("\t")
-  if len(fields) != _NUM_FIELDS:
-    raise ValueError(f"expected {_NUM_FIELDS} tab-separated fields, got {len(fields)}")
-  if fields[0] not in ("0", "1"):
-    raise ValueError(f"label must be 0 or 1, got {fields[0]!r}")
-  ints = []
-  for i, field in enumerate(fields[1 : 1 + CRITEO_NUM_DENSE]):
-    # Criteo writes an optional "-" and ASCII digits; int() would also take
-    # "1_000", " 7 ", "+3" and non-ASCII digits, none of which a real file holds.
-    if field and not _INTEGER.fullmatch(field):
-      raise ValueError(f"integer feature I{i + 1} is not an integer (an optional '-' and "
-                       f"ASCII digits): {field!r}")
-    value = int(field) if field else 0
-    if not -(1 << 63) <= value < (1 << 63):
-      raise ValueError(f"integer feature I{i + 1} does not fit in 64 bits: {field!r}")
-    ints.append(value)
-  cats = []
-  for i, field in enumerate(fields[1 + CRITEO_NUM_DENSE :]):
-    if not field:
-      cats.append(-1)
-      continue
-    # isalnum() rejects the signs, spaces and underscores int(..., 16) accepts;
-    # 15 digits keep values in int64 with -1 free for "missing".
-    if len(field) > 15 or not field.isalnum():
-      raise ValueError(f"categorical feature C{i + 1} is not a hex string of 1-15 digits: {field!r}")
-    try:
-      cats.append(int(field, 16))
-    except ValueError:
-      raise ValueError(f"categorical feature C{i + 1} is not hex: {field!r}") from None
-  return int(fields[0]), ints, cats
-
-
 class CriteoReader(Iterator[dict]):
   """Batches of one process's share of Criteo TSV files, resumable.
 
@@ -191,13 +151,16 @@ class CriteoReader(Iterator[dict]):
     raw_ids: yield the categorical values themselves (int64; missing is
       ``MISSING_RAW``) rather than rows hashed mod each table's size; the
       spec's sizes are then unused.
+    workers: parse in this many grain worker processes (plain TSV files
+      only); 0 parses in this process. The batches and states are the same
+      for every count. ``close()`` stops the workers.
 
   Raises:
     FileNotFoundError: at construction, naming a path that does not exist.
     IsADirectoryError: at construction, naming a path that is a directory.
     CriteoFormatError: at construction, for a ``.gz`` path that isn't gzip
-      data (or a gzip file without ``.gz``); while reading, as described in
-      the module docstring.
+      data (or a gzip file without ``.gz``), or any ``.gz`` path with
+      ``workers > 0``; while reading, as described in the module docstring.
   """
 
   def __init__(
@@ -213,6 +176,7 @@ class CriteoReader(Iterator[dict]):
       holdout: float = 0.0,
       split: str = "train",
       raw_ids: bool = False,
+      workers: int = 0,
   ):
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not paths:
@@ -268,7 +232,14 @@ class CriteoReader(Iterator[dict]):
     self.bad_lines = BadLines()
     self.dropped_examples = 0
     self._state = {"position": 0, "epoch": 0, "line": 0}
-    self._lines = None
+    self.workers = int(workers)
+    self._settings = criteo_chunks.Settings(
+        self._salts, self._buckets, self.raw_ids, self._holdout_below, split, process_index,
+        process_count)
+    # With workers, every chunk's byte range, found once (plain files only).
+    self._refs = criteo_chunks.scan(self.paths, self._settings) if self.workers else None
+    self._chunks = None  # the chunk stream, opened at the first batch after a set_state
+    self._chunk, self._row, self._bad_row = None, 0, 0  # the chunk being cut, and where
 
   # -- state -------------------------------------------------------------------
 
@@ -278,7 +249,10 @@ class CriteoReader(Iterator[dict]):
     return self._state["position"]
 
   def get_state(self) -> dict:
-    """``{"position", "epoch", "line"}``: where the next batch starts."""
+    """``{"position", "epoch", "line"}``: where the next batch starts.
+
+    The same with any number of workers, so a run may resume with another.
+    """
     return dict(self._state)
 
   def set_state(self, state: dict) -> None:
@@ -287,7 +261,7 @@ class CriteoReader(Iterator[dict]):
     A position-only state is the same on every process, so one number can
     resume all of them (at the cost of re-parsing their lines).
     """
-    self._lines = None
+    self.close()
     if "line" in state:
       self._state = {k: int(state[k]) for k in ("position", "epoch", "line")}
       return
@@ -295,28 +269,50 @@ class CriteoReader(Iterator[dict]):
     for _ in range(int(state["position"])):
       next(self)
 
+  def close(self) -> None:
+    """Stops the worker processes, if any; the next batch starts them again."""
+    if self._chunks is not None and hasattr(self._chunks, "close"):
+      self._chunks.close()
+    self._chunks, self._chunk = None, None
+
+  def __del__(self):
+    try:
+      self.close()
+    except Exception:  # pylint: disable=broad-except  # interpreter shutdown
+      pass
+
   # -- iteration -----------------------------------------------------------------
 
   def __iter__(self):
     return self
 
+  def _open(self):
+    epoch, line = self._state["epoch"], self._state["line"]
+    kw = dict(epoch=epoch, skip_before=line, num_epochs=self.num_epochs)
+    if self.workers:
+      return criteo_chunks.grain_stream(self._refs, self._settings, workers=self.workers, **kw)
+    return criteo_chunks.stream(self.paths, self._settings, **kw)
+
   def __next__(self) -> dict:
     if self.num_epochs is not None and self._state["epoch"] >= self.num_epochs:
       raise StopIteration
-    if self._lines is None:
-      self._lines = self._read(self._state["epoch"], self._state["line"])
-    rows = []
+    if self._chunks is None:
+      self._chunks = self._open()
+      self._chunk = next(self._chunks, None)
+      self._row = self._bad_row = 0
+    parts, have = [], 0
     # Set once this call starts an epoch from its first line: reaching that
     # epoch's end without returning means it holds less than one batch.
     whole_epoch = False
-    while len(rows) < self.local_batch_size:
-      item = next(self._lines, None)
-      if item is None:  # end of an epoch: drop the partial batch
-        self.dropped_examples += len(rows)
-        rows = []
+    while have < self.local_batch_size:
+      chunk = self._chunk
+      if chunk is None or chunk["epoch"] != self._state["epoch"]:  # end of an epoch
+        self.dropped_examples += have
+        parts, have = [], 0
         epoch = self._state["epoch"] + 1
         self._state.update(epoch=epoch, line=0)
         if self.num_epochs is not None and epoch >= self.num_epochs:
+          self.close()
           raise StopIteration
         if whole_epoch:
           raise CriteoFormatError(
@@ -325,47 +321,58 @@ class CriteoReader(Iterator[dict]):
               "use a smaller batch_size or more data."
           )
         whole_epoch = True
-        self._lines = self._read(epoch, 0)
         continue
-      line_index, parsed = item
-      rows.append(parsed)
-      self._state["line"] = line_index + 1
+      take = min(self.local_batch_size - have, len(chunk["line"]) - self._row)
+      if take:
+        parts.append((chunk, self._row, self._row + take))
+        self._row += take
+        have += take
+        last = int(chunk["line"][self._row - 1])
+        self._report_bad(chunk, before=last)
+        self._state["line"] = last + 1
+      if self._row == len(chunk["line"]) and have < self.local_batch_size:
+        self._report_bad(chunk, before=None)
+        self._chunk = next(self._chunks, None)
+        self._row = self._bad_row = 0
     self._state["position"] += 1
-    return self.assemble(rows)
+    return self._cut(parts)
 
-  def _in_split(self, index: int) -> bool:
-    if not self._holdout_below:
-      return True
-    held_out = _hashing.mix_int(index ^ _HOLDOUT_SALT) % _HOLDOUT_BUCKETS < self._holdout_below
-    return held_out == (self.split == "holdout")
+  def chunks(self):
+    """Every row of one pass, in chunks of columns (``criteo_chunks.parse_chunk``'s).
 
-  def _read(self, epoch: int, start_line: int):
-    """Yields ``(global line index, parsed)`` of this process's lines from ``start_line``."""
-    del epoch  # every epoch reads the same lines in the same order
-    index, kept = 0, 0  # lines seen, and lines of this split seen, across the files
-    for path in self.paths:
-      opener = gzip.open if path.endswith(".gz") else open
-      number = 0
-      try:
-        with opener(path, "rb") as f:
-          for number, raw in enumerate(f, start=1):
-            index += 1
-            if not self._in_split(index - 1):
-              continue
-            kept += 1
-            if index - 1 < start_line or (kept - 1) % self.process_count != self.process_index:
-              continue
-            try:
-              parsed = parse_line(raw.decode("ascii"))
-            except (ValueError, UnicodeDecodeError) as e:
-              reason = "not ASCII text" if isinstance(e, UnicodeDecodeError) else str(e)
-              self._bad(path, number, reason)
-              continue
-            yield index - 1, parsed
-      except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise CriteoFormatError(
-            f"{path}:{number + 1}: the gzip data breaks off here ({e}); the file is truncated "
-            "or corrupt: download or compress it again.") from None
+    Malformed lines are counted and reported as by batches; the reader's
+    position is left alone. The binary converter writes from these.
+    """
+    self.close()
+    stream = criteo_chunks.grain_stream(
+        self._refs, self._settings, epoch=0, skip_before=0, num_epochs=1,
+        workers=self.workers) if self.workers else criteo_chunks.stream(
+            self.paths, self._settings, epoch=0, skip_before=0, num_epochs=1)
+    try:
+      for chunk in stream:
+        self._bad_row = 0
+        self._report_bad(chunk, before=None)
+        yield chunk
+    finally:
+      if hasattr(stream, "close"):
+        stream.close()
+
+  def _report_bad(self, chunk: dict, before: int | None) -> None:
+    """Counts the chunk's malformed lines up to global line ``before`` (all: None), in order."""
+    bad = chunk["bad"]
+    while self._bad_row < len(bad) and (before is None or bad[self._bad_row][0] < before):
+      _, path, number, reason = bad[self._bad_row]
+      self._bad_row += 1
+      self._bad(path, number, reason)
+
+  def _cut(self, parts: list) -> dict:
+    def join(key):
+      pieces = [chunk[key][lo:hi] for chunk, lo, hi in parts]
+      return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    ids = join("ids")
+    sparse = {f.name: np.ascontiguousarray(ids[:, i]) for i, f in enumerate(self.spec.features)}
+    return {"dense": join("dense"), "sparse": sparse, "label": join("label")}
 
   def _bad(self, path: str, number: int, reason: str) -> None:
     if not self.bad_lines.add(path, number, reason):
@@ -384,17 +391,11 @@ class CriteoReader(Iterator[dict]):
 
   def assemble(self, rows: list) -> dict:
     """A batch of ``parse_line`` results, hashed as this reader hashes (``train.predict``)."""
-    labels = np.array([r[0] for r in rows], np.float32)
-    ints = np.array([r[1] for r in rows], np.float64)
-    dense = np.log1p(np.maximum(ints, 0.0)).astype(np.float32)
-    cats = np.array([r[2] for r in rows], np.int64)
-    missing = cats < 0
-    if self.raw_ids:
-      raw = np.where(missing, MISSING_RAW, cats)
-      sparse = {f.name: raw[:, i].copy() for i, f in enumerate(self.spec.features)}
-      return {"dense": dense, "sparse": sparse, "label": labels}
-    values = np.maximum(cats, 0).astype(np.uint64)
-    ids = _hashing.mix(values ^ self._salts) % self._buckets + np.uint64(1)
-    ids = np.where(missing, 0, ids).astype(np.int32)
-    sparse = {f.name: ids[:, i].copy() for i, f in enumerate(self.spec.features)}
-    return {"dense": dense, "sparse": sparse, "label": labels}
+    n = len(rows)
+    cats = np.array([r[2] for r in rows], np.int64).reshape(n, CRITEO_NUM_SPARSE)
+    ids = to_ids(cats, self._salts, self._buckets, self.raw_ids)
+    return {
+        "dense": to_dense(np.array([r[1] for r in rows], np.float64).reshape(n, CRITEO_NUM_DENSE)),
+        "sparse": {f.name: ids[:, i].copy() for i, f in enumerate(self.spec.features)},
+        "label": np.array([r[0] for r in rows], np.float32),
+    }

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from embedlib.data import CriteoReader, criteo_spec
+from embedlib.data import criteo_chunks
 from embedlib.data.criteo import CriteoFormatError
 
 SPEC = criteo_spec([100] * 13 + [2] + [1000] * 12)
@@ -242,3 +243,59 @@ def test_raw_ids_are_the_values_themselves(tmp_path):
   got = [int(batch["sparse"][f.name][0]) for f in SPEC.features[:4]]
   assert got == [16**15 - 1, MISSING_RAW, 0x68FD1E64, 0]
   assert batch["sparse"]["C1"].dtype == np.int64
+
+
+def test_workers_give_the_in_process_batches_and_resume_across_counts(tmp_path, monkeypatch):
+  # Chunks of 5 lines: a tiny file still spreads over many chunks and both workers.
+  monkeypatch.setattr(criteo_chunks, "CHUNK_LINES", 5)
+  lines = numbered_lines(47)
+  lines[12], lines[31] = "bad\n", make_line("2")
+  paths = [write(tmp_path, lines[:22], "a.tsv"), write(tmp_path, lines[22:], "b.tsv")]
+  kw = dict(spec=SPEC, batch_size=4, num_epochs=2, max_bad_lines=None, holdout=0.2)
+  here = CriteoReader(paths, **kw)
+  expected, states = [], []
+  for batch in here:
+    expected.append(line_ids(batch).tolist())
+    states.append(here.get_state())
+  # 36 lines of the train split, 34 valid: 8 batches an epoch; the bad ones never show.
+  assert len(expected) == 16 and here.bad_lines.count == 2 and here.dropped_examples == 4
+  assert not {12, 31} & set(sum(expected, [])) and expected[3] == [14, 16, 17, 18]
+
+  # Started from the in-process state after 3 batches, 2 workers read batches 4..10 ...
+  workers = CriteoReader(paths, workers=2, **kw)
+  workers.set_state(states[2])
+  got = [line_ids(next(workers)).tolist() for _ in range(7)]
+  assert got == expected[3:10] and workers.get_state() == states[9]
+  workers.close()
+  # ... and the in-process reader resumes from theirs, to the end.
+  resumed = CriteoReader(paths, **kw)
+  resumed.set_state(workers.get_state())
+  assert [line_ids(b).tolist() for b in resumed] == expected[10:]
+
+
+def test_workers_refuse_gzip_naming_the_file_and_the_fix(tmp_path):
+  path = write(tmp_path, numbered_lines(4), "day.tsv.gz")
+  with pytest.raises(CriteoFormatError, match=r"day.tsv.gz is gzip data, which worker processes "
+                     r"can't read from the middle; .*gunzip it.*criteo_binary"):
+    CriteoReader(path, SPEC, batch_size=2, workers=2)
+
+
+@pytest.mark.parametrize("ints, cats", [
+    ([5, -3, "", "-0", "007", "123456789012345678"], ["68FD1E64", "", "fffffffffffffff"]),
+    (["9223372036854775807", "-9223372036854775808"], ["0x1", "00000000000000a"]),  # parse_line's
+    (["+3"], ["a"]), ([" 7"], ["a"]), (["-"], ["a"]), (["1_0"], ["a"]), ([1], ["1000000000000000"]),
+    ([1], ["g1"]), ([1], ["-1"]), ([1], [" a"]),
+])
+@pytest.mark.parametrize("label, end", [("1", "\n"), ("0", "\r\n"), ("2", ""), ("01", "\n")])
+def test_the_fast_path_reads_what_parse_line_reads(ints, cats, label, end):
+  from embedlib.data.criteo_format import parse_line, parse_usual  # pylint: disable=g-import-not-at-top
+  ints = [str(v) for v in ints] + [""] * (13 - len(ints))
+  line = "\t".join([label, *ints, *cats, *[""] * (26 - len(cats))]) + end
+  try:
+    expected = parse_line(line)
+  except ValueError:
+    expected = None
+  got = parse_usual(line.encode())
+  assert got == expected or (got is None and expected is not None)  # None: parse_line decides
+  if expected is not None and all(len(v) <= 18 for v in ints) and "0x1" not in cats:
+    assert got == expected  # the usual lines take the fast path

@@ -15,6 +15,7 @@ import jax
 from jax.experimental import multihost_utils
 
 from embedlib import data as data_lib
+from embedlib.data import criteo_binary
 from embedlib import dynamic
 from embedlib import metrics
 from embedlib.models import factory
@@ -22,6 +23,7 @@ from embedlib.training import steps
 from embedlib.training.tasks import base
 
 SOURCES = ("synthetic", "criteo")
+FORMATS = ("tsv", "binary")
 
 
 def _first_batch_or_fail(source, key: str, what: str, batch_size: int) -> None:
@@ -62,6 +64,8 @@ class CTRTask(base.Task):
   eval_holdout: float = _host(0.0)
   max_bad_lines: int = _host(0)
   raw_ids: bool = _host(False)
+  data_format: str = _host("tsv")
+  workers: int = _host(0)
 
   @classmethod
   def from_config(cls, config) -> CTRTask:
@@ -73,6 +77,17 @@ class CTRTask(base.Task):
                 f"got {data.max_bad_lines}.")
     if not 0.0 <= data.eval_holdout < 1.0:
       base.fail("data.eval_holdout", f"must be a fraction in [0, 1); got {data.eval_holdout}.")
+    data_format, workers = data.get("format", "tsv"), int(data.get("workers", 0))
+    if data_format not in FORMATS:
+      base.fail("data.format", f"{data_format!r}; the criteo source reads one of {FORMATS} "
+                "('binary': a directory written by python -m embedlib.data.criteo_binary).")
+    if data.source != "criteo" and (workers or data_format != "tsv"):
+      base.fail("data.workers" if workers else "data.format", f"the {data.source} source "
+                "makes its batches in this process; data.format and data.workers are the "
+                "criteo source's: leave them at 'tsv' and 0.")
+    if workers < 0 or (workers and data_format != "tsv"):
+      base.fail("data.workers", f"{workers}: parsing TSV takes 0 (in this process) or more "
+                "worker processes; the binary format needs none (leave it at 0).")
     if data.source != "criteo" and data.eval_holdout:
       base.fail("data.eval_holdout", f"the {data.source} source has its own eval stream; "
                 "leave eval_holdout at 0.")
@@ -81,7 +96,8 @@ class CTRTask(base.Task):
                zipf_exponent=data.zipf_exponent, signal_scale=data.signal_scale,
                train_path=data.train_path, eval_path=data.eval_path,
                eval_holdout=data.eval_holdout, max_bad_lines=data.max_bad_lines,
-               raw_ids=bool(data.get("raw_ids", False)))
+               raw_ids=bool(data.get("raw_ids", False)), data_format=data_format,
+               workers=workers)
     if made.raw_ids:
       made._check_raw_ids(config)
     return made
@@ -107,9 +123,21 @@ class CTRTask(base.Task):
     for key, path in (("train_path", self.train_path), ("eval_path", self.eval_path)):
       if key == "train_path" and not path:
         base.fail(f"data.{key}", "the criteo source needs a path to a Criteo TSV file.")
+      if path and self.data_format == "binary":
+        try:
+          criteo_binary.read_meta(path)
+        except (OSError, ValueError) as e:
+          base.fail(f"data.{key}", f"{e} (config.data.format='binary')")
+        continue
+      if path and self.workers and path.endswith(".gz"):
+        base.fail("data.workers", f"{self.workers} worker processes read plain TSV by byte "
+                  f"ranges, and {path} is gzip: gunzip it, convert it once (python -m "
+                  "embedlib.data.criteo_binary, then config.data.format='binary'), or set "
+                  "config.data.workers=0.")
       if path and os.path.isdir(path):
         base.fail(f"data.{key}", f"{path!r} is a directory; pass the path of a .tsv or "
-                  ".tsv.gz file in it.")
+                  ".tsv.gz file in it, or set config.data.format='binary' if it was written by "
+                  "python -m embedlib.data.criteo_binary.")
       if path and not os.path.isfile(path):
         base.fail(f"data.{key}", f"{path!r} does not exist; pass an existing .tsv or "
                   ".tsv.gz file in the Criteo layout.")
@@ -137,19 +165,29 @@ class CTRTask(base.Task):
   def sources(self, spec, *, batch_size: int, seed: int, eval_batches: int):
     share = dict(process_index=jax.process_index(), process_count=jax.process_count())
     if self.source == "criteo":
-      kw = dict(batch_size=batch_size, **share, raw_ids=self.raw_ids,
-                max_bad_lines=None if self.max_bad_lines == -1 else self.max_bad_lines)
-      train = data_lib.CriteoReader(self.train_path, spec, num_epochs=None,
-                                    holdout=self.eval_holdout, split="train", **kw)
-      if self.eval_holdout:
-        evaluation = data_lib.CriteoReader(self.train_path, spec, num_epochs=1,
-                                           holdout=self.eval_holdout, split="holdout", **kw)
-        eval_key, eval_what = "data.eval_holdout", f"the hold-out of {self.train_path}"
-      else:
-        evaluation = data_lib.CriteoReader(self.eval_path, spec, num_epochs=1, **kw)
-        eval_key, eval_what = "data.eval_path", self.eval_path
+      kw = dict(batch_size=batch_size, **share, raw_ids=self.raw_ids)
+      if self.data_format == "binary":
+        reader = criteo_binary.CriteoBinaryReader
+      else:  # only the training stream is long enough to pay for starting workers
+        reader = data_lib.CriteoReader
+        kw["max_bad_lines"] = None if self.max_bad_lines == -1 else self.max_bad_lines
+      train_kw = dict(num_epochs=None, holdout=self.eval_holdout, split="train", **kw)
+      try:
+        train = reader(self.train_path, spec, **train_kw)
+        if self.eval_holdout:
+          evaluation = reader(self.train_path, spec, num_epochs=1, holdout=self.eval_holdout,
+                              split="holdout", **kw)
+          eval_key, eval_what = "data.eval_holdout", f"the hold-out of {self.train_path}"
+        else:
+          evaluation = reader(self.eval_path, spec, num_epochs=1, **kw)
+          eval_key, eval_what = "data.eval_path", self.eval_path
+      except ValueError as e:  # a binary directory written for other tables
+        raise base.ConfigError(f"config.data.train_path / eval_path: {e}") from None
+      # Checked in this process: the workers start once, at the first training batch.
       _first_batch_or_fail(train, "data.train_path", self.train_path, batch_size)
       _first_batch_or_fail(evaluation, eval_key, eval_what, batch_size)
+      if self.workers:
+        train = reader(self.train_path, spec, workers=self.workers, **train_kw)
       return train, evaluation
     kw = dict(batch_size=batch_size, seed=seed, zipf_exponent=self.zipf_exponent,
               signal_scale=self.signal_scale, **share)
