@@ -154,14 +154,18 @@ class CriteoBinaryReader(Iterator[dict]):
     path: a directory written by ``convert`` (``python -m embedlib.data.criteo_binary``).
     spec: table sizes, from ``criteo_spec``: with hashed ids they must be
       the sizes the directory was written with.
-    batch_size, process_index, process_count, num_epochs, holdout, split,
-      raw_ids: as ``CriteoReader``'s. Raw ids need a directory written with
-      ``--raw-ids``; hashed ids from such a directory are hashed while
-      reading (slower than a directory of hashed ids).
+    batch_size: as ``CriteoReader``'s, and so are ``process_index``,
+      ``process_count``, ``num_epochs``, ``holdout``, ``split`` and
+      ``raw_ids``. Raw ids need a directory written with ``--raw-ids``;
+      hashed ids from such a directory are hashed while reading (slower
+      than a directory of hashed ids).
 
   Raises:
-    FileNotFoundError, NotADirectoryError, CriteoFormatError: see
-      ``read_meta``; ValueError: a spec or raw_ids that the directory can't give.
+    FileNotFoundError: no directory or no ``meta.json`` there (``read_meta``).
+    NotADirectoryError: ``path`` is a file (``read_meta``).
+    CriteoFormatError: a ``meta.json`` or records file that can't be read
+      (``read_meta``).
+    ValueError: a spec or ``raw_ids`` that the directory can't give.
   """
 
   def __init__(self, path: str | os.PathLike, spec: DataSpec | None = None, *, batch_size: int,
