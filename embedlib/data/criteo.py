@@ -18,7 +18,12 @@ Each line holds 40 tab-separated fields: the 0/1 label, 13 integer features
 * Process ``p`` of ``n`` reads the ``p (mod n)``-th lines of its split (all
   lines, or the training or held-out share of them); with no malformed
   lines, process batches ``k`` of all processes together hold exactly the
-  lines of the 1-process batch ``k``.
+  lines of the 1-process batch ``k``. The last batch of a finite pass is
+  where they can differ: process shares of a split need not hold equally
+  many batches (its length, the hold-out hash and malformed lines fall
+  unevenly), so a multi-process reader of a finite pass steps in lockstep
+  with the others (``python -m train`` evaluates while every process has
+  a batch; it trains from an endless reader).
 * ``holdout`` sets aside a fraction of the lines for evaluation, chosen by a
   hash of the line's index: ``split="train"`` skips them and
   ``split="holdout"`` reads only them, so the two never share a line.

@@ -39,17 +39,34 @@ def evaluate(model, source, start_state, mesh, max_batches, task) -> dict:
       so every eval sees the same examples.
     start_state: ``source.get_state()`` where the eval starts.
     mesh: the mesh each global batch is laid out on.
-    max_batches: batches read (fewer when the source ends first).
+    max_batches: batches read (fewer when any process's source ends first).
     task: the run's ``Task``.
 
   Returns:
     ``{metric name: float}``, the same on every process.
   """
   source.set_state(start_state)
-  batches = (data_lib.to_global_batch(task.featurize(b), mesh)
-             for b in itertools.islice(source, max_batches))
+  local = _while_every_process_has_one(itertools.islice(source, max_batches))
+  batches = (data_lib.to_global_batch(task.featurize(b), mesh) for b in local)
   with dynamic.frozen_maps(model):  # eval ids are looked up, never admitted
     return task.evaluate(model, batches, mesh, source)
+
+
+def _while_every_process_has_one(batches):
+  """``batches`` while every process still has one: the eval steps are collectives.
+
+  A finite file split by lines can leave processes with different batch
+  counts (its length, the hold-out hash and malformed lines all fall unevenly);
+  a process that stepped alone would wait on the others forever.
+  """
+  if jax.process_count() == 1:
+    yield from batches
+    return
+  for batch in itertools.chain(batches, [None]):
+    have = multihost_utils.process_allgather(np.int32(batch is not None))
+    if not np.all(have):
+      return
+    yield batch
 
 
 def _progress(total, start):
