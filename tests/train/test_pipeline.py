@@ -27,11 +27,12 @@ import pytest
 from flax import nnx
 
 import embedlib
-from embedlib import checkpoint, optim
+from embedlib import optim
 from embedlib import data as data_lib
 from embedlib.plan import hlo
 from embedlib.training import pipeline, setup, steps
 from embedlib.training.tasks import CTRTask
+from tests.train.pipeline_runs import leaves, placed, resumed_halfway
 
 B = 32
 STEPS = 6
@@ -105,16 +106,7 @@ CTR = CTRTask()
 
 
 def _make(collection=True):
-  model = Model(nnx.Rngs(0), collection)
-  optimizer = optim.SparseAwareOptimizer(model, TX, RULE)
-  # As the train loop places them: one compile per step function, a restore alike.
-  setup._on_mesh(model, MESH)  # pylint: disable=protected-access
-  setup._on_mesh(optimizer, MESH)  # pylint: disable=protected-access
-  return model, optimizer
-
-
-def _leaves(model, optimizer):
-  return [np.asarray(x) for x in jax.tree.leaves((nnx.state(model), nnx.state(optimizer)))]
+  return placed(Model(nnx.Rngs(0), collection), TX, RULE, MESH)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +119,7 @@ def in_line():
       model, optimizer = _make()
       losses = [float(steps.train_step(model, optimizer, _batch(i + 1), task=CTR))
                 for i in range(num_steps)]
-      runs[num_steps] = losses, _leaves(model, optimizer)
+      runs[num_steps] = losses, leaves(model, optimizer)
     return runs[num_steps]
 
   return run
@@ -135,26 +127,9 @@ def in_line():
 
 def _pipelined_with_resume(num_steps, tmp_path, early_fetch=0.0):
   """The pipelined run, checkpointed after half its steps and resumed on a fresh model."""
-  half = num_steps // 2
-  model, optimizer = _make()
-  runner = pipeline.Pipeline(model, optimizer, Source(num_steps), CTR, early_fetch=early_fetch)
-  losses = [float(runner.step()) for _ in range(half)]
-  ckpt = checkpoint.Checkpointer(str(tmp_path / "checkpoints"))
-  try:
-    ckpt.save(half, model, optimizer, runner.get_state())
-    ckpt.wait()
-    model, optimizer = _make()
-    step, data_state = ckpt.restore_newest(model, optimizer)
-  finally:
-    ckpt.close()
-  assert step == half and data_state == {"position": half}
-  source = Source(num_steps)
-  source.set_state(data_state)
-  runner = pipeline.Pipeline(model, optimizer, source, CTR, early_fetch=early_fetch)
-  losses += [float(runner.step()) for _ in range(num_steps - half)]
-  with pytest.raises(StopIteration):
-    runner.step()
-  return losses, _leaves(model, optimizer)
+  losses, model, optimizer = resumed_halfway(_make, Source, CTR, num_steps, tmp_path,
+                                             early_fetch=early_fetch)
+  return losses, leaves(model, optimizer)
 
 
 def _check_same(in_line_run, pipelined_run):

@@ -10,7 +10,6 @@ two sightings and a learned default row, shared by two features of a
 collection (one step of its map), its ids routed to the map's owners.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -18,10 +17,11 @@ import pytest
 from flax import nnx
 
 import embedlib
-from embedlib import checkpoint, dynamic, optim
+from embedlib import dynamic, optim
 from embedlib import data as data_lib
-from embedlib.training import pipeline, setup, steps
+from embedlib.training import steps
 from embedlib.training.tasks import CTRTask
+from tests.train.pipeline_runs import leaves, placed, resumed_halfway
 from tests.train.test_pipeline import MESH
 
 B = 16
@@ -83,20 +83,11 @@ CTR = CTRTask()
 
 
 def _make():
-  model = Model(nnx.Rngs(0))
-  optimizer = optim.SparseAwareOptimizer(model, TX, RULE)
-  setup._on_mesh(model, MESH)  # pylint: disable=protected-access
-  setup._on_mesh(optimizer, MESH)  # pylint: disable=protected-access
-  return model, optimizer
+  return placed(Model(nnx.Rngs(0)), TX, RULE, MESH)
 
 
 def _tables(model):
   return [model.coll.dynamic["item"]]
-
-
-def _leaves(model, optimizer):
-  """Every variable: rows, slots, keys, scores, sketch, clocks, statistics."""
-  return [np.asarray(x) for x in jax.tree.leaves((nnx.state(model), nnx.state(optimizer)))]
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +98,7 @@ def in_line():
     losses.append(float(steps.train_step(model, optimizer, _batch(i + 1), task=CTR)))
     for t, table in enumerate(_tables(model)):
       evicted[t] += table.stats()["evicted"]
-  return losses, _leaves(model, optimizer), [t.resident() for t in _tables(model)], evicted
+  return losses, leaves(model, optimizer), [t.resident() for t in _tables(model)], evicted
 
 
 @pytest.mark.parametrize("early_fetch", [
@@ -116,28 +107,16 @@ def test_pipelined_dynamic_tables_equal_in_line_across_a_resume(in_line, tmp_pat
   """Under early fetch, a placed row's reset is one of the changes corrected."""
   want_losses, want, want_maps, evicted = in_line
   assert all(e > 0 for e in evicted), evicted      # evicted rows were reset
-  half = STEPS // 2
-  model, optimizer = _make()
-  runner = pipeline.Pipeline(model, optimizer, Source(STEPS), CTR, early_fetch=early_fetch)
-  losses = [float(runner.step()) for _ in range(half)]
-  ckpt = checkpoint.Checkpointer(str(tmp_path / "checkpoints"))
-  try:
-    ckpt.save(half, model, optimizer, runner.get_state())
-    ckpt.wait()
-    model, optimizer = _make()
-    step, data_state = ckpt.restore_newest(model, optimizer)
-  finally:
-    ckpt.close()
-  assert step == half and data_state == {"position": half}
-  # The checkpoint holds batch `half`'s maps, not the one read ahead.
-  assert all(int(t.clock[...]) == half for t in _tables(model))
-  source = Source(STEPS)
-  source.set_state(data_state)
-  runner = pipeline.Pipeline(model, optimizer, source, CTR, early_fetch=early_fetch)
-  losses += [float(runner.step()) for _ in range(STEPS - half)]
+
+  def holds_batch_halfs_maps(model):  # not the one read ahead
+    assert all(int(t.clock[...]) == STEPS // 2 for t in _tables(model))
+
+  losses, model, optimizer = resumed_halfway(_make, Source, CTR, STEPS, tmp_path,
+                                             early_fetch=early_fetch,
+                                             check_restored=holds_batch_halfs_maps)
   assert losses == want_losses                       # bit for bit, every step
   assert [t.resident() for t in _tables(model)] == want_maps
-  got = _leaves(model, optimizer)
+  got = leaves(model, optimizer)
   assert len(got) == len(want)
   for a, b in zip(got, want):
     np.testing.assert_array_equal(a, b)

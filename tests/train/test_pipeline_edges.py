@@ -27,10 +27,10 @@ from flax import nnx
 
 import embedlib
 from embedlib import data as data_lib
-from embedlib import optim
 from embedlib.strategies import request, rowmap, sharded
-from embedlib.training import pipeline, setup, steps
-from tests.train.test_pipeline import CTR, MESH, RULE, TX, _check_same, _leaves
+from embedlib.training import pipeline, steps
+from tests.train.pipeline_runs import leaves, placed
+from tests.train.test_pipeline import CTR, MESH, RULE, TX, _check_same
 
 B = 16
 ROUTED, VOCAB, ITEM, CAT = 50, 30, 60, 20
@@ -70,11 +70,7 @@ class Model(nnx.Module):
 
 
 def _make():
-  model = Model(nnx.Rngs(0))
-  optimizer = optim.SparseAwareOptimizer(model, TX, RULE)
-  setup._on_mesh(model, MESH)  # pylint: disable=protected-access
-  setup._on_mesh(optimizer, MESH)  # pylint: disable=protected-access
-  return model, optimizer
+  return placed(Model(nnx.Rngs(0)), TX, RULE, MESH)
 
 
 def _kept(dtype):
@@ -133,7 +129,7 @@ class Batches:
 def _in_line(batches):
   model, optimizer = _make()
   losses = [float(steps.train_step(model, optimizer, b, task=CTR)) for b in batches]
-  return losses, _leaves(model, optimizer)
+  return losses, leaves(model, optimizer)
 
 
 def _pipelined(batches, early_fetch):
@@ -142,7 +138,7 @@ def _pipelined(batches, early_fetch):
   losses = [float(runner.step()) for _ in batches]
   with pytest.raises(StopIteration):
     runner.step()
-  return losses, _leaves(model, optimizer)
+  return losses, leaves(model, optimizer)
 
 
 def _check(batches, early_fetch=(0.0,)):
