@@ -32,6 +32,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from embedlib import sharding as sharding_lib
+from embedlib.dynamic import draws
 from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
@@ -109,8 +110,13 @@ def _place_rows(init, key_data, table, put, offset):
 
 
 def init_rows(init, key_data, rows, features, dtype):
-  """Each row's initial value: ``init`` drawn with the key folded with its row number."""
-  key = jax.random.wrap_key_data(key_data)
+  """Each row's initial value: ``init`` drawn with the key folded with its row number.
+
+  The key is threefry's (``jax.random.wrap_key_data(key_data)`` with jax's
+  partitionable threefry); it is drawn through ``draws.UNROLLED``, the same
+  bits with the hash unrolled, which XLA:CPU fuses with the values' math.
+  """
+  key = jax.random.wrap_key_data(key_data, impl=draws.UNROLLED)
   draw = lambda r: init(jax.random.fold_in(key, r), (1, features), dtype)[0]
   return jax.vmap(draw)(rows)
 
