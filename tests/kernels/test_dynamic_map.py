@@ -59,6 +59,10 @@ def compiled(request):
   policy = policy_lib.Policy(16, bucket_size=4, **POLICIES[request.param])
   run = {k: jax.jit(functools.partial(_step, policy=policy, kernel=k), static_argnames="owner")
          for k in ("auto", "xla")}
+  # The default takes the kernel on CPU (not a silent fall back to the XLA ops).
+  args = (_empty(policy), jnp.zeros((8, 2), jnp.uint32), jnp.int32(0))
+  assert "embedlib_dynamic_map_step" in run["auto"].lower(*args, owner=False).as_text()
+  assert "embedlib_dynamic_map_step" not in run["xla"].lower(*args, owner=False).as_text()
   return policy, run
 
 

@@ -90,12 +90,27 @@ void StepBucket(const Policy& p, int64_t bucket, const std::vector<Distinct*>& i
   const int64_t base = bucket * p.b;
   std::vector<char> touched(p.b, 0);
   std::vector<Distinct*> cand;
-  // Residents are touched: LRU (and no eviction) set the clock, LFU adds.
-  for (Distinct* d : ids) {
-    const uint32_t h = static_cast<uint32_t>(d->key >> 32), l = static_cast<uint32_t>(d->key);
-    int64_t s = 0;
-    while (s < p.b && !(score[base + s] >= 0 && khi[base + s] == h && klo[base + s] == l)) ++s;
-    if (s == p.b) {
+  // One pass over the bucket finds every id's slot (the first match, as the
+  // XLA scan's argmax) and counts the residents; then the residents are
+  // touched: LRU (and no eviction) set the clock, LFU adds.
+  std::vector<int64_t> found(ids.size(), -1);
+  int64_t residents = 0;
+  for (int64_t s = 0; s < p.b; ++s) {
+    if (score[base + s] < 0) continue;
+    ++residents;
+    const uint32_t l = klo[base + s];
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const uint64_t key = ids[k]->key;
+      if (static_cast<uint32_t>(key) == l && found[k] < 0 &&
+          static_cast<uint32_t>(key >> 32) == khi[base + s]) {
+        found[k] = s;
+      }
+    }
+  }
+  for (size_t k = 0; k < ids.size(); ++k) {
+    Distinct* d = ids[k];
+    const int64_t s = found[k];
+    if (s < 0) {
       cand.push_back(d);
       continue;
     }
@@ -129,8 +144,6 @@ void StepBucket(const Policy& p, int64_t bucket, const std::vector<Distinct*>& i
     cand.swap(admitted);
   }
   // No slot is ever freed: the free slots are the suffix after the residents.
-  int64_t residents = 0;
-  for (int64_t s = 0; s < p.b; ++s) residents += score[base + s] >= 0;
   const int64_t free = p.b - residents;
   // Victims in (score, slot) order among the untouched residents, taken from
   // the state before any placement (the step's placements count as touched).
