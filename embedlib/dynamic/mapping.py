@@ -36,6 +36,9 @@ from embedlib.dynamic import draws
 from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
+from embedlib.kernels import cpu_library
+from embedlib.kernels import dynamic_map_cpu
+from embedlib.kernels import platforms
 from embedlib.strategies import unique as unique_lib
 
 
@@ -106,7 +109,11 @@ def _place_rows(init, key_data, table, put, offset):
 
   index = jnp.minimum(jnp.sum(jnp.asarray(sizes) < count), len(sizes) - 1)
   values = lax.switch(index, [draw(k) for k in sizes])
-  return table.at[rows].set(values, mode="drop")
+  xla = lambda t, r, v: t.at[r].set(v, mode="drop")
+  if not cpu_library.available():
+    return xla(table, rows, values)
+  return platforms.by_platform(table, rows, values, cpu=dynamic_map_cpu.set_rows_cpu, gpu=xla,
+                               default=xla)
 
 
 def init_rows(init, key_data, rows, features, dtype):

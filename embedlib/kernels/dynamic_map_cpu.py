@@ -5,7 +5,9 @@ each id's bucket: on a GPU that is cheap, but XLA:CPU's sort calls a
 comparator per comparison, and the sort and the scan cost more than the
 table's whole sparse update. The kernel finds the distinct ids with a hash
 table, groups them by bucket with a counting sort and runs the policy one
-bucket at a time, with the same results bit for bit.
+bucket at a time, with the same results bit for bit. ``set_rows_cpu``
+writes the placed rows' initial values (XLA:CPU's scatter of whole rows goes
+element by element).
 """
 
 from __future__ import annotations
@@ -63,3 +65,20 @@ def map_step_cpu(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, cl
       admit_after=np.int64(admit_after), decay_every=np.int64(decay_every),
       depth=np.int64(depth), width=np.int64(width))
   return khi, klo, sc, (sk.reshape(sketch.shape) if has_sketch else None), rows, placed, stats
+
+
+def set_rows_cpu(table, rows, values):
+  """``table.at[rows].set(values, mode="drop")`` for distinct ``rows``, through the C++ kernel.
+
+  Args:
+    table: ``[n, features]``, any dtype; updated in place when donated.
+    rows: int32 ``[k]``, distinct where in ``[0, n)``; others are skipped.
+    values: ``[k, features]`` of the table's dtype.
+
+  Raises:
+    RuntimeError: without the CPU kernels' library (``cpu_library.call``).
+  """
+  (out,) = cpu_library.call(
+      "embedlib_set_rows", [jax.ShapeDtypeStruct(table.shape, table.dtype)], table,
+      rows.astype(jnp.int32), values.astype(table.dtype), aliases={0: 0}, vary_like=[table])
+  return out

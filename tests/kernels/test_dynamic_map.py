@@ -20,6 +20,7 @@ import pytest
 from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
+from embedlib.kernels import dynamic_map_cpu
 from tests.dynamic import helpers
 
 from ..cpu_kernels import require_cpu_kernels
@@ -83,3 +84,17 @@ def test_kernel_equals_xla(compiled, start, owner):
     states = {k: outs[k][0] for k in run}
   # Something happened: rows were placed and the map is not empty.
   assert int(np.sum(np.asarray(states["auto"].score) >= 0)) > 0
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_set_rows_equals_the_scatter(dtype):
+  require_cpu_kernels()
+  table = jnp.arange(40, dtype=jnp.float32).reshape(10, 4).astype(dtype)
+  rows = jnp.array([3, 10, 0, -1, 9, 12], jnp.int32)          # 10, -1, 12: skipped
+  values = -jnp.arange(24, dtype=jnp.float32).reshape(6, 4).astype(dtype) - 1
+  got = jax.jit(dynamic_map_cpu.set_rows_cpu)(table, rows, values)
+  want = table.at[rows].set(values, mode="drop")
+  np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)),
+                                np.asarray(want.astype(jnp.float32)))
+  assert not np.array_equal(np.asarray(got.astype(jnp.float32)),
+                            np.asarray(table.astype(jnp.float32)))

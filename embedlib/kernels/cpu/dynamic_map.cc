@@ -19,10 +19,14 @@
 // not resident or not own), placed pred[m] (true at the first occurrence in
 // input order of each id placed this step), stats s32[4] (resident rows,
 // admitted, evicted, own ids whose row is -1).
+//
+// Also the placing of the rows' initial values (SetRows): XLA:CPU's scatter
+// of whole rows goes element by element.
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "common.h"
@@ -281,7 +285,45 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
   return ffi::Error::Success();
 }
 
+// table[rows[i]] = values[i] for each rows[i] in [0, n) (distinct: the rows
+// placed in a step), the table updated in place when XLA aliases it.
+ffi::Error SetRowsImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> rows, ffi::AnyBuffer values,
+                       ffi::Result<ffi::AnyBuffer> out) {
+  const auto dims = table.dimensions();
+  const int64_t k = rows.element_count();
+  if (dims.size() != 2 || values.element_type() != table.element_type() ||
+      out->element_type() != table.element_type() ||
+      values.element_count() != k * static_cast<size_t>(dims[1])) {
+    return ffi::Error::InvalidArgument(
+        "embedlib set rows: expected table [n, features], rows [k] and values "
+        "[k, features] of the table's dtype");
+  }
+  embedlib_cpu::CopyUnlessAliased(table, out);
+  const int64_t n = dims[0];
+  const int64_t row_bytes = dims[1] * static_cast<int64_t>(ffi::ByteWidth(table.element_type()));
+  char* t = static_cast<char*>(out->untyped_data());
+  const char* v = static_cast<const char*>(values.untyped_data());
+  const int32_t* r = rows.typed_data();
+  embedlib_cpu::ParallelRanges(k, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + embedlib_cpu::kAhead < end) {
+        const int32_t ahead = r[i + embedlib_cpu::kAhead];
+        if (ahead >= 0 && ahead < n) embedlib_cpu::PrefetchBytes(t + ahead * row_bytes, row_bytes);
+      }
+      if (r[i] >= 0 && r[i] < n) std::memcpy(t + r[i] * row_bytes, v + i * row_bytes, row_bytes);
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibSetRows, SetRowsImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapStep, MapStepImpl,
                               ffi::Ffi::Bind()
