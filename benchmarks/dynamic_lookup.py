@@ -103,8 +103,10 @@ def lookup(emb, ids):
 
 def parts(dyn, batch_words, repeats: int) -> None:
   """``--parts``: the dynamic step's pieces, each jitted apart on the warmed
-  table's state and the next batch (only the placing donates its table), and
-  lax.sort of the same ids in cheaper forms, for scale."""
+  table's state and the next batch (only the placing donates its table): the
+  map step (the CPU kernel, and the XLA ops with the sort and the bucket
+  scan inside them), lax.sort of the same ids in cheaper forms, for scale,
+  and the draws."""
   policy = dyn.policy
   state = dyn._state()
   flat = batch_words.value.reshape(-1, 2)
@@ -125,8 +127,12 @@ def parts(dyn, batch_words, repeats: int) -> None:
   sort3 = "  sort by (bucket, hi, lo) (step._sort)"
   place = f"draw {drawn:,} rows and place them (mapping._place_rows)"
   pieces = {
-      "map step (step.train_step)": (functools.partial(step_lib.train_step, policy=policy),
-                                     (state, hi, lo, own, bucket, clock)),
+      "map step (step.train_step; C++ kernel on CPU)": (
+          functools.partial(step_lib.train_step, policy=policy),
+          (state, hi, lo, own, bucket, clock)),
+      "map step, kernel='xla' (XLA ops, as on GPU)": (
+          functools.partial(step_lib.train_step, policy=policy, kernel="xla"),
+          (state, hi, lo, own, bucket, clock)),
       sort3: (functools.partial(step_lib._sort, bucket_size=policy.bucket_size),
               (state, hi, lo, own, bucket)),
       "    its lax.sort alone: 3 keys + index": (

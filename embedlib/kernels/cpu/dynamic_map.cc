@@ -63,6 +63,7 @@ std::vector<Distinct> Dedup(const uint32_t* hi, const uint32_t* lo, const bool* 
   const uint64_t mask = size - 1;
   std::vector<int32_t> table(size, -1);
   std::vector<Distinct> distinct;
+  distinct.reserve(m);
   for (int64_t i = 0; i < m; ++i) {
     if (!own[i]) continue;
     const uint64_t key = (static_cast<uint64_t>(hi[i]) << 32) | lo[i];
@@ -87,17 +88,29 @@ struct Counts {
   int64_t placed = 0, evicted = 0;
 };
 
+// Per-bucket buffers, kept across buckets so that a step allocates them once.
+struct Scratch {
+  std::vector<char> touched;
+  std::vector<Distinct*> cand, admitted;
+  std::vector<int64_t> found;
+  std::vector<std::pair<int32_t, int32_t>> victims;
+};
+
 // One bucket's step: `ids` are its distinct ids, ascending.
-void StepBucket(const Policy& p, int64_t bucket, const std::vector<Distinct*>& ids,
+
+void StepBucket(const Policy& p, int64_t bucket, const std::vector<Distinct*>& ids, Scratch& w,
                 uint32_t* khi, uint32_t* klo, int32_t* score, uint8_t* sketch,
                 const int32_t* cells, Counts& counts) {
   const int64_t base = bucket * p.b;
-  std::vector<char> touched(p.b, 0);
-  std::vector<Distinct*> cand;
+  std::vector<char>& touched = w.touched;
+  touched.assign(p.b, 0);
+  std::vector<Distinct*>& cand = w.cand;
+  cand.clear();
   // One pass over the bucket finds every id's slot (the first match, as the
   // XLA scan's argmax) and counts the residents; then the residents are
   // touched: LRU (and no eviction) set the clock, LFU adds.
-  std::vector<int64_t> found(ids.size(), -1);
+  std::vector<int64_t>& found = w.found;
+  found.assign(ids.size(), -1);
   int64_t residents = 0;
   for (int64_t s = 0; s < p.b; ++s) {
     if (score[base + s] < 0) continue;
@@ -137,7 +150,8 @@ void StepBucket(const Policy& p, int64_t bucket, const std::vector<Distinct*>& i
         c = static_cast<uint8_t>(std::min<int32_t>(c + d->count, 255));
       }
     }
-    std::vector<Distinct*> admitted;
+    std::vector<Distinct*>& admitted = w.admitted;
+    admitted.clear();
     for (Distinct* d : cand) {
       int32_t est = 255;
       for (int64_t r = 0; r < p.depth; ++r) {
@@ -151,7 +165,8 @@ void StepBucket(const Policy& p, int64_t bucket, const std::vector<Distinct*>& i
   const int64_t free = p.b - residents;
   // Victims in (score, slot) order among the untouched residents, taken from
   // the state before any placement (the step's placements count as touched).
-  std::vector<std::pair<int32_t, int32_t>> victims;
+  std::vector<std::pair<int32_t, int32_t>>& victims = w.victims;
+  victims.clear();
   bool ranked = false;
   for (int64_t r = 0; r < static_cast<int64_t>(cand.size()); ++r) {
     int64_t s;
@@ -259,12 +274,13 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
   }
   Counts counts;
   std::vector<Distinct*> ids;
+  Scratch scratch;
   const auto by_key = [](const Distinct* a, const Distinct* c) { return a->key < c->key; };
   for (int64_t k = 0; k < nbl; ++k) {
     if (start[k] == start[k + 1]) continue;
     ids.assign(grouped.begin() + start[k], grouped.begin() + start[k + 1]);
     std::sort(ids.begin(), ids.end(), by_key);
-    StepBucket(p, k, ids, khi, klo, score, sketch, cells.typed_data(), counts);
+    StepBucket(p, k, ids, scratch, khi, klo, score, sketch, cells.typed_data(), counts);
   }
   int32_t* rows = rows_out->typed_data();
   bool* placed = placed_out->typed_data();
