@@ -32,6 +32,8 @@ from embedlib.kernels import dynamic_map_cpu
 from embedlib.kernels import platforms
 
 INT_MAX = 2**31 - 1
+#: ``kernel=`` values: the CPU kernel where it applies, or the XLA ops everywhere.
+KERNELS = ("auto", "xla")
 
 
 class MapState(tp.NamedTuple):
@@ -97,11 +99,24 @@ def _unsort(s: Sorted, values, fill):
   return jnp.full(values.shape, fill, values.dtype).at[s.perm].set(values)
 
 
-def lookup(state: MapState, hi, lo, own, bucket, *, bucket_size: int):
+def lookup(state: MapState, hi, lo, own, bucket, *, bucket_size: int, kernel: str = "auto"):
   """Local rows of the ids (``-1``: not resident here), changing nothing.
 
-  Nothing is placed, so each id is looked up where it stands: no sort.
+  Nothing is placed, so each id is looked up where it stands: no sort. On
+  CPU (``kernel="auto"``) a C++ kernel scans the buckets, with the same rows.
   """
+  if kernel not in KERNELS:
+    raise ValueError(f"kernel={kernel!r} is not a map kernel; use one of {KERNELS}.")
+  args = (state.keys_hi, state.keys_lo, state.score, hi, lo, own, bucket)
+  xla = functools.partial(_lookup_xla, bucket_size=bucket_size)
+  if kernel == "xla" or hi.shape[0] == 0 or not cpu_library.available():
+    return xla(*args)
+  cpu = functools.partial(dynamic_map_cpu.lookup_cpu, bucket_size=bucket_size)
+  return platforms.by_platform(*args, cpu=cpu, gpu=xla, default=xla)
+
+
+def _lookup_xla(keys_hi, keys_lo, score, hi, lo, own, bucket, *, bucket_size):
+  state = MapState(keys_hi, keys_lo, score, None)
   nbl = state.score.shape[0] // bucket_size
   resident, slot = _scan(state, jnp.clip(bucket, 0, nbl - 1), hi, lo, bucket_size)
   return jnp.where(own & resident, slot, -1)
@@ -139,9 +154,6 @@ def _victims_search(key, s: Sorted, rank, free, b):
   _, slots = lax.sort((key.reshape(nbl, b), within), dimension=1, is_stable=True, num_keys=1)
   j = jnp.clip(rank - free[s.bucket], 0, b - 1)
   return s.bucket * b + slots[s.bucket, j]
-
-
-KERNELS = ("auto", "xla")
 
 
 def train_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_lib.Policy,

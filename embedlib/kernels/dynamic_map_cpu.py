@@ -67,6 +67,16 @@ def map_step_cpu(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, cl
   return khi, klo, sc, (sk.reshape(sketch.shape) if has_sketch else None), rows, placed, stats
 
 
+def lookup_cpu(keys_hi, keys_lo, score, hi, lo, own, bucket, *, bucket_size: int):
+  """The rows of ``dynamic.step.lookup`` (int32 ``[m]``, ``-1``: not resident
+  here), through the C++ kernel; the arguments as ``map_step_cpu``'s."""
+  (rows,) = cpu_library.call(
+      "embedlib_dynamic_map_lookup", [jax.ShapeDtypeStruct(hi.shape, jnp.int32)],
+      keys_hi, keys_lo, score, hi, lo, own.astype(jnp.bool_), bucket.astype(jnp.int32),
+      bucket_size=np.int64(bucket_size))
+  return rows
+
+
 def set_rows_cpu(table, rows, values):
   """``table.at[rows].set(values, mode="drop")`` for distinct ``rows``, through the C++ kernel.
 

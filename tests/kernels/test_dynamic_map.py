@@ -5,7 +5,8 @@
 reference; here both paths must return the same arrays bit for bit (the
 state, every id's row, where ``placed`` is marked, the statistics) over
 steps that fill buckets, evict, decay and count in the sketch, with ids
-this shard does not own, and with clocks past the XLA path's packed sort.
+this shard does not own, and with clocks past the XLA path's packed sort;
+and the eval lookup's rows after each step.
 Inside ``shard_map`` (each device's buckets) the kernel runs in the layouts
 of ``tests/dynamic``, which hold every layout to the reference.
 """
@@ -51,6 +52,9 @@ def _step(state, flat, clock, *, policy, kernel, owner):
   if owner:
     half = policy.num_buckets // 2
     own = own & (bucket < half)
+  if clock is None:
+    return step_lib.lookup(state, hi, lo, own, bucket, bucket_size=policy.bucket_size,
+                           kernel=kernel)
   return step_lib.train_step(state, hi, lo, own, bucket, clock, policy=policy, kernel=kernel)
 
 
@@ -82,6 +86,10 @@ def test_kernel_equals_xla(compiled, start, owner):
     outs = {k: run[k](states[k], flat, jnp.int32(start + t), owner=owner) for k in run}
     _equal(outs["auto"], outs["xla"], f"step {t}")
     states = {k: outs[k][0] for k in run}
+    # The eval lookup of the next batch on the new map (no clock: a lookup).
+    after = jnp.asarray(ids_lib.host_words(helpers.draw_batches(t, 1, 24)[0]))
+    looked = {k: run[k](states[k], after, None, owner=owner) for k in run}
+    _equal(looked["auto"], looked["xla"], f"lookup after step {t}")
   # Something happened: rows were placed and the map is not empty.
   assert int(np.sum(np.asarray(states["auto"].score) >= 0)) > 0
 

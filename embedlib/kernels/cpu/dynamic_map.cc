@@ -20,8 +20,9 @@
 // input order of each id placed this step), stats s32[4] (resident rows,
 // admitted, evicted, own ids whose row is -1).
 //
-// Also the placing of the rows' initial values (SetRows): XLA:CPU's scatter
-// of whole rows goes element by element.
+// Also the eval lookup (Lookup: each id scans its bucket, as the XLA ops
+// do) and the placing of the rows' initial values (SetRows: XLA:CPU's
+// scatter of whole rows goes element by element).
 
 #include <algorithm>
 #include <climits>
@@ -301,6 +302,48 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
   return ffi::Error::Success();
 }
 
+// The eval lookup: each own id's local row (the first slot of its bucket
+// holding it), -1 where it is not resident or not own; nothing changes.
+ffi::Error LookupImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
+                      ffi::Buffer<ffi::S32> score, ffi::Buffer<ffi::U32> hi,
+                      ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::PRED> own,
+                      ffi::Buffer<ffi::S32> bucket, ffi::Result<ffi::Buffer<ffi::S32>> rows_out,
+                      int64_t bucket_size) {
+  const int64_t rows_n = score.element_count();
+  const int64_t m = hi.element_count();
+  if (bucket_size < 1 || rows_n % bucket_size || keys_hi.element_count() != rows_n ||
+      keys_lo.element_count() != rows_n || lo.element_count() != m ||
+      own.element_count() != m || bucket.element_count() != m ||
+      rows_out->element_count() != m) {
+    return ffi::Error::InvalidArgument(
+        "embedlib dynamic map lookup: expected keys_hi, keys_lo, score [rows] and hi, lo, "
+        "own, bucket, rows [m]");
+  }
+  const int64_t nbl = rows_n / bucket_size;
+  const uint32_t* khi = keys_hi.typed_data();
+  const uint32_t* klo = keys_lo.typed_data();
+  const int32_t* sc = score.typed_data();
+  const uint32_t* h = hi.typed_data();
+  const uint32_t* l = lo.typed_data();
+  const bool* is_own = own.typed_data();
+  const int32_t* bk = bucket.typed_data();
+  int32_t* rows = rows_out->typed_data();
+  embedlib_cpu::ParallelRanges(m, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      rows[i] = -1;
+      if (!is_own[i]) continue;
+      const int64_t base = std::min<int64_t>(std::max<int32_t>(bk[i], 0), nbl - 1) * bucket_size;
+      for (int64_t s = base; s < base + bucket_size; ++s) {
+        if (klo[s] == l[i] && khi[s] == h[i] && sc[s] >= 0) {
+          rows[i] = static_cast<int32_t>(s);
+          break;
+        }
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // table[rows[i]] = values[i] for each rows[i] in [0, n) (distinct: the rows
 // placed in a step), the table updated in place when XLA aliases it.
 ffi::Error SetRowsImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> rows, ffi::AnyBuffer values,
@@ -333,6 +376,18 @@ ffi::Error SetRowsImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> rows, ffi::An
 }
 
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapLookup, LookupImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("bucket_size"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibSetRows, SetRowsImpl,
                               ffi::Ffi::Bind()
