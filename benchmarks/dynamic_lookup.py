@@ -141,11 +141,19 @@ def parts(dyn, batch_words, repeats: int) -> None:
       "    for scale: 1 key + index (2 operands)": (
           lambda b: jax.lax.sort((b, jnp.arange(m, dtype=jnp.int32)), num_keys=1), (key_b,)),
       "    for scale: one packed int32 operand": (jax.lax.sort, (packed,)),
-      "  bucket scan alone (step.lookup)": (
+      "  bucket scan alone (step.lookup, kernel='xla')": (
+          functools.partial(step_lib.lookup, bucket_size=policy.bucket_size, kernel="xla"),
+          (state, hi, lo, own, bucket)),
+      "eval lookup (step.lookup; C++ kernel on CPU)": (
           functools.partial(step_lib.lookup, bucket_size=policy.bucket_size),
           (state, hi, lo, own, bucket)),
       f"draw {drawn:,} initial rows (mapping.init_rows)": (
           lambda k, r: mapping.init_rows(dyn.embedding_init, k, r, table.shape[1], table.dtype),
+          (key_data, at)),
+      "  the same with jax's stock threefry key (rolled hash)": (
+          lambda k, r: jax.vmap(lambda x: dyn.embedding_init(
+              jax.random.fold_in(jax.random.wrap_key_data(k), x), (1, table.shape[1]),
+              table.dtype)[0])(r),
           (key_data, at)),
   }
   cases = {name: functools.partial(jax.jit(fn), *a) for name, (fn, a) in pieces.items()}
