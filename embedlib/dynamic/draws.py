@@ -9,7 +9,8 @@ computes the same hash (threefry-2x32, 20 rounds) unrolled in jnp, and
 ``fold_in``, ``split`` and ``random_bits`` as jax's partitionable threefry
 does, so a key of it gives bit for bit the values a stock threefry key with
 the same data gives (``tests/dynamic/test_draws.py``), whatever the
-initializer does with it.
+initializer does with it. ``impl_for`` uses it only where that holds (jax's
+default PRNG settings).
 """
 
 from __future__ import annotations
@@ -83,3 +84,14 @@ def _random_bits(key, bit_width, shape):
 UNROLLED = jax_random.define_prng_impl(
     key_shape=(2,), seed=_seed, split=_split, random_bits=_random_bits, fold_in=_fold_in,
     name="threefry2x32_unrolled", tag="fry_u")
+
+
+def impl_for(key_data):
+  """``UNROLLED`` for the data of a default key when it gives the same bits, else None.
+
+  That is while jax's default PRNG is threefry-2x32 and partitionable (the
+  defaults); under any other setting the stock key is drawn as it is.
+  """
+  same = (jax.config.jax_default_prng_impl == "threefry2x32"
+          and jax.config.jax_threefry_partitionable and tuple(key_data.shape) == (2,))
+  return UNROLLED if same else None

@@ -119,11 +119,11 @@ def _place_rows(init, key_data, table, put, offset):
 def init_rows(init, key_data, rows, features, dtype):
   """Each row's initial value: ``init`` drawn with the key folded with its row number.
 
-  The key is threefry's (``jax.random.wrap_key_data(key_data)`` with jax's
-  partitionable threefry); it is drawn through ``draws.UNROLLED``, the same
+  The key is ``jax.random.wrap_key_data(key_data)``. With jax's default
+  (partitionable threefry) it is drawn through ``draws.UNROLLED``, the same
   bits with the hash unrolled, which XLA:CPU fuses with the values' math.
   """
-  key = jax.random.wrap_key_data(key_data, impl=draws.UNROLLED)
+  key = jax.random.wrap_key_data(key_data, impl=draws.impl_for(key_data))
   draw = lambda r: init(jax.random.fold_in(key, r), (1, features), dtype)[0]
   return jax.vmap(draw)(rows)
 

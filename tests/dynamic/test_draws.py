@@ -59,3 +59,12 @@ def test_bits_and_split_equal_stock_threefry():
                                   np.asarray(jax.random.bits(stock, shape)))
   np.testing.assert_array_equal(np.asarray(jax.random.key_data(jax.random.split(mine, 3))),
                                 np.asarray(jax.random.key_data(jax.random.split(stock, 3))))
+
+
+def test_other_prng_settings_draw_the_stock_key():
+  """Where the unrolled key would not give the stock key's bits, it is not used."""
+  key_data = jax.random.key_data(jax.random.key(1))
+  assert draws.impl_for(key_data) is draws.UNROLLED
+  with jax.threefry_partitionable(False):
+    assert draws.impl_for(key_data) is None
+  assert draws.impl_for(jnp.zeros((4,), jnp.uint32)) is None       # an rbg key's data
