@@ -103,8 +103,10 @@ def lookup(emb, ids):
 
 def parts(dyn, batch_words, repeats: int) -> None:
   """``--parts``: the dynamic step's pieces, each jitted apart on the warmed
-  table's state and the next batch (only the placing donates its table), and
-  lax.sort of the same ids in cheaper forms, for scale."""
+  table's state and the next batch (only the placing donates its table): the
+  map step (the CPU kernel, and the XLA ops with the sort and the bucket
+  scan inside them), lax.sort of the same ids in cheaper forms, for scale,
+  and the draws."""
   policy = dyn.policy
   state = dyn._state()
   flat = batch_words.value.reshape(-1, 2)
@@ -125,8 +127,12 @@ def parts(dyn, batch_words, repeats: int) -> None:
   sort3 = "  sort by (bucket, hi, lo) (step._sort)"
   place = f"draw {drawn:,} rows and place them (mapping._place_rows)"
   pieces = {
-      "map step (step.train_step)": (functools.partial(step_lib.train_step, policy=policy),
-                                     (state, hi, lo, own, bucket, clock)),
+      "map step (step.train_step; C++ kernel on CPU)": (
+          functools.partial(step_lib.train_step, policy=policy),
+          (state, hi, lo, own, bucket, clock)),
+      "map step, kernel='xla' (XLA ops, as on GPU)": (
+          functools.partial(step_lib.train_step, policy=policy, kernel="xla"),
+          (state, hi, lo, own, bucket, clock)),
       sort3: (functools.partial(step_lib._sort, bucket_size=policy.bucket_size),
               (state, hi, lo, own, bucket)),
       "    its lax.sort alone: 3 keys + index": (
@@ -135,11 +141,19 @@ def parts(dyn, batch_words, repeats: int) -> None:
       "    for scale: 1 key + index (2 operands)": (
           lambda b: jax.lax.sort((b, jnp.arange(m, dtype=jnp.int32)), num_keys=1), (key_b,)),
       "    for scale: one packed int32 operand": (jax.lax.sort, (packed,)),
-      "  bucket scan alone (step.lookup)": (
+      "  bucket scan alone (step.lookup, kernel='xla')": (
+          functools.partial(step_lib.lookup, bucket_size=policy.bucket_size, kernel="xla"),
+          (state, hi, lo, own, bucket)),
+      "eval lookup (step.lookup; C++ kernel on CPU)": (
           functools.partial(step_lib.lookup, bucket_size=policy.bucket_size),
           (state, hi, lo, own, bucket)),
       f"draw {drawn:,} initial rows (mapping.init_rows)": (
           lambda k, r: mapping.init_rows(dyn.embedding_init, k, r, table.shape[1], table.dtype),
+          (key_data, at)),
+      "  the same with jax's stock threefry key (rolled hash)": (
+          lambda k, r: jax.vmap(lambda x: dyn.embedding_init(
+              jax.random.fold_in(jax.random.wrap_key_data(k), x), (1, table.shape[1]),
+              table.dtype)[0])(r),
           (key_data, at)),
   }
   cases = {name: functools.partial(jax.jit(fn), *a) for name, (fn, a) in pieces.items()}

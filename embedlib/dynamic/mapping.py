@@ -32,9 +32,13 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from embedlib import sharding as sharding_lib
+from embedlib.dynamic import draws
 from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
+from embedlib.kernels import cpu_library
+from embedlib.kernels import dynamic_map_cpu
+from embedlib.kernels import platforms
 from embedlib.strategies import unique as unique_lib
 
 
@@ -105,12 +109,21 @@ def _place_rows(init, key_data, table, put, offset):
 
   index = jnp.minimum(jnp.sum(jnp.asarray(sizes) < count), len(sizes) - 1)
   values = lax.switch(index, [draw(k) for k in sizes])
-  return table.at[rows].set(values, mode="drop")
+  xla = lambda t, r, v: t.at[r].set(v, mode="drop")
+  if not cpu_library.available():
+    return xla(table, rows, values)
+  return platforms.by_platform(table, rows, values, cpu=dynamic_map_cpu.set_rows_cpu, gpu=xla,
+                               default=xla)
 
 
 def init_rows(init, key_data, rows, features, dtype):
-  """Each row's initial value: ``init`` drawn with the key folded with its row number."""
-  key = jax.random.wrap_key_data(key_data)
+  """Each row's initial value: ``init`` drawn with the key folded with its row number.
+
+  The key is ``jax.random.wrap_key_data(key_data)``. With jax's default
+  (partitionable threefry) it is drawn through ``draws.UNROLLED``, the same
+  bits with the hash unrolled, which XLA:CPU fuses with the values' math.
+  """
+  key = jax.random.wrap_key_data(key_data, impl=draws.impl_for(key_data))
   draw = lambda r: init(jax.random.fold_in(key, r), (1, features), dtype)[0]
   return jax.vmap(draw)(rows)
 

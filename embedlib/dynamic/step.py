@@ -10,10 +10,15 @@ one (lowest free slot, else the minimum-score untouched resident) gives.
 
 A resident is found by comparing an id with its bucket's ``bucket_size``
 keys (HierarchicalKV's bucket scan): ``bucket_size`` compares per id.
+
+On CPU the training step runs as a C++ kernel instead
+(``kernels.dynamic_map_cpu``: a hash table and a pass per bucket, no sort),
+with the same results bit for bit; ``kernel="xla"`` keeps the ops above.
 """
 
 from __future__ import annotations
 
+import functools
 import typing as tp
 
 import jax
@@ -22,8 +27,13 @@ from jax import lax
 
 from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import policy as policy_lib
+from embedlib.kernels import cpu_library
+from embedlib.kernels import dynamic_map_cpu
+from embedlib.kernels import platforms
 
 INT_MAX = 2**31 - 1
+#: ``kernel=`` values: the CPU kernel where it applies, or the XLA ops everywhere.
+KERNELS = ("auto", "xla")
 
 
 class MapState(tp.NamedTuple):
@@ -89,11 +99,24 @@ def _unsort(s: Sorted, values, fill):
   return jnp.full(values.shape, fill, values.dtype).at[s.perm].set(values)
 
 
-def lookup(state: MapState, hi, lo, own, bucket, *, bucket_size: int):
+def lookup(state: MapState, hi, lo, own, bucket, *, bucket_size: int, kernel: str = "auto"):
   """Local rows of the ids (``-1``: not resident here), changing nothing.
 
-  Nothing is placed, so each id is looked up where it stands: no sort.
+  Nothing is placed, so each id is looked up where it stands: no sort. On
+  CPU (``kernel="auto"``) a C++ kernel scans the buckets, with the same rows.
   """
+  if kernel not in KERNELS:
+    raise ValueError(f"kernel={kernel!r} is not a map kernel; use one of {KERNELS}.")
+  args = (state.keys_hi, state.keys_lo, state.score, hi, lo, own, bucket)
+  xla = functools.partial(_lookup_xla, bucket_size=bucket_size)
+  if kernel == "xla" or hi.shape[0] == 0 or not cpu_library.available():
+    return xla(*args)
+  cpu = functools.partial(dynamic_map_cpu.lookup_cpu, bucket_size=bucket_size)
+  return platforms.by_platform(*args, cpu=cpu, gpu=xla, default=xla)
+
+
+def _lookup_xla(keys_hi, keys_lo, score, hi, lo, own, bucket, *, bucket_size):
+  state = MapState(keys_hi, keys_lo, score, None)
   nbl = state.score.shape[0] // bucket_size
   resident, slot = _scan(state, jnp.clip(bucket, 0, nbl - 1), hi, lo, bucket_size)
   return jnp.where(own & resident, slot, -1)
@@ -133,7 +156,8 @@ def _victims_search(key, s: Sorted, rank, free, b):
   return s.bucket * b + slots[s.bucket, j]
 
 
-def train_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_lib.Policy):
+def train_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_lib.Policy,
+               kernel: str = "auto"):
   """One step of the policy on this shard's buckets.
 
   Args:
@@ -144,13 +168,41 @@ def train_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_li
       not ``own``).
     clock: int32 scalar, the clock before this step.
     policy: the table's ``Policy``.
+    kernel: ``"auto"``: on CPU the C++ kernel of
+      ``kernels.dynamic_map_cpu`` where the CPU kernels' library loads, else
+      (and on every other platform) the XLA ops below; ``"xla"``: the XLA
+      ops everywhere. The results are the same bit for bit.
 
   Returns:
     ``(state, rows, placed, stats)``: the new state; int32 ``[m]`` local
-    rows (``-1``: not resident); bool ``[m]``, true at one occurrence of
-    each id placed this step (so it counts placed rows); int32
-    ``[4]`` (resident rows, admitted, evicted, lookups reading the default).
+    rows (``-1``: not resident); bool ``[m]``, true at the first occurrence
+    (in input order) of each id placed this step; int32 ``[4]`` (resident
+    rows, admitted, evicted, lookups reading the default).
   """
+  if kernel not in KERNELS:
+    raise ValueError(f"{policy.name}: kernel={kernel!r} is not a map kernel; use one of "
+                     f"{KERNELS}.")
+  args = (state, hi, lo, own, bucket, clock)
+  xla = functools.partial(_train_step_xla, policy=policy)
+  if kernel == "xla" or hi.shape[0] == 0 or not cpu_library.available():
+    return xla(*args)
+  return platforms.by_platform(*args, cpu=functools.partial(_train_step_cpu, policy=policy),
+                               gpu=xla, default=xla)
+
+
+def _train_step_cpu(state: MapState, hi, lo, own, bucket, clock, *, policy):
+  cells = None
+  if state.sketch is not None:
+    cells = jnp.stack([ids_lib.sketch_cell(hi, lo, r, policy.width)
+                       for r in range(policy.sketch_depth)], axis=1)
+  khi, klo, score, sketch, rows, placed, stats = dynamic_map_cpu.map_step_cpu(
+      *state, hi, lo, own, jnp.where(own, bucket, 0), cells, clock,
+      bucket_size=policy.bucket_size, eviction=policy.eviction,
+      admit_after=policy.admit_after, decay_every=policy.decay_every)
+  return MapState(khi, klo, score, sketch), rows, placed, stats
+
+
+def _train_step_xla(state: MapState, hi, lo, own, bucket, clock, *, policy):
   b = policy.bucket_size
   rows_n = state.score.shape[0]
   nbl = rows_n // b
@@ -220,6 +272,11 @@ def train_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_li
   stats = jnp.stack([
       jnp.sum(state.score >= 0), jnp.sum(placed), jnp.sum(evicted),
       jnp.sum(s.own & (row < 0))]).astype(jnp.int32)
-  placed_out = jnp.zeros(placed.shape, bool).at[s.perm].set(placed & s.first)
+  # The sort need not be stable: each run's first input position is its
+  # smallest `perm`, where `placed` is marked.
+  m = placed.shape[0]
+  first_at = jnp.full((m,), m, jnp.int32).at[s.lead].min(s.perm)
+  placed_out = jnp.zeros((m,), bool).at[jnp.where(placed & s.first, first_at, m)].set(
+      True, mode="drop")
   rows_out = jnp.full(row.shape, -1, jnp.int32).at[s.perm].set(row)
   return state, rows_out, placed_out, stats

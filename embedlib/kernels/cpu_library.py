@@ -1,8 +1,10 @@
 """embedlib's CPU kernels: C++ XLA FFI handlers, compiled on first use.
 
 ``cpu/gather.cc`` (the row gather of ``gather_cpu.py``),
-``cpu/row_update.cc`` (the fused sparse updates of ``optim/fused_cpu.py``) and
-``cpu/unique.cc`` (the distinct ids of ``unique_cpu.py``, for dedup).
+``cpu/row_update.cc`` (the fused sparse updates of ``optim/fused_cpu.py``),
+``cpu/unique.cc`` (the distinct ids of ``unique_cpu.py``, for dedup) and
+``cpu/dynamic_map.cc`` (a dynamic table's map step, its lookup and the
+placing of its rows, ``dynamic_map_cpu.py``).
 On XLA:CPU a lookup or a row update visits rows scattered over a large
 table; XLA's gather and scatter loops wait on each row's cache misses,
 where these kernels fetch rows ahead and split the rows over a few threads.
@@ -54,6 +56,9 @@ TARGETS = {
     "embedlib_adam_row": "EmbedlibAdamRow",
     "embedlib_adam_global": "EmbedlibAdamGlobal",
     "embedlib_unique": "EmbedlibUnique",
+    "embedlib_dynamic_map_step": "EmbedlibDynamicMapStep",
+    "embedlib_dynamic_map_lookup": "EmbedlibDynamicMapLookup",
+    "embedlib_set_rows": "EmbedlibSetRows",
 }
 # -ffp-contract=off: the rules' arithmetic operation by operation, no fused
 # multiply-adds (optim/rules.py). No -march=native: a cache directory may be

@@ -1,0 +1,423 @@
+// One shard's step of a dynamic table's id -> row map for XLA:CPU:
+// embedlib/dynamic/step.py's train_step, the same results bit for bit.
+//
+// The XLA step sorts the step's ids by (bucket, hi, lo) so that distinct ids
+// are runs and each bucket's candidates come in ascending order; XLA's CPU
+// sort calls a comparator per comparison, and that sort and the bucket scan
+// cost more than the table's whole update. Here a hash table finds the
+// distinct ids, a counting sort groups them by bucket, and each bucket's few
+// ids are sorted alone; then each bucket runs the policy of
+// embedlib/dynamic/policy.py as the reference does, one id at a time.
+//
+// Operands: keys_hi u32[R], keys_lo u32[R], score s32[R] (-1: free),
+// sketch u8[buckets * depth * width] (any one element when depth is 0),
+// hi u32[m], lo u32[m], own pred[m], bucket s32[m] (local, read where own),
+// cells s32[m * depth] (each id's sketch cell per row; any one element when
+// depth is 0), clock s32[]. Attributes: bucket_size, eviction (0 none,
+// 1 LRU, 2 LFU), admit_after, decay_every, depth, width. Results: the four
+// state arrays (aliased to the operands), rows s32[m] (local row, -1 where
+// not resident or not own), placed pred[m] (true at the first occurrence in
+// input order of each id placed this step), stats s32[4] (resident rows,
+// admitted, evicted, own ids whose row is -1).
+//
+// Also the eval lookup (Lookup: each id scans its bucket, as the XLA ops
+// do) and the placing of the rows' initial values (SetRows: XLA:CPU's
+// scatter of whole rows goes element by element).
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "common.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kLfu = 2;
+constexpr int64_t kNone = 0;
+
+struct Distinct {
+  uint64_t key;    // (hi << 32) | lo: ascending keys are ascending unsigned ids
+  int32_t bucket;
+  int32_t count;   // occurrences in the step
+  int32_t first;   // input position of the first occurrence
+  int32_t row;     // local row after the step, -1: none
+  bool placed;
+};
+
+inline uint64_t Mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xFF51AFD7ED558CCDull;
+  x ^= x >> 33;
+  return x;
+}
+
+// The distinct own ids in first-seen order, and each own id's index among them.
+std::vector<Distinct> Dedup(const uint32_t* hi, const uint32_t* lo, const bool* own,
+                            const int32_t* bucket, int64_t m, std::vector<int32_t>& index) {
+  int64_t size = 2;
+  while (size < 2 * m) size <<= 1;
+  const uint64_t mask = size - 1;
+  std::vector<int32_t> table(size, -1);
+  std::vector<Distinct> distinct;
+  distinct.reserve(m);
+  for (int64_t i = 0; i < m; ++i) {
+    if (!own[i]) continue;
+    const uint64_t key = (static_cast<uint64_t>(hi[i]) << 32) | lo[i];
+    uint64_t h = Mix(key) & mask;
+    while (table[h] >= 0 && distinct[table[h]].key != key) h = (h + 1) & mask;
+    if (table[h] < 0) {
+      table[h] = static_cast<int32_t>(distinct.size());
+      distinct.push_back({key, bucket[i], 0, static_cast<int32_t>(i), -1, false});
+    }
+    ++distinct[table[h]].count;
+    index[i] = table[h];
+  }
+  return distinct;
+}
+
+struct Policy {
+  int64_t b, eviction, admit_after, depth, width;
+  int32_t t;
+};
+
+struct Counts {
+  int64_t placed = 0, evicted = 0;
+};
+
+// Per-bucket buffers, kept across buckets so that a step allocates them once.
+struct Scratch {
+  std::vector<char> touched;
+  std::vector<Distinct*> cand, admitted;
+  std::vector<int64_t> found;
+  std::vector<std::pair<int32_t, int32_t>> victims;
+};
+
+// One bucket's step: `ids` are its distinct ids, ascending.
+
+void StepBucket(const Policy& p, int64_t bucket, const std::vector<Distinct*>& ids, Scratch& w,
+                uint32_t* khi, uint32_t* klo, int32_t* score, uint8_t* sketch,
+                const int32_t* cells, Counts& counts) {
+  const int64_t base = bucket * p.b;
+  std::vector<char>& touched = w.touched;
+  touched.assign(p.b, 0);
+  std::vector<Distinct*>& cand = w.cand;
+  cand.clear();
+  // One pass over the bucket finds every id's slot (the first match, as the
+  // XLA scan's argmax) and counts the residents; then the residents are
+  // touched: LRU (and no eviction) set the clock, LFU adds.
+  std::vector<int64_t>& found = w.found;
+  found.assign(ids.size(), -1);
+  int64_t residents = 0;
+  for (int64_t s = 0; s < p.b; ++s) {
+    if (score[base + s] < 0) continue;
+    ++residents;
+    const uint32_t l = klo[base + s];
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const uint64_t key = ids[k]->key;
+      if (static_cast<uint32_t>(key) == l && found[k] < 0 &&
+          static_cast<uint32_t>(key >> 32) == khi[base + s]) {
+        found[k] = s;
+      }
+    }
+  }
+  for (size_t k = 0; k < ids.size(); ++k) {
+    Distinct* d = ids[k];
+    const int64_t s = found[k];
+    if (s < 0) {
+      cand.push_back(d);
+      continue;
+    }
+    int32_t& sc = score[base + s];
+    if (p.eviction == kLfu) {
+      sc = sc > INT_MAX - d->count ? INT_MAX : sc + d->count;
+    } else {
+      sc = p.t;
+    }
+    touched[s] = 1;
+    d->row = static_cast<int32_t>(base + s);
+  }
+  if (cand.empty()) return;
+  if (p.depth > 0) {
+    uint8_t* sk = sketch + bucket * p.depth * p.width;
+    // Every addition first (saturating at 255), then the estimates.
+    for (Distinct* d : cand) {
+      for (int64_t r = 0; r < p.depth; ++r) {
+        uint8_t& c = sk[r * p.width + cells[d->first * p.depth + r]];
+        c = static_cast<uint8_t>(std::min<int32_t>(c + d->count, 255));
+      }
+    }
+    std::vector<Distinct*>& admitted = w.admitted;
+    admitted.clear();
+    for (Distinct* d : cand) {
+      int32_t est = 255;
+      for (int64_t r = 0; r < p.depth; ++r) {
+        est = std::min<int32_t>(est, sk[r * p.width + cells[d->first * p.depth + r]]);
+      }
+      if (est >= p.admit_after) admitted.push_back(d);
+    }
+    cand.swap(admitted);
+  }
+  // No slot is ever freed: the free slots are the suffix after the residents.
+  const int64_t free = p.b - residents;
+  // Victims in (score, slot) order among the untouched residents, taken from
+  // the state before any placement (the step's placements count as touched).
+  std::vector<std::pair<int32_t, int32_t>>& victims = w.victims;
+  victims.clear();
+  bool ranked = false;
+  for (int64_t r = 0; r < static_cast<int64_t>(cand.size()); ++r) {
+    int64_t s;
+    if (r < free) {
+      s = residents + r;
+    } else {
+      if (p.eviction == kNone) break;
+      if (!ranked) {
+        for (int64_t v = 0; v < p.b; ++v) {
+          if (score[base + v] >= 0 && !touched[v]) {
+            victims.emplace_back(std::min(score[base + v], INT_MAX - 1), static_cast<int32_t>(v));
+          }
+        }
+        std::sort(victims.begin(), victims.end());
+        ranked = true;
+      }
+      if (r - free >= static_cast<int64_t>(victims.size())) break;
+      s = victims[r - free].second;
+      ++counts.evicted;
+    }
+    Distinct* d = cand[r];
+    touched[s] = 1;
+    khi[base + s] = static_cast<uint32_t>(d->key >> 32);
+    klo[base + s] = static_cast<uint32_t>(d->key);
+    score[base + s] = p.eviction == kLfu ? d->count : p.t;
+    d->row = static_cast<int32_t>(base + s);
+    d->placed = true;
+    ++counts.placed;
+  }
+}
+
+ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
+                       ffi::Buffer<ffi::S32> score_in, ffi::Buffer<ffi::U8> sketch_in,
+                       ffi::Buffer<ffi::U32> hi, ffi::Buffer<ffi::U32> lo,
+                       ffi::Buffer<ffi::PRED> own, ffi::Buffer<ffi::S32> bucket,
+                       ffi::Buffer<ffi::S32> cells, ffi::BufferR0<ffi::S32> clock,
+                       ffi::Result<ffi::Buffer<ffi::U32>> khi_out,
+                       ffi::Result<ffi::Buffer<ffi::U32>> klo_out,
+                       ffi::Result<ffi::Buffer<ffi::S32>> score_out,
+                       ffi::Result<ffi::Buffer<ffi::U8>> sketch_out,
+                       ffi::Result<ffi::Buffer<ffi::S32>> rows_out,
+                       ffi::Result<ffi::Buffer<ffi::PRED>> placed_out,
+                       ffi::Result<ffi::Buffer<ffi::S32>> stats_out, int64_t bucket_size,
+                       int64_t eviction, int64_t admit_after, int64_t decay_every, int64_t depth,
+                       int64_t width) {
+  const int64_t rows_n = score_in.element_count();
+  const int64_t m = hi.element_count();
+  if (bucket_size < 1 || rows_n % bucket_size || keys_hi.element_count() != rows_n ||
+      keys_lo.element_count() != rows_n || lo.element_count() != m ||
+      own.element_count() != m || bucket.element_count() != m ||
+      rows_out->element_count() != m || placed_out->element_count() != m ||
+      stats_out->element_count() != 4 ||
+      (depth > 0 && (sketch_in.element_count() != rows_n / bucket_size * depth * width ||
+                     cells.element_count() != m * depth))) {
+    return ffi::Error::InvalidArgument(
+        "embedlib dynamic map step: expected keys_hi, keys_lo, score [rows], sketch "
+        "[buckets * depth * width], hi, lo, own, bucket [m], cells [m * depth], clock []");
+  }
+  embedlib_cpu::CopyUnlessAliased(keys_hi, khi_out);
+  embedlib_cpu::CopyUnlessAliased(keys_lo, klo_out);
+  embedlib_cpu::CopyUnlessAliased(score_in, score_out);
+  embedlib_cpu::CopyUnlessAliased(sketch_in, sketch_out);
+  uint32_t* khi = khi_out->typed_data();
+  uint32_t* klo = klo_out->typed_data();
+  int32_t* score = score_out->typed_data();
+  uint8_t* sketch = sketch_out->typed_data();
+  const int64_t nbl = rows_n / bucket_size;
+  const Policy p{bucket_size, eviction, admit_after, depth, width, *clock.typed_data() + 1};
+  const bool* is_own = own.typed_data();
+  const int32_t* bk = bucket.typed_data();
+  for (int64_t i = 0; i < m; ++i) {
+    if (is_own[i] && (bk[i] < 0 || bk[i] >= nbl)) {
+      return ffi::Error::InvalidArgument("embedlib dynamic map step: an own id's bucket is "
+                                         "outside this shard's buckets");
+    }
+  }
+  if (depth > 0) {
+    const int32_t* c = cells.typed_data();
+    for (int64_t i = 0; i < m * depth; ++i) {
+      if (is_own[i / depth] && (c[i] < 0 || c[i] >= width)) {
+        return ffi::Error::InvalidArgument("embedlib dynamic map step: a sketch cell is "
+                                           "outside [0, width)");
+      }
+    }
+  }
+  if (decay_every > 0 && p.t % decay_every == 0) {
+    if (eviction == kLfu) {
+      for (int64_t r = 0; r < rows_n; ++r) score[r] = score[r] > 0 ? score[r] >> 1 : score[r];
+    }
+    if (depth > 0) {
+      for (int64_t k = 0; k < nbl * depth * width; ++k) sketch[k] >>= 1;
+    }
+  }
+  std::vector<int32_t> index(m, -1);
+  std::vector<Distinct> distinct =
+      Dedup(hi.typed_data(), lo.typed_data(), is_own, bk, m, index);
+  // Group the distinct ids by bucket (a counting sort), ascending within each.
+  std::vector<int32_t> start(nbl + 1, 0);
+  for (const Distinct& d : distinct) ++start[d.bucket + 1];
+  for (int64_t k = 0; k < nbl; ++k) start[k + 1] += start[k];
+  std::vector<Distinct*> grouped(distinct.size());
+  {
+    std::vector<int32_t> next(start.begin(), start.end() - 1);
+    for (Distinct& d : distinct) grouped[next[d.bucket]++] = &d;
+  }
+  Counts counts;
+  std::vector<Distinct*> ids;
+  Scratch scratch;
+  const auto by_key = [](const Distinct* a, const Distinct* c) { return a->key < c->key; };
+  for (int64_t k = 0; k < nbl; ++k) {
+    if (start[k] == start[k + 1]) continue;
+    ids.assign(grouped.begin() + start[k], grouped.begin() + start[k + 1]);
+    std::sort(ids.begin(), ids.end(), by_key);
+    StepBucket(p, k, ids, scratch, khi, klo, score, sketch, cells.typed_data(), counts);
+  }
+  int32_t* rows = rows_out->typed_data();
+  bool* placed = placed_out->typed_data();
+  int64_t defaults = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const Distinct* d = index[i] >= 0 ? &distinct[index[i]] : nullptr;
+    rows[i] = d ? d->row : -1;
+    placed[i] = d && d->placed && d->first == i;
+    defaults += d && d->row < 0;
+  }
+  int64_t resident = 0;
+  for (int64_t r = 0; r < rows_n; ++r) resident += score[r] >= 0;
+  int32_t* stats = stats_out->typed_data();
+  stats[0] = static_cast<int32_t>(resident);
+  stats[1] = static_cast<int32_t>(counts.placed);
+  stats[2] = static_cast<int32_t>(counts.evicted);
+  stats[3] = static_cast<int32_t>(defaults);
+  return ffi::Error::Success();
+}
+
+// The eval lookup: each own id's local row (the first slot of its bucket
+// holding it), -1 where it is not resident or not own; nothing changes.
+ffi::Error LookupImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
+                      ffi::Buffer<ffi::S32> score, ffi::Buffer<ffi::U32> hi,
+                      ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::PRED> own,
+                      ffi::Buffer<ffi::S32> bucket, ffi::Result<ffi::Buffer<ffi::S32>> rows_out,
+                      int64_t bucket_size) {
+  const int64_t rows_n = score.element_count();
+  const int64_t m = hi.element_count();
+  if (bucket_size < 1 || rows_n % bucket_size || keys_hi.element_count() != rows_n ||
+      keys_lo.element_count() != rows_n || lo.element_count() != m ||
+      own.element_count() != m || bucket.element_count() != m ||
+      rows_out->element_count() != m) {
+    return ffi::Error::InvalidArgument(
+        "embedlib dynamic map lookup: expected keys_hi, keys_lo, score [rows] and hi, lo, "
+        "own, bucket, rows [m]");
+  }
+  const int64_t nbl = rows_n / bucket_size;
+  const uint32_t* khi = keys_hi.typed_data();
+  const uint32_t* klo = keys_lo.typed_data();
+  const int32_t* sc = score.typed_data();
+  const uint32_t* h = hi.typed_data();
+  const uint32_t* l = lo.typed_data();
+  const bool* is_own = own.typed_data();
+  const int32_t* bk = bucket.typed_data();
+  int32_t* rows = rows_out->typed_data();
+  embedlib_cpu::ParallelRanges(m, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      rows[i] = -1;
+      if (!is_own[i]) continue;
+      const int64_t base = std::min<int64_t>(std::max<int32_t>(bk[i], 0), nbl - 1) * bucket_size;
+      for (int64_t s = base; s < base + bucket_size; ++s) {
+        if (klo[s] == l[i] && khi[s] == h[i] && sc[s] >= 0) {
+          rows[i] = static_cast<int32_t>(s);
+          break;
+        }
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// table[rows[i]] = values[i] for each rows[i] in [0, n) (distinct: the rows
+// placed in a step), the table updated in place when XLA aliases it.
+ffi::Error SetRowsImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> rows, ffi::AnyBuffer values,
+                       ffi::Result<ffi::AnyBuffer> out) {
+  const auto dims = table.dimensions();
+  const int64_t k = rows.element_count();
+  if (dims.size() != 2 || values.element_type() != table.element_type() ||
+      out->element_type() != table.element_type() ||
+      values.element_count() != k * static_cast<size_t>(dims[1])) {
+    return ffi::Error::InvalidArgument(
+        "embedlib set rows: expected table [n, features], rows [k] and values "
+        "[k, features] of the table's dtype");
+  }
+  embedlib_cpu::CopyUnlessAliased(table, out);
+  const int64_t n = dims[0];
+  const int64_t row_bytes = dims[1] * static_cast<int64_t>(ffi::ByteWidth(table.element_type()));
+  char* t = static_cast<char*>(out->untyped_data());
+  const char* v = static_cast<const char*>(values.untyped_data());
+  const int32_t* r = rows.typed_data();
+  embedlib_cpu::ParallelRanges(k, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + embedlib_cpu::kAhead < end) {
+        const int32_t ahead = r[i + embedlib_cpu::kAhead];
+        if (ahead >= 0 && ahead < n) embedlib_cpu::PrefetchBytes(t + ahead * row_bytes, row_bytes);
+      }
+      if (r[i] >= 0 && r[i] < n) std::memcpy(t + r[i] * row_bytes, v + i * row_bytes, row_bytes);
+    }
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapLookup, LookupImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("bucket_size"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibSetRows, SetRowsImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapStep, MapStepImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U8>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("bucket_size")
+                                  .Attr<int64_t>("eviction")
+                                  .Attr<int64_t>("admit_after")
+                                  .Attr<int64_t>("decay_every")
+                                  .Attr<int64_t>("depth")
+                                  .Attr<int64_t>("width"));

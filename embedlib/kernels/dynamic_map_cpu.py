@@ -1,0 +1,94 @@
+"""One shard's step of a dynamic table's map on CPU as a C++ kernel (``cpu/dynamic_map.cc``).
+
+``dynamic.step.train_step`` sorts the step's ids by (bucket, id) and scans
+each id's bucket: on a GPU that is cheap, but XLA:CPU's sort calls a
+comparator per comparison, and the sort and the scan cost more than the
+table's whole sparse update. The kernel finds the distinct ids with a hash
+table, groups them by bucket with a counting sort and runs the policy one
+bucket at a time, with the same results bit for bit. ``set_rows_cpu``
+writes the placed rows' initial values (XLA:CPU's scatter of whole rows goes
+element by element).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from embedlib.kernels import cpu_library
+
+#: The kernel's codes for the eviction policies (``dynamic.policy``'s names).
+EVICTION_CODES = {None: 0, "lru": 1, "lfu": 2}
+
+
+def map_step_cpu(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, clock, *,
+                 bucket_size: int, eviction: str | None, admit_after: int, decay_every: int):
+  """The map's step of ``dynamic.step.train_step``, through the C++ kernel.
+
+  Args:
+    keys_hi, keys_lo: uint32 ``[rows]``; score: int32 ``[rows]`` (``-1``: free).
+    sketch: uint8 ``[buckets, depth, width]``, or None (no admission sketch).
+    hi, lo: uint32 ``[m]`` id words; own: bool ``[m]``; bucket: int32 ``[m]``
+      local buckets (read where ``own``).
+    cells: int32 ``[m, depth]``, each id's sketch cell per sketch row (None
+      with no sketch).
+    clock: int32 scalar, the clock before this step.
+    bucket_size, eviction, admit_after, decay_every: the table's policy.
+
+  Returns:
+    ``(keys_hi, keys_lo, score, sketch, rows, placed, stats)`` as
+    ``train_step`` defines them (``sketch`` None when given None).
+
+  Raises:
+    RuntimeError: without the CPU kernels' library (``cpu_library.call``).
+  """
+  m = hi.shape[0]
+  has_sketch = sketch is not None
+  depth, width = (sketch.shape[1], sketch.shape[2]) if has_sketch else (0, 1)
+  sk = sketch.reshape(-1) if has_sketch else jnp.zeros((1,), jnp.uint8)
+  cl = cells.reshape(-1).astype(jnp.int32) if has_sketch else jnp.zeros((1,), jnp.int32)
+  results = [
+      jax.ShapeDtypeStruct(keys_hi.shape, jnp.uint32),
+      jax.ShapeDtypeStruct(keys_lo.shape, jnp.uint32),
+      jax.ShapeDtypeStruct(score.shape, jnp.int32),
+      jax.ShapeDtypeStruct(sk.shape, jnp.uint8),
+      jax.ShapeDtypeStruct((m,), jnp.int32),
+      jax.ShapeDtypeStruct((m,), jnp.bool_),
+      jax.ShapeDtypeStruct((4,), jnp.int32),
+  ]
+  khi, klo, sc, sk, rows, placed, stats = cpu_library.call(
+      "embedlib_dynamic_map_step", results, keys_hi, keys_lo, score, sk, hi, lo,
+      own.astype(jnp.bool_), bucket.astype(jnp.int32), cl, clock.astype(jnp.int32),
+      aliases={0: 0, 1: 1, 2: 2, 3: 3},
+      bucket_size=np.int64(bucket_size), eviction=np.int64(EVICTION_CODES[eviction]),
+      admit_after=np.int64(admit_after), decay_every=np.int64(decay_every),
+      depth=np.int64(depth), width=np.int64(width))
+  return khi, klo, sc, (sk.reshape(sketch.shape) if has_sketch else None), rows, placed, stats
+
+
+def lookup_cpu(keys_hi, keys_lo, score, hi, lo, own, bucket, *, bucket_size: int):
+  """The rows of ``dynamic.step.lookup`` (int32 ``[m]``, ``-1``: not resident
+  here), through the C++ kernel; the arguments as ``map_step_cpu``'s."""
+  (rows,) = cpu_library.call(
+      "embedlib_dynamic_map_lookup", [jax.ShapeDtypeStruct(hi.shape, jnp.int32)],
+      keys_hi, keys_lo, score, hi, lo, own.astype(jnp.bool_), bucket.astype(jnp.int32),
+      bucket_size=np.int64(bucket_size))
+  return rows
+
+
+def set_rows_cpu(table, rows, values):
+  """``table.at[rows].set(values, mode="drop")`` for distinct ``rows``, through the C++ kernel.
+
+  Args:
+    table: ``[n, features]``, any dtype; updated in place when donated.
+    rows: int32 ``[k]``, distinct where in ``[0, n)``; others are skipped.
+    values: ``[k, features]`` of the table's dtype.
+
+  Raises:
+    RuntimeError: without the CPU kernels' library (``cpu_library.call``).
+  """
+  (out,) = cpu_library.call(
+      "embedlib_set_rows", [jax.ShapeDtypeStruct(table.shape, table.dtype)], table,
+      rows.astype(jnp.int32), values.astype(table.dtype), aliases={0: 0}, vary_like=[table])
+  return out

@@ -1,0 +1,108 @@
+"""The C++ map step (``kernels.dynamic_map_cpu``) against the XLA ops (``kernel="xla"``).
+
+``dynamic.step.train_step`` takes the kernel on CPU by default, and
+``tests/dynamic/test_step.py`` holds that path to the plain-Python
+reference; here both paths must return the same arrays bit for bit (the
+state, every id's row, where ``placed`` is marked, the statistics) over
+steps that fill buckets, evict, decay and count in the sketch, with ids
+this shard does not own, and with clocks past the XLA path's packed sort;
+and the eval lookup's rows after each step.
+Inside ``shard_map`` (each device's buckets) the kernel runs in the layouts
+of ``tests/dynamic``, which hold every layout to the reference.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from embedlib.dynamic import ids as ids_lib
+from embedlib.dynamic import policy as policy_lib
+from embedlib.dynamic import step as step_lib
+from embedlib.kernels import dynamic_map_cpu
+from tests.dynamic import helpers
+
+from ..cpu_kernels import require_cpu_kernels
+
+POLICIES = [
+    dict(eviction="lru"),
+    dict(eviction="lfu", decay_every=2),
+    dict(eviction=None),
+    dict(eviction="lru", admit_after=2, sketch_width=3, decay_every=3),
+    dict(eviction="lfu", admit_after=3, sketch_width=2, sketch_depth=3),
+]
+
+
+def _empty(policy):
+  n = policy.capacity
+  sketch = (jnp.zeros((policy.num_buckets, policy.sketch_depth, policy.width), jnp.uint8)
+            if policy.uses_sketch else None)
+  return step_lib.MapState(jnp.zeros((n,), jnp.uint32), jnp.zeros((n,), jnp.uint32),
+                           jnp.full((n,), -1, jnp.int32), sketch)
+
+
+def _step(state, flat, clock, *, policy, kernel, owner):
+  """The step of shard 0 of 2 (``owner``) or of the whole map."""
+  hi, lo = flat[:, 0], flat[:, 1]
+  pad = (hi == jnp.uint32(ids_lib.PAD_WORD)) & (lo == jnp.uint32(ids_lib.PAD_WORD))
+  bucket = ids_lib.bucket_of(hi, lo, policy.num_buckets)
+  own = ~pad
+  if owner:
+    half = policy.num_buckets // 2
+    own = own & (bucket < half)
+  if clock is None:
+    return step_lib.lookup(state, hi, lo, own, bucket, bucket_size=policy.bucket_size,
+                           kernel=kernel)
+  return step_lib.train_step(state, hi, lo, own, bucket, clock, policy=policy, kernel=kernel)
+
+
+@pytest.fixture(scope="module", params=range(len(POLICIES)), ids=lambda i: str(POLICIES[i]))
+def compiled(request):
+  require_cpu_kernels()
+  policy = policy_lib.Policy(16, bucket_size=4, **POLICIES[request.param])
+  run = {k: jax.jit(functools.partial(_step, policy=policy, kernel=k), static_argnames="owner")
+         for k in ("auto", "xla")}
+  # The default takes the kernel on CPU (not a silent fall back to the XLA ops).
+  args = (_empty(policy), jnp.zeros((8, 2), jnp.uint32), jnp.int32(0))
+  assert "embedlib_dynamic_map_step" in run["auto"].lower(*args, owner=False).as_text()
+  assert "embedlib_dynamic_map_step" not in run["xla"].lower(*args, owner=False).as_text()
+  return policy, run
+
+
+def _equal(a, b, where):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=where)
+
+
+@pytest.mark.parametrize("start", [0, 2**30])
+@pytest.mark.parametrize("owner", [False, True])
+def test_kernel_equals_xla(compiled, start, owner):
+  policy, run = compiled
+  states = {k: _empty(policy) for k in run}
+  for t, batch in enumerate(helpers.draw_batches(3 + start % 7, 7, 24)):
+    flat = jnp.asarray(ids_lib.host_words(batch))
+    outs = {k: run[k](states[k], flat, jnp.int32(start + t), owner=owner) for k in run}
+    _equal(outs["auto"], outs["xla"], f"step {t}")
+    states = {k: outs[k][0] for k in run}
+    # The eval lookup of the next batch on the new map (no clock: a lookup).
+    after = jnp.asarray(ids_lib.host_words(helpers.draw_batches(t, 1, 24)[0]))
+    looked = {k: run[k](states[k], after, None, owner=owner) for k in run}
+    _equal(looked["auto"], looked["xla"], f"lookup after step {t}")
+  # Something happened: rows were placed and the map is not empty.
+  assert int(np.sum(np.asarray(states["auto"].score) >= 0)) > 0
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_set_rows_equals_the_scatter(dtype):
+  require_cpu_kernels()
+  table = jnp.arange(40, dtype=jnp.float32).reshape(10, 4).astype(dtype)
+  rows = jnp.array([3, 10, 0, -1, 9, 12], jnp.int32)          # 10, -1, 12: skipped
+  values = -jnp.arange(24, dtype=jnp.float32).reshape(6, 4).astype(dtype) - 1
+  got = jax.jit(dynamic_map_cpu.set_rows_cpu)(table, rows, values)
+  want = table.at[rows].set(values, mode="drop")
+  np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)),
+                                np.asarray(want.astype(jnp.float32)))
+  assert not np.array_equal(np.asarray(got.astype(jnp.float32)),
+                            np.asarray(table.astype(jnp.float32)))
