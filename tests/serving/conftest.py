@@ -64,3 +64,87 @@ def artifact(trained):
 def restored(trained):
   """``(config, model, mesh)``: the run's model restored in-process on one device."""
   return export_lib.restore(str(trained[0]), devices=1)
+
+
+# -- a run with raw ids (dynamic tables) --------------------------------------------
+
+
+def raw_criteo_lines(n: int, start: int = 0, distinct: int = 40) -> str:
+  """Criteo lines whose categoricals are 60-bit values (in ``[2**59, 2**60)``), ``distinct`` per feature.
+
+  Lines ``start .. start + n`` draw from ``distinct`` values per feature that
+  depend on ``i % distinct``: lines with other ``start`` offsets and a larger
+  ``distinct`` bring values a run on the first ones never saw.
+  """
+  lines = []
+  for i in range(start, start + n):
+    dense = [str(i % 7), str(i % 3)] + [""] * 5 + [str(i % 11)] * 6
+    cats = [format(((i % distinct) * 0x9E3779B97F4A7C1 + j * 0x1F123BB5) % (1 << 59) + (1 << 59),
+                   "x")
+            for j in range(25)] + [""]  # the last one missing: MISSING_RAW
+    lines.append("\t".join([str(i % 2)] + dense + cats) + "\n")
+  return "".join(lines)
+
+
+@pytest.fixture(scope="session")
+def raw_trained(tmp_path_factory):
+  """``(workdir, data file)`` of a ``configs/dlrm_criteo.py:smoke_raw`` run with learned defaults.
+
+  Its maps are filled by two training-mode lookups of the file's raw ids
+  (not by ``train_and_evaluate``: its train step takes minutes to compile
+  for 26 dynamic tables), each table's learned default row is set to random
+  values so that it differs from zeros, and the model is checkpointed in a
+  workdir as a run's, for ``python -m train.export``.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from embedlib import checkpoint, dynamic  # pylint: disable=g-import-not-at-top
+  from embedlib import data as data_lib  # pylint: disable=g-import-not-at-top
+  from embedlib.training import setup  # pylint: disable=g-import-not-at-top
+
+  root = tmp_path_factory.mktemp("serving_raw")
+  data = root / "day.tsv"
+  data.write_text(raw_criteo_lines(64))
+  config = dlrm_criteo.get_config("smoke_raw")
+  with config.unlocked():
+    config.data.train_path, config.data.eval_holdout = str(data), 0.2
+    config.model.dynamic.default = "learned"
+  task = setup.task(config)
+  spec = task.data_spec()
+  mesh = export_lib.serving_mesh(config, 1)
+  model, optimizer = setup.model_and_optimizer(config, task, spec, mesh)
+  reader = data_lib.CriteoReader(str(data), spec, batch_size=1, raw_ids=True)
+  rows = [data_lib.criteo.parse_line(line) for line in data.read_text().splitlines(True)]
+  for part in (rows[:32], rows[32:]):
+    batch = reader.assemble(part)
+    model(batch["dense"], {k: dynamic.words(v) for k, v in batch["sparse"].items()})
+  rng = np.random.default_rng(0)
+  for table in model.embeddings.dynamic.values():
+    table.default_row[...] = rng.normal(size=table.default_row.shape).astype(np.float32)
+  workdir = root / "run"
+  os.makedirs(workdir)
+  (workdir / train_lib.CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+  ckpt = checkpoint.Checkpointer(str(workdir / "checkpoints"))
+  try:
+    ckpt.save(2, model, optimizer, {})
+    ckpt.wait()
+  finally:
+    ckpt.close()
+  return workdir, data
+
+
+@pytest.fixture(scope="session")
+def raw_artifact(raw_trained):
+  """The one-device CPU artifact of ``raw_trained``, written by ``python -m train.export``."""
+  workdir, _ = raw_trained
+  out = workdir.parent / "artifact"
+  done = run_module("train.export", f"--workdir={workdir}", f"--out={out}", "--batch_size=16")
+  assert done.returncode == 0, done.stderr[-3000:]
+  return out
+
+
+@pytest.fixture(scope="session")
+def raw_restored(raw_trained):
+  """``(config, model, mesh)``: ``raw_trained``'s model restored in-process, in eval mode."""
+  config, model, mesh = export_lib.restore(str(raw_trained[0]), devices=1)
+  model.eval()
+  return config, model, mesh
