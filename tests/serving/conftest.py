@@ -148,3 +148,49 @@ def raw_restored(raw_trained):
   config, model, mesh = export_lib.restore(str(raw_trained[0]), devices=1)
   model.eval()
   return config, model, mesh
+
+
+#: ``raw_small``'s tables: the second is multi-hot (bags of 3).
+RAW_SMALL_BAGS = (1, 3, 1)
+
+
+@pytest.fixture(scope="session")
+def raw_small(tmp_path_factory):
+  """``(config, model, mesh, artifact, seen)``: a 3-table raw-id DLRM, exported in-process.
+
+  ``configs/quickstart.py:smoke`` with raw ids in 256-row dynamic tables
+  (learned defaults, set to random values), the second feature multi-hot.
+  Its maps hold ``seen[feature]``: 40 raw ids each, past ``2**63`` for
+  the first feature and in ``[2**59, 2**60)`` for the others, admitted by
+  eager training-mode lookups (3 tables compile in seconds, unlike the
+  Criteo config's 26). The model is in eval mode.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from configs import quickstart  # pylint: disable=g-import-not-at-top
+  from embedlib import dynamic  # pylint: disable=g-import-not-at-top
+  from embedlib.training import setup  # pylint: disable=g-import-not-at-top
+
+  config = quickstart.get_config("smoke")
+  with config.unlocked():
+    config.data.table_sizes, config.data.bag_sizes = (256,) * 3, RAW_SMALL_BAGS
+    config.data.raw_ids = True
+    config.model.dynamic.update(capacity=256, bucket_size=32, default="learned")
+  task = setup.task(config)
+  spec = task.data_spec()
+  mesh = export_lib.serving_mesh(config, 1)
+  model, _ = setup.model_and_optimizer(config, task, spec, mesh)
+  rng = np.random.default_rng(0)
+  seen = {}
+  for i, f in enumerate(spec.features):
+    base = np.uint64(2**63) if i == 0 else np.uint64(2**59)
+    seen[f.name] = base + rng.choice(2**58, size=40, replace=False).astype(np.uint64)
+  batch = {f.name: np.resize(seen[f.name], (40,) if b == 1 else (40, b))
+           for f, b in zip(spec.features, RAW_SMALL_BAGS)}
+  model(rng.normal(size=(40, 13)).astype(np.float32),
+        {k: dynamic.words(v) for k, v in batch.items()})
+  for table in model.embeddings.dynamic.values():
+    table.default_row[...] = rng.normal(size=table.default_row.shape).astype(np.float32)
+  model.eval()
+  out = tmp_path_factory.mktemp("serving_raw_small") / "artifact"
+  export_lib.export(config, model, mesh, str(out), batch_size=16)
+  return config, model, mesh, out, seen
