@@ -178,6 +178,18 @@ def test_a_changed_map_file_is_an_error_naming_it(raw_small, tmp_path):
     serving.load(copy)
 
 
+def test_a_raw_id_outside_its_tables_id_dtype_is_an_error_naming_it():
+  from embedlib.serving import model as model_lib  # pylint: disable=g-import-not-at-top
+
+  spec = {"name": "user", "kind": "raw_ids", "dtype": "uint32", "shape": [], "table": "user",
+          "id_dtype": "int32"}
+  words = model_lib._column("user", spec, np.array([-1, 2**31 - 1, -(2**31)], np.int64))
+  assert words.tolist() == [[2**32 - 1] * 2, [0, 2**31 - 1], [2**32 - 1, 2**31]]
+  with pytest.raises(serving.InputError, match=r"'user' holds the raw id 2147483648, outside "
+                                               r"its table's id_dtype int32"):
+    model_lib._column("user", spec, np.array([5, 2**31], np.int64))
+
+
 @pytest.mark.parametrize("id_dtype", [None, "int32", "uint32", "int64", "uint64"])
 def test_the_servers_words_are_the_librarys(id_dtype):
   """``serving.raw_ids`` restates ``embedlib.dynamic.ids.host_words`` (numpy only): the same."""
