@@ -5,8 +5,10 @@ Reads the run's config (``W/config.json``) and last checkpoint, and writes
 program per ``--platforms`` entry), its weights as ``.npy`` files and a
 manifest of its inputs and outputs with the sha256 of every file. Load it
 with ``embedlib.serving.load(DIR)`` (jax and numpy only), or score a file
-with ``python -m train.predict``. An expected failure prints one line and
-exits 1.
+with ``python -m train.predict``. A run on raw ids (dynamic tables) carries
+each table's id -> row map and scores raw ids in eval mode (a resident id
+reads its row, any other the table's default). An expected failure prints
+one line and exits 1.
 """
 
 import os

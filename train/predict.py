@@ -5,8 +5,10 @@
   ``--batch_size`` lines, with bounded memory and progress on stderr, and
   writes one click probability per input line, in input order, one float a
   line (``%.9g``: the float32 exactly). The categorical values are hashed
-  as the run's reader hashed them (``embedlib.data.CriteoReader``). A
-  malformed line stops the run naming its line number.
+  as the run's reader hashed them (``embedlib.data.CriteoReader``), or, for
+  a run with raw ids (dynamic tables), read as they are and looked up in
+  the artifact's id -> row maps. A malformed line stops the run naming its
+  line number.
 - A ``sequential`` artifact (SASRec, HSTU): reads a MovieLens release or
   RecBole files (``embedlib.data.movielens``) and writes, per user, the
   file's user id, a tab, and the top k next items (the file's item ids,
@@ -50,7 +52,8 @@ def _criteo_reader(manifest: dict, path: str):
         "(configs/dlrm_criteo.py) and MovieLens files with sequential artifacts (SASRec, "
         "HSTU). Call embedlib.serving.load for other inputs.")
   sizes = [f["num_embeddings"] for f in info["features"]]
-  return data.CriteoReader(path, data.criteo_spec(sizes), batch_size=1)
+  return data.CriteoReader(path, data.criteo_spec(sizes), batch_size=1,
+                           raw_ids=bool(info.get("raw_ids", False)))
 
 
 def _lines(path: str):

@@ -225,8 +225,10 @@ class DynamicEmbed(nnx.Module):
     if train and scope is not None:
       return self._rows_ahead(scope, flat).reshape(w.shape)
     clock = self.clock[...]
+    # An eval lookup places no row, so it needs no table (nor one a quantized table lacks).
     state, placed_at, table, rows, stats = self._run(
-        self._state(), self.placed_at[...], clock, self.rows.embedding[...], flat, train)
+        self._state(), self.placed_at[...], clock,
+        self.rows.embedding[...] if train else None, flat, train)
     if train:
       self._commit(state, placed_at, clock + 1, stats)
       self.rows.embedding[...] = table

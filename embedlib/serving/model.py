@@ -15,10 +15,12 @@ from jax import export
 
 from embedlib import invalid_ids
 from embedlib.serving import artifact
+from embedlib.serving import raw_ids
 
 #: Manifest input kinds: values passed as they are (floats, or integers such as
-#: times), and ids looked up in a table.
-DENSE, IDS = "dense", "ids"
+#: times), ids looked up in a table, and raw ids looked up in a dynamic table's
+#: map (the program takes them as uint32 words, ``raw_ids``).
+DENSE, IDS, RAW_IDS = "dense", "ids", "raw_ids"
 _JAX_PLATFORM = {"cpu": ("cpu",), "gpu": ("cuda", "rocm"), "tpu": ("tpu",)}
 
 
@@ -72,7 +74,10 @@ class ServedModel:
   float dtype (cast to the manifest's), integer inputs (ids, times) any
   integer dtype: ids
   outside ``[0, num_embeddings)`` follow the library's rule (looked up as
-  a zero vector, like the padding id ``-1``).
+  a zero vector, like the padding id ``-1``). Raw ids (kind ``raw_ids``,
+  a run with dynamic tables) take any integer dtype too, 64-bit values
+  exactly: a resident id reads its row, any other its table's default
+  (zeros, or the learned shared row); ``-1`` / ``2**64 - 1`` is padding.
 
   Returns of ``__call__``: a dict of numpy arrays, one per
   ``output_names``, each with the batch as its first dimension.
@@ -129,6 +134,21 @@ class ServedModel:
         out.append(np.asarray(result))
     return {name: np.concatenate(out)[:rows] for name, out in zip(self.output_names, outputs)}
 
+  def resident(self, table: str) -> dict[int, int]:
+    """The id -> row map the artifact carries for dynamic table ``table``.
+
+    Returns:
+      Every resident raw id (its uint64 value) and its row.
+    """
+    tables = self.manifest.get("dynamic_tables", {})
+    if table not in tables:
+      raise KeyError(f"the artifact has no dynamic table {table!r}; its dynamic tables are "
+                     f"{sorted(tables) or 'none'}.")
+    index = {w["name"]: i for i, w in enumerate(self.manifest["weights"])}
+    entry = tables[table]
+    return raw_ids.map_of(*(np.asarray(self.weights[index[entry[k]]])
+                            for k in ("keys_hi", "keys_lo", "score")))
+
   def __repr__(self) -> str:
     return (f"ServedModel({self.directory!r}, task={self.task!r}, inputs={self.input_names}, "
             f"outputs={self.output_names}, platforms={tuple(self.manifest['programs'])}, "
@@ -137,6 +157,8 @@ class ServedModel:
 
 def _example(spec: dict) -> str:
   shape = ", ".join(["batch"] + [str(d) for d in spec["shape"]])
+  if spec["kind"] == RAW_IDS:
+    return f"raw ids of any integer dtype (int64 or uint64 for 64-bit ids) of shape ({shape})"
   return f"an array of {spec['dtype']} of shape ({shape})"
 
 
@@ -147,7 +169,7 @@ def _column(name: str, spec: dict, value) -> np.ndarray:
   except Exception as e:  # noqa: BLE001 (anything numpy can't hold is the caller's to fix)
     raise InputError(f"the input {name!r} is not an array ({e}); pass {_example(spec)}.") from None
   kind = array.dtype.kind
-  if spec["kind"] == IDS and kind not in "iu":
+  if spec["kind"] in (IDS, RAW_IDS) and kind not in "iu":
     raise InputError(f"the input {name!r} has dtype {array.dtype}, not integer ids; pass "
                      f"{_example(spec)} (any integer dtype).")
   wanted = np.dtype(spec["dtype"]).kind
@@ -159,6 +181,14 @@ def _column(name: str, spec: dict, value) -> np.ndarray:
                      f"{_example(spec)}.")
   if array.ndim != 1 + len(spec["shape"]) or list(array.shape[1:]) != list(spec["shape"]):
     raise InputError(f"the input {name!r} has shape {array.shape}; pass {_example(spec)}.")
+  if spec["kind"] == RAW_IDS:
+    words, bad = raw_ids.host_words(array, spec.get("id_dtype"))
+    if bad is not None:
+      low, high = raw_ids.id_range(spec.get("id_dtype"))
+      raise InputError(f"the input {name!r} holds the raw id {bad}, outside its table's "
+                       f"id_dtype {spec.get('id_dtype')} ([{low}, {high}], -1 is padding); "
+                       "fix the ids (the table was trained on that range).")
+    return words
   if spec["kind"] == IDS:
     valid = invalid_ids.valid_mask(array, int(spec["num_embeddings"]))
     ids = np.full(array.shape, -1, spec["dtype"])  # -1 fits no unsigned dtype: fill, then copy
@@ -170,6 +200,8 @@ def _column(name: str, spec: dict, value) -> np.ndarray:
 def _pad(x: np.ndarray, rows: int, spec: dict) -> np.ndarray:
   if len(x) == rows:
     return x
+  if spec["kind"] == RAW_IDS:
+    return np.concatenate([x, raw_ids.padding((rows - len(x),) + x.shape[1:-1])])
   fill = -1 if spec["kind"] == IDS else 0
   return np.concatenate([x, np.full((rows - len(x),) + x.shape[1:], fill, x.dtype)])
 

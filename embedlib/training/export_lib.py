@@ -107,7 +107,7 @@ def scoring(config, model, mesh, *, top_k: int = 100,
     task = setup.task(config)
     spec = task.data_spec()
     if name == "ctr":
-      return scoring_lib.ctr(config, spec)
+      return scoring_lib.ctr(config, spec, model)
     if name == "retrieval":
       _, eval_source = setup.sources(config, task, spec)
       return scoring_lib.retrieval(task, model, mesh, eval_source, top_k=top_k)
@@ -198,6 +198,32 @@ def program(model, mesh, score: scoring_lib.Scoring, batch_size: int,
   return programs, names, weights
 
 
+def dynamic_manifest(model, names: list) -> dict:
+  """The manifest's ``dynamic_tables``: each dynamic table's map, as weights of the artifact.
+
+  A row is resident when its ``score`` is ``>= 0``; its raw id is
+  ``keys_hi << 32 | keys_lo`` (``embedlib.serving.raw_ids.map_of``). The
+  program reads the map as it stood when exported, without admitting.
+  """
+  index = set(names)
+  out = {}
+  for table, (path, module, features) in scoring_lib.dynamic_tables(model).items():
+    prefix = "".join(f"[{k!r}]" for k in path)
+    entry = {"features": features, "capacity": module.policy.capacity,
+             "bucket_size": module.policy.bucket_size,
+             "num_buckets": module.policy.num_buckets, "default": module.default,
+             "id_dtype": module.id_dtype, "resident": len(module.resident())}
+    for key in ("keys_hi", "keys_lo", "score"):
+      name = f"{prefix}[{key!r}].value"
+      if name not in index:
+        raise ExportError(f"dynamic table {table!r}: its map {key!r} is not among the "
+                          f"exported weights (looked for {name}); this is a bug in the "
+                          "export: report it.")
+      entry[key] = name
+    out[table] = entry
+  return out
+
+
 def export(config, model, mesh, out: str, *, batch_size: int | None = None,
            platforms=("cpu",), bits: int | None = None, top_k: int = 100,
            exclude_input: bool = False) -> dict:
@@ -251,6 +277,13 @@ def export(config, model, mesh, out: str, *, batch_size: int | None = None,
                         "like the padding id -1 (embedlib.invalid_ids)"),
         **score.info,
     }
+    dynamic = dynamic_manifest(model, names)
+    if dynamic:
+      manifest["dynamic_tables"] = dynamic
+      manifest["invalid_ids"] += (
+          "; a raw id (an input of kind raw_ids) that is not resident in its dynamic "
+          "table's map reads the table's default row (zeros, or its learned shared row), "
+          "and -1 or 2**64 - 1 is padding (zeros)")
     artifact.finish(staging, manifest)
     os.chmod(staging, 0o755)  # mkdtemp's 0700 would keep a server's user out
     if os.path.exists(out):

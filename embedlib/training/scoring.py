@@ -19,8 +19,12 @@ import typing as tp
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
-from embedlib.serving.model import DENSE, IDS
+from embedlib.collection import EmbeddingCollection
+from embedlib.dynamic import Words
+from embedlib.serving import raw_ids
+from embedlib.serving.model import DENSE, IDS, RAW_IDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +49,8 @@ class Scoring:
 
   def zeros(self, batch_size: int) -> list[np.ndarray]:
     """Example inputs of ``batch_size`` rows (ids ``-1``, the padding id), for tracing."""
-    return [np.full((batch_size, *s["shape"]), -1 if s["kind"] == IDS else 0, s["dtype"])
+    return [raw_ids.padding((batch_size, *s["shape"])) if s["kind"] == RAW_IDS else
+            np.full((batch_size, *s["shape"]), -1 if s["kind"] == IDS else 0, s["dtype"])
             for s in self.inputs]
 
 
@@ -54,18 +59,53 @@ def _ids(name: str, num_embeddings: int, shape=()) -> dict:
           "num_embeddings": int(num_embeddings)}
 
 
-def ctr(config, spec) -> Scoring:
-  """Click probabilities ``[B]`` from ``dense [B, num_dense]`` and each feature's ids."""
+def dynamic_tables(model) -> dict:
+  """Every dynamic table of ``model``'s collections: ``{table: (path, module, features)}``.
+
+  ``path`` is the module's ``nnx`` path (its state's names start with it),
+  ``features`` the names of the features that read it.
+  """
+  out = {}
+  for path, node in nnx.iter_graph(model):
+    if isinstance(node, EmbeddingCollection):
+      for name, table in node.dynamic.items():
+        features = [f.name for f in node.feature_specs if f.table == name]
+        out[name] = ((*path, "dynamic", name), table, features)
+  return out
+
+
+def _raw_ids(name: str, table, shape=()) -> dict:
+  """A raw-id input of dynamic table ``table``: uint32 words ``shape + (2,)`` in the program."""
+  return {"name": name, "kind": RAW_IDS, "dtype": "uint32", "shape": list(shape),
+          "table": table.name, "id_dtype": table.id_dtype}
+
+
+def ctr(config, spec, model=None) -> Scoring:
+  """Click probabilities ``[B]`` from ``dense [B, num_dense]`` and each feature's ids.
+
+  With raw ids (``config.data.raw_ids``) the features of ``model``'s dynamic
+  tables take raw ids (``RAW_IDS``), looked up in the map the artifact
+  carries as it stood after training, without admitting (eval mode).
+  """
   names = [f.name for f in spec.features]
+  dynamic = {}
+  if config.data.get("raw_ids", False):
+    dynamic = {f: module for _, module, features in dynamic_tables(model).values()
+               for f in features}
   inputs = [{"name": "dense", "kind": DENSE, "dtype": "float32", "shape": [spec.num_dense]}]
-  inputs += [_ids(f.name, f.num_embeddings, () if f.bag_size == 1 else (f.bag_size,))
-             for f in spec.features]
+  for f in spec.features:
+    shape = () if f.bag_size == 1 else (f.bag_size,)
+    inputs.append(_raw_ids(f.name, dynamic[f.name], shape) if f.name in dynamic
+                  else _ids(f.name, f.num_embeddings, shape))
+  raw = [n in dynamic for n in names]
 
   def fn(model, extras, dense, *ids):
     del extras
+    ids = [Words(x) if r else x for x, r in zip(ids, raw)]
     return (jax.nn.sigmoid(model(dense, dict(zip(names, ids)))),)
 
   data = {"source": config.data.source, "num_dense": spec.num_dense,
+          "raw_ids": bool(dynamic),
           "features": [{"name": f.name, "num_embeddings": f.num_embeddings,
                         "bag_size": f.bag_size} for f in spec.features]}
   return Scoring(inputs, [{"name": "probability", "dtype": "float32", "shape": []}], fn,
