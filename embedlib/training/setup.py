@@ -20,6 +20,8 @@ from jax.sharding import PartitionSpec as P
 from embedlib import checkpoint
 from embedlib import host_memory
 from embedlib import optim
+from embedlib.plan import memory as plan_memory
+from embedlib.plan.report import human_bytes
 from embedlib.training import tasks
 from embedlib.training.loop import Loop
 from embedlib.training.tasks.base import ConfigError, fail as _fail
@@ -165,6 +167,48 @@ def model_and_optimizer(config, task_, spec, mesh):
   _on_mesh(optimizer, mesh)
   host_memory.release_freed()  # the initialisers' temporaries
   return model, optimizer
+
+
+def planned_memory(model, config) -> plan_memory.DeviceMemory:
+  """The plan's memory of the model's embedding step per device (``embedlib.plan.memory``).
+
+  Every table and stack once: a collection's ``TablePlan`` s and stacks, and
+  the sparse ``ShardedEmbed`` s outside a collection, with the config's
+  sparse optimizer's slots.
+  """
+  items, seen = [], set()
+  for _, module in nnx.iter_graph(model):
+    table_plans = getattr(getattr(module, "plan", None), "tables", None)
+    if table_plans is None:
+      continue
+    stacks = module.plan.stacks
+    for t in [*(t for t in table_plans if t.stack is None), *stacks]:
+      items.append(t.plan)
+    seen.update(id(m) for _, m in optim.sparse_tables(module))
+  items += [m.plan for _, m in optim.sparse_tables(model) if id(m) not in seen]
+  return plan_memory.device_memory(items, config.optim.sparse.name)
+
+
+def describe_step_memory(step, args, kwargs, model, config) -> str:
+  """The compiled train step's memory per device, beside the plan's of its embedding.
+
+  ``step`` is the jitted train step and ``args``/``kwargs`` its first call's
+  arguments: ``step.lower(...).compile()`` is the executable that call
+  runs (jax caches it), so the start-up print compiles nothing twice.
+  """
+  stats = step.lower(*args, **kwargs).compile().memory_analysis()
+  plan = planned_memory(model, config)
+  if stats is None:  # a backend without a memory analysis
+    return f"train step memory: not reported here; plan's embedding {human_bytes(plan.total)}"
+  total = (stats.argument_size_in_bytes + stats.output_size_in_bytes
+           - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
+  return (f"train step memory per device, compiled: {human_bytes(total)} (arguments "
+          f"{human_bytes(stats.argument_size_in_bytes)}, temporaries "
+          f"{human_bytes(stats.temp_size_in_bytes)}); the plan's embedding: "
+          f"{human_bytes(plan.total)} (tables {human_bytes(plan.table)}, slots "
+          f"{human_bytes(plan.slots)}, ids {human_bytes(plan.ids)}, temporaries "
+          f"{human_bytes(plan.temporary)}; dense weights, their moments and the batch "
+          f"are the rest)")
 
 
 def sources(config, task_, spec):
