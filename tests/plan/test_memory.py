@@ -9,6 +9,7 @@ import pytest
 
 from embedlib import optim
 from embedlib.plan import memory, plan_embedding
+from embedlib.plan.report import human_bytes
 
 MESH = {"batch": 8}
 
@@ -70,3 +71,15 @@ def test_auto_fits_the_whole_step_not_the_table_alone():
 def test_the_printed_plan_states_the_steps_memory():
   text = str(plan_embedding(1_000_000, 64, mesh=MESH, sharding="routed"))
   assert "memory/step" in text and "rowwise_adagrad slots 488.28 KiB" in text
+
+
+def test_a_devices_memory_is_stated_per_table_and_in_total():
+  a = plan_embedding(1_000_000, 64, mesh=MESH, sharding="routed", name="a")
+  b = plan_embedding(1000, 16, mesh=MESH, sharding="vocab", name="b")
+  device = memory.device_memory([a, b], "lazy_adam")
+  lines = device.describe()
+  assert [line.split()[0] for line in lines] == ["a", "b", "per"]
+  assert "(lazy_adam)" in lines[-1] and lines[-1].endswith(human_bytes(device.total))
+  # One table's exchange buffers at a time: less than the two tables' sum.
+  assert device.total < sum(t.total for t in device.tables)
+  assert device.table == a.bytes_per_device + b.bytes_per_device
