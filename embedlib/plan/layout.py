@@ -20,6 +20,9 @@ from embedlib.plan import placement as placement_lib
 from embedlib.plan import report
 from embedlib.plan.traffic import PlanTraffic
 
+#: ``EmbeddingPlan.memory``'s default optimizer: the plan's own.
+_OWN = object()
+
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddingPlan(PlanTraffic):
@@ -58,21 +61,23 @@ class EmbeddingPlan(PlanTraffic):
   optimizer: str | None = memory_lib.DEFAULT_OPTIMIZER
 
   def memory(self, ids: int | None = None, *, num_unique: int | None = None,
-             optimizer=memory_lib.DEFAULT_OPTIMIZER) -> memory_lib.TableMemory:
+             rows: int | None = None, optimizer=_OWN) -> memory_lib.TableMemory:
     """What one device holds for this table in a training step (``memory.table_memory``).
 
     The table's shard, the sparse ``optimizer``'s slots (default the plan's
     own ``optimizer``), the step's ``ids`` (default ``ids_per_device``) and
-    the temporaries of the lookup, dedup (``num_unique``) and update.
+    the temporaries of the lookup (returning ``rows``, default ``ids``),
+    dedup (``num_unique``) and update.
 
     >>> from embedlib.plan import plan_embedding
     >>> m = plan_embedding(1 << 20, 64, mesh={"batch": 8}, sharding="vocab").memory()
     >>> m.table, m.slots, m.total > m.table + m.slots
     (33554432, 524288, True)
     """
-    if optimizer is memory_lib.DEFAULT_OPTIMIZER:
+    if optimizer is _OWN:
       optimizer = self.optimizer
-    return memory_lib.table_memory(self, ids, num_unique=num_unique, optimizer=optimizer)
+    return memory_lib.table_memory(self, ids, num_unique=num_unique, rows=rows,
+                                   optimizer=optimizer)
 
   @property
   def memory_per_device(self) -> int:

@@ -33,6 +33,7 @@ def test_the_optimizers_own_rules_give_the_same_slots_as_their_names():
     assert memory.slot_layout(rule) == memory.slot_layout(name)
   p = plan_embedding(1000, 64, mesh=MESH, sharding="vocab", optimizer=optim.LazyAdam())
   assert p.memory().slots == p.memory(optimizer="lazy_adam").slots
+  assert p.memory(optimizer="rowwise_adagrad").slots == 125 * 4 < p.memory().slots
 
 
 def test_an_unknown_optimizer_names_the_known_ones():
