@@ -11,10 +11,12 @@ Tolerance: at the smoke sizes the temporaries are most of the step (a
 routed table's few hundred small buffers, each aligned by XLA's
 allocator), and the calibrated plan is within 3% of each smoke config's
 compiled total; 5% (the plan's target) leaves XLA's packing of those
-buffers some room and still fails a plan that drops a table's small
-buffers (2% to 60% of these totals) or its slots. Two configs, one per
-layout the configs use (vocab, routed with a multi-hot feature), ~25 s each;
-``-m slow``: the rest and the documented sizes. Figures for every config:
+buffers some room and still fails a plan that drops the small buffers
+(48% to 73% of each smoke total) or a routed step's exchange (12% to 31%).
+Two configs, one per layout the configs use (vocab, routed with a
+multi-hot feature), ~25 s each; ``-m slow``: the rest and the documented
+sizes (quickstart's and two_tower's are 7.0% and 5.6% off, outside the
+tolerance: ``benchmarks/README.md``). Figures for every config:
 ``benchmarks/gpu_plan.py --only memory``.
 """
 
@@ -27,7 +29,9 @@ from tests.gpu_compile import compiled, embedding_steps, train_steps
 
 #: The plan's stated total against the compiled one, as a fraction.
 TOLERANCE = 0.05
-SMOKE_OPTIONS = {"xla_gpu_autotune_level": 0}
+# Memory only: XLA's defaults for GEMMs, and a kernel that spills (the
+# documented DLRM's does, as test_models says) is compiled, not failed.
+OPTIONS = {"xla_gpu_autotune_level": 0, "xla_gpu_fail_ptx_compilation_on_register_spilling": False}
 
 CONFIGS = [
     ("dlrm_criteo", "smoke"), ("quickstart", "smoke"),
@@ -44,7 +48,7 @@ def plan_and_compiled(name, variant):
   step, state, inputs, plans = embedding_steps.embedding_step(config, mesh)
   program = compiled.compile_checked(f"{name}:{variant} embedding", step, state, inputs,
                                      mesh=mesh, target="H200", donate_argnums=0,
-                                     options=SMOKE_OPTIONS)
+                                     options=OPTIONS)
   return memory.device_memory(plans, config.optim.sparse.name), program.memory
 
 
