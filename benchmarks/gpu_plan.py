@@ -108,12 +108,12 @@ def sparse_step(graphdef, state, inputs, loss_fn, mesh):
 
 def abstract_pair(build, mesh):
   """``(pair, graphdef, abstract state)`` of ``build()``, sharded as a concrete build places it."""
-  from tests.gpu_compile import compiled  # pylint: disable=g-import-not-at-top
+  from tests.gpu_compile import compiled, embedding_steps  # pylint: disable=g-import-not-at-top
 
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     pair = nnx.eval_shape(build)
   graphdef, state = nnx.split(pair)
-  return pair, graphdef, compiled.abstract(state, mesh)
+  return pair, graphdef, embedding_steps.tables_placed(pair, compiled.abstract(state, mesh), mesh)
 
 
 def planned_bytes(coll) -> int:

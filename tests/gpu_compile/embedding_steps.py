@@ -67,7 +67,7 @@ def embedding_step(config, mesh):
     pair = nnx.eval_shape(build)
   parts, _ = pair
   graphdef, state = nnx.split(pair)
-  state = _tables_placed(pair, compiled.abstract(state, mesh), mesh)
+  state = tables_placed(pair, compiled.abstract(state, mesh), mesh)
   data = NamedSharding(mesh, P(tuple(config.mesh_axes)))
   batch = train_steps.host_batch(config, task, spec)
   inputs, plans = [], []
@@ -118,7 +118,7 @@ def _key(k) -> str:
   return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
 
 
-def _tables_placed(pair, state, mesh):
+def tables_placed(pair, state, mesh):
   """``state`` with every table sharded as its plan lays it out.
 
   An abstract build leaves a padded table's value without a sharding
