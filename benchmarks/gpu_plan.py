@@ -1,15 +1,24 @@
 """Per-device HBM on 8 x H200 from deviceless compiles, beside the planner's estimate.
 
-    JAX_PLATFORMS=cpu python benchmarks/gpu_plan.py            # all three parts
+    JAX_PLATFORMS=cpu python benchmarks/gpu_plan.py            # every part
     JAX_PLATFORMS=cpu python benchmarks/gpu_plan.py --only llm
+    JAX_PLATFORMS=cpu python benchmarks/gpu_plan.py --only memory --configs quickstart,ranker
 
 Needs the CUDA plugin (``pip install -e '.[gpu-compile]'``, Python >= 3.12);
 nothing runs on a GPU: every figure is XLA's ``memory_analysis()`` of a
 program compiled for 8 H200s (``embedlib.kernels.deviceless``), per device:
 arguments, temporaries, and the total the program holds at once
 (arguments + outputs not aliased to them + temporaries). "planned" is the
-planner's ``bytes_per_device`` summed over the tables (the tables only: the
-optimizer's slots, dense weights and the batch are the difference).
+plan's memory of the embedding's step (``embedlib.plan.memory``: tables,
+row-wise slots, ids and the lookups' and sparse update's temporaries) summed
+over the tables; a whole train step holds the dense weights, their moments
+and the batch beside it.
+
+0. ``memory``: each config of ``configs/`` at its documented size (and
+   ``:smoke``), and the MLPerf DLRM-DCNv2 below: its lookups and sparse
+   step alone (``tests/gpu_compile/embedding_steps.py``), compiled, beside
+   the plan: tables + slots + ids against the arguments, the planned
+   temporaries against XLA's, and the totals.
 
 1. ``dlrm``: MLPerf DLRM-DCNv2 on Criteo 1TB (26 tables, the MLPerf
    cardinalities capped at 40M rows: 204M rows, width 128; 3 cross layers,
@@ -35,6 +44,7 @@ batch's all-to-all start and done): ``benchmarks/pipeline_schedule.py``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import pathlib
 import sys
@@ -53,6 +63,7 @@ from jax.sharding import PartitionSpec as P
 import embedlib
 from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim
 from embedlib.kernels import deviceless
+from embedlib.plan import memory
 
 TARGET = "H200"
 GIB = 2**30
@@ -97,17 +108,51 @@ def sparse_step(graphdef, state, inputs, loss_fn, mesh):
 
 def abstract_pair(build, mesh):
   """``(pair, graphdef, abstract state)`` of ``build()``, sharded as a concrete build places it."""
-  from tests.gpu_compile import compiled  # pylint: disable=g-import-not-at-top
+  from tests.gpu_compile import compiled, embedding_steps  # pylint: disable=g-import-not-at-top
 
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     pair = nnx.eval_shape(build)
   graphdef, state = nnx.split(pair)
-  return pair, graphdef, compiled.abstract(state, mesh)
+  return pair, graphdef, embedding_steps.tables_placed(pair, compiled.abstract(state, mesh), mesh)
 
 
 def planned_bytes(coll) -> int:
+  """The plan's memory of the collection's sparse step (row-wise AdaGrad), per device."""
   plans = [t.plan for t in coll.plan.tables if t.stack is None] + [s.plan for s in coll.plan.stacks]
-  return sum(p.bytes_per_device for p in plans)
+  return memory.device_memory(plans, "rowwise_adagrad").total
+
+
+MEMORY_CONFIGS = ("quickstart", "dlrm_criteo", "ranker", "two_tower")
+
+
+def plan_memory(names) -> None:
+  """Each config's embedding step alone, compiled, beside the plan's memory of it."""
+  from tests.gpu_compile import embedding_steps, train_steps  # pylint: disable=g-import-not-at-top
+
+  print(f"Embedding step alone (lookups + sparse step), per device, 8 x {TARGET}")
+  print(f"  {'config':24s} {'args MiB':>10s} {'planned':>10s} {'temp MiB':>10s} {'planned':>10s} "
+        f"{'total MiB':>10s} {'planned':>10s} {'plan/compiled':>13s}  compile")
+  configs = []
+  for name in names:
+    if name == "mlperf":
+      configs.append(("MLPerf DLRM-DCNv2", dlrm_config()))
+      continue
+    module = importlib.import_module(f"configs.{name}")
+    configs += [(f"{name}:smoke", module.get_config("smoke")), (name, module.get_config(None))]
+  for label, config in configs:
+    mesh = train_steps.mesh_for(config, TARGET)
+    step, state, inputs, plans = embedding_steps.embedding_step(config, mesh)
+    start = time.perf_counter()
+    compiled = deviceless.gpu_compile(step, state, inputs, mesh=mesh, donate_argnums=0,
+                                      compiler_options={"xla_gpu_autotune_level": 0})
+    seconds = time.perf_counter() - start
+    m, planned = compiled.memory_analysis(), memory.device_memory(plans, config.optim.sparse.name)
+    mib = lambda n: f"{n / 2**20:10.3f}"
+    arguments = planned.table + planned.slots + planned.ids
+    print(f"  {label:24s} {mib(m.argument_size_in_bytes)} {mib(arguments)}"
+          f" {mib(m.temp_size_in_bytes)} {mib(planned.temporary)} {mib(total_bytes(m))}"
+          f" {mib(planned.total)} {100 * (planned.total / total_bytes(m) - 1):+12.1f}%  "
+          f"{seconds:5.0f} s", flush=True)
 
 
 def dlrm_config():
@@ -243,13 +288,17 @@ def largest(mesh) -> None:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--only", choices=["dlrm", "llm", "largest"], action="append")
+  parser.add_argument("--only", choices=["memory", "dlrm", "llm", "largest"], action="append")
+  parser.add_argument("--configs", default=",".join(MEMORY_CONFIGS + ("mlperf",)),
+                      help="memory: configs/ modules (and mlperf), comma-separated")
   args = parser.parse_args(argv)
   reason = deviceless.unavailable_reason()
   if reason:
     print(f"gpu_plan: {reason}")
     return 1
-  parts = args.only or ["dlrm", "llm", "largest"]
+  parts = args.only or ["memory", "dlrm", "llm", "largest"]
+  if "memory" in parts:
+    plan_memory(args.configs.split(","))
   mesh = deviceless.gpu_mesh((8,), ("batch",), target=TARGET,
                              axis_types=(jax.sharding.AxisType.Auto,))
   if "llm" in parts:

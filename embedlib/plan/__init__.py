@@ -2,7 +2,9 @@
 
 ``choose`` decides a table's layout (``plan_embedding``), ``layout`` holds
 the result (``EmbeddingPlan``), ``traffic`` and ``cost`` count the bytes it
-moves, ``report`` prints it, ``checks`` validates the arguments.
+moves, ``memory`` what a device holds for its training step (table, optimizer
+slots, ids, temporaries), ``report`` prints it, ``checks`` validates the
+arguments.
 """
 
 from embedlib.plan.checks import check_shape

@@ -14,6 +14,7 @@ import numpy as np
 from embedlib import options
 from embedlib.plan import checks
 from embedlib.plan import cost
+from embedlib.plan import memory as memory_lib
 from embedlib.plan import mesh_axes
 from embedlib.plan import placement as placement_lib
 from embedlib.plan.layout import EmbeddingPlan
@@ -111,6 +112,7 @@ def plan_embedding(
     device_memory_bytes: int | None = None,
     devices_per_node: int | None = None,
     node_capacity: int | None = None,
+    optimizer=memory_lib.DEFAULT_OPTIMIZER,
 ) -> EmbeddingPlan:
   """Decides how a ``(num_embeddings, features)`` table is laid out on a mesh.
 
@@ -142,10 +144,12 @@ def plan_embedding(
     column_axes: a grid's column axes (``sharding="grid"``, or a grid
       ``auto`` may fall back to; default the data axes that are not table
       axes: FSDP's split of the width).
-    device_memory_bytes: what one device may spend on the table: ``auto``
-      takes, among the layouts that fit, the one moving the fewest bytes,
-      trying a grid (rows over ``table_axes``, columns over ``column_axes``)
-      where no 1-D layout fits. None: no limit.
+    device_memory_bytes: what one device may spend on the table's training
+      step: its shard, the ``optimizer``'s slots, the ids and the lookup's
+      and update's temporaries (``EmbeddingPlan.memory``). ``auto`` takes,
+      among the layouts that fit, the one moving the fewest bytes, trying
+      a grid (rows over ``table_axes``, columns over ``column_axes``) where
+      no 1-D layout fits. None: no limit.
     devices_per_node: devices one node holds (fast links inside it, slower
       ones between nodes), counted in the table group's rank order; it must
       divide the group. A routed table spanning several nodes then takes
@@ -158,6 +162,9 @@ def plan_embedding(
       across nodes in the two-level route; None plans it for uniform ids
       (``cost.node_capacity``). A step needing more takes the flat route's
       buffers across nodes for that step (the same rows).
+    optimizer: the sparse row-wise optimizer that trains the table, for
+      its slots: a name of ``memory.OPTIMIZER_SLOTS``, a row-wise rule, or
+      None (no slots).
 
   Returns:
     An ``EmbeddingPlan``.
@@ -283,10 +290,19 @@ def plan_embedding(
           "bytes per lookup (",
           f"bytes per lookup, a byte across nodes counted {cost.INTER_NODE_WEIGHT}x (")
     if device_memory_bytes is not None:
+      def size(s):
+        """Bytes one device holds for the table's step laid out as ``s``."""
+        return plan_embedding(
+            num_embeddings, features, mesh=mesh, sharding=s, table_axes=table_axes,
+            data_axes=data_axes, tied=tied, param_dtype=param_dtype,
+            ids_per_device=ids_per_device, route_capacity=route_capacity, name=name,
+            column_axes=grid_columns if s == options.GRID else None,
+            devices_per_node=devices_per_node, node_capacity=node_capacity,
+            optimizer=optimizer).memory_per_device
+
       strategy, reason = _fit_memory(
-          strategy, reason, device_memory_bytes, weighed, name=name, tied=tied,
-          grid=bool(grid_columns), shape=(num_embeddings, features), group=group,
-          column_group=column_group, itemsize=itemsize)
+          strategy, reason, device_memory_bytes, weighed, size, name=name, tied=tied,
+          grid=bool(grid_columns), shape=(num_embeddings, features), group=group)
   else:
     strategy, reason = sharding, f"sharding={sharding!r} was requested"
   if strategy == options.REPLICATED:
@@ -318,6 +334,7 @@ def plan_embedding(
       column_axes=columns,
       devices_per_node=devices_per_node,
       node_capacity=node_capacity,
+      optimizer=memory_lib.optimizer_key(optimizer),
   )
   if placement is None:
     return plan
@@ -330,14 +347,12 @@ def plan_embedding(
   return plan
 
 
-def _fit_memory(strategy, reason, budget, moved, *, name, tied, grid, shape, group,
-                column_group, itemsize):
-  """``(strategy, reason)``: ``auto``'s choice, or the cheapest layout that fits ``budget``."""
-  def size(s):
-    g = 1 if s == options.REPLICATED else group
-    c = column_group if s == options.GRID else 1
-    return cost.table_bytes_per_device(cost.padded_shape(*shape, s, g, c), s, g, itemsize, c)
+def _fit_memory(strategy, reason, budget, moved, size, *, name, tied, grid, shape, group):
+  """``(strategy, reason)``: ``auto``'s choice, or the cheapest layout that fits ``budget``.
 
+  ``size(strategy)``: the bytes a device holds for the table's training step
+  in that layout (table, slots, ids, temporaries).
+  """
   if size(strategy) <= budget:
     return strategy, reason
   candidates, _ = sharded_candidates(*shape, group)
@@ -349,7 +364,8 @@ def _fit_memory(strategy, reason, budget, moved, *, name, tied, grid, shape, gro
   if not fits:
     raise ValueError(
         f"{name}: no layout fits device_memory_bytes={budget} ({human_bytes(budget)}): "
-        f"{strategy} needs {human_bytes(size(strategy))} a device, {sizes}; spread the table "
+        f"{strategy} needs {human_bytes(size(strategy))} a device (table, optimizer slots "
+        f"and the step's temporaries), {sizes}; spread the table "
         f"over more devices (a larger mesh, or table_axes and column_axes covering more "
         f"axes), use a narrower param_dtype, or raise device_memory_bytes."
     )

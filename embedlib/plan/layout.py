@@ -14,10 +14,14 @@ from __future__ import annotations
 import dataclasses
 
 from embedlib import options
+from embedlib.plan import memory as memory_lib
 from embedlib.plan import mesh_axes
 from embedlib.plan import placement as placement_lib
 from embedlib.plan import report
 from embedlib.plan.traffic import PlanTraffic
+
+#: ``EmbeddingPlan.memory``'s default optimizer: the plan's own.
+_OWN = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +58,31 @@ class EmbeddingPlan(PlanTraffic):
   column_axes: tuple[str, ...] = ()
   devices_per_node: int | None = None
   node_capacity: int | None = None
+  optimizer: str | None = memory_lib.DEFAULT_OPTIMIZER
+
+  def memory(self, ids: int | None = None, *, num_unique: int | None = None,
+             rows: int | None = None, optimizer=_OWN) -> memory_lib.TableMemory:
+    """What one device holds for this table in a training step (``memory.table_memory``).
+
+    The table's shard, the sparse ``optimizer``'s slots (default the plan's
+    own ``optimizer``), the step's ``ids`` (default ``ids_per_device``) and
+    the temporaries of the lookup (returning ``rows``, default ``ids``),
+    dedup (``num_unique``) and update.
+
+    >>> from embedlib.plan import plan_embedding
+    >>> m = plan_embedding(1 << 20, 64, mesh={"batch": 8}, sharding="vocab").memory()
+    >>> m.table, m.slots, m.total > m.table + m.slots
+    (33554432, 524288, True)
+    """
+    if optimizer is _OWN:
+      optimizer = self.optimizer
+    return memory_lib.table_memory(self, ids, num_unique=num_unique, rows=rows,
+                                   optimizer=optimizer)
+
+  @property
+  def memory_per_device(self) -> int:
+    """Bytes one device holds for this table in a training step: ``memory().total``."""
+    return self.memory().total
 
   @property
   def nodes(self) -> int:

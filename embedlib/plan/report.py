@@ -48,6 +48,7 @@ def describe(plan) -> str:
          f" {plan.nodes} nodes{', two-level route' if plan.node_route else ''})"]
         if plan.nodes > 1 else []),
       f"  moved/update    {update_summary(plan)}",
+      f"  memory/step     {memory_summary(plan)}",
       *([f"  route capacity  {plan.capacity_for(plan.ids_per_device)} ids per "
          f"destination"] if plan.strategy == options.ROUTED else []),
       *([f"  node capacity   {plan.node_capacity_for(plan.capacity_for(plan.ids_per_device))}"
@@ -71,3 +72,12 @@ def update_summary(plan) -> str:
   if plan.nodes > 1 and way == "route":
     text += f" ({human_bytes(plan.update_node_bytes(plan.ids_per_device)[1])} across nodes)"
   return text
+
+
+def memory_summary(plan) -> str:
+  """A device's bytes for the table's training step, for the ``memory/step`` line."""
+  m = plan.memory()
+  slots = plan.optimizer if isinstance(plan.optimizer, str) else "sparse optimizer"
+  return (f"{human_bytes(m.total)} per device: table {human_bytes(m.table)}, {slots} slots "
+          f"{human_bytes(m.slots)}, ids {human_bytes(m.ids)}, temporaries "
+          f"{human_bytes(m.temporary)}")

@@ -20,6 +20,8 @@ from jax.sharding import PartitionSpec as P
 from embedlib import checkpoint
 from embedlib import host_memory
 from embedlib import optim
+from embedlib.plan import memory as plan_memory
+from embedlib.plan.report import human_bytes
 from embedlib.training import tasks
 from embedlib.training.loop import Loop
 from embedlib.training.tasks.base import ConfigError, fail as _fail
@@ -165,6 +167,48 @@ def model_and_optimizer(config, task_, spec, mesh):
   _on_mesh(optimizer, mesh)
   host_memory.release_freed()  # the initialisers' temporaries
   return model, optimizer
+
+
+def planned_memory(model, optimizer) -> plan_memory.DeviceMemory:
+  """The plan's memory of the model's embedding step per device (``embedlib.plan.memory``).
+
+  Every table and stack once: a collection's ``TablePlan`` s and stacks, and
+  the sparse ``ShardedEmbed`` s outside a collection, with the slots of
+  ``optimizer``'s row-wise rule (a ``SparseAwareOptimizer``; none without one).
+  """
+  items, seen = [], set()
+  for _, module in nnx.iter_graph(model):
+    table_plans = getattr(getattr(module, "plan", None), "tables", None)
+    if table_plans is None:  # not a collection
+      continue
+    items += [t.plan for t in table_plans if t.stack is None]
+    items += [s.plan for s in module.plan.stacks]
+    seen.update(id(m) for _, m in optim.sparse_tables(module))
+  items += [m.plan for _, m in optim.sparse_tables(model) if id(m) not in seen]
+  return plan_memory.device_memory(items, optimizer.rule)
+
+
+def describe_step_memory(step, model, optimizer, *args, **kwargs) -> str:
+  """The compiled train step's memory per device, beside the plan's of its embedding.
+
+  ``step(model, optimizer, *args, **kwargs)`` is the jitted train step
+  (``steps.train_step``) and the arguments its first call's: the
+  executable ``step.lower(...).compile()`` returns is the one that call
+  runs (jax caches it), so printing this at start compiles nothing twice.
+  """
+  stats = step.lower(model, optimizer, *args, **kwargs).compile().memory_analysis()
+  plan = planned_memory(model, optimizer)
+  planned = (f"the plan's embedding: {human_bytes(plan.total)} (tables "
+             f"{human_bytes(plan.table)}, slots {human_bytes(plan.slots)}, ids "
+             f"{human_bytes(plan.ids)}, temporaries {human_bytes(plan.temporary)})")
+  if stats is None:  # a backend without a memory analysis
+    return f"train step memory per device: not reported by this backend; {planned}"
+  total = (stats.argument_size_in_bytes + stats.output_size_in_bytes
+           - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
+  return (f"train step memory per device, compiled: {human_bytes(total)} (arguments "
+          f"{human_bytes(stats.argument_size_in_bytes)}, temporaries "
+          f"{human_bytes(stats.temp_size_in_bytes)}); {planned}; the dense weights, their "
+          f"optimizer state and the batch are the rest")
 
 
 def sources(config, task_, spec):

@@ -148,7 +148,7 @@ def test_summary_prints_every_field():
         ((8, 8), {"mesh": FSDP_TP, "sharding": "grid", "column_axes": "expert"}, ValueError,
          ["'expert'", "('fsdp', 'tensor')"]),
         ((1 << 20, 256), {"mesh": FSDP_TP, "device_memory_bytes": 64 << 20}, ValueError,
-         ["no layout fits", "64.00 MiB", "grid 128.00 MiB", "more devices"]),
+         ["no layout fits", "64.00 MiB", "grid 13", "optimizer slots", "more devices"]),
     ],
 )
 def test_errors_name_the_thing_and_the_fix(args, kwargs, error, words):

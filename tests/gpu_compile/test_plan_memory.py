@@ -1,0 +1,66 @@
+"""The plan's memory of the embedding's step against the compiled step, on 8 H200s.
+
+``embedding_steps.embedding_step`` compiles a config's lookups and sparse
+step alone; XLA's memory analysis of it (arguments, outputs not aliased to
+them, temporaries) is what ``embedlib.plan.memory.device_memory`` states for
+its tables. The tables, slots and ids are exact (the arguments, to the
+optimizer's 4-byte step count); the temporaries' two constants
+(``SMALL_BUFFERS``, ``KEPT_ENTRIES``) were calibrated on these compiles.
+
+Tolerance: at the smoke sizes the temporaries are most of the step (a
+routed table's few hundred small buffers, each aligned by XLA's
+allocator), and the calibrated plan is within 3% of each smoke config's
+compiled total; 5% (the plan's target) leaves XLA's packing of those
+buffers some room and still fails a plan that drops the small buffers
+(48% to 73% of each smoke total) or a routed step's exchange (12% to 31%).
+Two configs, one per layout the configs use (vocab, routed with a
+multi-hot feature), ~25 s each; ``-m slow``: the rest and the documented
+sizes (quickstart's and two_tower's are 7.0% and 5.6% off, outside the
+tolerance: ``benchmarks/README.md``). Figures for every config:
+``benchmarks/gpu_plan.py --only memory``.
+"""
+
+import importlib
+
+import pytest
+
+from embedlib.plan import memory
+from tests.gpu_compile import compiled, embedding_steps, train_steps
+
+#: The plan's stated total against the compiled one, as a fraction.
+TOLERANCE = 0.05
+# Memory only: XLA's defaults for GEMMs, and a kernel that spills (the
+# documented DLRM's does, as test_models says) is compiled, not failed.
+OPTIONS = {"xla_gpu_autotune_level": 0, "xla_gpu_fail_ptx_compilation_on_register_spilling": False}
+
+CONFIGS = [
+    ("dlrm_criteo", "smoke"), ("quickstart", "smoke"),
+    pytest.param("ranker", "smoke", marks=pytest.mark.slow),
+    pytest.param("two_tower", "smoke", marks=pytest.mark.slow),
+    pytest.param("dlrm_criteo", None, marks=pytest.mark.slow),
+    pytest.param("ranker", None, marks=pytest.mark.slow),
+]
+
+
+def plan_and_compiled(name, variant):
+  config = importlib.import_module(f"configs.{name}").get_config(variant)
+  mesh = train_steps.mesh_for(config, "H200")
+  step, state, inputs, plans = embedding_steps.embedding_step(config, mesh)
+  program = compiled.compile_checked(f"{name}:{variant} embedding", step, state, inputs,
+                                     mesh=mesh, target="H200", donate_argnums=0,
+                                     options=OPTIONS)
+  return memory.device_memory(plans, config.optim.sparse.name), program.memory
+
+
+@pytest.mark.parametrize("name,variant", CONFIGS)
+def test_the_plan_states_the_compiled_embedding_step(name, variant):
+  planned, compiled_memory = plan_and_compiled(name, variant)
+  # Arguments: the tables, slots and ids, exact but for the optimizer's step count.
+  arguments = planned.table + planned.slots + planned.ids
+  assert 0 <= compiled_memory.argument_size_in_bytes - arguments <= 8, (
+      compiled_memory.argument_size_in_bytes, arguments)
+  total = compiled.total_bytes(compiled_memory)
+  assert abs(planned.total / total - 1) <= TOLERANCE, (
+      f"{name}:{variant}: planned {planned.total} bytes a device, compiled {total} "
+      f"(arguments {compiled_memory.argument_size_in_bytes}, temporaries "
+      f"{compiled_memory.temp_size_in_bytes}); planned temporaries {planned.temporary}")
