@@ -312,9 +312,16 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
     runner = pipeline.Pipeline(model, optimizer, prefetch, task, source=train_source,
                                early_fetch=loop.early_fetch)
     take_step, data_state = runner.step, runner.get_state
+    first_step = take_step
   else:
     take_step = lambda: step_fn(next(prefetch), task=task)
     data_state = prefetch.get_state
+
+    def first_step():
+      batch = next(prefetch)
+      # The compile this reads the memory of is the one the step then runs.
+      log.info("%s", setup.describe_step_memory(train_step, model, optimizer, batch, task=task))
+      return step_fn(batch, task=task)
   sync = one_step_in_flight()
   result = _last_eval(workdir, start)
   saved, step = start, start
@@ -323,7 +330,7 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
     for step in range(start + 1, loop.num_train_steps + 1):
       if step == start + 1:
         log.info("compiling train_step (step %d waits for it) ...", step)
-      loss = take_step()
+      loss = first_step() if step == start + 1 else take_step()
       if sync:
         jax.block_until_ready(loss)
       losses.append(loss)

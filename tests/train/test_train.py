@@ -28,7 +28,10 @@ def test_smoke_run_writes_metrics_checkpoints_and_resumes(tmp_path, caplog, monk
     with caplog.at_level(logging.INFO, logger="embedlib"):
       result = train_lib.train_and_evaluate(config, str(tmp_path))
   messages = _messages(caplog)
+  # One compile, though its memory is printed before the first step runs it.
   assert sum(m.startswith("Compiling jit(train_step)") for m in messages) == 1
+  assert any(m.startswith("train step memory per device, compiled: ") and
+             "the plan's embedding: " in m for m in messages)
   assert any(m.startswith("step 1 took") and "compiling train_step included" in m
              for m in messages)
   # Setup and the first compile each say what the wait is for before it starts.
