@@ -29,10 +29,10 @@ removed that flag anyway.
 
 import os
 
+from tests import xla_env  # plain Python: jax is not imported yet
+
 os.environ["XLA_FLAGS"] = " ".join(
-    ["--xla_backend_optimization_level=0",
-     "--xla_cpu_collective_call_warn_stuck_timeout_seconds=60",
-     "--xla_cpu_collective_call_terminate_timeout_seconds=300"]
+    list(xla_env.SUITE_FLAGS)
     + os.environ.get("XLA_FLAGS", "").split()
     + ["--xla_force_host_platform_device_count=8"]
 )

@@ -15,6 +15,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from tests import xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -86,10 +87,7 @@ def _free_port():
 
 
 def _env(devices):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  return env
+  return xla_env.subprocess_env(devices)
 
 
 def _steps(stdout):

@@ -26,8 +26,10 @@ POLICIES = {
 }
 
 
-# Every device count under the richest policy, the others once each (CI time).
-CASES = [("lfu_admit2", 1), ("lfu_admit2", 4), ("lfu_admit2", 8), ("lru", 8), ("no_eviction", 4)]
+# The richest policy on one device and on eight, the others once each on
+# another count (CI time); ``-m slow`` adds the richest on four.
+CASES = [("lfu_admit2", 1), pytest.param("lfu_admit2", 4, marks=pytest.mark.slow),
+         ("lfu_admit2", 8), ("lru", 8), ("no_eviction", 4)]
 
 
 @pytest.mark.parametrize("policy,devices", CASES)

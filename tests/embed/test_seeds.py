@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import xla_env
 from tests.embed.contract import build, check_contract, make_mesh, random_case
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -67,8 +68,6 @@ def test_tensor_parallel_colwise_uneven_width():
 def test_sixteen_devices_in_subprocess():
   """The exact rejected mesh {'replica': 2, 'batch': 8} needs 16 devices."""
   script = textwrap.dedent("""
-      import os
-      os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=16"
       import jax
       from tests.embed.contract import build, check_contract, make_mesh, random_case
       assert len(jax.devices()) == 16
@@ -82,9 +81,8 @@ def test_sixteen_devices_in_subprocess():
         check_contract(emb, *random_case(50257, 3, batch=18))
       print("16 devices ok")
   """)
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT,
+                          env=xla_env.subprocess_env(16),
                           capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "16 devices ok" in result.stdout

@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 import embedlib
 from embedlib.collection import estimate_bytes_moved
 from embedlib.plan import hlo
+from tests import xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOLERANCE = 0.10
@@ -167,15 +168,12 @@ def test_eight_devices_collection_sparse_step():
 
 def test_sixteen_devices_in_subprocess():
   script = textwrap.dedent("""
-      import os
-      os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=16"
       from tests.plan.test_compiled_bytes import run_cases
       for name, want, got in run_cases(16):
         print(name, want, got)
   """)
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT,
+                          env=xla_env.subprocess_env(16),
                           capture_output=True, text=True, timeout=900)
   assert result.returncode == 0, result.stderr[-3000:]
   rows = [line.split() for line in result.stdout.splitlines()]

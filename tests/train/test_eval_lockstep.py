@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 
+from tests import xla_env
 from tests.data.test_criteo_reader import SPEC, numbered_lines, write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,8 +37,7 @@ def test_processes_with_uneven_shares_stop_together(tmp_path):
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     address = f"127.0.0.1:{s.getsockname()[1]}"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = xla_env.subprocess_env(1)
   procs = [subprocess.Popen([sys.executable, "-c", _SCRIPT, address, str(i), path], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i in range(2)]

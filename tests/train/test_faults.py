@@ -28,6 +28,7 @@ from embedlib import checkpoint
 from embedlib.training import events, setup, train_lib
 from embedlib.training.signals import StopSignals
 from embedlib.training.writers import read_jsonl
+from tests import xla_env
 
 # A failed orbax read leaves tensorstore callbacks on a closed event loop;
 # the trainer's CLI filters them (embedlib/training/console.py).
@@ -50,9 +51,7 @@ def _command(workdir, *overrides):
 
 
 def _env():
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  return env
+  return xla_env.subprocess_env(8)
 
 
 def _steps(path):

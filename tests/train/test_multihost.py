@@ -17,6 +17,7 @@ from configs import quickstart
 from embedlib import checkpoint
 from embedlib.training import setup
 from embedlib.training.writers import read_jsonl
+from tests import xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,10 +33,7 @@ def _command(workdir, *extra, config="configs/quickstart.py:smoke"):
 
 
 def _env(devices):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  return env
+  return xla_env.subprocess_env(devices)
 
 
 def _one_and_two_processes(tmp_path, *extra, config="configs/quickstart.py:smoke"):

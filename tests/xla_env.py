@@ -1,0 +1,29 @@
+"""The suite's XLA flags, for this process (``conftest.py``) and the test subprocesses.
+
+A subprocess gets them with its own device count, so what it compiles
+compiles as the tests' own programs do (LLVM at -O0; see ``conftest.py``)
+rather than at XLA's default, which costs a subprocess's compiles several
+times as much.
+"""
+
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SUITE_FLAGS = (
+    "--xla_backend_optimization_level=0",
+    "--xla_cpu_collective_call_warn_stuck_timeout_seconds=60",
+    "--xla_cpu_collective_call_terminate_timeout_seconds=300",
+)
+
+
+def flags(devices: int) -> str:
+  """``XLA_FLAGS`` for ``devices`` simulated CPU devices."""
+  return " ".join([*SUITE_FLAGS, f"--xla_force_host_platform_device_count={devices}"])
+
+
+def subprocess_env(devices: int = 8) -> dict:
+  """This environment with the suite's flags for ``devices`` CPU devices and the checkout on the path."""
+  env = dict(os.environ)
+  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS=flags(devices))
+  return env
