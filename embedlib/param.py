@@ -128,6 +128,21 @@ class _InParams(type(nnx.Param)):
 class TableParam(nnx.Param, metaclass=_InParams):
   """A padded table's parameter: stored physical, read logical (module docstring)."""
 
+  @classmethod
+  def _new(cls, value, metadata):
+    """Unflattened (``nnx.eval_shape``'s abstract module too): an abstract table keeps its layout.
+
+    ``jax.eval_shape`` on Auto axes hands back the padded table it traced
+    without a sharding, and a program compiled from the abstract module
+    would hold the table whole on every device.
+    """
+    layout = metadata.get(LAYOUT)
+    if (isinstance(value, jax.ShapeDtypeStruct) and value.sharding is None
+        and layout is not None and layout.mesh is not None and layout.is_physical(value)):
+      value = jax.ShapeDtypeStruct(value.shape, value.dtype,
+                                   sharding=table_lib.physical_sharding(layout.plan, layout.mesh))
+    return super()._new(value, metadata)
+
   @property
   def table_layout(self) -> TableLayout:
     return self._var_metadata[LAYOUT]

@@ -115,14 +115,21 @@ def test_every_read_is_logical(built, axis_type, layout):
   np.testing.assert_array_equal(leaf.T, want.T)
 
 
+@pytest.mark.parametrize("axis_type", AXIS_TYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_abstract_reads_are_logical(layout):
+def test_abstract_reads_are_logical_and_the_stored_table_keeps_its_layout(layout, axis_type):
+  """What a deviceless compile reads (the plan's memory, the GPU tier) is placed as a built one."""
   sharding, n, f = LAYOUTS[layout]
-  mesh = _mesh("explicit")
+  mesh = _mesh(axis_type)
   abstract = nnx.eval_shape(lambda: embedlib.ShardedEmbed(
       n, f, mesh=mesh, sharding=sharding, rngs=nnx.Rngs(0)))
   assert abstract.embedding.shape == (n, f)
   assert abstract.embedding[...].shape == (n, f)
+  stored = abstract.embedding.get_raw_value()
+  assert stored.shape == tuple(abstract.plan.padded_shape)
+  # Explicit axes trace it onto the abstract mesh; Auto ones left it unplaced.
+  assert stored.sharding is not None and stored.sharding.mesh.shape == mesh.shape
+  assert stored.sharding.spec == jax.P(*abstract.plan.table_spec)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
