@@ -8,10 +8,20 @@ import numpy as np
 from flax.nnx.nn.linear import default_embed_init
 
 from embedlib.dynamic import init_rows
+from embedlib.dynamic import step as step_lib
 
 #: Raw ids: small ones, ones past 2**32 and 2**63, and padding (-1 as int64).
 POOL = np.array([0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 2**32, 2**32 + 5, 2**33 + 1, 2**40 + 7,
                  2**62 + 11, 2**63 - 1, -(2**63), -2, -1], np.int64)
+
+
+def empty_state(policy):
+  """The map of ``policy`` with nothing resident: zero keys, score -1, an empty sketch."""
+  n = policy.capacity
+  sketch = (jnp.zeros((policy.num_buckets, policy.sketch_depth, policy.width), jnp.uint8)
+            if policy.uses_sketch else None)
+  return step_lib.MapState(jnp.zeros((n,), jnp.uint32), jnp.zeros((n,), jnp.uint32),
+                           jnp.full((n,), -1, jnp.int32), sketch)
 
 
 def mesh(n: int):

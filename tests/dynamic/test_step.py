@@ -32,14 +32,6 @@ POLICIES = [
 ]
 
 
-def _empty(policy):
-  n = policy.capacity
-  sketch = (jnp.zeros((policy.num_buckets, policy.sketch_depth, policy.width), jnp.uint8)
-            if policy.uses_sketch else None)
-  return step_lib.MapState(jnp.zeros((n,), jnp.uint32), jnp.zeros((n,), jnp.uint32),
-                           jnp.full((n,), -1, jnp.int32), sketch)
-
-
 @pytest.fixture(scope="module", params=range(len(POLICIES)), ids=lambda i: str(POLICIES[i]))
 def compiled(request):
   policy = policy_lib.Policy(16, bucket_size=4, **POLICIES[request.param])
@@ -60,7 +52,7 @@ def compiled(request):
 def test_step_equals_reference(compiled, seed):
   policy, run = compiled
   ref = ref_lib.Reference(policy)
-  state = _empty(policy)
+  state = helpers.empty_state(policy)
   for t, batch in enumerate(helpers.draw_batches(seed, 8, 12)):
     flat = jnp.asarray(ids_lib.host_words(batch))
     state, rows, placed, stats = run(state, flat, jnp.int32(t))
@@ -83,7 +75,7 @@ def test_order_of_arrival_does_not_matter(compiled):
   batch = helpers.draw_batches(7, 1, 16)[0]
   outs = []
   for perm in (np.arange(16), np.random.default_rng(0).permutation(16)):
-    state = _empty(policy)
+    state = helpers.empty_state(policy)
     for t in range(3):
       flat = jnp.asarray(ids_lib.host_words(batch[perm], id_dtype="int64"))
       state, rows, _, _ = run(state, flat, jnp.int32(t))
@@ -97,7 +89,7 @@ def test_late_clocks_take_the_exact_search(compiled):
   start = 2**30
   ref = ref_lib.Reference(policy)
   ref.clock = start
-  state = _empty(policy)
+  state = helpers.empty_state(policy)
   for t, batch in enumerate(helpers.draw_batches(21, 6, 12)):
     flat = jnp.asarray(ids_lib.host_words(batch))
     state, rows, _, _ = run(state, flat, jnp.int32(start + t))

@@ -35,14 +35,6 @@ POLICIES = [
 ]
 
 
-def _empty(policy):
-  n = policy.capacity
-  sketch = (jnp.zeros((policy.num_buckets, policy.sketch_depth, policy.width), jnp.uint8)
-            if policy.uses_sketch else None)
-  return step_lib.MapState(jnp.zeros((n,), jnp.uint32), jnp.zeros((n,), jnp.uint32),
-                           jnp.full((n,), -1, jnp.int32), sketch)
-
-
 def _step(state, flat, clock, *, policy, kernel, owner):
   """The step of shard 0 of 2 (``owner``) or of the whole map."""
   hi, lo = flat[:, 0], flat[:, 1]
@@ -65,7 +57,7 @@ def compiled(request):
   run = {k: jax.jit(functools.partial(_step, policy=policy, kernel=k), static_argnames="owner")
          for k in ("auto", "xla")}
   # The default takes the kernel on CPU (not a silent fall back to the XLA ops).
-  args = (_empty(policy), jnp.zeros((8, 2), jnp.uint32), jnp.int32(0))
+  args = (helpers.empty_state(policy), jnp.zeros((8, 2), jnp.uint32), jnp.int32(0))
   assert "embedlib_dynamic_map_step" in run["auto"].lower(*args, owner=False).as_text()
   assert "embedlib_dynamic_map_step" not in run["xla"].lower(*args, owner=False).as_text()
   return policy, run
@@ -80,7 +72,7 @@ def _equal(a, b, where):
 @pytest.mark.parametrize("owner", [False, True])
 def test_kernel_equals_xla(compiled, start, owner):
   policy, run = compiled
-  states = {k: _empty(policy) for k in run}
+  states = {k: helpers.empty_state(policy) for k in run}
   for t, batch in enumerate(helpers.draw_batches(3 + start % 7, 7, 24)):
     flat = jnp.asarray(ids_lib.host_words(batch))
     outs = {k: run[k](states[k], flat, jnp.int32(start + t), owner=owner) for k in run}

@@ -10,6 +10,28 @@ from embedlib import checkpoint, optim
 from embedlib.training import pipeline, setup
 
 
+class Numbered:
+  """Batches ``make_batch(1) .. make_batch(steps)`` with a resumable position."""
+
+  def __init__(self, steps, make_batch):
+    self.position, self.steps, self.make_batch = 0, steps, make_batch
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    if self.position >= self.steps:
+      raise StopIteration
+    self.position += 1
+    return self.make_batch(self.position)
+
+  def get_state(self):
+    return {"position": self.position}
+
+  def set_state(self, state):
+    self.position = state["position"]
+
+
 def placed(model, tx, rule, mesh):
   """``model`` and its sparse-aware optimizer on ``mesh``, as the train loop places them.
 

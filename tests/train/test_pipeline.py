@@ -32,7 +32,7 @@ from embedlib import data as data_lib
 from embedlib.plan import hlo
 from embedlib.training import pipeline, setup, steps
 from embedlib.training.tasks import CTRTask
-from tests.train.pipeline_runs import leaves, placed, resumed_halfway
+from tests.train.pipeline_runs import Numbered, leaves, placed, resumed_halfway
 
 B = 32
 STEPS = 6
@@ -76,26 +76,8 @@ def _batch(i, collection=True):
   return data_lib.to_global_batch(batch, MESH)
 
 
-class Source:
-  """Numbered batches with a resumable position."""
-
-  def __init__(self, steps, collection=True):
-    self.position, self.steps, self.collection = 0, steps, collection
-
-  def __iter__(self):
-    return self
-
-  def __next__(self):
-    if self.position >= self.steps:
-      raise StopIteration
-    self.position += 1
-    return _batch(self.position, self.collection)
-
-  def get_state(self):
-    return {"position": self.position}
-
-  def set_state(self, state):
-    self.position = state["position"]
+def _source(steps, collection=True):
+  return Numbered(steps, lambda i: _batch(i, collection))
 
 
 # Shared: the optimizer keeps them as static attributes, so fresh ones
@@ -127,7 +109,7 @@ def in_line():
 
 def _pipelined_with_resume(num_steps, tmp_path, early_fetch=0.0):
   """The pipelined run, checkpointed after half its steps and resumed on a fresh model."""
-  losses, model, optimizer = resumed_halfway(_make, Source, CTR, num_steps, tmp_path,
+  losses, model, optimizer = resumed_halfway(_make, _source, CTR, num_steps, tmp_path,
                                              early_fetch=early_fetch)
   return losses, leaves(model, optimizer)
 
@@ -169,7 +151,7 @@ def test_rows_fetched_early_are_stale_without_their_correction(in_line, monkeypa
   monkeypatch.setattr(vocab, "rows_up_to_date", lambda table, got, c, **_: got["rows"])
   want_losses, _ = in_line(STEPS)
   model, optimizer = _make()
-  runner = pipeline.Pipeline(model, optimizer, Source(STEPS), CTR, early_fetch=0.5)
+  runner = pipeline.Pipeline(model, optimizer, _source(STEPS), CTR, early_fetch=0.5)
   losses = [float(runner.step()) for _ in range(STEPS)]
   assert losses[0] == want_losses[0] and losses[1:] != want_losses[1:]
 
@@ -216,7 +198,7 @@ def test_the_step_reads_the_distribution_it_is_handed(in_line):
   """Another batch's distribution gives another loss: the step doesn't redo its own."""
   want_losses, _ = in_line(STEPS)
   model, optimizer = _make()
-  runner = pipeline.Pipeline(model, optimizer, Source(STEPS), CTR)
+  runner = pipeline.Pipeline(model, optimizer, _source(STEPS), CTR)
   # pylint: disable-next=protected-access
   runner._distributed = pipeline.distribute_batch(model, _batch(2), task=CTR)
   assert float(runner.step()) != want_losses[0]

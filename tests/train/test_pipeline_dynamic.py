@@ -12,17 +12,15 @@ collection (one step of its map), its ids routed to the map's owners.
 
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
 import embedlib
-from embedlib import dynamic, optim
+from embedlib import dynamic
 from embedlib import data as data_lib
 from embedlib.training import steps
-from embedlib.training.tasks import CTRTask
-from tests.train.pipeline_runs import leaves, placed, resumed_halfway
-from tests.train.test_pipeline import MESH
+from tests.train.pipeline_runs import Numbered, leaves, placed, resumed_halfway
+from tests.train.test_pipeline import CTR, MESH, RULE, TX
 
 B = 16
 STEPS = 6
@@ -56,32 +54,6 @@ def _batch(i):
   return data_lib.to_global_batch(batch, MESH)
 
 
-class Source:
-  """Numbered batches with a resumable position."""
-
-  def __init__(self, steps):
-    self.position, self.steps = 0, steps
-
-  def __iter__(self):
-    return self
-
-  def __next__(self):
-    if self.position >= self.steps:
-      raise StopIteration
-    self.position += 1
-    return _batch(self.position)
-
-  def get_state(self):
-    return {"position": self.position}
-
-  def set_state(self, state):
-    self.position = state["position"]
-
-
-TX, RULE = optax.adam(0.01), optim.RowWiseAdagrad(0.1)
-CTR = CTRTask()
-
-
 def _make():
   return placed(Model(nnx.Rngs(0)), TX, RULE, MESH)
 
@@ -111,9 +83,9 @@ def test_pipelined_dynamic_tables_equal_in_line_across_a_resume(in_line, tmp_pat
   def holds_batch_halfs_maps(model):  # not the one read ahead
     assert all(int(t.clock[...]) == STEPS // 2 for t in _tables(model))
 
-  losses, model, optimizer = resumed_halfway(_make, Source, CTR, STEPS, tmp_path,
-                                             early_fetch=early_fetch,
-                                             check_restored=holds_batch_halfs_maps)
+  losses, model, optimizer = resumed_halfway(
+      _make, lambda steps: Numbered(steps, _batch), CTR, STEPS, tmp_path,
+      early_fetch=early_fetch, check_restored=holds_batch_halfs_maps)
   assert losses == want_losses                       # bit for bit, every step
   assert [t.resident() for t in _tables(model)] == want_maps
   got = leaves(model, optimizer)
