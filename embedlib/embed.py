@@ -529,22 +529,23 @@ class ShardedEmbed(nnx.Module):
     return self._attend(query, out_sharding)
 
   def _attend(self, query, out_sharding):
-    tape = tape_lib.active()
-    if tape is not None:
-      tape.attend(self)
-    query, table = self.promote_dtype(
-        (query, self.physical_table()), dtype=self.dtype
-    )
+    if tape_lib.active() is not None:
+      tape_lib.active().attend(self)
+    query, table, scores = self._attend_operands(query)
     flat = query.reshape(query.shape if query.ndim > 1 else (1,) + query.shape)
     sharding = None if out_sharding is None else self._named(out_sharding)
-    if sharding is not None and self._keeps_vocab_blocks(sharding, query.ndim):
-      out = strategies.attend_vocab_split(table, flat, plan=self.plan, mesh=self.mesh)
-    else:
-      out = strategies.attend(table, flat, plan=self.plan, mesh=self.mesh)
+    split = sharding is not None and self._keeps_vocab_blocks(sharding, query.ndim)
+    attend = strategies.attend_vocab_split if split else strategies.attend
+    out = attend(table, flat, plan=self.plan, mesh=self.mesh, scores=scores)
     out = out.reshape(query.shape[:-1] + out.shape[-1:])
     if not isinstance(sharding, NamedSharding):
       return self._reshard(out, sharding)
     return logits_lib.place_logits(out, self.num_embeddings, sharding, self.plan.name)
+
+  def _attend_operands(self, query):
+    """``attend``'s promoted query and table, and the local ``query @ table.T``."""
+    query, table = self.promote_dtype((query, self.physical_table()), dtype=self.dtype)
+    return query, table, kernels.scores_reference
 
   def _keeps_vocab_blocks(self, sharding, ndim):
     """Whether ``attend`` can leave each rank its own rows' logits for ``sharding``."""

@@ -34,6 +34,7 @@ from embedlib.kernels.reference import (
     check_combiner,
     gather_reference,
     ragged_to_padded,
+    scores_reference,
     valid_ids,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "plan",
     "ragged_to_padded",
     "resolve_kernel",
+    "scores_reference",
     "shard_map_check_vma",
     "target_platform",
     "valid_ids",

@@ -26,6 +26,15 @@ def valid_ids(ids: jax.Array, num_embeddings: int) -> jax.Array:
   return (ids >= 0) & (ids < num_embeddings)
 
 
+def scores_reference(query: jax.Array, table: jax.Array) -> jax.Array:
+  """``query @ table.T``: a local shard's logits, ``[..., features]`` -> ``[..., rows]``.
+
+  The attend of every layout calls it on its shard (``scores=``); a
+  quantized table brings its own (``embedlib.quant.scores``).
+  """
+  return query @ table.T
+
+
 def check_combiner(combiner: str) -> None:
   """Raises ValueError unless ``combiner`` is one of ``options.COMBINERS``."""
   if combiner not in options.COMBINERS:

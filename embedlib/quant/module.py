@@ -28,6 +28,7 @@ from embedlib import tape as tape_lib
 from embedlib.embed import ShardedEmbed
 from embedlib.quant import format as fmt
 from embedlib.quant import lookup
+from embedlib.quant import scores as scores_lib
 
 
 class QuantizedTableVariable(nnx.Variable):
@@ -58,7 +59,18 @@ class QuantizedEmbed(ShardedEmbed):
   Build it with `quantize`. ``__call__``, ``bag`` and ``lookup_requests``
   work as the float module's (every layout, kernel and invalid-id rule) and
   return ``dtype``; their rows are the float lookup's of ``dequantized()``.
-  ``attend``, gradients and the sparse optimizers' tape raise.
+  ``attend`` (a tied output layer: SASRec's, HSTU's logits) scores every
+  row from its codes, in every layout and with ``out_sharding`` as the
+  float module's, within float32 rounding of the float attend of
+  ``dequantized()`` (`scores`). Gradients and the sparse optimizers' tape
+  raise.
+
+  >>> import jax.numpy as jnp
+  >>> from flax import nnx
+  >>> q = quantize(ShardedEmbed(99, 8, tied=True, rngs=nnx.Rngs(0)), bits=4)
+  >>> logits = q.attend(jnp.ones((2, 8)))
+  >>> logits.shape, bool(jnp.allclose(logits, jnp.ones((2, 8)) @ q.dequantized().T, atol=1e-5))
+  ((2, 99), True)
 
   Attributes:
     table: a `QuantizedTableVariable` holding the `format.QuantizedTable`.
@@ -104,11 +116,23 @@ class QuantizedEmbed(ShardedEmbed):
     return table_lib.unpad(full, self.plan, self.mesh)
 
   def attend(self, query, out_sharding=None):
-    raise NotImplementedError(
-        f"{self.plan.name}: attend is not implemented on a quantized table; quantize "
-        "the model's lookup tables and keep a tied output table in float (exclude it "
-        "with quantize(..., skip=('name',)))."
-    )
+    """``query @ dequantized().T``: ``ShardedEmbed.attend`` of the quantized table.
+
+    Every layout and ``out_sharding`` as the float module's (exactly
+    ``num_embeddings`` logits, vocab-parallel blocks, a
+    ``VocabShardedLogits`` for a split that doesn't divide the vocabulary);
+    each shard scores its own codes (`scores.scores`: no row is ever
+    dequantized), in float32, returned in ``dtype``. Within float32
+    rounding of the float module holding ``dequantized()`` (the bound in
+    `scores`).
+    """
+    if tape_lib.active() is not None:
+      raise ValueError(f"{self.plan.name}: {lookup.TRAINING_ERROR}")
+    return super().attend(query, out_sharding)
+
+  def _attend_operands(self, query):
+    (query,) = self.promote_dtype((query,), dtype=self.dtype)
+    return query, self.physical_table(), scores_lib.scores
 
   def logical_table(self, *, replicated: bool = False):
     raise ValueError(
@@ -136,7 +160,8 @@ def quantize(module, bits=fmt.INT8, scale_dtype=jnp.float16, *, skip=()):
     bits: ``8`` / ``4`` (row-wise integers with a scale and bias per row
       block), ``"fp8"`` (float8_e4m3fn with a row scale) or ``"bf16"``.
     scale_dtype: ``jnp.float16`` or ``jnp.bfloat16``, the scales and biases.
-    skip: ``plan.name`` s of tables to leave in float (a tied output table).
+    skip: ``plan.name`` s of tables to leave in float. A tied output
+      table needs none: its ``attend`` reads the codes too.
 
   Returns:
     The quantized module. Training it raises; train the float one, then

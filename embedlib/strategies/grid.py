@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from jax import lax
 
+from embedlib.kernels import reference
 from embedlib.strategies import collectives, vocab
 
 
@@ -52,7 +53,7 @@ def finish(table, state, *, plan, gather=None, bag=None, combiner=None, correcti
   return collectives.concat_slices(block, plan.column_token_axes, plan.column_rest_axes)
 
 
-def local_logits(table, query, *, plan):
+def local_logits(table, query, *, plan, scores=reference.scores_reference):
   """This rank's rows' logits, summed over the column group: ``vocab.local_logits`` of a grid.
 
   Args:
@@ -60,6 +61,7 @@ def local_logits(table, query, *, plan):
     query: ``[tokens, ..., padded_features]`` local to this rank (zero in
       the padded columns).
     plan: the table's ``EmbeddingPlan``.
+    scores: the local ``query @ table.T`` (``kernels.reference.scores_reference``).
 
   Returns:
     ``[row_group_tokens, ..., padded_vocab / rows group]``: the tokens of
@@ -70,20 +72,21 @@ def local_logits(table, query, *, plan):
   width = table.shape[1]
   start = collectives.group_rank(plan.column_axes) * width
   local = lax.dynamic_slice_in_dim(query, start, width, axis=query.ndim - 1)
-  return collectives.sum_partials(local @ table.T, plan.column_token_axes,
+  return collectives.sum_partials(scores(local, table), plan.column_token_axes,
                                   plan.column_rest_axes)
 
 
-def attend(table, query, *, plan):
+def attend(table, query, *, plan, scores=reference.scores_reference):
   """Grid-sharded ``query @ table.T``, every rank's tokens with the whole vocabulary.
 
   Args:
     table: ``[padded_vocab / rows group, padded_features / columns group]``.
     query: ``[tokens, ..., padded_features]`` (zero in the padded columns).
     plan: the table's ``EmbeddingPlan``.
+    scores: the local ``query @ table.T``.
 
   Returns:
     ``[tokens, ..., padded_vocab]``; the caller drops the padded logits.
   """
-  logits = local_logits(table, query, plan=plan)
+  logits = local_logits(table, query, plan=plan, scores=scores)
   return collectives.concat_slices(logits, plan.token_axes, plan.rest_axes)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from jax import lax
 
+from embedlib.kernels import reference
 from embedlib.strategies import collectives
 
 
@@ -62,13 +63,14 @@ def finish(table, state, *, plan, gather=None, bag=None, combiner=None, correcti
   return collectives.concat_slices(cols, plan.token_axes, plan.rest_axes)
 
 
-def attend(table, query, *, plan):
+def attend(table, query, *, plan, scores=reference.scores_reference):
   """Hidden-sharded ``query @ table.T``.
 
   Args:
     table: ``[num_embeddings, padded_features / group]``.
     query: ``[tokens, ..., padded_features]`` (zero in the padded columns).
     plan: the table's ``EmbeddingPlan``.
+    scores: the local ``query @ table.T`` (``kernels.reference.scores_reference``).
 
   Returns:
     ``[tokens, ..., num_embeddings]``.
@@ -77,5 +79,5 @@ def attend(table, query, *, plan):
   width = table.shape[1]
   start = collectives.group_rank(plan.table_axes) * width
   local = lax.dynamic_slice_in_dim(query, start, width, axis=query.ndim - 1)
-  partial = local @ table.T
+  partial = scores(local, table)
   return collectives.sum_partials(partial, plan.token_axes, plan.rest_axes)

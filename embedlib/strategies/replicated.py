@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from embedlib.kernels import reference
+
 
 def distribute(ids, weights=None, *, plan, combiner=None):
   """Input distribution: none (every device holds the whole table).
@@ -34,16 +36,17 @@ def finish(table, state, *, plan, gather=None, bag=None, combiner=None, correcti
   return bag(table, state["ids"], state["weights"], combiner=combiner)
 
 
-def attend(table, query, *, plan):
+def attend(table, query, *, plan, scores=reference.scores_reference):
   """``query @ table.T`` on the local copy.
 
   Args:
     table: ``[num_embeddings, features]``.
     query: ``[tokens, ..., features]``.
     plan: unused.
+    scores: the local ``query @ table.T`` (``kernels.reference.scores_reference``).
 
   Returns:
     ``[tokens, ..., num_embeddings]``.
   """
   del plan
-  return query @ table.T
+  return scores(query, table)

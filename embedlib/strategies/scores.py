@@ -5,11 +5,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from embedlib.kernels import reference
 from embedlib.strategies import runner
 from embedlib.strategies.sharded import STRATEGIES
 
 
-def attend(table, query, *, plan, mesh):
+def attend(table, query, *, plan, mesh, scores=reference.scores_reference):
   """``query @ logical_table.T`` from the physical table.
 
   Args:
@@ -17,6 +18,8 @@ def attend(table, query, *, plan, mesh):
     query: ``[tokens, ..., features]``.
     plan: the table's ``EmbeddingPlan``.
     mesh: the mesh the plan was made for, or None for one device.
+    scores: each shard's ``query @ table.T`` (a quantized table's own:
+      ``embedlib.quant.scores``).
 
   Returns:
     ``[tokens, ..., num_embeddings]``.
@@ -26,11 +29,11 @@ def attend(table, query, *, plan, mesh):
   if pad_cols:
     query = jnp.pad(query, [(0, 0)] * (query.ndim - 1) + [(0, pad_cols)])
   strategy = STRATEGIES[plan.strategy]
-  body = lambda t, q: strategy.attend(t, q, plan=plan)
+  body = lambda t, q: strategy.attend(t, q, plan=plan, scores=scores)
   return runner.run(body, table, query, 0, plan=plan, mesh=mesh, width=plan.num_embeddings)
 
 
-def attend_vocab_split(table, query, *, plan, mesh):
+def attend_vocab_split(table, query, *, plan, mesh, scores=reference.scores_reference):
   """``query @ table.T`` left split over the vocabulary as the table's rows are.
 
   The vocab strategy without its output step: each rank keeps the logits of
@@ -45,6 +48,7 @@ def attend_vocab_split(table, query, *, plan, mesh):
     query: ``[tokens, ..., features]``.
     plan: the table's ``EmbeddingPlan``.
     mesh: the mesh the plan was made for (not None).
+    scores: each shard's ``query @ table.T``.
 
   Returns:
     ``[tokens, ..., padded_vocab]``, laid out as ``vocab_split_spec``; the
@@ -54,7 +58,7 @@ def attend_vocab_split(table, query, *, plan, mesh):
   pad_cols = plan.padded_shape[1] - query.shape[-1]
   if pad_cols:  # a grid's padded columns
     query = jnp.pad(query, [(0, 0)] * (query.ndim - 1) + [(0, pad_cols)])
-  body = lambda t, q: STRATEGIES[plan.strategy].local_logits(t, q, plan=plan)
+  body = lambda t, q: STRATEGIES[plan.strategy].local_logits(t, q, plan=plan, scores=scores)
   return runner.run(body, table, query, 0, plan=plan, mesh=mesh,
                     out_spec=vocab_split_spec(plan, query.ndim))
 

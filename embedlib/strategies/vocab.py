@@ -148,22 +148,23 @@ def rows_up_to_date(table, got, corrections, *, plan, gather):
   return lax.cond(need > corrections, refetch, corrected)
 
 
-def attend(table, query, *, plan):
+def attend(table, query, *, plan, scores=reference.scores_reference):
   """Vocab-sharded ``query @ table.T``, every rank's tokens with the whole vocabulary.
 
   Args:
     table: ``[padded_vocab / group, features]``.
     query: ``[tokens, ..., features]``.
     plan: the table's ``EmbeddingPlan``.
+    scores: the local ``query @ table.T`` (``kernels.reference.scores_reference``).
 
   Returns:
     ``[tokens, ..., padded_vocab]``; the caller drops the padded logits.
   """
-  logits = local_logits(table, query, plan=plan)
+  logits = local_logits(table, query, plan=plan, scores=scores)
   return collectives.concat_slices(logits, plan.token_axes, plan.rest_axes)
 
 
-def local_logits(table, query, *, plan):
+def local_logits(table, query, *, plan, scores=reference.scores_reference):
   """This rank's vocabulary block of the logits: attend without its output step.
 
   What a vocab-parallel loss consumes: no rank ever holds more than its own
@@ -173,10 +174,11 @@ def local_logits(table, query, *, plan):
     table: ``[padded_vocab / group, features]``, this rank's rows.
     query: ``[tokens, ..., features]`` local to this rank.
     plan: the table's ``EmbeddingPlan``.
+    scores: the local ``query @ table.T``.
 
   Returns:
     ``[group_tokens, ..., padded_vocab / group]``: the tokens of every rank
     along ``plan.token_axes`` (gathered), this rank's block of columns.
   """
   query = collectives.gather_tokens(query, plan.token_axes)
-  return query @ table.T
+  return scores(query, table)

@@ -121,8 +121,6 @@ def test_training_is_an_error():
   # The sparse optimizers' tape: the training step of a model.
   with pytest.raises(ValueError, match="train the float module"):
     embedlib.optim.value_and_grad(lambda m: jnp.sum(m(ids)))(q)
-  with pytest.raises(NotImplementedError, match="attend"):
-    q.attend(jnp.ones((1, 4)))
   with pytest.raises(ValueError, match="already quantized"):
     embedlib.quantize(q)
 
