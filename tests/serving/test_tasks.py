@@ -128,3 +128,23 @@ def test_a_sharded_retrieval_artifact_keeps_its_corpus_split(tmp_path):
     items, scores = jitted(*weights, *columns)
     np.testing.assert_array_equal(got["items"][i:i + 8], items)
     np.testing.assert_array_equal(got["scores"][i:i + 8], scores)
+
+
+@pytest.mark.parametrize("variant, bits", [("smoke", 8), ("smoke,hstu", 4)])
+def test_a_quantized_next_item_artifact_scores_as_the_quantized_model(variant, bits, tmp_path):
+  """The tied item table quantized too: its top k are the in-process quantized model's."""
+  import embedlib  # pylint: disable=import-outside-toplevel
+
+  config = movielens.get_config(variant)
+  config.data.path = str(write_ml100k(tmp_path / "ml"))
+  model, _, task, source, served = _exported(config, tmp_path / "art", bits=bits)
+  assert isinstance(model.items, embedlib.QuantizedEmbed)  # export quantizes in place
+  assert served.manifest["bits"] == bits
+  batch = task.featurize(next(source))
+  got = served({n: batch[n] for n in served.input_names})
+  logits = nnx.jit(lambda m, b: m.logits(m(b)[:, -1], b["items"]))
+  scores = np.concatenate([  # in the artifact's batches of 8
+      logits(model, {k: batch[k][i:i + 8] for k in served.input_names})
+      for i in range(0, len(batch["items"]), 8)])
+  scores[:, 0] = -np.inf
+  _check_top_k(got, scores)
