@@ -26,10 +26,9 @@ MovieLens release ``--data`` names (ML-100K: RecBole's wheel carries it, at
 without it writes a ``u.data`` whose users walk a planted ring of items
 (``planted_movielens``).
 
-SASRec ties its item table to its output layer, and a quantized table has no
-``attend``: its rows here are the format's dequantized ones loaded into the
-float table (every lookup and logit reads exactly what a quantized table
-would give; the bytes are the quantized table's).
+SASRec ties its item table to its output layer: quantized, the table serves
+both its lookups and the logits over every item (``QuantizedEmbed.attend``,
+which scores each shard from its codes), as an exported artifact does.
 """
 
 from __future__ import annotations
@@ -136,24 +135,6 @@ def make_config(model: str, data_dir: str, args):
   return config, note
 
 
-def _walk_tables(model):
-  return [m for _, m in nnx.iter_graph(model) if isinstance(m, embedlib.ShardedEmbed)]
-
-
-def dequantized_copy(model, bits):
-  """``model`` with each table's rows replaced by ``bits``' dequantized ones (tied tables).
-
-  Returns ``(model, bytes of the quantized tables)``.
-  """
-  copy = nnx.clone(model)
-  size = 0
-  for emb in _walk_tables(copy):
-    q = embedlib.quantize(nnx.clone(emb), bits)
-    size += q.nbytes
-    emb.load_table(q.dequantized())
-  return copy, size
-
-
 def measure(model_name: str, args) -> list[tuple[str, dict, int]]:
   """``[(format, eval metrics, table bytes)]``, float32 first, after training ``model_name``."""
   with tempfile.TemporaryDirectory() as data_dir, tempfile.TemporaryDirectory() as workdir:
@@ -171,12 +152,8 @@ def measure(model_name: str, args) -> list[tuple[str, dict, int]]:
 
     rows = [("float32", score(model), table_bytes(model))]
     for bits in FORMATS:
-      if model_name == "sasrec":
-        quantized, size = dequantized_copy(model, bits)
-      else:
-        quantized = embedlib.quantize(nnx.clone(model), bits)
-        size = table_bytes(quantized)
-      rows.append((str(bits), score(quantized), size))
+      quantized = embedlib.quantize(nnx.clone(model), bits)
+      rows.append((str(bits), score(quantized), table_bytes(quantized)))
   print(f"\n{note}: {config.num_train_steps} steps of {config.batch_size}, eval "
         f"{config.eval_batches} batches; jax {jax.__version__}")
   return rows

@@ -59,20 +59,17 @@ def test_planted_movielens_is_a_ring_walk_the_loader_reads(tmp_path):
   assert split.num_users == 30 and split.num_items <= 100
 
 
-def test_dequantized_copy_loads_each_formats_rows_and_counts_quantized_bytes():
+def test_table_bytes_count_each_tables_stored_bytes_once():
   quantized = benchmark_scripts.load("quantized")
 
   class Two(nnx.Module):
     def __init__(self):
       self.a = embedlib.ShardedEmbed(50, 16, rngs=nnx.Rngs(0))
       self.b = embedlib.ShardedEmbed(30, 8, rngs=nnx.Rngs(1))
+      self.tied = self.a  # shared: counted once
 
   model = Two()
-  before = np.asarray(model.a.logical_table())
-  copy, size = quantized.dequantized_copy(model, 4)
-  qa = embedlib.quantize(nnx.clone(model.a), 4)
-  qb = embedlib.quantize(nnx.clone(model.b), 4)
-  assert size == qa.nbytes + qb.nbytes < quantized.table_bytes(model)
-  np.testing.assert_array_equal(np.asarray(copy.a.logical_table()), np.asarray(qa.dequantized()))
-  assert not np.array_equal(np.asarray(copy.a.logical_table()), before)
-  np.testing.assert_array_equal(np.asarray(model.a.logical_table()), before)
+  assert quantized.table_bytes(model) == (50 * 16 + 30 * 8) * 4
+  q = embedlib.quantize(nnx.clone(model), 4)
+  # int4: 8 and 4 bytes of codes a row, 4 of fp16 scale and bias.
+  assert quantized.table_bytes(q) == q.a.nbytes + q.b.nbytes == 50 * 12 + 30 * 8
