@@ -189,7 +189,7 @@ def quantize(module, bits=fmt.INT8, scale_dtype=jnp.float16, *, skip=()):
         if id(child) not in done:
           done[id(child)] = one(child)
         _assign(parent, key, done[id(child)])
-  if not done and not any(isinstance(m, QuantizedEmbed) for _, m in nnx.iter_graph(module)):
+  if not any(isinstance(m, ShardedEmbed) for _, m in nnx.iter_graph(module)):
     raise ValueError(
         f"quantize: {type(module).__name__} holds no ShardedEmbed; pass a ShardedEmbed, "
         "an EmbeddingCollection or a model built from them."

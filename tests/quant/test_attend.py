@@ -8,7 +8,7 @@ sum(q)`` per row block where the float one sums ``q . fl(c s + b)``
 (`embedlib.quant.scores`), so a logit may differ by ``2 (F + 4) 2**-24
 sum_j |q_j| (|c_j| s + |b|)``, ``F`` the table's columns; that sum is at
 most ``|q| . (|x'| + 2 |b|)`` (``x'`` the dequantized row, ``b`` its
-bias), which the tests compute. bf16 (no scale, no bias) has the same
+bias), which the tests compute (`tests.quant.twin.attend_bound`). bf16 (no scale, no bias) has the same
 bound. All formats run in one layout (vocab, 99 rows over 8 devices) and
 all layouts in one format (int4: its packed odd-width blocks, 10 columns
 over 4 giving blocks of 3).
@@ -25,11 +25,9 @@ import embedlib
 from embedlib.quant import format as fmt
 from embedlib.quant import scores as scores_lib
 from tests.embed.contract import make_mesh
-from tests.quant.twin import quantized_and_twin
+from tests.quant.twin import attend_bound, quantized_and_twin
 
 ROWS, FEATURES, TOKENS = 99, 10, 6  # 99 rows and 10 columns divide no group here
-U = 2.0 ** -24
-
 
 def _host(x):
   return np.asarray(jax.device_get(x), np.float32)
@@ -37,18 +35,6 @@ def _host(x):
 
 def _query(seed=1, tokens=TOKENS):
   return jnp.asarray(np.random.default_rng(seed).normal(size=(tokens, FEATURES)), jnp.float32)
-
-
-def _bound(q, query):
-  """The module docstring's bound on ``|attend - float attend|``, per logit ``[tokens, rows]``."""
-  table = jax.device_get(q.physical_table())
-  deq = np.abs(_host(q.dequantized()))
-  if table.scale_bias is None:
-    bias = np.zeros_like(deq)
-  else:
-    per_block = np.abs(np.asarray(table.scale_bias[..., 1], np.float32))
-    bias = np.repeat(per_block, table.block_width, axis=1)[:q.num_embeddings, :q.features]
-  return 2 * (q.features + 4) * U * (np.abs(_host(query)) @ (deq + 2 * bias).T) + 1e-30
 
 
 @nnx.jit
@@ -59,7 +45,7 @@ def _both(q, twin, query):
 def _check(q, twin, query):
   got, want = _both(q, twin, query)
   assert got.shape == want.shape == (query.shape[0], ROWS) and got.dtype == jnp.float32
-  bound = _bound(q, query)
+  bound = attend_bound(q, query)
   oracle = _host(query) @ _host(q.dequantized()).T
   for other in (want, oracle):
     err = np.abs(_host(got) - _host(other))
@@ -104,7 +90,7 @@ def test_vocab_parallel_logits_of_an_uneven_split():
   assert isinstance(got, embedlib.VocabShardedLogits) and got.shape == (TOKENS, ROWS)
   assert got.padded.shape == (TOKENS, 100) and got.padded.sharding.spec == spec
   err = np.abs(_host(got.unpadded()) - _host(want.unpadded()))
-  assert (err <= _bound(q, query)).all()
+  assert (err <= attend_bound(q, query)).all()
   # The vocab-parallel loss takes them as the float ones.
   labels = jnp.array([0, 98, 5, -1, 40, 7])
   np.testing.assert_allclose(
@@ -120,7 +106,7 @@ def test_row_chunks_and_one_device(bits):
   query = _query(seed=6)
   whole = _check(q, twin, query)
   chunked = scores_lib.scores(query, q.physical_table(), chunk_rows=16)
-  assert (np.abs(_host(chunked) - _host(whole)) <= _bound(q, query)).all()
+  assert (np.abs(_host(chunked) - _host(whole)) <= attend_bound(q, query)).all()
   # Any leading shape, returned in the query's dtype.
   three = q.attend(query.reshape(2, 3, FEATURES).astype(jnp.bfloat16))
   assert three.shape == (2, 3, ROWS) and three.dtype == jnp.float32  # the module's dtype
