@@ -1,9 +1,11 @@
-"""The quantized gather and bag (`embedlib.quant.triton`) compile for H100 / H200, without one.
+"""The quantized gather, bag and attend compile for H100 / H200, without one.
 
 One program per format: a gather and a weighted mean bag of a quantized
 table, with ``kernel="pallas"`` (the Triton kernels on CUDA: Mosaic GPU has
 no quantized kernel of its own); then a quantized module's lookups in four
-layouts, the kernels inside each layout's ``shard_map`` with its collectives.
+layouts, the kernels inside each layout's ``shard_map`` with its collectives;
+then a tied quantized table's logits (``attend``: the codes' products,
+`embedlib.quant.scores`), in two layouts.
 """
 
 import jax
@@ -74,3 +76,31 @@ def test_quantized_layouts_compile(case, bits):
                                             if c != "reduce_scatter" or strategy != "routed"])
   assert "embedlib_quantized_gather" in program.text
   assert "embedlib_quantized_bag" in program.text
+
+
+@pytest.mark.parametrize("case, bits, rows", [("vocab-tokens", 8, 1_000_000),
+                                              ("grid-fsdp-tp", 4, 1000)])
+def test_quantized_attend_compiles(case, bits, rows):
+  """A tied quantized table's logits: each shard's code products (`quant.scores`) in its layout.
+
+  A million rows over 8 give shards of 125,000 rows, scored in chunks (a
+  loop); the int4 grid scores its nibbles in one product and sums partial
+  logits over its column group.
+  """
+  shape, names, strategy, table_axes, _, _ = CASES[case]
+  mesh = deviceless.gpu_mesh(shape, names, target="H200")
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    emb = nnx.eval_shape(lambda: embedlib.ShardedEmbed(
+        rows, 256, mesh=mesh, sharding=strategy, table_axes=table_axes, tied=True,
+        rngs=nnx.Rngs(0)))
+  emb = embedlib.quantize(emb, bits)
+  graphdef, state = nnx.split(emb)
+  query = S((64, 256), jnp.float32, sharding=NamedSharding(mesh, P(emb.plan.data_axes or None)))
+
+  def logits(s, q):
+    return nnx.merge(graphdef, s).attend(q)
+
+  program = compiled.compile_checked(f"quantized attend {case}", logits, state, query, mesh=mesh,
+                                     target="H200")
+  compiled.check_all(program)
+  assert ("while" in program.text) == (rows > 1000)  # the row chunks' loop
