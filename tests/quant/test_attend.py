@@ -112,6 +112,17 @@ def test_row_chunks_and_one_device(bits):
   assert three.shape == (2, 3, ROWS) and three.dtype == jnp.float32  # the module's dtype
 
 
+def test_row_chunks_inside_the_layouts_shard_map(mesh8, monkeypatch):
+  """Shards of 13 rows scored 5 at a time (a loop in each device's program)."""
+  monkeypatch.setattr(scores_lib, "CHUNK_BYTES", 4 * FEATURES * 5)
+  emb = embedlib.ShardedEmbed(ROWS, FEATURES, mesh=mesh8, sharding="vocab", rngs=nnx.Rngs(7))
+  q, twin = quantized_and_twin(emb, 8)
+  query = _query(seed=8)
+  got = nnx.jit(lambda m, x: m.attend(x))(q, query)  # a jit of its own: traced with the patch
+  err = np.abs(_host(got) - _host(twin.attend(query)))
+  assert (err <= attend_bound(q, query)).all()
+
+
 def test_a_tape_refuses_attend():
   q = embedlib.quantize(embedlib.ShardedEmbed(10, 4, rngs=nnx.Rngs(0)), 8)
   with pytest.raises(ValueError, match="train the float module"):
