@@ -2,7 +2,8 @@
 
 `quantize` turns a trained ``ShardedEmbed``, ``EmbeddingCollection`` or
 model into one whose lookups read quantized rows and dequantize them inside
-the gather and bag kernels (`lookup`); `format` holds the storage and its
+the gather and bag kernels (`lookup`), and whose tied logits (``attend``)
+are scored from the codes (`scores`); `format` holds the storage and its
 error bounds.
 """
 

@@ -7,9 +7,9 @@ and the ``[padded rows, blocks, 2]`` scales and biases split over the same
 row (and column) axes, one block per column shard (hidden and grid layouts
 quantize each column shard's slice of a row on its own; the 1-D row layouts
 and replicated tables have one block a row). The strategies carry it as they
-carry a float table; only the kernels (`lookup`) read inside, so every
-layout's result is the float lookup of the dequantized table, padding
-included as invisibly.
+carry a float table; only the kernels (`lookup`, and `scores` for
+``attend``) read inside, so every layout's result is the float lookup (or
+logits) of the dequantized table, padding included as invisibly.
 """
 
 from __future__ import annotations

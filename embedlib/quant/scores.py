@@ -22,6 +22,10 @@ summed in another order) a logit differs by float32 rounding only:
 
 with ``u = 2**-24`` and ``F`` the row's columns; ``sum_j |q_j| (|c_j| s +
 |b|)`` is at most ``|q| . (|x'| + 2 |b|)``, ``x'`` the dequantized row.
+That is the float32 products' rounding (XLA:CPU). Where the default
+precision of a float32 product rounds its operands to TF32 (GPUs), both
+products round the query so, and the float one its dequantized rows too,
+while the codes are exact in TF32 (at most 8 significant bits).
 
 >>> import numpy as np
 >>> from embedlib.quant import format as fmt
