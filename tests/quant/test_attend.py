@@ -8,10 +8,11 @@ sum(q)`` per row block where the float one sums ``q . fl(c s + b)``
 (`embedlib.quant.scores`), so a logit may differ by ``2 (F + 4) 2**-24
 sum_j |q_j| (|c_j| s + |b|)``, ``F`` the table's columns; that sum is at
 most ``|q| . (|x'| + 2 |b|)`` (``x'`` the dequantized row, ``b`` its
-bias), which the tests compute (`tests.quant.twin.attend_bound`). bf16 (no scale, no bias) has the same
-bound. All formats run in one layout (vocab, 99 rows over 8 devices) and
-all layouts in one format (int4: its packed odd-width blocks, 10 columns
-over 4 giving blocks of 3).
+bias), which the tests compute (`tests.quant.twin.attend_bound`); bf16
+(no scale, no bias) has the same bound. All formats run in one layout
+(vocab, 99 rows over 8 devices) and all layouts in one format (int4: its
+packed odd-width blocks, 10 columns over 4 giving blocks of 3, or over 2
+giving blocks of 5).
 """
 
 import jax
