@@ -99,7 +99,9 @@ def get_config(arg=None):
       # Targets per training window (at most max_len); the window's items
       # before them are context only, so every target sees at least
       # max_len - stride earlier ones.
-      stride=50, prefetch=2))
+      stride=50, prefetch=2,
+      # Raw ids train the ranker and the two towers only (their configs below).
+      raw_ids=False))
   config.model = ml_collections.ConfigDict(dict(
       name=model,
       width=64,

@@ -12,7 +12,7 @@ from configs import movielens
 from embedlib import DynamicEmbed
 from embedlib.data import movielens as ml
 from embedlib.data import movielens_requests as mr
-from embedlib.training import setup, tasks, train_lib
+from embedlib.training import export_lib, setup, tasks, train_lib
 from embedlib.training.writers import read_jsonl
 from tests.train.test_sequential import write_ml100k
 
@@ -110,6 +110,8 @@ def test_two_towers_train_on_raw_ids_and_rank_the_resident_movies(data, tmp_path
   assert len(ranks) == 40 and (ranks < (1 << 30)).mean() < 1   # some test movies unseen
   assert test["test_hr@20"] == pytest.approx((ranks < 20).mean())
   assert test["test_ndcg@10"] == pytest.approx(np.mean((ranks < 10) / np.log2(ranks + 2.0)))
+  with pytest.raises(export_lib.ExportError, match="config.data.raw_ids: exporting the two"):
+    export_lib.scoring(config, model, mesh)
 
 
 @pytest.mark.slow
@@ -134,6 +136,7 @@ def test_ranker_reads_history_and_candidates_through_one_raw_item_table(data, tm
      r"config.model.dynamic.user.eviction: .*'none'"),
     ("ranker", lambda c: c.model.dynamic.item.update(capacity=0),
      r"config.model.dynamic.item.capacity: give the table's rows"),
+    ("sasrec", lambda c: None, r"config.data.raw_ids: config.model.name='sasrec' has no dynamic"),
 ])
 def test_bad_dynamic_key_names_it(data, model, change, match):
   config = _config(model, data)
