@@ -283,7 +283,10 @@ def build_ranker(model_config, spec: SequenceSpec, *, mesh=None, batch_size: int
   ``user_hash`` (``num_buckets``, ``num_hashes``, ``features``,
   ``combiner``, ``seed``), ``kernel``, ``replicate_below_bytes``. The
   tables are planned for ``batch_size`` requests split over the mesh, the
-  history's ids being each step's largest lookup.
+  history's ids being each step's largest lookup. With ``dynamic`` (raw
+  ids) the item table, and the user's if named, are ``DynamicEmbed`` tables
+  of ``config.model.dynamic`` (``request_dynamic``); a dynamic user row is
+  ``width`` wide.
   """
   tables = _tables(model_config, mesh)
   found = request_dynamic(model_config) if dynamic else {}
@@ -314,7 +317,10 @@ def build_two_tower(model_config, spec: SequenceSpec, *, mesh=None, batch_size: 
   ``temperature``, ``min_temperature``, ``max_temperature``,
   ``learn_temperature``, ``item_hash`` and ``user_hash`` (as the ranker's
   ``user_hash``), ``author_features``, ``action_features``, and for the
-  trunk tower the ranker's transformer keys.
+  trunk tower the ranker's transformer keys. With ``dynamic`` (raw ids)
+  the item table, and the user's if named, are ``DynamicEmbed`` tables of
+  ``config.model.dynamic``, ``item_hash.features`` (``user_hash.features``,
+  or ``width`` for the trunk tower) wide.
   """
   if model_config.user_tower not in two_tower_lib.USER_TOWERS:
     raise ValueError(f"config.model.user_tower={model_config.user_tower!r}; use one of "

@@ -127,6 +127,19 @@ def test_ranker_reads_history_and_candidates_through_one_raw_item_table(data, tm
   assert 0 < read_jsonl(tmp_path / "eval.jsonl")[-1]["test_ndcg@10"] <= 1
 
 
+@pytest.mark.slow
+def test_pipelined_ranker_on_raw_ids_equals_the_in_line_run(data, tmp_path):
+  runs = []
+  for pipeline in (False, True):
+    config = _config("ranker", data)
+    config.pipeline = pipeline
+    train_lib.train_and_evaluate(config, str(tmp_path / str(pipeline)))
+    runs.append([{k: v for k, v in r.items() if k != "examples_per_sec"}
+                 for r in read_jsonl(tmp_path / str(pipeline) / "train.jsonl")]
+                + read_jsonl(tmp_path / str(pipeline) / "eval.jsonl"))
+  assert runs[0] == runs[1] and "dynamic/trunk/items/occupancy" in runs[0][-3]
+
+
 @pytest.mark.parametrize("model, change, match", [
     ("ranker", lambda c: c.model.dynamic.update(author=c.model.dynamic.item),
      r"config.model.dynamic.author: config.model.name='ranker' has no dynamic table 'author'"),
