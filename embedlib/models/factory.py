@@ -147,7 +147,8 @@ def _dynamic_embed(model_config, table, found, features, mesh, rngs):
   try:
     return DynamicEmbed(capacity, features, mesh=mesh, name=table, rngs=rngs, **spec.kwargs())
   except ValueError as e:
-    raise ValueError(f"config.model.dynamic.{table}.capacity: {e}") from None
+    key = ".capacity" if "devices own whole buckets" in str(e) else ""
+    raise ValueError(f"config.model.dynamic.{table}{key}: {e}") from None
 
 
 def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
