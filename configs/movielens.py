@@ -38,7 +38,9 @@ tables (``embedlib.DynamicEmbed``) of ``config.model.dynamic``: one entry
 per table, ``item`` (required) and ``user`` (optional; without it the raw
 user ids are hashed), each with ``capacity``, ``bucket_size``,
 ``admit_after``, ``eviction`` (``lru``, ``lfu``, ``none``), ``decay_every``
-and ``default`` (docs/guides/dynamic_tables.md). The history's movies read
+and ``default`` (docs/guides/dynamic_tables.md); the capacities here fit
+ML-100K, so raise them for a larger release (ML-1M's 3,706 movies:
+``--config.model.dynamic.item.capacity=8192``). The history's movies read
 the same item table as the candidates. The two towers' eval then ranks the
 item table's resident movies only: a held-out movie that is not resident
 can't be retrieved and counts as a miss.
