@@ -271,7 +271,11 @@ class RetrievalTask(base.Task):
     """A dynamic item table's resident raw ids, sorted, padded to its capacity with
     ``_NO_ITEM`` (int32 ``[capacity]``): the candidates its eval ranks."""
     table = model.items
-    keys = np.sort(np.fromiter(table.resident(), np.int64))
+    # The map's rows are split over the devices, of every process: gather them all.
+    hi, lo, score = (requests.gather(v[...]) for v in (table.keys_hi, table.keys_lo,
+                                                        table.score))
+    here = score >= 0
+    keys = np.sort((hi[here].astype(np.int64) << 32) | lo[here].astype(np.int64))
     return np.pad(keys, (0, table.policy.capacity - len(keys)),
                   constant_values=_NO_ITEM).astype(np.int32)
 
