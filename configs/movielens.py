@@ -32,6 +32,19 @@ user has not rated, per action; its eval ranks the held-out movie among 100
 the user never rated (the SASRec paper's sampled protocol), per-action AUC
 and NDCG@10.
 
+Raw ids: ``--config.data.raw_ids=True`` (``two_tower`` and ``ranker``)
+reads the file's own user and movie ids, not numbered densely, into dynamic
+tables (``embedlib.DynamicEmbed``) of ``config.model.dynamic``: one entry
+per table, ``item`` (required) and ``user`` (optional; without it the raw
+user ids are hashed), each with ``capacity``, ``bucket_size``,
+``admit_after``, ``eviction`` (``lru``, ``lfu``, ``none``), ``decay_every``
+and ``default`` (docs/guides/dynamic_tables.md); the capacities here fit
+ML-100K, so raise them for a larger release (ML-1M's 3,706 movies:
+``--config.model.dynamic.item.capacity=8192``). The history's movies read
+the same item table as the candidates. The two towers' eval then ranks the
+item table's resident movies only: a held-out movie that is not resident
+can't be retrieved and counts as a miss.
+
 The argument is ``[MODEL,]PATH``: ``sasrec`` (the default), ``hstu``,
 ``two_tower`` or ``ranker``, and the folder or ratings file. Expected on
 ML-100K with one device on 2 shared CPU cores, test NDCG@10 over three
@@ -88,7 +101,9 @@ def get_config(arg=None):
       # Targets per training window (at most max_len); the window's items
       # before them are context only, so every target sees at least
       # max_len - stride earlier ones.
-      stride=50, prefetch=2))
+      stride=50, prefetch=2,
+      # Raw ids train the ranker and the two towers only (their configs below).
+      raw_ids=False))
   config.model = ml_collections.ConfigDict(dict(
       name=model,
       width=64,
@@ -138,7 +153,13 @@ def _requests_config(model, path, smoke):
       # The user's last 50 movies, SASRec's window.
       history_len=50,
       # Ratings are actions: every rating is "rated", one of 4 or 5 stars "liked".
-      actions=ACTIONS, like_rating=4.0, prefetch=2))
+      actions=ACTIONS, like_rating=4.0, prefetch=2,
+      # The file's ids as they are, into the dynamic tables of config.model.dynamic.
+      raw_ids=False))
+  # Rows for ML-100K's 1,682 movies and 943 users with room to spare: the
+  # buckets fill unevenly, and a full one evicts.
+  dynamic = ml_collections.ConfigDict(dict(item=parts.dynamic_table(capacity=4096),
+                                           user=parts.dynamic_table(capacity=2048)))
   if model == "two_tower":
     config = parts.base(dict(
         name="retrieval",
@@ -167,6 +188,7 @@ def _requests_config(model, path, smoke):
         author_features=4,
         action_features=8,
         **parts.transformer(num_layers=1),
+        dynamic=dynamic,
         kernel="auto",
         replicate_below_bytes=None))
     config.optim = parts.optimizers(dense_lr=2e-3, sparse_lr=0.1, warmup_steps=100)
@@ -190,6 +212,7 @@ def _requests_config(model, path, smoke):
         author_features=4,
         action_features=8,
         user_hash=parts.multi_hash(num_buckets=1 << 12, features=16, seed=0),
+        dynamic=dynamic,
         kernel="auto",
         replicate_below_bytes=None))
     config.optim = parts.optimizers(dense_lr=2e-3, sparse_lr=0.1, warmup_steps=100)
@@ -203,6 +226,8 @@ def _requests_config(model, path, smoke):
                         # Split the tiny tables, so the smoke run takes the sharded path.
                         replicate_below_bytes=0)
     config.model.user_hash.update(num_buckets=256, features=8)
+    for table in config.model.dynamic.values():  # 4 buckets of 32 per device of 8
+      table.update(capacity=1024, bucket_size=32)
     if model == "two_tower":
       config.model.update(features=8, tower_sizes=(16,))
       config.model.item_hash.update(num_buckets=256, features=8)

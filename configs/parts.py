@@ -71,3 +71,10 @@ def multi_hash(*, num_buckets: int, features: int, seed: int) -> ml_collections.
   """A multi-hash table: 2 hashes into ``num_buckets`` rows, concatenated."""
   return ml_collections.ConfigDict(dict(
       num_buckets=num_buckets, num_hashes=2, features=features, combiner="concat", seed=seed))
+
+
+def dynamic_table(*, capacity: int, bucket_size: int = 128) -> ml_collections.ConfigDict:
+  """One dynamic table's settings (``embedlib.DynamicEmbed``), read by raw ids."""
+  return ml_collections.ConfigDict(dict(
+      capacity=capacity, bucket_size=bucket_size, admit_after=1, eviction="lru",
+      decay_every=0, default="zero"))

@@ -32,6 +32,13 @@ the last batch is filled out with rows of weight 0.
   random slot; its labels are its actions, the others' 0. Eval rows of
   weight 0 have every candidate padded (-1), so they count in no metric.
 
+With ``raw_ids=True`` users and movies are the file's own ids instead
+(``user`` the rating file's user id; ``history_item``, ``item``,
+``candidate_item`` and ``exclude`` its movie ids, -1 padded), exactly as
+written, for dynamic tables (``embedlib.DynamicEmbed``): the ids must be
+integers in ``[0, 2**31 - 1)`` (every GroupLens release's are), so that they
+travel as int32 with -1 as padding.
+
 A batch is a function of its number alone, so setting ``position`` resumes
 exactly, and each process makes only its own rows.
 
@@ -62,6 +69,24 @@ KINDS = (TRAIN, VALID, TEST)
 #: The actions a rating is, in label order: the user rated the movie; rated it
 #: at least ``like_rating``.
 ACTIONS = ("rated", "liked")
+#: Raw ids travel as int32, -1 being padding.
+RAW_ID_LIMIT = 2**31 - 1
+
+
+def raw_ids_of(values, what: str) -> np.ndarray:
+  """A file's ids as int64, each in ``[0, RAW_ID_LIMIT)``, or ValueError naming the fix."""
+  try:
+    ids = np.asarray(values).astype(np.int64)
+  except (TypeError, ValueError, OverflowError):
+    raise ValueError(f"raw {what} ids: the file's ids are not integers (e.g. "
+                     f"{np.asarray(values)[:3].tolist()}); raw ids read integer ids. Set "
+                     "config.data.raw_ids=False to number them densely.") from None
+  bad = (ids < 0) | (ids >= RAW_ID_LIMIT)
+  if bad.any():
+    raise ValueError(f"raw {what} id {int(ids[bad][0])} lies outside [0, 2**31 - 1), which "
+                     "raw MovieLens ids travel in (int32, -1 padding); set "
+                     "config.data.raw_ids=False to number them densely.")
+  return ids
 
 
 def _flat(split, kind):
@@ -80,8 +105,8 @@ class _Requests(NumberedStream):
   """The stream both request sources share: which user and point in time each row is."""
 
   def __init__(self, split, *, history_len: int, batch_size: int, seed: int = 0,
-               kind: str = TRAIN, like_rating: float = 4.0, process_index: int = 0,
-               process_count: int = 1):
+               kind: str = TRAIN, like_rating: float = 4.0, raw_ids: bool = False,
+               process_index: int = 0, process_count: int = 1):
     if kind not in KINDS:
       raise ValueError(f"{type(self).__name__}: kind={kind!r}; use one of {KINDS}.")
     if history_len < 1:
@@ -97,6 +122,14 @@ class _Requests(NumberedStream):
     self._items, self._ratings, self._starts = _flat(split, kind)
     self._user_of = np.repeat(np.arange(self.num_users), np.diff(self._starts))
     self._key = _hashing.derive_key(self.seed, "movielens_requests", kind)
+    self.raw_ids = bool(raw_ids)
+    if self.raw_ids:
+      if getattr(split, "raw_item_ids", None) is None:
+        raise ValueError("raw_ids=True: the split has no raw ids; build it with "
+                         "movielens.leave_one_out(movielens.load(path)).")
+      self.raw_user_ids = raw_ids_of(split.raw_user_ids, "user")
+      # Entry 0 of the split's items is padding: it stays -1.
+      self.raw_item_ids = np.concatenate([[-1], raw_ids_of(split.raw_item_ids[1:], "movie")])
     if kind == TRAIN:
       # Every training rating with one before it is a target.
       self._targets = np.flatnonzero(np.arange(len(self._items)) > self._starts[self._user_of])
@@ -180,6 +213,19 @@ class _Requests(NumberedStream):
     return out
 
 
+  def _as_raw(self, batch: dict) -> dict:
+    """``batch`` with the file's user and movie ids (``raw_ids``), padding kept at -1."""
+    if not self.raw_ids:
+      return batch
+    out = dict(batch, user=self.raw_user_ids[batch["user"]])
+    for key in ("history_item", "item", "candidate_item"):
+      if key in batch:  # request movies are split ids - 1, -1 padding
+        out[key] = self.raw_item_ids[batch[key] + 1].astype(np.int32)
+    if "exclude" in batch:  # split ids, 0 padding
+      out["exclude"] = self.raw_item_ids[batch["exclude"]].astype(np.int32)
+    return out
+
+
 class RetrievalRequests(_Requests):
   """The two towers' requests: a history and the movie rated next (module docstring).
 
@@ -191,6 +237,7 @@ class RetrievalRequests(_Requests):
     seed: shuffles the training requests per epoch.
     kind: ``"train"``, ``"valid"`` or ``"test"``.
     like_rating: the least rating that is a ``liked`` action.
+    raw_ids: yield the file's user and movie ids (module docstring).
     exclude_seen: eval rows carry ``exclude``, the user's movies before the
       held-out one.
     process_index, process_count: this process's slice of each batch.
@@ -218,7 +265,7 @@ class RetrievalRequests(_Requests):
         for row, u in enumerate(users):
           earlier = self._items[self._starts[u]:self._starts[u + 1]]
           batch["exclude"][row, :len(earlier)] = earlier
-    return batch
+    return self._as_raw(batch)
 
 
 class RankingRequests(_Requests):
@@ -233,6 +280,7 @@ class RankingRequests(_Requests):
     seed: shuffles the training requests per epoch and draws the unrated movies.
     kind: ``"train"``, ``"valid"`` or ``"test"``.
     like_rating: the least rating that is a ``liked`` action.
+    raw_ids: yield the file's user and movie ids (module docstring).
     process_index, process_count: this process's slice of each batch.
   """
 
@@ -282,4 +330,4 @@ class RankingRequests(_Requests):
     batch["candidate_item"] = np.where(real[:, None], candidates - 1, -1).astype(np.int32)
     batch["candidate_author"] = np.where(batch["candidate_item"] >= 0, 0, -1).astype(np.int32)
     batch["labels"] = labels * real[:, None, None]
-    return batch
+    return self._as_raw(batch)

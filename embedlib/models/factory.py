@@ -20,6 +20,7 @@ from embedlib.data.multi_hash import MultiHash
 from embedlib.data.next_item import NextItemSpec
 from embedlib.data.sequences import SequenceSpec
 from embedlib.data.spec import DataSpec
+from embedlib.dynamic import DynamicEmbed
 from embedlib.embed import ShardedEmbed
 from embedlib.models import two_tower as two_tower_lib
 from embedlib.models.dlrm import CROSS, DLRM, DOT
@@ -58,6 +59,26 @@ def hashers(model_config) -> dict[str, MultiHash]:
 _DYNAMIC_KEYS = ("capacity", "admit_after", "eviction", "bucket_size", "decay_every", "default")
 
 
+def _dynamic_spec(cfg, where: str, name: str, fallback: int) -> tuple[DynamicSpec, int]:
+  """``(DynamicSpec, capacity)`` of one settings dict; errors name ``<where>.<key>``."""
+  eviction = cfg.get("eviction", "lru")
+  try:
+    spec = DynamicSpec(
+        admit_after=cfg.get("admit_after", 1),
+        eviction=None if eviction in ("none", None) else eviction,
+        bucket_size=cfg.get("bucket_size", 128), decay_every=cfg.get("decay_every", 0),
+        default=cfg.get("default", "zero"))
+    capacity = cfg.get("capacity", 0) or fallback
+    TableSpec(name, capacity, 1, dynamic=spec)  # checks capacity against bucket_size
+    return spec, capacity
+  except (TypeError, ValueError) as e:
+    msg = str(e)
+    key = next((k for k in _DYNAMIC_KEYS if f"{k}=" in msg), "capacity")
+    if key == "eviction":
+      msg = msg.replace("None (a full", "'none' (a full")
+    raise ValueError(f"{where}.{key}: {msg}") from None
+
+
 def dynamic_tables(model_config, data_spec) -> list[TableSpec]:
   """The DLRM family's tables as dynamic ones (raw ids), set by ``config.model.dynamic``.
 
@@ -74,22 +95,60 @@ def dynamic_tables(model_config, data_spec) -> list[TableSpec]:
     raise ValueError("config.model.dynamic: raw ids (config.data.raw_ids=True) need the "
                      "dynamic tables' settings; add config.model.dynamic (see "
                      "configs/dlrm_criteo.py), or set config.data.raw_ids=False.")
-  eviction = cfg.get("eviction", "lru")
+  out = []
+  for f in data_spec.features:
+    spec, capacity = _dynamic_spec(cfg, "config.model.dynamic", f.name, f.num_embeddings)
+    out.append(TableSpec(f.name, capacity, model_config.embed_dim, dynamic=spec))
+  return out
+
+
+#: The tables of the request models that may be dynamic (read by raw ids).
+REQUEST_DYNAMIC = ("user", "item")
+
+
+def request_dynamic(model_config) -> dict[str, tuple[DynamicSpec, int]]:
+  """The ranker's and two towers' dynamic tables: ``{table: (DynamicSpec, capacity)}``.
+
+  ``config.model.dynamic.<table>`` for ``table`` in ``("user", "item")``
+  holds one table's settings (the keys of ``dynamic_tables``; ``capacity``
+  is required). A table named there is an ``embedlib.DynamicEmbed`` read by
+  raw ids; the item table must be one, a user table left out hashes the raw
+  user ids (``config.model.user_hash``).
+
+  Raises:
+    ValueError: naming the ``config.model.dynamic`` key that can't work.
+  """
+  cfg = model_config.get("dynamic") or {}
+  name = model_config.name
+  out = {}
+  for table, settings in cfg.items():
+    where = f"config.model.dynamic.{table}"
+    if table not in REQUEST_DYNAMIC or not hasattr(settings, "get"):
+      raise ValueError(f"{where}: config.model.name={name!r} has no dynamic table {table!r}; "
+                       f"its tables read by raw ids are {REQUEST_DYNAMIC}, each a dict of "
+                       "capacity, bucket_size, admit_after, eviction, decay_every, default. "
+                       "Remove the key or rename it.")
+    if not settings.get("capacity", 0):
+      raise ValueError(f"{where}.capacity: give the table's rows (a multiple of bucket_size "
+                       "times the devices), e.g. twice the distinct ids expected.")
+    out[table] = _dynamic_spec(settings, where, table, 0)
+  if "item" not in out:
+    raise ValueError(f"config.model.dynamic.item: config.model.name={name!r} reads raw item "
+                     "ids (config.data.raw_ids=True) through a dynamic item table, whose "
+                     "resident rows are also what an eval ranks; add "
+                     "config.model.dynamic.item (see configs/movielens.py), or set "
+                     "config.data.raw_ids=False.")
+  return out
+
+
+def _dynamic_embed(model_config, table, found, features, mesh, rngs):
+  """``DynamicEmbed`` of ``found[table]``; a capacity the mesh can't split names its key."""
+  spec, capacity = found[table]
   try:
-    spec = DynamicSpec(
-        admit_after=cfg.get("admit_after", 1),
-        eviction=None if eviction in ("none", None) else eviction,
-        bucket_size=cfg.get("bucket_size", 128), decay_every=cfg.get("decay_every", 0),
-        default=cfg.get("default", "zero"))
-    capacity = cfg.get("capacity", 0)
-    return [TableSpec(f.name, capacity or f.num_embeddings, model_config.embed_dim,
-                      dynamic=spec) for f in data_spec.features]
-  except (TypeError, ValueError) as e:
-    msg = str(e)
-    key = next((k for k in _DYNAMIC_KEYS if f"{k}=" in msg), "capacity")
-    if key == "eviction":
-      msg = msg.replace("None (a full", "'none' (a full")
-    raise ValueError(f"config.model.dynamic.{key}: {msg}") from None
+    return DynamicEmbed(capacity, features, mesh=mesh, name=table, rngs=rngs, **spec.kwargs())
+  except ValueError as e:
+    key = ".capacity" if "devices own whole buckets" in str(e) else ""
+    raise ValueError(f"config.model.dynamic.{table}{key}: {e}") from None
 
 
 def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
@@ -121,8 +180,9 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
     data_spec: the dataset layout (dense width, categorical features).
     mesh: the device mesh, or None for one device.
     batch_size: global batch, for the plan's traffic estimates.
-    dynamic: the DLRM family's tables are dynamic, read by raw ids
-      (``dynamic_tables``).
+    dynamic: raw ids: the DLRM family's tables are dynamic
+      (``dynamic_tables``), and the ranker's and two towers' tables named
+      in ``config.model.dynamic`` (``request_dynamic``).
     rngs: random number generators.
 
   Returns:
@@ -131,10 +191,10 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
   name = model_config.name
   if name not in NAMES:
     raise ValueError(f"config.model.name={name!r}; use one of {NAMES}.")
-  if dynamic and name not in _FAMILY:
+  if dynamic and name in NEXT_ITEM:
     raise ValueError(f"config.data.raw_ids: config.model.name={name!r} has no dynamic "
-                     "tables yet; raw ids train the DLRM family (dlrm, dcn). Set "
-                     "config.data.raw_ids=False.")
+                     "tables yet; raw ids train the DLRM family (dlrm, dcn), the ranker and "
+                     "the two towers. Set config.data.raw_ids=False.")
   if name in NEXT_ITEM:
     if not isinstance(data_spec, NextItemSpec):
       raise ValueError(f"config.model.name={name!r} reads next-item batches (a NextItemSpec), "
@@ -146,7 +206,8 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
       raise ValueError(f"config.model.name={name!r} reads request batches (a SequenceSpec), "
                        f"not {type(data_spec).__name__}; use the ranking or retrieval task.")
     build = build_ranker if name == RANKER else build_two_tower
-    return build(model_config, data_spec, mesh=mesh, batch_size=batch_size, rngs=rngs)
+    return build(model_config, data_spec, mesh=mesh, batch_size=batch_size, dynamic=dynamic,
+                 rngs=rngs)
   if not isinstance(data_spec, DataSpec):
     raise ValueError(f"config.model.name={name!r} reads click batches (a DataSpec); use the "
                      "ctr task.")
@@ -215,7 +276,7 @@ def _trunk(model_config, spec: SequenceSpec, items, authors, user, rngs):
 
 
 def build_ranker(model_config, spec: SequenceSpec, *, mesh=None, batch_size: int = 4096,
-                 rngs: nnx.Rngs):
+                 dynamic: bool = False, rngs: nnx.Rngs):
   """``TransformerRanker``: item and author tables (ids), a multi-hash user embedding.
 
   Config keys: ``width``, ``num_layers``, ``num_heads``, ``mlp_ratio``,
@@ -223,23 +284,33 @@ def build_ranker(model_config, spec: SequenceSpec, *, mesh=None, batch_size: int
   ``user_hash`` (``num_buckets``, ``num_hashes``, ``features``,
   ``combiner``, ``seed``), ``kernel``, ``replicate_below_bytes``. The
   tables are planned for ``batch_size`` requests split over the mesh, the
-  history's ids being each step's largest lookup.
+  history's ids being each step's largest lookup. With ``dynamic`` (raw
+  ids) the item table, and the user's if named, are ``DynamicEmbed`` tables
+  of ``config.model.dynamic`` (``request_dynamic``); a dynamic user row is
+  ``width`` wide.
   """
   tables = _tables(model_config, mesh)
+  found = request_dynamic(model_config) if dynamic else {}
   # The history's lookup is the largest a step makes (candidates are fewer).
   history_ids = _requests_per_device(batch_size, mesh) * spec.history_len
-  items = ShardedEmbed(spec.num_items, model_config.item_features, name="item", rngs=rngs,
-                       ids_per_device=history_ids, **tables)
+  if "item" in found:
+    items = _dynamic_embed(model_config, "item", found, model_config.item_features, mesh, rngs)
+  else:
+    items = ShardedEmbed(spec.num_items, model_config.item_features, name="item", rngs=rngs,
+                         ids_per_device=history_ids, **tables)
   authors = ShardedEmbed(spec.num_authors, model_config.author_features, name="author",
                          ids_per_device=history_ids, rngs=rngs, **tables)
-  user = _user(model_config, hashers(model_config)["user"], model_config.width, mesh,
-               batch_size, rngs)
+  if "user" in found:  # the user token: its row is the transformer's width
+    user = _dynamic_embed(model_config, "user", found, model_config.width, mesh, rngs)
+  else:
+    user = _user(model_config, hashers(model_config)["user"], model_config.width, mesh,
+                 batch_size, rngs)
   trunk = _trunk(model_config, spec, items, authors, user, rngs)
   return TransformerRanker(trunk, rngs=rngs)
 
 
 def build_two_tower(model_config, spec: SequenceSpec, *, mesh=None, batch_size: int = 4096,
-                    rngs: nnx.Rngs):
+                    dynamic: bool = False, rngs: nnx.Rngs):
   """``TwoTower``: multi-hash items (shared by the towers), author table, a user tower.
 
   Config keys: ``user_tower`` (``"pooled" | "trunk"``), ``features`` (the
@@ -247,7 +318,10 @@ def build_two_tower(model_config, spec: SequenceSpec, *, mesh=None, batch_size: 
   ``temperature``, ``min_temperature``, ``max_temperature``,
   ``learn_temperature``, ``item_hash`` and ``user_hash`` (as the ranker's
   ``user_hash``), ``author_features``, ``action_features``, and for the
-  trunk tower the ranker's transformer keys.
+  trunk tower the ranker's transformer keys. With ``dynamic`` (raw ids)
+  the item table, and the user's if named, are ``DynamicEmbed`` tables of
+  ``config.model.dynamic``, ``item_hash.features`` (``user_hash.features``,
+  or ``width`` for the trunk tower) wide.
   """
   if model_config.user_tower not in two_tower_lib.USER_TOWERS:
     raise ValueError(f"config.model.user_tower={model_config.user_tower!r}; use one of "
@@ -256,22 +330,34 @@ def build_two_tower(model_config, spec: SequenceSpec, *, mesh=None, batch_size: 
                                   model_config.max_temperature)
   tables = _tables(model_config, mesh)
   found = hashers(model_config)
+  raw = request_dynamic(model_config) if dynamic else {}
   cfg = model_config.item_hash
   # The history's lookup is the largest a training step makes.
   history_ids = _requests_per_device(batch_size, mesh) * spec.history_len
-  items = MultiHashEmbed(found["item"], cfg.features, combiner=cfg.combiner, name="item",
-                         ids_per_device=history_ids * found["item"].num_hashes, rngs=rngs,
-                         **tables)
+  if "item" in raw:  # the item's row is as wide as its multi-hash embedding would be
+    items = _dynamic_embed(model_config, "item", raw, cfg.features, mesh, rngs)
+  else:
+    items = MultiHashEmbed(found["item"], cfg.features, combiner=cfg.combiner, name="item",
+                           ids_per_device=history_ids * found["item"].num_hashes, rngs=rngs,
+                           **tables)
   authors = ShardedEmbed(spec.num_authors, model_config.author_features, name="author",
                          ids_per_device=history_ids, rngs=rngs, **tables)
   sizes = tuple(model_config.tower_sizes) + (model_config.features,)
-  if model_config.user_tower == two_tower_lib.TRUNK:
-    user = _user(model_config, found["user"], model_config.width, mesh, batch_size, rngs)
+  trunk = model_config.user_tower == two_tower_lib.TRUNK
+
+  def user_embed(width):
+    if "user" in raw:
+      return _dynamic_embed(model_config, "user", raw, width or model_config.user_hash.features,
+                            mesh, rngs)
+    return _user(model_config, found["user"], width, mesh, batch_size, rngs)
+
+  if trunk:
+    user = user_embed(model_config.width)
     tower = two_tower_lib.TrunkUserTower(
         _trunk(model_config, spec, items, authors, user, rngs), model_config.features,
         rngs=rngs)
   else:
-    user = _user(model_config, found["user"], None, mesh, batch_size, rngs)
+    user = user_embed(None)
     tower = two_tower_lib.PooledUserTower(
         items=items, authors=authors, user=user, num_actions=spec.num_actions, sizes=sizes,
         action_features=model_config.action_features, rngs=rngs)

@@ -16,6 +16,9 @@ candidate only.
 
 The item table is the big one: a ``ShardedEmbed`` split over the mesh and
 trained row-sparsely, looked up for the history and for the candidates.
+With raw ids it is a ``DynamicEmbed`` (and the user's may be one too):
+the history's and the candidates' ids then go to it in one call, one step
+of its admission and eviction policy per training step.
 """
 
 from __future__ import annotations
@@ -39,10 +42,12 @@ class RankerTrunk(nnx.Module):
   tower of ``TwoTower``.
 
   Args:
-    items: the item embedding (a ``ShardedEmbed`` of item ids, or a
-      ``MultiHashEmbed`` of hashed rows): called on the batch's item fields.
+    items: the item embedding (a ``ShardedEmbed`` of item ids, a
+      ``MultiHashEmbed`` of hashed rows, or a ``DynamicEmbed`` of raw ids):
+      called on the batch's item fields.
     authors: the author embedding, likewise.
-    user: the user embedding (``MultiHashEmbed``), ``out_features == width``.
+    user: the user embedding (``MultiHashEmbed``, or a ``DynamicEmbed`` of raw
+      ids), ``out_width == width``.
     num_actions: width of the multi-hot history actions.
     history_len: ``S``.
     width: the transformer's width.
@@ -69,11 +74,21 @@ class RankerTrunk(nnx.Module):
     self.transformer = Transformer(width, num_layers=num_layers, num_heads=num_heads,
                                    mlp_ratio=mlp_ratio, rngs=rngs)
 
-  def _entity(self, items, authors):
-    return jnp.concatenate([self.items(items), self.authors(authors)], axis=-1)
+  def _item_rows(self, history_item, candidate_item, history_rows=None):
+    """Item embeddings of the history and the candidates (None without candidates)."""
+    if candidate_item is None:
+      return (self.items(history_item) if history_rows is None else history_rows), None
+    if hasattr(self.items, "lookup_many"):  # a dynamic table: one step of its policy
+      return tuple(self.items.lookup_many([(history_item, None, None),
+                                           (candidate_item, None, None)]))
+    return self.items(history_item), self.items(candidate_item)
+
+  def _entity(self, item_rows, authors):
+    return jnp.concatenate([item_rows, self.authors(authors)], axis=-1)
 
   def __call__(self, user, history_item, history_author, history_actions, history_valid,
-               candidate_item=None, candidate_author=None, candidate_valid=None):
+               candidate_item=None, candidate_author=None, candidate_valid=None,
+               history_rows=None):
     """Transformer outputs: ``([B, 1 + S, width], [B, C, width] or None)``.
 
     Args:
@@ -83,16 +98,19 @@ class RankerTrunk(nnx.Module):
       history_valid: bool ``[B, S]``.
       candidate_item, candidate_author: ``[B, C]`` (or ``[B, C, k]``), or None.
       candidate_valid: bool ``[B, C]``, or None.
+      history_rows: the history's item embeddings ``[B, S, F]`` where the
+        caller looked them up (without candidates), or None.
     """
     s = self.history_len
     positions = self.positions[...]
     user_token = self.user(user)[:, None, :]
+    history_rows, candidate_rows = self._item_rows(history_item, candidate_item, history_rows)
     history = self.history_in(jnp.concatenate(
-        [self._entity(history_item, history_author), self.actions(history_actions)], axis=-1))
+        [self._entity(history_rows, history_author), self.actions(history_actions)], axis=-1))
     tokens = [user_token + positions[0], history + positions[1:s + 1]]
     c = 0
     if candidate_item is not None:
-      candidates = self.candidate_in(self._entity(candidate_item, candidate_author))
+      candidates = self.candidate_in(self._entity(candidate_rows, candidate_author))
       tokens.append(candidates + positions[s + 1])  # one position for every candidate
       c = candidates.shape[1]
     else:

@@ -8,7 +8,9 @@
   mean-pooled over the real tokens, projected).
 
 The history's items go through the candidate tower's item embedding (one
-shared table), so a user is described in the space the items live in. The
+shared table), so a user is described in the space the items live in.
+With raw ids that table is a ``DynamicEmbed`` and a training step looks the
+history's and the engaged items up in one call (``users_and_candidates``). The
 score of a pair is ``<user, item> / temperature``; the temperature is a
 parameter, ``exp(log_temperature)``, kept within
 ``[min_temperature, max_temperature]``.
@@ -56,9 +58,12 @@ class PooledUserTower(nnx.Module):
     events = out_width(items) + out_width(authors) + action_features
     self.mlp = MLP(out_width(user) + events, sizes, rngs=rngs)
 
-  def __call__(self, batch) -> jax.Array:
+  def __call__(self, batch, history_rows=None) -> jax.Array:
+    """``[B, sizes[-1]]``; ``history_rows``: the history's item embeddings, if looked up."""
     history_valid = valid(batch["history_item"])
-    events = jnp.concatenate([self.items(batch["history_item"]),
+    if history_rows is None:
+      history_rows = self.items(batch["history_item"])
+    events = jnp.concatenate([history_rows,
                               self.authors(batch["history_author"]),
                               self.actions(batch["history_actions"])], axis=-1)
     weight = history_valid[..., None].astype(events.dtype)
@@ -73,10 +78,12 @@ class TrunkUserTower(nnx.Module):
     self.trunk = trunk
     self.project = nnx.Linear(trunk.width, out_features, rngs=rngs)
 
-  def __call__(self, batch) -> jax.Array:
+  def __call__(self, batch, history_rows=None) -> jax.Array:
+    """``[B, out_features]``; ``history_rows``: the history's item embeddings, if looked up."""
     history_valid = valid(batch["history_item"])
     context, _ = self.trunk(batch["user"], batch["history_item"], batch["history_author"],
-                            batch["history_actions"], history_valid)
+                            batch["history_actions"], history_valid,
+                            history_rows=history_rows)
     real = jnp.concatenate([jnp.ones_like(history_valid[:, :1]), history_valid], axis=1)
     weight = real[..., None].astype(context.dtype)
     return self.project((context * weight).sum(1) / weight.sum(1))
@@ -117,7 +124,25 @@ class TwoTower(nnx.Module):
     """``[B, features]`` unit vectors from a featurized request batch."""
     return l2_normalize(self.user_tower(batch))
 
-  def candidates(self, item_rows: jax.Array, authors: jax.Array) -> jax.Array:
-    """``[N, features]`` unit vectors of items (hashed rows ``[N, k]``) and their authors ``[N]``."""
-    x = jnp.concatenate([self.items(item_rows), self.authors(authors)], axis=-1)
+  def candidates(self, item_rows: jax.Array, authors: jax.Array, embedded=None) -> jax.Array:
+    """``[N, features]`` unit vectors of items (hashed rows ``[N, k]``, or raw ids ``[N]``
+    of a dynamic table) and their authors ``[N]``; ``embedded``: the items' embeddings,
+    if looked up."""
+    if embedded is None:
+      embedded = self.items(item_rows)
+    x = jnp.concatenate([embedded, self.authors(authors)], axis=-1)
     return l2_normalize(self.candidate_mlp(x))
+
+  def users_and_candidates(self, batch) -> tuple[jax.Array, jax.Array]:
+    """``(users(batch), candidates(batch["item"], batch["author"]))`` of a training batch.
+
+    A dynamic item table (raw ids) looks the history's and the engaged items
+    up in one call: one step of its admission and eviction policy, so no id
+    of the batch can evict another.
+    """
+    if not hasattr(self.items, "lookup_many"):
+      return self.users(batch), self.candidates(batch["item"], batch["author"])
+    history, engaged = self.items.lookup_many([(batch["history_item"], None, None),
+                                               (batch["item"], None, None)])
+    return (l2_normalize(self.user_tower(batch, history_rows=history)),
+            self.candidates(batch["item"], batch["author"], embedded=engaged))

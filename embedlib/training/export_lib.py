@@ -109,6 +109,11 @@ def scoring(config, model, mesh, *, top_k: int = 100,
     if name == "ctr":
       return scoring_lib.ctr(config, spec, model)
     if name == "retrieval":
+      if task.dynamic:
+        raise ExportError(f"config.data.raw_ids: exporting the two towers with dynamic tables "
+                          f"{task.dynamic} is not supported yet (the served corpus would be "
+                          "the resident movies); serve this run in-process, or export a run "
+                          "with config.data.raw_ids=False.")
       _, eval_source = setup.sources(config, task, spec)
       return scoring_lib.retrieval(task, model, mesh, eval_source, top_k=top_k)
     if name == "sequential":

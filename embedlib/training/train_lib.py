@@ -250,7 +250,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
       scalars = {**evaluate(model, eval_source, eval_start, mesh, loop.eval_batches, task),
                  **oracle}
       if step == loop.num_train_steps:  # the held-out test set, once, at the end
-        scalars.update(task.test(model, eval_source, mesh))
+        with dynamic.frozen_maps(model):  # nor are the test set's
+          scalars.update(task.test(model, eval_source, mesh))
       log.info("eval at step %d: %s", step, _line(scalars))
       return {"step": step, **scalars}
 

@@ -55,6 +55,8 @@ class Split:
     train_ratings: ``Ragged`` of float32 ratings aligned with ``train_items``
       (NaN where the file has none), or None.
     valid_rating, test_rating: ``[U]`` float32, the held-out ratings, or None.
+    raw_user_ids: ``[U]`` the file's id of each user, or None.
+    raw_item_ids: ``[I + 1]`` the file's id of each item (entry 0: padding), or None.
   """
 
   num_users: int
@@ -69,6 +71,8 @@ class Split:
   train_ratings: Ragged | None = None
   valid_rating: np.ndarray | None = None
   test_rating: np.ndarray | None = None
+  raw_user_ids: np.ndarray | None = None
+  raw_item_ids: np.ndarray | None = None
 
   @property
   def num_train(self) -> int:
@@ -126,4 +130,6 @@ def leave_one_out(data: Interactions) -> Split:
       train_ratings=Ragged(data.rating[train], offsets),
       valid_rating=data.rating[valid],
       test_rating=data.rating[test],
+      raw_user_ids=data.raw_user_ids,
+      raw_item_ids=data.raw_item_ids,
   )

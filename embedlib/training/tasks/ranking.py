@@ -21,7 +21,10 @@ request's candidates are the movie the user rated next and
 request's are each user's held-out movie and
 ``config.data.eval_candidates - 1`` movies the user never rated (the SASRec
 paper's sampled protocol at 101), the validation movie at each eval and the
-test movie (``test_*``) at the end.
+test movie (``test_*``) at the end. With ``config.data.raw_ids`` the
+requests carry the file's own user and movie ids, read by the dynamic
+tables of ``config.model.dynamic`` (the item table, and the user's if named
+there; a user table left out hashes the raw user ids).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from embedlib import data as data_lib
 from embedlib import metrics
 from embedlib.data import movielens_requests
 from embedlib.data.multi_hash import MultiHash
+from embedlib.models import factory
 from embedlib.training import steps
 from embedlib.training.tasks import base, requests
 
@@ -48,7 +52,9 @@ class RankingTask(base.Task):
     spec: the request layout.
     eval_candidates: candidates per eval request where they differ from the
       training requests' (MovieLens), else 0.
-    user_hasher: hashes raw user ids into the model's user table.
+    user_hasher: hashes user ids into the model's user table (None: the
+      table is dynamic, read by raw ids).
+    dynamic: the tables read by raw ids (``config.data.raw_ids``).
     loss_weights: per action, in the loss.
     ndcg_weights: per action, the gain NDCG ranks by.
     ndcg_k: the NDCG cut-off.
@@ -62,6 +68,7 @@ class RankingTask(base.Task):
   loss_weights: tuple[float, ...] = ()
   ndcg_weights: tuple[float, ...] = ()
   ndcg_k: int = 10
+  dynamic: tuple[str, ...] = ()
   data: requests.RequestData = dataclasses.field(default=None, compare=False)
 
   @classmethod
@@ -83,9 +90,10 @@ class RankingTask(base.Task):
                          ("data.eval_candidates", eval_candidates)):
         if value < 2:
           base.fail(key, "give at least 2: the rated movie and one it is ranked against.")
+    dynamic = requests.dynamic_tables(config, data)
     return cls(
-        spec=spec, eval_candidates=eval_candidates, data=data,
-        user_hasher=requests.hashers(config.model)["user"],
+        spec=spec, eval_candidates=eval_candidates, data=data, dynamic=dynamic,
+        user_hasher=requests.hashers(config.model, dynamic).get("user"),
         loss_weights=base.check_weights("task.loss_weights", config.task.loss_weights, n,
                                         "actions"),
         ndcg_weights=base.check_weights("task.ndcg_weights", config.task.ndcg_weights, n,
@@ -118,7 +126,11 @@ class RankingTask(base.Task):
     if self.eval_candidates and np.shape(batch["candidate_item"])[1] == self.eval_candidates:
       spec = dataclasses.replace(spec, num_candidates=self.eval_candidates)
     spec.check_batch(batch, data_lib.sequences.RANKING)
-    return dict(batch, user=self.user_hasher(batch["user"]))
+    return dict(batch, user=requests.ids_or_hashed(batch, "user", self.user_hasher))
+
+  def build_model(self, model_config, spec, mesh, *, batch_size: int, rngs):
+    return factory.build_model(model_config, spec, mesh=mesh, batch_size=batch_size,
+                               dynamic=self.data.raw_ids, rngs=rngs)
 
   def loss(self, model, batch):
     logits = model(batch)  # [B, C, A]

@@ -20,6 +20,8 @@ from the file)::
     eval_candidates (ranking) the same in the eval and test requests
     like_rating   the least rating that is a "liked" action
     actions       ("rated", "liked")
+    raw_ids       the file's user and movie ids as they are, into the dynamic
+                  tables of config.model.dynamic (user, item)
     prefetch
 
 ``RequestData.from_config`` reads these (but ``num_candidates`` and
@@ -89,6 +91,7 @@ class RequestData:
   zipf_exponent: float = 1.0
   path: str = ""
   like_rating: float = 0.0
+  raw_ids: bool = False
   split: object = dataclasses.field(default=None, repr=False, compare=False)
 
   @classmethod
@@ -99,6 +102,11 @@ class RequestData:
       ConfigError: naming the key and the fix.
     """
     data = config.data
+    raw_ids = bool(data.get("raw_ids", False))
+    if raw_ids and data.source != MOVIELENS:
+      base.fail("data.raw_ids", f"the {data.source} source's ids are rows already; raw ids "
+                f"read a MovieLens file (config.data.source={MOVIELENS!r}). Set "
+                "config.data.raw_ids=False.")
     if data.source == MOVIELENS:
       base.check_positive(config, "data.history_len")
       if tuple(data.actions) != movielens_requests.ACTIONS:
@@ -106,7 +114,8 @@ class RequestData:
                   f"{movielens_requests.ACTIONS}.")
       return cls(source=MOVIELENS, history_len=int(data.history_len),
                  actions=tuple(data.actions), path=data.path,
-                 like_rating=data.like_rating, split=load_split(data.path))
+                 like_rating=data.like_rating, raw_ids=raw_ids,
+                 split=load_split(data.path))
     if data.source != planted:
       base.fail("data.source", f"{data.source!r}: the {task} task reads {planted!r} or "
                 f"{MOVIELENS!r}.")
@@ -124,6 +133,8 @@ class RequestData:
     """The request layout: the planted world's sizes, or the MovieLens file's."""
     if self.movielens:
       num_items, num_authors = self.split.num_items, 1  # MovieLens has no authors
+      if self.raw_ids:  # the ids a request may hold: any raw id
+        num_items = movielens_requests.RAW_ID_LIMIT
     else:
       num_items, num_authors = self.num_items, self.num_authors
     try:
@@ -140,6 +151,7 @@ class RequestData:
       try:
         made[kind] = cls(self.split, history_len=self.history_len, batch_size=batch_size,
                          seed=seed, kind=kind, like_rating=self.like_rating,
+                         raw_ids=self.raw_ids,
                          process_index=jax.process_index(),
                          process_count=jax.process_count(), **extra(kind))
       except ValueError as e:
@@ -169,11 +181,34 @@ class RequestData:
             f"{batch_size} requests, drawn apart from the training stream){what}")
 
 
-def hashers(model_config) -> dict[str, MultiHash]:
+def hashers(model_config, dynamic: tuple[str, ...] = ()) -> dict[str, MultiHash]:
+  """The model's ``MultiHash`` per hashed table, but the ``dynamic`` ones (raw ids)."""
   try:
-    return factory.hashers(model_config)
+    found = factory.hashers(model_config)
   except ValueError as e:
     raise base.ConfigError(str(e)) from None
+  return {k: v for k, v in found.items() if k not in dynamic}
+
+
+def dynamic_tables(config, data: RequestData) -> tuple[str, ...]:
+  """The tables read by raw ids (``config.model.dynamic``), or () without raw ids.
+
+  Raises:
+    ConfigError: a ``config.model.dynamic`` key the model can't use.
+  """
+  if not data.raw_ids:
+    return ()
+  try:
+    return tuple(sorted(factory.request_dynamic(config.model)))
+  except ValueError as e:
+    raise base.ConfigError(str(e)) from None
+
+
+def ids_or_hashed(batch: dict, key: str, hasher) -> np.ndarray:
+  """``batch[key]`` hashed into the model's rows, or as int32 raw ids (a dynamic table)."""
+  if hasher is not None:
+    return hasher(batch[key])
+  return np.asarray(batch[key]).astype(np.int32)  # range-checked by the source
 
 
 def gather(x) -> np.ndarray:

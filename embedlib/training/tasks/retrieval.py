@@ -26,6 +26,15 @@ held-out movie ranked among every movie through the item tower
 ``config.task.ks``, the validation movie at each eval and the test movie
 (``test_*``) at the end; ``config.task.mask_seen`` leaves the user's
 earlier movies out of the ranking.
+
+With ``config.data.raw_ids`` (MovieLens) the requests carry the file's own
+user and movie ids and the item table is a dynamic one
+(``config.model.dynamic.item``; the user's too if named there, else the raw
+user ids are hashed). The loss is unchanged (its ``item_id`` are the raw
+ids). The eval ranks the item table's resident movies, by their raw ids
+(the map's keys, ``DynamicEmbed.resident``): a held-out movie that is not
+resident reads the default row and can't be retrieved, so it counts as a
+miss, and ``mask_seen`` leaves out the seen movies that are resident.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from embedlib import metrics
 from embedlib.data import movielens_requests
 from embedlib.data.multi_hash import MultiHash
 from embedlib.metrics import full_ranking
+from embedlib.models import factory
 from embedlib.models import retrieval as retrieval_lib
 from embedlib.training.tasks import base, requests
 
@@ -73,6 +83,30 @@ def _full_ranks(users, corpus, targets, exclude, num_items):
   return full_ranking.target_ranks(scores, targets + 1, exclude=exclude)
 
 
+#: Pads the sorted resident ids of a dynamic item table (no raw id is this large).
+_NO_ITEM = movielens_requests.RAW_ID_LIMIT
+
+
+@jax.jit
+def _resident_ranks(users, corpus, keys, targets, exclude):
+  """0-based rank of raw ids ``targets`` among the resident items ``keys`` (sorted, padded
+  with ``_NO_ITEM``) by ``users @ corpus``; a target that is not resident ranks last.
+
+  ``exclude``: raw ids not to rank, -1 padded, or None.
+  """
+  scores = jax.numpy.where(keys[None, :] < _NO_ITEM, users @ corpus.T, -jax.numpy.inf)
+
+  def column(ids):  # 1 + the resident index of each raw id, 0 where not resident
+    at = jax.numpy.clip(jax.numpy.searchsorted(keys, ids), 0, keys.shape[0] - 1)
+    return jax.numpy.where((keys[at] == ids) & (ids >= 0), at + 1, 0)
+
+  scores = jax.numpy.pad(scores, ((0, 0), (1, 0)))  # full_ranking's column 0 is padding
+  found = column(targets)
+  ranks = full_ranking.target_ranks(scores, jax.numpy.maximum(found, 1),
+                                    exclude=None if exclude is None else column(exclude))
+  return jax.numpy.where(found > 0, ranks, jax.numpy.iinfo(jax.numpy.int32).max)
+
+
 @dataclasses.dataclass(frozen=True)
 class RetrievalTask(base.Task):
   """Two-tower retrieval: ``config.task.name = "retrieval"``.
@@ -88,6 +122,7 @@ class RetrievalTask(base.Task):
     movielens: requests from a MovieLens file; the eval ranks every movie.
     ks: MovieLens: the full-ranking metrics' cut-offs.
     mask_seen: MovieLens: leave each user's earlier movies out of the ranking.
+    dynamic: the tables read by raw ids (``config.data.raw_ids``).
     data: ``config.data`` (host only: out of the task's equality).
   """
 
@@ -104,6 +139,7 @@ class RetrievalTask(base.Task):
   movielens: bool = False
   ks: tuple[int, ...] = (10, 20)
   mask_seen: bool = False
+  dynamic: tuple[str, ...] = ()
   data: requests.RequestData = dataclasses.field(default=None, compare=False)
 
   @classmethod
@@ -127,8 +163,9 @@ class RetrievalTask(base.Task):
       extra = dict(recall_ks=ks)
     if task.corpus_chunk < 1:
       base.fail("task.corpus_chunk", f"must be >= 1, got {task.corpus_chunk}.")
-    found = requests.hashers(config.model)
-    return cls(spec=spec, user_hasher=found.get("user"),
+    dynamic = requests.dynamic_tables(config, data)
+    found = requests.hashers(config.model, dynamic)
+    return cls(spec=spec, user_hasher=found.get("user"), dynamic=dynamic,
                item_hasher=found.get("item"), log_q=task.log_q,
                remove_accidental_hits=bool(task.remove_accidental_hits),
                frequency_buckets=int(task.frequency_buckets),
@@ -149,7 +186,9 @@ class RetrievalTask(base.Task):
   def describe_eval(self, *, batch_size: int, eval_batches: int) -> str:
     if self.movielens:
       seen = "without" if self.mask_seen else "with"
-      what = (f" ranked among all {self.spec.num_items} movies ({seen} the user's "
+      among = ("the item table's resident movies (by raw id; one not resident is a miss)"
+               if self.dynamic else f"all {self.spec.num_items} movies")
+      what = (f" ranked among {among} ({seen} the user's "
               f"earlier ones) through the item tower, HR/NDCG/MRR@{list(self.ks)}")
     else:
       what = f", recall@{list(self.recall_ks)} over all {self.spec.num_items} items"
@@ -158,11 +197,11 @@ class RetrievalTask(base.Task):
   def featurize(self, batch: dict) -> dict:
     self.spec.check_batch(batch, data_lib.sequences.RETRIEVAL)
     out = {
-        "user": self.user_hasher(batch["user"]),
-        "history_item": self.item_hasher(batch["history_item"]),
+        "user": requests.ids_or_hashed(batch, "user", self.user_hasher),
+        "history_item": requests.ids_or_hashed(batch, "history_item", self.item_hasher),
         "history_author": batch["history_author"],
         "history_actions": batch["history_actions"],
-        "item": self.item_hasher(batch["item"]),
+        "item": requests.ids_or_hashed(batch, "item", self.item_hasher),
         "item_id": batch["item"],
         "author": batch["author"],
     }
@@ -171,7 +210,11 @@ class RetrievalTask(base.Task):
     return out
 
   def build_model(self, model_config, spec, mesh, *, batch_size: int, rngs):
-    model = super().build_model(model_config, spec, mesh, batch_size=batch_size, rngs=rngs)
+    try:
+      model = factory.build_model(model_config, spec, mesh=mesh, batch_size=batch_size,
+                                  dynamic=bool(self.dynamic), rngs=rngs)
+    except ValueError as e:
+      raise base.ConfigError(str(e)) from None
     if self.log_q == "streaming":
       try:
         model.frequency = retrieval_lib.StreamingFrequency(self.frequency_buckets,
@@ -181,8 +224,7 @@ class RetrievalTask(base.Task):
     return model
 
   def loss(self, model, batch):
-    users = model.users(batch)
-    items = model.candidates(batch["item"], batch["author"])
+    users, items = model.users_and_candidates(batch)
     ids = batch["item_id"]
     log_q = {"none": lambda: None, "batch": lambda: retrieval_lib.batch_log_q(ids),
              "streaming": lambda: model.frequency.update(ids)}[self.log_q]()
@@ -196,20 +238,27 @@ class RetrievalTask(base.Task):
   def log_scalars(self, model) -> dict:
     return {"temperature": float(model.temperature())}
 
-  def corpus(self, model, mesh, item_authors: np.ndarray) -> jax.Array:
+  def corpus(self, model, mesh, item_authors: np.ndarray, raw=None) -> jax.Array:
     """Unit embeddings of every item ``[N_padded, features]``, rows split over all of ``mesh``.
 
     Args:
       model: the ``TwoTower``.
       mesh: the mesh.
       item_authors: int ``[num_items]``, each item's author (the source's
-        ``catalogue()``).
+        ``catalogue()``), or with ``raw`` ``[len(raw)]``.
+      raw: a dynamic item table's resident raw ids ``[n]`` padded with
+        ``_NO_ITEM`` to its capacity, embedded by raw id (None: items
+        ``0 .. num_items - 1``, hashed).
     """
-    n, shards = self.spec.num_items, mesh.size
+    n, shards = self.spec.num_items if raw is None else len(raw), mesh.size
     chunk = -(-min(self.corpus_chunk, n) // shards) * shards
     padded = -(-n // chunk) * chunk
     ids = np.arange(padded)
-    rows = np.where((ids < n)[:, None], self.item_hasher(np.minimum(ids, n - 1)), 0)
+    if raw is None:
+      rows = np.where((ids < n)[:, None], self.item_hasher(np.minimum(ids, n - 1)), 0)
+    else:  # padding reads zeros (-1 is never admitted)
+      real = np.pad(raw, (0, padded - n), constant_values=_NO_ITEM)
+      rows = np.where(real < _NO_ITEM, real, -1).astype(np.int32)
     authors = np.where(ids < n, item_authors[np.minimum(ids, n - 1)], -1).astype(np.int32)
     split = NamedSharding(mesh, P(mesh.axis_names))
     place = lambda x: jax.make_array_from_callback(x.shape, split, lambda i: x[i])
@@ -218,14 +267,35 @@ class RetrievalTask(base.Task):
              for s in range(0, padded, chunk)]
     return jax.numpy.concatenate(parts) if len(parts) > 1 else parts[0]
 
+  def resident_items(self, model) -> np.ndarray:
+    """A dynamic item table's resident raw ids, sorted, padded to its capacity with
+    ``_NO_ITEM`` (int32 ``[capacity]``): the candidates its eval ranks."""
+    table = model.items
+    # The map's rows are split over the devices, of every process: gather them all.
+    hi, lo, score = (requests.gather(v[...]) for v in (table.keys_hi, table.keys_lo,
+                                                        table.score))
+    here = score >= 0
+    keys = np.sort((hi[here].astype(np.int64) << 32) | lo[here].astype(np.int64))
+    return np.pad(keys, (0, table.policy.capacity - len(keys)),
+                  constant_values=_NO_ITEM).astype(np.int32)
+
   def _rank(self, model, batches, mesh, source) -> dict:
-    """Full-ranking metrics of the MovieLens held-out movies among every movie."""
-    corpus = self.corpus(model, mesh, source.catalogue())
+    """Full-ranking metrics of the MovieLens held-out movies among every movie (or, raw
+    ids, every resident one)."""
+    keys = self.resident_items(model) if self.dynamic else None
+    authors = source.catalogue() if keys is None else np.zeros(len(keys), np.int32)
+    corpus = self.corpus(model, mesh, authors, raw=keys)
+    if keys is not None:  # as long as the corpus, whose chunks round it up
+      keys = np.pad(keys, (0, corpus.shape[0] - len(keys)), constant_values=_NO_ITEM)
     acc = full_ranking.FullRankingMetrics(self.ks)
     for batch in batches:
       users = jax.block_until_ready(_users(model, batch))  # one program in flight: train_lib
-      ranks = _full_ranks(users, corpus, batch["item_id"], batch.get("exclude"),
-                          num_items=self.spec.num_items)
+      if keys is not None:
+        ranks = _resident_ranks(users, corpus, jax.numpy.asarray(keys), batch["item_id"],
+                                batch.get("exclude"))
+      else:
+        ranks = _full_ranks(users, corpus, batch["item_id"], batch.get("exclude"),
+                            num_items=self.spec.num_items)
       acc.update(requests.gather(ranks), requests.gather(batch["weight"]))
     result = acc.result()
     if not result.pop("count"):

@@ -83,6 +83,11 @@ class SequentialTask(base.Task):
   def from_config(cls, config) -> SequentialTask:
     requests.check_model(config.model.name, factory.NEXT_ITEM, cls.name)
     data = config.data
+    if data.get("raw_ids", False):
+      base.fail("data.raw_ids", f"config.model.name={config.model.name!r} has no dynamic "
+                "tables yet (its item table is tied to the output); raw MovieLens ids train "
+                "the ranker and the two towers (configs/movielens.py:ranker,PATH). Set "
+                "config.data.raw_ids=False.")
     if data.source not in SOURCES:
       base.fail("data.source", f"{data.source!r}: the {cls.name} task reads one of "
                 f"{SOURCES}.")
