@@ -4,8 +4,7 @@ What a device holds for the collection's step is what
 ``embedlib.plan.memory`` counts for each table of its own and each stack:
 the table's shard (a stack's block of rows), the sparse optimizer's slots,
 the step's ids, and the temporaries of the lookups and the sparse update
-(one table's exchange buffers at a time, every table's kept row gradients,
-dedup and small buffers). The ids and rows each table sees a step come from
+at their peak (``memory.peak_parts``). The ids and rows each table sees a step come from
 its features: a pooled feature looks up ``bag`` ids a sample and returns
 one row a sample, a sequence feature a row an id. Pure Python.
 """
@@ -71,14 +70,10 @@ def check_memory(step: memory.DeviceMemory, stacks, budget: int | None) -> None:
   """
   if budget is None or step.total <= budget:
     return
-  parts = {}
-  for t in step.tables:
-    for what, n in t.temporaries:
-      parts[what] = parts.get(what, 0) + n
-  # A device reuses one table's exchange buffers for the next: it holds the largest.
-  parts["exchange"] = max((dict(t.temporaries)["exchange"] for t in step.tables), default=0)
-  words = {"exchange": "exchange buffers", "kept": "row gradients kept for the update",
+  words = {"lookup": "a lookup's exchange buffers", "returned": "the rows returned",
+           "update": "the sparse update's buffers", "kept": "the row gradients kept for it",
            "dedup": "dedup", "small": "small buffers"}
+  parts = memory.peak_parts(dict(t.temporaries) for t in step.tables)
   temporaries = ", ".join(f"{words[k]} {human_bytes(v)}" for k, v in parts.items() if v)
   largest = max(step.tables, key=lambda t: t.table + t.slots)
   stack = next((s for s in stacks if s.name == largest.name), None)
