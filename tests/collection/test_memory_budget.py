@@ -96,3 +96,24 @@ def test_auto_takes_the_cheapest_layout_whose_step_fits():
   assert "routed's step doesn't fit device_memory_bytes" in tight.reason
   assert plan_collection(tables, feats, device_memory_bytes=copy,
                          **kw)["t"].plan.strategy == "replicated"
+
+
+def test_small_tables_go_table_wise_only_where_the_step_still_fits():
+  many = [TableSpec(f"t{i}", 2000, 16) for i in range(20)]
+  feats = [FeatureSpec(t.name, t.name, max_ids_per_sample=1) for t in many]
+  kw = dict(mesh=MESH, batch_size=BATCH, replicate_below_bytes=0, table_batched=True)
+  kinds = lambda plan: {plan[t.name].kind for t in many}
+  free = plan_collection(many, feats, **kw)
+  # Table-wise, 20 tables over 8 devices move fewer bytes than split by
+  # rows, but a device holds three whole tables (6000 rows) where rows
+  # split hold 5000 (the stack's placement, a row block a device).
+  assert kinds(free) == {"table"}
+  whole = free.stack("stack_16").plan
+  routed = plan_collection([TableSpec(t.name, 2000, 16, sharding="routed") for t in many], feats,
+                           **kw).stack("stack_16").plan
+  assert (whole.placement.rows_per_rank, routed.placement.rows_per_rank) == (6000, 5000)
+  step = lambda p: p.memory(20 * 128).total  # 20 single-id features, 128 samples a device
+  assert (step(whole), step(routed)) == (2_127_808, 2_059_808)
+  assert kinds(plan_collection(many, feats, device_memory_bytes=2_127_808, **kw)) == {"table"}
+  tight = plan_collection(many, feats, device_memory_bytes=2_127_807, **kw)
+  assert kinds(tight) == {"routed"} and tight.bytes_moved > free.bytes_moved
