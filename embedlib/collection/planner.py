@@ -493,7 +493,7 @@ def plan_collection(
             f"gathering its gradients, {split.strategy} {human_bytes(best)}"))
       return dataclasses.replace(split, reason=(
           f"{split.reason}; a copy per device would move {human_bytes(copy)} gathering its "
-          f"gradients"))
+          f"gradients{', but its step does not fit device_memory_bytes' if copy <= best else ''}"))
     if p.strategy == options.REPLICATED or p.num_embeddings < p.group_size:
       return p
     # Weigh the layouts by this table's features, not by rows per id: a

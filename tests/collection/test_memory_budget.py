@@ -94,6 +94,7 @@ def test_auto_takes_the_cheapest_layout_whose_step_fits():
   tight = plan_collection(tables, feats, device_memory_bytes=hidden, **kw)["t"].plan
   assert tight.strategy == "hidden"
   assert "routed's step doesn't fit device_memory_bytes" in tight.reason
+  assert "a copy per device would move" in tight.reason and "does not fit" in tight.reason
   assert plan_collection(tables, feats, device_memory_bytes=copy,
                          **kw)["t"].plan.strategy == "replicated"
 
