@@ -18,7 +18,9 @@ and the batch beside it.
    ``:smoke``), and the MLPerf DLRM-DCNv2 below: its lookups and sparse
    step alone (``tests/gpu_compile/embedding_steps.py``), compiled, beside
    the plan: tables + slots + ids against the arguments, the planned
-   temporaries against XLA's, and the totals.
+   temporaries against XLA's, and the totals. ``--configs grid``: one
+   200,000 x 64 table alone on a 2 x 4 data x model mesh, as a grid, vocab
+   and hidden.
 
 1. ``dlrm``: MLPerf DLRM-DCNv2 on Criteo 1TB (26 tables, the MLPerf
    cardinalities capped at 40M rows: 204M rows, width 128; 3 cross layers,
@@ -134,25 +136,69 @@ def plan_memory(names) -> None:
         f"{'total MiB':>10s} {'planned':>10s} {'plan/compiled':>13s}  compile")
   configs = []
   for name in names:
-    if name == "mlperf":
-      configs.append(("MLPerf DLRM-DCNv2", dlrm_config()))
+    if name in ("mlperf", "grid"):
+      configs.append(("MLPerf DLRM-DCNv2", dlrm_config()) if name == "mlperf" else ("grid", None))
       continue
     module = importlib.import_module(f"configs.{name}")
     configs += [(f"{name}:smoke", module.get_config("smoke")), (name, module.get_config(None))]
   for label, config in configs:
+    if label == "grid":
+      grid_memory()
+      continue
     mesh = train_steps.mesh_for(config, TARGET)
     step, state, inputs, plans = embedding_steps.embedding_step(config, mesh)
     start = time.perf_counter()
     compiled = deviceless.gpu_compile(step, state, inputs, mesh=mesh, donate_argnums=0,
                                       compiler_options={"xla_gpu_autotune_level": 0})
-    seconds = time.perf_counter() - start
-    m, planned = compiled.memory_analysis(), memory.device_memory(plans, config.optim.sparse.name)
-    mib = lambda n: f"{n / 2**20:10.3f}"
-    arguments = planned.table + planned.slots + planned.ids
-    print(f"  {label:24s} {mib(m.argument_size_in_bytes)} {mib(arguments)}"
+    print(memory_row(label, compiled.memory_analysis(),
+                     memory.device_memory(plans, config.optim.sparse.name),
+                     time.perf_counter() - start), flush=True)
+
+
+def memory_row(label, m, planned, seconds) -> str:
+  """One row of ``plan_memory``: compiled and planned arguments, temporaries and totals."""
+  mib = lambda n: f"{n / 2**20:10.3f}"
+  arguments = planned.table + planned.slots + planned.ids
+  return (f"  {label:24s} {mib(m.argument_size_in_bytes)} {mib(arguments)}"
           f" {mib(m.temp_size_in_bytes)} {mib(planned.temporary)} {mib(total_bytes(m))}"
           f" {mib(planned.total)} {100 * (planned.total / total_bytes(m) - 1):+12.1f}%  "
-          f"{seconds:5.0f} s", flush=True)
+          f"{seconds:5.0f} s")
+
+
+GRID_ROWS, GRID_WIDTH, GRID_IDS = 200_000, 64, 4096
+
+
+def grid_memory() -> None:
+  """One table alone on a 2 x 4 data x model mesh, its ids replicated over its group.
+
+  A grid (rows over ``model``, columns over ``data``), vocab and hidden;
+  row-wise AdaGrad, ``GRID_IDS`` ids a device, the rows' sum of squares.
+  """
+  mesh = deviceless.gpu_mesh((2, 4), ("data", "model"), target=TARGET,
+                             axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  for layout in ("grid", "vocab", "hidden"):
+    def build(layout=layout):
+      e = embedlib.ShardedEmbed(GRID_ROWS, GRID_WIDTH, mesh=mesh, sharding=layout,
+                                table_axes=("model",), data_axes=("data",),
+                                ids_per_device=GRID_IDS, rngs=nnx.Rngs(0))
+      return e, optim.SparseAwareOptimizer(e, None, optim.RowWiseAdagrad(0.05))
+
+    (emb, _), graphdef, state = abstract_pair(build, mesh)
+    ids = jax.ShapeDtypeStruct((GRID_IDS * emb.plan.data_shards,), jnp.int32,
+                               sharding=NamedSharding(mesh, P("data")))
+
+    def step(state, ids):
+      e, opt = nnx.merge(graphdef, state)
+      loss, grads = optim.value_and_grad(lambda m: jnp.sum(m(ids) ** 2))(e)
+      opt.update(e, grads)
+      return loss, nnx.state((e, opt))
+
+    start = time.perf_counter()
+    compiled = deviceless.gpu_compile(step, state, ids, mesh=mesh, donate_argnums=0,
+                                      compiler_options={"xla_gpu_autotune_level": 0})
+    planned = memory.device_memory([(emb.plan, GRID_IDS, None, GRID_IDS)], "rowwise_adagrad")
+    print(memory_row(f"2 x 4, {layout}", compiled.memory_analysis(), planned,
+                     time.perf_counter() - start), flush=True)
 
 
 def dlrm_config():
@@ -289,8 +335,9 @@ def largest(mesh) -> None:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--only", choices=["memory", "dlrm", "llm", "largest"], action="append")
-  parser.add_argument("--configs", default=",".join(MEMORY_CONFIGS + ("mlperf",)),
-                      help="memory: configs/ modules (and mlperf), comma-separated")
+  parser.add_argument("--configs", default=",".join(MEMORY_CONFIGS + ("grid", "mlperf")),
+                      help="memory: configs/ modules (and mlperf; grid: one table on a "
+                           "2 x 4 mesh in a grid, vocab and hidden), comma-separated")
   args = parser.parse_args(argv)
   reason = deviceless.unavailable_reason()
   if reason:

@@ -28,8 +28,9 @@ import numpy as np
 
 from embedlib import options
 from embedlib.collection.specs import FeatureSpec, TableSpec
+from embedlib.collection import budget as budget_lib
 from embedlib.collection import stacks as stacks_lib
-from embedlib.plan import EmbeddingPlan, cost, mesh_axes, placement, plan_embedding
+from embedlib.plan import EmbeddingPlan, cost, memory, mesh_axes, placement, plan_embedding
 from embedlib.plan.choose import cheapest, sharded_candidates
 from embedlib.plan.report import human_bytes
 
@@ -392,6 +393,7 @@ def plan_collection(
     device_memory_bytes: int | None = None,
     devices_per_node: int | None = None,
     node_capacity: Mapping[str, int] | None = None,
+    optimizer=memory.DEFAULT_OPTIMIZER,
 ) -> CollectionPlan:
   """Plans every table of a collection (see the module docstring).
 
@@ -421,8 +423,11 @@ def plan_collection(
       or ``"table_row"`` are stacked either way.
     devices_per_host: devices of one host, for ``"table_row"`` (default:
       the whole group is one host).
-    device_memory_bytes: raise if some device's shards and stack blocks
-      need more than this.
+    device_memory_bytes: what a device may spend on the embedding's
+      training step: its tables' shards and stack blocks, the
+      ``optimizer``'s slots, the ids and the temporaries
+      (``budget.step_memory``). An auto table takes the cheapest layout
+      whose step fits it alone; the plan raises if the whole doesn't.
     devices_per_node: devices one node holds, for every table and stack
       (see ``plan_embedding``): a routed table or stack over several nodes
       takes the two-level route where it pays, and ``auto`` counts a byte
@@ -431,6 +436,8 @@ def plan_collection(
     node_capacity: distinct ids per destination rank one node sends across
       nodes in that route, by table (or stack) name (default: planned for
       uniform ids, ``cost.node_capacity``).
+    optimizer: the sparse optimizer that trains the tables, for its slots
+      (see ``embedlib.plan.memory.slot_layout``).
 
   Returns:
     A ``CollectionPlan``.
@@ -443,13 +450,21 @@ def plan_collection(
   local_batch = math.ceil(batch_size / mesh_axes.axes_size(shape, data))
   common = dict(
       mesh=mesh, table_axes=table_axes, data_axes=data_axes,
-      param_dtype=param_dtype, devices_per_node=devices_per_node,
+      param_dtype=param_dtype, devices_per_node=devices_per_node, optimizer=optimizer,
   )
   if replicate_below_bytes is not None:
     common["replicate_below_bytes"] = replicate_below_bytes
 
   # Ids per device per step, by table.
   ids = {t.name: local_batch * sum(b for b, _ in _bags(features, t.name)) for t in tables}
+
+  def fits(t, p):
+    """Whether ``t``'s step laid out as ``p`` fits ``device_memory_bytes`` alone."""
+    if device_memory_bytes is None:
+      return True
+    n, rows = budget_lib.lookups(features, [t.name], local_batch)
+    return p.memory(n, num_unique=_given(num_unique.get(t.name)), rows=rows,
+                    optimizer=optimizer).total <= device_memory_bytes
 
   def step_bytes(t, p):
     """A step's lookup and gathering of row gradients, per device, a byte across nodes weighed."""
@@ -472,13 +487,13 @@ def plan_collection(
       if split.strategy == options.REPLICATED:  # a one-device group
         return p
       copy, best = step_bytes(t, p), step_bytes(t, split)
-      if copy <= best:
+      if copy <= best and (fits(t, p) or not fits(t, split)):
         return dataclasses.replace(p, reason=(
             f"{p.reason.split(':')[0]}: a copy per device moves {human_bytes(copy)} per step "
             f"gathering its gradients, {split.strategy} {human_bytes(best)}"))
       return dataclasses.replace(split, reason=(
           f"{split.reason}; a copy per device would move {human_bytes(copy)} gathering its "
-          f"gradients"))
+          f"gradients{', but its step does not fit device_memory_bytes' if copy <= best else ''}"))
     if p.strategy == options.REPLICATED or p.num_embeddings < p.group_size:
       return p
     # Weigh the layouts by this table's features, not by rows per id: a
@@ -488,7 +503,11 @@ def plan_collection(
     per = "step (lookup and sparse update)"
     if p.nodes > 1:
       per += f", a byte across nodes counted {cost.INTER_NODE_WEIGHT}x"
-    best, reason = cheapest(candidates, lambda s: step_bytes(t, costed[s]), why_not, per=per)
+    fitting = [s for s in candidates if fits(t, costed[s])] or candidates
+    if len(fitting) < len(candidates):
+      why_not = "; ".join([w for w in (why_not,) if w] + [
+          f"{s}'s step doesn't fit device_memory_bytes" for s in candidates if s not in fitting])
+    best, reason = cheapest(fitting, lambda s: step_bytes(t, costed[s]), why_not, per=per)
     return dataclasses.replace(costed[best], reason=reason)
 
   plans = {}
@@ -537,18 +556,13 @@ def plan_collection(
       param_dtype=param_dtype, devices_per_host=devices_per_host, num_unique=num_unique,
       route_capacity=route_capacity, devices_per_node=devices_per_node,
       node_capacity=node_capacity)
-  stacks = plan_stacks(kinds)
-  moved = lambda stacks: sum(s.bytes_moved + s.bytes_moved_update for s in stacks)
-  # Small auto tables table-wise where their stack then moves no more: all of
-  # them at once (they may balance each other), then one at a time.
-  small = [t.name for t in tables
-           if kinds.get(t.name) == placement.ROW and stacks_lib.small(t, plans[t.name])]
-  for names in [small] + [[n] for n in small]:
-    tried = dict(kinds, **{n: options.TABLE_WISE for n in names})
-    if names and tried != kinds:
-      other = plan_stacks(tried)
-      if moved(other) <= moved(stacks):
-        kinds, stacks = tried, other
+  apart = [(plans[t.name], _given(num_unique.get(t.name))) for t in tables if t.name not in kinds]
+  step = lambda stacks: budget_lib.step_memory(apart, stacks, features, batch_size=batch_size,
+                                               optimizer=optimizer).total
+  kinds, stacks = stacks_lib.table_wise_where_it_pays(
+      [t for t in tables if stacks_lib.small(t, plans[t.name])], kinds, plan_stacks,
+      fits=lambda tried, stacks: device_memory_bytes is None or step(tried) <= max(
+          step(stacks), device_memory_bytes))
   stack_of = {m: s for s in stacks for m in s.members}
   out = []
   for t in tables:
@@ -574,8 +588,9 @@ def plan_collection(
         ),
         bytes_moved_update=p.sparse_update(max(ids[t.name], 1))[1],
     ))
-  stacks_lib.check_memory([t.plan for t in out if t.stack is None], stacks,
-                          device_memory_bytes)
+  budget_lib.check_memory(budget_lib.step_memory(
+      [(t.plan, t.num_unique) for t in out if t.stack is None], stacks, features,
+      batch_size=batch_size, optimizer=optimizer), stacks, device_memory_bytes)
   return CollectionPlan(
       tables=tuple(out),
       stacks=tuple(stacks),

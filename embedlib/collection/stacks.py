@@ -11,8 +11,8 @@ there if its stack then moves no more bytes. (With a static capacity per
 destination it rarely does: a table's every lookup on one device raises
 that device's bucket above the others'.)
 
-Also the memory check: every device must hold its tables' shards and its
-block of every stack within ``device_memory_bytes``. Pure Python.
+With a ``device_memory_bytes``, a table goes table-wise only where the
+step still fits it (``embedlib.collection.budget``). Pure Python.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from embedlib import options
 from embedlib.collection.specs import FeatureSpec, TableSpec
 from embedlib.plan import EmbeddingPlan, cost, mesh_axes, placement, plan_embedding
-from embedlib.plan.report import human_bytes
 
 #: With ``table_batched``, auto tables with fewer rows a rank than this are
 #: placed whole on one device: splitting them saves no memory worth having.
@@ -200,36 +199,26 @@ def placed_on(stack: StackPlan, table: str) -> str:
   return f"devices {devices[0]}-{devices[-1]}"
 
 
-def check_memory(table_plans: Sequence, stacks: Sequence[StackPlan], budget: int | None) -> None:
-  """Raises when some device can't hold its share of every table and stack."""
-  if budget is None or not (table_plans or stacks):
-    return
-  group = max([s.plan.group_size for s in stacks] + [1])
-  per_device = [sum(t.bytes_per_device for t in table_plans)] * group
-  biggest = [None] * group
-  for s in stacks:
-    p = s.plan.placement
-    row_bytes = s.plan.padded_shape[1] * s.plan.itemsize
-    for d in range(group):
-      per_device[d] += p.rows_per_rank * row_bytes
-      held = [(n * share, m) for (m, n), share in
-              zip(p.members, (p.shares(m)[d] for m, _ in p.members)) if share > 0]
-      if held:
-        rows, member = max(held)
-        if biggest[d] is None or rows * row_bytes > biggest[d][0]:
-          biggest[d] = (rows * row_bytes, member, s.name)
-  worst = max(range(group), key=lambda d: per_device[d])
-  if per_device[worst] <= budget:
-    return
-  if biggest[worst] is not None:
-    size, member, stack = biggest[worst]
-    culprit = (f"table {member!r} puts {human_bytes(int(size))} of stack {stack!r} there; "
-               f"shard it by rows (sharding='routed') or pin it elsewhere (device=)")
-  else:
-    name = max(table_plans, key=lambda t: t.bytes_per_device).name
-    culprit = f"table {name!r} is the largest shard there; shard it over more devices"
-  raise ValueError(
-      f"the placement doesn't fit device memory: device {worst} needs "
-      f"{human_bytes(per_device[worst])}, more than device_memory_bytes={budget} "
-      f"({human_bytes(budget)}); {culprit}, or raise device_memory_bytes."
-  )
+def table_wise_where_it_pays(small, kinds, plan_stacks, fits):
+  """``(kinds, stacks)``: ``small`` auto tables table-wise where their stack then moves no more.
+
+  All of them at once (they may balance each other), then one at a time.
+  Table-wise, a device holds whole tables: a trial is kept only where
+  ``fits(tried_stacks, stacks)`` (the memory budget).
+
+  Args:
+    small: the ``TableSpec`` s of auto tables too small to split (``small``).
+    kinds: table name -> placement kind.
+    plan_stacks: ``kinds -> [StackPlan]``.
+    fits: ``(tried, current) -> bool``, two lists of ``StackPlan`` s.
+  """
+  stacks = plan_stacks(kinds)
+  moved = lambda stacks: sum(s.bytes_moved + s.bytes_moved_update for s in stacks)
+  names = [t.name for t in small if kinds.get(t.name) == placement.ROW]
+  for some in [names] + [[n] for n in names]:
+    tried = dict(kinds, **{n: options.TABLE_WISE for n in some})
+    if some and tried != kinds:
+      other = plan_stacks(tried)
+      if moved(other) <= moved(stacks) and fits(other, stacks):
+        kinds, stacks = tried, other
+  return kinds, stacks

@@ -9,12 +9,15 @@ up a device's; ``auto`` checks a layout's total against
 ``device_memory_bytes``.
 
 The tables, slots and ids are exact: XLA's compiled memory analysis of the
-step counts the same bytes as arguments. The temporaries are the largest
-buffers each layout's step allocates (counted from the strategies and the
-sparse update), the rows kept from lookup to update and ``SMALL_BUFFERS``
-bytes a table for the counts, offsets and flags, two constants calibrated
-against compiled programs (``benchmarks/gpu_plan.py --only memory``;
-``benchmarks/README.md``).
+step counts the same bytes as arguments. The temporaries peak in one of
+two phases of the step, whichever holds more: the backward of the
+largest lookup (its exchange buffers, with every lookup's returned rows
+and per-id bookkeeping still live) or the largest sparse update (its
+buffers, with every table's row gradients and ids kept for it); each
+layout's buffers are counted from the strategies and the sparse update.
+Three constants (``LOOKUP_ID_WORDS``, ``KEPT_ENTRIES``, ``SMALL_BUFFERS``)
+are calibrated against compiled programs (``benchmarks/gpu_plan.py --only
+memory``; ``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -36,12 +39,18 @@ OPTIMIZER_SLOTS: Mapping[str, Mapping[str, tuple[str, int]]] = {
 }
 DEFAULT_OPTIMIZER = "rowwise_adagrad"
 
-#: A step keeps each id's row gradient with its id (and the rows looked up)
-#: from its lookup to its update: this many ``(id, row)`` entries an id, in
-#: bytes. Calibrated on the configs' compiled steps
-#: (``benchmarks/README.md``, "Per-device HBM"), where the best single
-#: factor leaves every config's total within 7%.
-KEPT_ENTRIES = 1.75
+#: In the update phase a step holds each id's row gradient with its id (and
+#: the rows looked up) for every table: this many ``(id, row)`` entries an
+#: id. Calibrated with ``LOOKUP_ID_WORDS`` on the configs' compiled steps
+#: (``benchmarks/README.md``, "Per-device HBM"), where the pair leaves every
+#: config's total within 5%.
+KEPT_ENTRIES = 2.125
+
+#: In the lookup phase a step holds, for every table, the rows its lookup
+#: returned (and their gradients' way back) and this many int32 words an
+#: id of the lookup's own bookkeeping (the route's order, positions and
+#: masks, kept for the backward; each buffer aligned by XLA's allocator).
+LOOKUP_ID_WORDS = 14
 
 #: Bytes of small buffers a table's step holds, by layout: the route's
 #: counts, offsets and overflow flags, the update's rounds, each aligned to
@@ -120,7 +129,8 @@ class TableMemory:
 
   @property
   def temporary(self) -> int:
-    return sum(b for _, b in self.temporaries)
+    """The temporaries at the step's peak (``peak``)."""
+    return peak([dict(self.temporaries)])
 
   @property
   def total(self) -> int:
@@ -155,18 +165,21 @@ def temporaries(plan, ids: int | None = None, *, num_unique: int | None = None,
                 rows: int | None = None, optimizer=DEFAULT_OPTIMIZER) -> dict[str, int]:
   """The temporaries of one step of ``plan``'s table on a device, by what holds them.
 
-  ``"exchange"``: the largest buffers of the lookup or of the update at
-  once (they live around the table's own collectives; the compiled step
-  reuses them from table to table, so a device holds the largest table's:
-  ``device_memory`` takes their maximum over tables, not their sum). A
-  routed lookup holds its route's send and receive buffers or, in the
-  in-graph fallback it compiles beside them, the group's ids all-gathered
-  and their partial rows; a vocab or grid lookup the latter; the update
-  its row gradients with their ids and their way to the owners
-  (``sparse_update``). ``"kept"``: the ids' row gradients with their ids
-  and the rows looked up, kept from lookup to update (``KEPT_ENTRIES``).
-  ``"dedup"``: the distinct ids and their rows. ``"small"``:
-  ``SMALL_BUFFERS``.
+  ``"lookup"``: the lookup's exchange buffers. A routed lookup holds its
+  route's send and receive buffers or, in the in-graph fallback it
+  compiles beside them, the group's ids all-gathered and their partial
+  rows; a vocab, hidden or grid lookup the latter. ``"returned"``: the
+  rows the lookup returns and ``LOOKUP_ID_WORDS`` words an id, live from
+  the lookup through its backward. ``"update"``: the sparse update's row
+  gradients with their ids and their way to the owners
+  (``sparse_update``). ``"kept"``: the ids' row gradients with their ids,
+  kept from lookup to update (``KEPT_ENTRIES``). ``"dedup"``: the distinct
+  ids and their rows. ``"small"``: ``SMALL_BUFFERS``.
+
+  A device holds one table's exchange buffers at a time (the compiled step
+  reuses them from table to table) beside every table's returned rows, or
+  one table's update buffers beside every table's kept gradients:
+  ``peak`` adds them up.
 
   Args:
     plan: an ``EmbeddingPlan`` (a table's, or a stack's).
@@ -178,7 +191,7 @@ def temporaries(plan, ids: int | None = None, *, num_unique: int | None = None,
       the update); see ``slot_layout``.
 
   Returns:
-    ``{"exchange", "kept", "dedup", "small"}`` -> bytes.
+    ``{"lookup", "returned", "update", "kept", "dedup", "small"}`` -> bytes.
   """
   n = plan.ids_per_device if ids is None else ids
   r = n if rows is None else rows
@@ -209,8 +222,35 @@ def temporaries(plan, ids: int | None = None, *, num_unique: int | None = None,
   dedup = 0
   if num_unique is not None:
     dedup = n * cost.ID_BYTES + min(n, num_unique) * (cost.ID_BYTES + row)
-  return {"exchange": max(lookup, update), "kept": int(KEPT_ENTRIES * n * entry),
-          "dedup": dedup, "small": SMALL_BUFFERS[strategy]}
+  returned = r * plan.features * plan.itemsize + LOOKUP_ID_WORDS * 4 * n
+  return {"lookup": lookup, "returned": returned, "update": update,
+          "kept": int(KEPT_ENTRIES * n * entry), "dedup": dedup,
+          "small": SMALL_BUFFERS[strategy]}
+
+
+def peak_parts(tables) -> dict[str, int]:
+  """What a device holds at the step's temporaries' peak for ``tables`` (``temporaries`` dicts).
+
+  The larger of the two phases: one table's lookup buffers beside every
+  table's returned rows (``{"lookup", "returned"}``), or one table's update
+  buffers beside every table's kept gradients (``{"update", "kept"}``);
+  with every table's ``"dedup"`` and ``"small"`` buffers.
+
+  >>> peak_parts([{"lookup": 10, "returned": 1, "update": 4, "kept": 2, "dedup": 0, "small": 1}] * 2)
+  {'lookup': 10, 'returned': 2, 'dedup': 0, 'small': 2}
+  """
+  tables = list(tables)
+  total = lambda k: sum(t[k] for t in tables)
+  largest = lambda k: max((t[k] for t in tables), default=0)
+  lookup = {"lookup": largest("lookup"), "returned": total("returned")}
+  update = {"update": largest("update"), "kept": total("kept")}
+  phase = lookup if sum(lookup.values()) > sum(update.values()) else update
+  return {**phase, "dedup": total("dedup"), "small": total("small")}
+
+
+def peak(tables) -> int:
+  """The temporaries a device holds at once for ``tables``: ``peak_parts`` added up."""
+  return sum(peak_parts(tables).values())
 
 
 def _token_ranks(plan) -> int:
@@ -260,9 +300,8 @@ class DeviceMemory:
 
   @property
   def temporary(self) -> int:
-    """Every table's temporaries but the exchange buffers, and the largest of those."""
-    exchange = [dict(t.temporaries)["exchange"] for t in self.tables]
-    return sum(t.temporary for t in self.tables) - sum(exchange) + max(exchange, default=0)
+    """The temporaries at the step's peak over every table (``peak``)."""
+    return peak(dict(t.temporaries) for t in self.tables)
 
   @property
   def total(self) -> int:

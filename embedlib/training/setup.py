@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from embedlib import checkpoint
 from embedlib import host_memory
 from embedlib import optim
+from embedlib.collection import budget
 from embedlib.plan import memory as plan_memory
 from embedlib.plan.report import human_bytes
 from embedlib.training import tasks
@@ -172,20 +173,25 @@ def model_and_optimizer(config, task_, spec, mesh):
 def planned_memory(model, optimizer) -> plan_memory.DeviceMemory:
   """The plan's memory of the model's embedding step per device (``embedlib.plan.memory``).
 
-  Every table and stack once: a collection's ``TablePlan`` s and stacks, and
-  the sparse ``ShardedEmbed`` s outside a collection, with the slots of
-  ``optimizer``'s row-wise rule (a ``SparseAwareOptimizer``; none without one).
+  Every table and stack once: a collection's tables apart and stacks, with
+  the ids and rows its features look up at its planned batch
+  (``collection.budget.step_memory``), and the sparse ``ShardedEmbed`` s
+  outside a collection, with the slots of ``optimizer``'s row-wise rule (a
+  ``SparseAwareOptimizer``; none without one).
   """
-  items, seen = [], set()
+  collections, seen = [], set()
   for _, module in nnx.iter_graph(model):
     table_plans = getattr(getattr(module, "plan", None), "tables", None)
     if table_plans is None:  # not a collection
       continue
-    items += [t.plan for t in table_plans if t.stack is None]
-    items += [s.plan for s in module.plan.stacks]
+    step = budget.step_memory(
+        [(t.plan, t.num_unique) for t in table_plans if t.stack is None], module.plan.stacks,
+        module.feature_specs, batch_size=module.plan.batch_size, optimizer=optimizer.rule)
+    collections += step.tables
     seen.update(id(m) for _, m in optim.sparse_tables(module))
-  items += [m.plan for _, m in optim.sparse_tables(model) if id(m) not in seen]
-  return plan_memory.device_memory(items, optimizer.rule)
+  alone = plan_memory.device_memory(
+      [m.plan for _, m in optim.sparse_tables(model) if id(m) not in seen], optimizer.rule)
+  return plan_memory.DeviceMemory(tuple(collections) + alone.tables, alone.optimizer)
 
 
 def describe_step_memory(step, model, optimizer, *args, **kwargs) -> str:

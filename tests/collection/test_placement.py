@@ -163,11 +163,13 @@ def test_table_batched_stacks_routed_tables_and_weighs_table_wise():
     ([TableSpec("country", 200, 8, sharding="table_row", host=2)], {"devices_per_host": 4},
      r"table 'country': host=2 is not a host of the table group \(2 hosts of 4 devices"),
     ([TableSpec("big", 100_000, 64, sharding="table")], {"device_memory_bytes": 1 << 24},
-     r"doesn't fit device memory: device 0 needs 24.41 MiB, more than "
-     r"device_memory_bytes=16777216 \(16.00 MiB\); table 'big' puts 24.41 MiB of stack "
-     r"'stack_64' there; shard it by rows"),
+     r"doesn't fit device memory: a device needs 26.99 MiB, more than "
+     r"device_memory_bytes=16777216 \(16.00 MiB\): tables 24.41 MiB, rowwise_adagrad slots "
+     r"390.62 KiB, .*stack 'stack_64' holds the most \(24.41 MiB of rows a device\), table "
+     r"'big' the largest part: shard 'big' by rows"),
     ([TableSpec("big", 100_000, 64, sharding="vocab")], {"device_memory_bytes": 1 << 20},
-     r"device 0 needs 3.05 MiB.*table 'big' is the largest shard there"),
+     r"a device needs 4.27 MiB.*tables 3.05 MiB.*table 'big' holds the most \(3.05 MiB a "
+     r"device\): shard it over more devices"),
     ([TableSpec("t", 200, 8, sharding="table")], {"devices_per_host": 3},
      r"stack_8: devices_per_host=3 does not divide the table group of 8 devices"),
 ])

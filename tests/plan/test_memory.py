@@ -48,9 +48,15 @@ def test_temporaries_grow_with_the_ids_and_a_device_holds_one_exchange_at_a_time
   assert large.temporary > 8 * (small.temporary - memory.SMALL_BUFFERS["routed"])
   one = memory.device_memory([(p, 8192, None, 8192)])
   two = memory.device_memory([(p, 8192, None, 8192)] * 2)
-  exchange = dict(one.tables[0].temporaries)["exchange"]
+  t = dict(one.tables[0].temporaries)
+  # 8192 ids: the fallback's partial rows from 8 ranks and their ids.
+  assert t["lookup"] == 8 * 8192 * (256 + 4)
+  assert t["returned"] == 8192 * 256 + memory.LOOKUP_ID_WORDS * 4 * 8192
   assert two.table == 2 * one.table and two.slots == 2 * one.slots
-  assert two.temporary == 2 * one.temporary - exchange
+  # One table's exchange (or update) buffers at a time, beside both tables' rows (or gradients).
+  assert two.temporary == max(t["lookup"] + 2 * t["returned"], t["update"] + 2 * t["kept"]) + (
+      2 * t["small"])
+  assert one.temporary == max(t["lookup"] + t["returned"], t["update"] + t["kept"]) + t["small"]
   assert two.total == two.table + two.slots + two.ids + two.temporary
 
 
