@@ -95,11 +95,21 @@ def member_key(stack_key: str, member: str) -> str:
   return "/".join(stack_key.split("/")[:-2] + ["tables", member])
 
 
+def _logical_leaf(x):
+  return param_lib.logical(x) if isinstance(x, nnx.Variable) else x
+
+
 def _dense_tree(model, optimizer) -> dict:
-  tree = {"dense": nnx.to_pure_dict(nnx.state(model, _dense_filter(model, optimizer))),
-          "step": optimizer.step[...]}
+  """The dense state, a padded table and its optax slots at their logical shape.
+
+  A table the dense optimizer trains (a tied item table) is padded to its
+  shard group, and so are the slots ``nnx.Optimizer`` built from it; stored
+  padded, they would fit only the device count they were saved from.
+  """
+  dense = nnx.state(model, _dense_filter(model, optimizer))
+  tree = {"dense": nnx.to_pure_dict(dense, _logical_leaf), "step": optimizer.step[...]}
   if optimizer.dense is not None:
-    tree["dense_opt"] = nnx.to_pure_dict(nnx.state(optimizer.dense))
+    tree["dense_opt"] = nnx.to_pure_dict(nnx.state(optimizer.dense), _logical_leaf)
   return tree
 
 
@@ -220,10 +230,11 @@ def _lay_out_dense_tables(module) -> None:
   """Stores padded again the tables (and their optax slots) a dense restore set logical.
 
   A table trained by the dense optimizer (``SparseAwareOptimizer(sparse=
-  None)``) is saved, with its optax slots, as its logical view, and
-  ``nnx.update`` sets that as the raw value; the train step was compiled
-  for the physical layout, and optax needs the parameter and its slots
-  alike.
+  None)``, or a tied table outside the sparse rule) is saved, with its
+  optax slots, as its logical view (``_dense_tree``), and ``nnx.update``
+  sets that as the raw value; the train step was compiled for the physical
+  layout, and optax needs the parameter and its slots alike. Padding rows
+  and columns come back zero, as a fresh slot's are.
   """
   for _, node in nnx.iter_graph(module):
     if isinstance(node, nnx.Variable) and node.get_metadata(param_lib.LAYOUT, None) is not None:
