@@ -68,6 +68,29 @@ def _dense_filter(model, optimizer):
                  _NotPaths(frozenset(_map_variables(model))))
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelOnly:
+  """Stands for a ``SparseAwareOptimizer`` where only the model is restored (serving, export).
+
+  Which tables a run's row-wise rule trained decides where the checkpoint
+  holds them (``tables/<key>``, shard by shard, or in the dense state);
+  their slots, the optax state and the step are neither built nor read.
+
+  Args:
+    keys: the optimizer's ``keys`` (the row-wise rule's tables); ``()`` for
+      a run whose tables all trained densely.
+  """
+
+  keys: tuple[str, ...]
+  tables = None  # every ShardedEmbed: keys picks the rule's
+  dense = None
+  step = None
+
+  @property
+  def slots(self) -> tuple[dict, ...]:
+    return tuple({} for _ in self.keys)
+
+
 def _slot_logical_shape(value, plan) -> tuple[int, ...]:
   rows, cols = plan.logical_shape
   return (rows,) if value.ndim == 1 else (rows, cols)
@@ -107,7 +130,9 @@ def _dense_tree(model, optimizer) -> dict:
   padded, they would fit only the device count they were saved from.
   """
   dense = nnx.state(model, _dense_filter(model, optimizer))
-  tree = {"dense": nnx.to_pure_dict(dense, _logical_leaf), "step": optimizer.step[...]}
+  tree = {"dense": nnx.to_pure_dict(dense, _logical_leaf)}
+  if optimizer.step is not None:
+    tree["step"] = optimizer.step[...]
   if optimizer.dense is not None:
     tree["dense_opt"] = nnx.to_pure_dict(nnx.state(optimizer.dense), _logical_leaf)
   return tree
@@ -205,7 +230,7 @@ def load_state(model: nnx.Module, optimizer, dense: dict, sharded: dict | None =
 
   Args:
     model: the model the targets were made from.
-    optimizer: its ``SparseAwareOptimizer``.
+    optimizer: its ``SparseAwareOptimizer`` (or ``ModelOnly``).
     dense: the restored dense state.
     sharded: the restored tables and slots; None when they are already in
       (restored through ``table_loader``, one at a time).
@@ -216,7 +241,8 @@ def load_state(model: nnx.Module, optimizer, dense: dict, sharded: dict | None =
   load = table_loader(model, optimizer)
   for name, array in (sharded or {}).items():
     load(name, array)
-  optimizer.step.set_value(dense["step"])
+  if optimizer.step is not None:
+    optimizer.step.set_value(dense["step"])
   if optimizer.dense is not None:
     state = nnx.state(optimizer.dense)
     nnx.replace_by_pure_dict(state, dense["dense_opt"])
