@@ -210,6 +210,24 @@ def restore_targets(model: nnx.Module, optimizer) -> tuple[dict, dict]:
   return jax.tree.map(abstract, _dense_tree(model, optimizer)), sharded
 
 
+def padded_slot_targets(optimizer) -> dict:
+  """``{"dense_opt/...": target}`` of each padded table's optax slot at its stored (padded) shape.
+
+  What an embedlib before logical dense slots saved them as
+  (``Checkpointer`` reads such a checkpoint onto the layout it came from).
+  """
+  if optimizer.dense is None:
+    return {}
+  out = {}
+  for path, var in nnx.to_flat_state(nnx.state(optimizer.dense)):
+    layout = var.get_metadata(param_lib.LAYOUT, None)
+    if layout is not None and not layout.identity:
+      raw = param_lib.physical(var)
+      out["/".join(["dense_opt", *map(str, path)])] = jax.ShapeDtypeStruct(
+          raw.shape, raw.dtype, sharding=raw.sharding)
+  return out
+
+
 def table_loader(model: nnx.Module, optimizer):
   """``load(name, array)``: puts one restored table or slot into the model or optimizer.
 

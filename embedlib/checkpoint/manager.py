@@ -97,12 +97,16 @@ def _reason(exc: BaseException) -> str:
   return first if len(first) <= 300 else first[:297] + "..."
 
 
-def _flat(tree) -> dict:
-  """``{"a/0/b": leaf}``: orbax's metadata keys list items by str, the model by int."""
+def _key(path) -> str:
+  """``"a/0/b"`` of a pytree path: orbax's metadata keys list items by str, the model by int."""
   def name(key):
     return str(getattr(key, "key", getattr(key, "idx", getattr(key, "name", key))))
-  return {"/".join(name(k) for k in path): leaf
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return "/".join(name(k) for k in path)
+
+
+def _flat(tree) -> dict:
+  """``{"a/0/b": leaf}`` of a pytree."""
+  return {_key(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _metadata_mismatch(saved: dict, target: dict) -> list[str]:
@@ -314,6 +318,7 @@ class Checkpointer:
     older checkpoint over every array.
     """
     dense, tables = targets
+    dense = self._slots_as_saved(step, dense, logical.padded_slot_targets(optimizer))
     self._check_matches(step, dense, tables)
     restored = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(dense),
@@ -321,6 +326,22 @@ class Checkpointer:
         data=ocp.args.JsonRestore()))
     logical.load_state(model, optimizer, restored["state"])
     return restored["data"]
+
+  def _slots_as_saved(self, step, dense, padded: dict) -> dict:
+    """``dense`` with the padded targets of slots that ``step`` holds padded.
+
+    An embedlib before logical dense slots stored a padded table's optax
+    slots padded: those restore onto the layout they were saved from (and
+    are saved logical from then on); onto any other they are a mismatch.
+    """
+    if not padded:
+      return dense
+    saved = _flat(getattr(self._manager.item_metadata(step)["state"], "tree", None) or {})
+    swap = {k: v for k, v in padded.items()
+            if k in saved and tuple(saved[k].shape) == tuple(v.shape)}
+    if not swap:
+      return dense
+    return jax.tree_util.tree_map_with_path(lambda path, leaf: swap.get(_key(path), leaf), dense)
 
   def _check_matches(self, step, dense, tables, partial: bool = False) -> None:
     """Raises ``CheckpointMismatchError`` if step's arrays aren't the model's.

@@ -10,6 +10,7 @@ one it would have taken. Tolerance of the next step: the dense gradients'
 all-reduce adds partial sums in a mesh-dependent order (1e-5).
 """
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -120,3 +121,32 @@ def test_a_one_device_run_restores_for_serving_on_four_scoring_as_it_did(config,
   one.eval()
   np.testing.assert_allclose(np.asarray(scores(model, inputs)), np.asarray(scores(one, inputs)),
                              rtol=1e-5, atol=1e-6)
+
+
+def test_slots_an_earlier_embedlib_saved_padded_restore_onto_their_own_layout(
+    config, tmp_path, monkeypatch):
+  """Such a checkpoint resumes where it was saved; onto other padding it is a mismatch."""
+  model, optimizer, source, _, _ = _state(config, 4)
+  rng = np.random.default_rng(0)
+  variables = dict(nnx.to_flat_state(nnx.state(optimizer.dense)))
+  for path, (logical, stored) in _slots(optimizer).items():
+    values = np.zeros_like(stored)
+    values[:len(logical)] = rng.standard_normal(logical.shape)
+    raw = variables[path].get_raw_value()
+    param_lib.set_physical(variables[path], jax.device_put(values, raw.sharding))
+  want = {p: logical for p, (logical, _) in _slots(optimizer).items()}
+  ckpt = checkpoint.Checkpointer(str(tmp_path), asynchronous=False)
+  with monkeypatch.context() as patch:  # the earlier save: slots as stored
+    patch.setattr(checkpoint.logical, "_logical_leaf",
+                  lambda x: x.get_value() if isinstance(x, nnx.Variable) else x)
+    ckpt.save(2, model, optimizer, source.get_state())
+  model, optimizer, _, _, _ = _state(config, 4)
+  ckpt.restore(model, optimizer)
+  for path, (logical, stored) in _slots(optimizer).items():
+    np.testing.assert_array_equal(logical, want[path], err_msg=str(path))
+    assert stored.shape[0] == 64 and not stored[61:].any()
+  model, optimizer, _, _, _ = _state(config, 3)
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=r"float32\[64, 16\] in the "
+                     r"checkpoint, float32\[61, 16\] in the model"):
+    ckpt.restore(model, optimizer)
+  ckpt.close()
