@@ -336,7 +336,8 @@ class Checkpointer:
     """
     if not padded:
       return dense
-    saved = _flat(getattr(self._manager.item_metadata(step)["state"], "tree", None) or {})
+    state = self._manager.item_metadata(step)["state"]
+    saved = _flat(getattr(state, "tree", state) or {})
     swap = {k: v for k, v in padded.items()
             if k in saved and tuple(saved[k].shape) == tuple(v.shape)}
     if not swap:
