@@ -74,28 +74,6 @@ def saved(config, tmp_path_factory, request):
   return n, workdir, slots, table, loss, after
 
 
-# 1 -> 4: the table and slots gain 3 padding rows; 4 -> 3: 64 rows become 63;
-# 4 -> 1: no padding at all.
-@pytest.mark.parametrize("saved, onto", [(1, 4), (4, 3), pytest.param(4, 1, marks=pytest.mark.slow)],
-                         indirect=["saved"])
-def test_a_resumed_run_gets_the_saved_dense_slots_logically_and_the_same_next_step(
-    config, saved, onto):
-  _, workdir, slots, table, loss, after = saved
-  model, optimizer, source, task, mesh = _state(config, onto)
-  ckpt = checkpoint.Checkpointer(str(workdir / "checkpoints"), asynchronous=False)
-  source.set_state(ckpt.restore(model, optimizer))
-  ckpt.close()
-  np.testing.assert_array_equal(np.asarray(model.embed.items.embedding[...]), table)
-  rows = model.embed.items.plan.padded_shape[0]
-  for path, (logical, stored) in _slots(optimizer).items():
-    np.testing.assert_array_equal(logical, slots[path], err_msg=str(path))
-    assert stored.shape[0] == rows  # laid out again for this mesh's compiled step
-    assert not stored[len(logical):].any(), path  # padding rows zero
-  np.testing.assert_allclose(_step(model, optimizer, source, task, mesh), loss, rtol=1e-5)
-  for path, (logical, _) in _slots(optimizer).items():
-    np.testing.assert_allclose(logical, after[path], rtol=1e-4, atol=1e-7, err_msg=str(path))
-
-
 @pytest.mark.parametrize("saved", [1], indirect=True)
 def test_a_one_device_run_restores_for_serving_on_four_scoring_as_it_did(config, saved,
                                                                            monkeypatch):
@@ -121,6 +99,28 @@ def test_a_one_device_run_restores_for_serving_on_four_scoring_as_it_did(config,
   one.eval()
   np.testing.assert_allclose(np.asarray(scores(model, inputs)), np.asarray(scores(one, inputs)),
                              rtol=1e-5, atol=1e-6)
+
+
+# 1 -> 4: the table and slots gain 3 padding rows; 4 -> 3: 64 rows become 63;
+# 4 -> 1: no padding at all.
+@pytest.mark.parametrize("saved, onto", [(1, 4), (4, 3), pytest.param(4, 1, marks=pytest.mark.slow)],
+                         indirect=["saved"])
+def test_a_resumed_run_gets_the_saved_dense_slots_logically_and_the_same_next_step(
+    config, saved, onto):
+  _, workdir, slots, table, loss, after = saved
+  model, optimizer, source, task, mesh = _state(config, onto)
+  ckpt = checkpoint.Checkpointer(str(workdir / "checkpoints"), asynchronous=False)
+  source.set_state(ckpt.restore(model, optimizer))
+  ckpt.close()
+  np.testing.assert_array_equal(np.asarray(model.embed.items.embedding[...]), table)
+  rows = model.embed.items.plan.padded_shape[0]
+  for path, (logical, stored) in _slots(optimizer).items():
+    np.testing.assert_array_equal(logical, slots[path], err_msg=str(path))
+    assert stored.shape[0] == rows  # laid out again for this mesh's compiled step
+    assert not stored[len(logical):].any(), path  # padding rows zero
+  np.testing.assert_allclose(_step(model, optimizer, source, task, mesh), loss, rtol=1e-5)
+  for path, (logical, _) in _slots(optimizer).items():
+    np.testing.assert_allclose(logical, after[path], rtol=1e-4, atol=1e-7, err_msg=str(path))
 
 
 def test_slots_an_earlier_embedlib_saved_padded_restore_onto_their_own_layout(
