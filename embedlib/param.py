@@ -325,6 +325,21 @@ def physical(variable, plan=None, mesh=None):
   return raw
 
 
+def logical(variable):
+  """The logical view of ``variable``, for any variable that carries a table layout.
+
+  A ``TableParam`` reads logical already; an optax slot ``nnx.Optimizer``
+  built from one (an ``OptVariable`` with the table's ``table_layout`` in its
+  metadata) holds the padded array and reads it as it is. A checkpoint stores
+  both logical, so a restore onto another device count (other padding) fits
+  them; ``physical`` pads either back. Any other variable gives its value.
+  """
+  layout = variable.get_metadata(LAYOUT, None)
+  if layout is None or isinstance(variable, TableParam):
+    return variable.get_value()  # a TableParam's runs the user's hooks, as any read does
+  return _logical(_raw(variable), layout)
+
+
 def set_physical(variable, value) -> None:
   """Stores physical ``value`` as ``variable``'s raw value (no reads or writes of the view)."""
   raw = variable.get_raw_value()

@@ -68,6 +68,29 @@ def _dense_filter(model, optimizer):
                  _NotPaths(frozenset(_map_variables(model))))
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelOnly:
+  """Stands for a ``SparseAwareOptimizer`` where only the model is restored (serving, export).
+
+  Which tables a run's row-wise rule trained decides where the checkpoint
+  holds them (``tables/<key>``, shard by shard, or in the dense state);
+  their slots, the optax state and the step are neither built nor read.
+
+  Args:
+    keys: the optimizer's ``keys`` (the row-wise rule's tables); ``()`` for
+      a run whose tables all trained densely.
+  """
+
+  keys: tuple[str, ...]
+  tables = None  # every ShardedEmbed: keys picks the rule's
+  dense = None
+  step = None
+
+  @property
+  def slots(self) -> tuple[dict, ...]:
+    return tuple({} for _ in self.keys)
+
+
 def _slot_logical_shape(value, plan) -> tuple[int, ...]:
   rows, cols = plan.logical_shape
   return (rows,) if value.ndim == 1 else (rows, cols)
@@ -95,11 +118,23 @@ def member_key(stack_key: str, member: str) -> str:
   return "/".join(stack_key.split("/")[:-2] + ["tables", member])
 
 
+def _logical_leaf(x):
+  return param_lib.logical(x) if isinstance(x, nnx.Variable) else x
+
+
 def _dense_tree(model, optimizer) -> dict:
-  tree = {"dense": nnx.to_pure_dict(nnx.state(model, _dense_filter(model, optimizer))),
-          "step": optimizer.step[...]}
+  """The dense state, a padded table and its optax slots at their logical shape.
+
+  A table the dense optimizer trains (a tied item table) is padded to its
+  shard group, and so are the slots ``nnx.Optimizer`` built from it; stored
+  padded, they would fit only the device count they were saved from.
+  """
+  dense = nnx.state(model, _dense_filter(model, optimizer))
+  tree = {"dense": nnx.to_pure_dict(dense, _logical_leaf)}
+  if optimizer.step is not None:
+    tree["step"] = optimizer.step[...]
   if optimizer.dense is not None:
-    tree["dense_opt"] = nnx.to_pure_dict(nnx.state(optimizer.dense))
+    tree["dense_opt"] = nnx.to_pure_dict(nnx.state(optimizer.dense), _logical_leaf)
   return tree
 
 
@@ -175,6 +210,24 @@ def restore_targets(model: nnx.Module, optimizer) -> tuple[dict, dict]:
   return jax.tree.map(abstract, _dense_tree(model, optimizer)), sharded
 
 
+def padded_slot_targets(optimizer) -> dict:
+  """``{"dense_opt/...": target}`` of each padded table's optax slot at its stored (padded) shape.
+
+  What an embedlib before logical dense slots saved them as
+  (``Checkpointer`` reads such a checkpoint onto the layout it came from).
+  """
+  if optimizer.dense is None:
+    return {}
+  out = {}
+  for path, var in nnx.to_flat_state(nnx.state(optimizer.dense)):
+    layout = var.get_metadata(param_lib.LAYOUT, None)
+    if layout is not None and not layout.identity:
+      raw = param_lib.physical(var)
+      out["/".join(["dense_opt", *map(str, path)])] = jax.ShapeDtypeStruct(
+          raw.shape, raw.dtype, sharding=raw.sharding)
+  return out
+
+
 def table_loader(model: nnx.Module, optimizer):
   """``load(name, array)``: puts one restored table or slot into the model or optimizer.
 
@@ -195,7 +248,7 @@ def load_state(model: nnx.Module, optimizer, dense: dict, sharded: dict | None =
 
   Args:
     model: the model the targets were made from.
-    optimizer: its ``SparseAwareOptimizer``.
+    optimizer: its ``SparseAwareOptimizer`` (or ``ModelOnly``).
     dense: the restored dense state.
     sharded: the restored tables and slots; None when they are already in
       (restored through ``table_loader``, one at a time).
@@ -206,7 +259,8 @@ def load_state(model: nnx.Module, optimizer, dense: dict, sharded: dict | None =
   load = table_loader(model, optimizer)
   for name, array in (sharded or {}).items():
     load(name, array)
-  optimizer.step.set_value(dense["step"])
+  if optimizer.step is not None:
+    optimizer.step.set_value(dense["step"])
   if optimizer.dense is not None:
     state = nnx.state(optimizer.dense)
     nnx.replace_by_pure_dict(state, dense["dense_opt"])
@@ -220,10 +274,11 @@ def _lay_out_dense_tables(module) -> None:
   """Stores padded again the tables (and their optax slots) a dense restore set logical.
 
   A table trained by the dense optimizer (``SparseAwareOptimizer(sparse=
-  None)``) is saved, with its optax slots, as its logical view, and
-  ``nnx.update`` sets that as the raw value; the train step was compiled
-  for the physical layout, and optax needs the parameter and its slots
-  alike.
+  None)``, or a tied table outside the sparse rule) is saved, with its
+  optax slots, as its logical view (``_dense_tree``), and ``nnx.update``
+  sets that as the raw value; the train step was compiled for the physical
+  layout, and optax needs the parameter and its slots alike. Padding rows
+  and columns come back zero, as a fresh slot's are.
   """
   for _, node in nnx.iter_graph(module):
     if isinstance(node, nnx.Variable) and node.get_metadata(param_lib.LAYOUT, None) is not None:

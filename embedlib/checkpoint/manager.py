@@ -97,12 +97,16 @@ def _reason(exc: BaseException) -> str:
   return first if len(first) <= 300 else first[:297] + "..."
 
 
-def _flat(tree) -> dict:
-  """``{"a/0/b": leaf}``: orbax's metadata keys list items by str, the model by int."""
+def _key(path) -> str:
+  """``"a/0/b"`` of a pytree path: orbax's metadata keys list items by str, the model by int."""
   def name(key):
     return str(getattr(key, "key", getattr(key, "idx", getattr(key, "name", key))))
-  return {"/".join(name(k) for k in path): leaf
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return "/".join(name(k) for k in path)
+
+
+def _flat(tree) -> dict:
+  """``{"a/0/b": leaf}`` of a pytree."""
+  return {_key(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _metadata_mismatch(saved: dict, target: dict) -> list[str]:
@@ -235,6 +239,47 @@ class Checkpointer:
           f"no checkpoint at step {step} in {self.directory}; it holds {self.all_steps()}.")
     return self._restore(step, model, optimizer, logical.restore_targets(model, optimizer))
 
+  def restore_model(self, model, keys: tuple[str, ...], step: int | None = None) -> int:
+    """Loads only ``model``'s parameters (serving, export); returns the step read.
+
+    No optimizer is built and none of its state is read: neither the row-wise
+    slots nor the dense optimizer's (Adam's are twice the tables it trains).
+    Nothing is moved aside: a checkpoint that fails to read raises.
+
+    Args:
+      model: freshly built model (same config; the mesh may differ).
+      keys: the tables the run's row-wise rule trained (its
+        ``SparseAwareOptimizer.keys``; ``()`` when every table trained densely).
+      step: which checkpoint; default the newest.
+
+    Raises:
+      FileNotFoundError: there is no checkpoint (at ``step``).
+      CheckpointMismatchError: it was saved from another model config.
+    """
+    step = self.latest_step() if step is None else step
+    if step not in self.all_steps():
+      raise FileNotFoundError(f"no checkpoint{'' if step is None else f' at step {step}'} in "
+                              f"{self.directory} to restore; it holds {self.all_steps()}.")
+    stand_in = logical.ModelOnly(tuple(keys))
+    dense, tables = logical.restore_targets(model, stand_in)
+    self._check_matches(step, dense, tables, partial=True)
+    # The dense optimizer's state is left on disk: orbax's PyTree handler
+    # (what StandardCheckpointHandler writes) reads a subset of the tree.
+    reader = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(read_only=True),
+        item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                       "tables": sharded.ShardedArraysHandler()})
+    try:
+      restored = reader.restore(step, args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+              dense, restore_args=ocp.checkpoint_utils.construct_restore_args(dense),
+              partial_restore=True),
+          tables=sharded.ShardedArraysRestore(tables, logical.table_loader(model, stand_in))))
+    finally:
+      reader.close()
+    logical.load_state(model, stand_in, restored["state"])
+    return step
+
   def restore_newest(self, model, optimizer) -> tuple[int, dict] | None:
     """Restores the newest checkpoint that restores; ``(step, data state)`` or None.
 
@@ -273,6 +318,7 @@ class Checkpointer:
     older checkpoint over every array.
     """
     dense, tables = targets
+    dense = self._slots_as_saved(step, dense, logical.padded_slot_targets(optimizer))
     self._check_matches(step, dense, tables)
     restored = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(dense),
@@ -281,10 +327,29 @@ class Checkpointer:
     logical.load_state(model, optimizer, restored["state"])
     return restored["data"]
 
-  def _check_matches(self, step, dense, tables) -> None:
+  def _slots_as_saved(self, step, dense, padded: dict) -> dict:
+    """``dense`` with the padded targets of slots that ``step`` holds padded.
+
+    An embedlib before logical dense slots stored a padded table's optax
+    slots padded: those restore onto the layout they were saved from (and
+    are saved logical from then on); onto any other they are a mismatch.
+    """
+    if not padded:
+      return dense
+    state = self._manager.item_metadata(step)["state"]
+    saved = _flat(getattr(state, "tree", state) or {})
+    swap = {k: v for k, v in padded.items()
+            if k in saved and tuple(saved[k].shape) == tuple(v.shape)}
+    if not swap:
+      return dense
+    return jax.tree_util.tree_map_with_path(lambda path, leaf: swap.get(_key(path), leaf), dense)
+
+  def _check_matches(self, step, dense, tables, partial: bool = False) -> None:
     """Raises ``CheckpointMismatchError`` if step's arrays aren't the model's.
 
-    Unreadable metadata is corruption, not a mismatch: that error propagates.
+    With ``partial``, arrays only in the checkpoint (the optimizer's, when
+    restoring the model alone) are not a mismatch. Unreadable metadata is
+    corruption, not a mismatch: that error propagates.
     """
     metadata = self._manager.item_metadata(step)
     saved = getattr(metadata["state"], "tree", metadata["state"])
@@ -300,6 +365,8 @@ class Checkpointer:
                       for k, v in sharded.stored(tables).items()}
     problems = (_metadata_mismatch(metadata["tables"], logical_shapes) +
                 _metadata_mismatch(saved, dense))
+    if partial:
+      problems = [p for p in problems if not p.endswith(" only in the checkpoint")]
     if problems:
       shown = "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
       raise CheckpointMismatchError(

@@ -144,6 +144,17 @@ def _on_mesh(module, mesh) -> None:
                                   is_leaf=lambda x: x is None))
 
 
+def _model(config, task_, spec, mesh):
+  """``task_``'s model of ``config`` on ``mesh`` (its dense arrays not yet placed: ``_on_mesh``)."""
+  loop = Loop.from_config(config)
+  try:
+    model = task_.build_model(config.model, spec, mesh, batch_size=loop.batch_size,
+                              rngs=nnx.Rngs(loop.seed))
+  except ValueError as e:  # the factory names the config key and the fix
+    raise ConfigError(str(e)) from None
+  return model
+
+
 def model_and_optimizer(config, task_, spec, mesh):
   """The model of ``task_`` and its ``SparseAwareOptimizer``, every array on ``mesh``.
 
@@ -151,11 +162,7 @@ def model_and_optimizer(config, task_, spec, mesh):
   optimizer where the task says so (``Task.sparse_tables``).
   """
   loop = Loop.from_config(config)
-  try:
-    model = task_.build_model(config.model, spec, mesh, batch_size=loop.batch_size,
-                              rngs=nnx.Rngs(loop.seed))
-  except ValueError as e:  # the factory names the config key and the fix
-    raise ConfigError(str(e)) from None
+  model = _model(config, task_, spec, mesh)
   optim_config = config.optim
   tx = DENSE_OPTIMIZERS[optim_config.dense.name](
       _schedule(optim_config.dense, loop.num_train_steps))
@@ -238,15 +245,18 @@ def restore_model(config, workdir: str, mesh=None):
   """A ``train_and_evaluate`` run's model at its last checkpoint: ``(model, mesh)``.
 
   ``config`` is the run's; ``mesh`` defaults to ``make_mesh(config)`` and may
-  hold fewer devices than the run trained on (the checkpoint is logical).
-  The optimizer's state is restored with it and dropped.
+  hold another device count than the run trained on (the checkpoint is
+  logical). Only the model is built and read: no optimizer state.
   """
   mesh = make_mesh(config) if mesh is None else mesh
   made = task(config)
-  model, optimizer = model_and_optimizer(config, made, made.data_spec(), mesh)
+  model = _model(config, made, made.data_spec(), mesh)
+  _on_mesh(model, mesh)
+  # The tables a row-wise rule trained are stored apart (model_and_optimizer's rule).
+  keys = tuple(k for k, _ in optim.sparse_tables(model)) if made.sparse_tables else ()
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
   try:
-    ckpt.restore(model, optimizer)
+    ckpt.restore_model(model, keys)
   finally:
     ckpt.close()
   return model, mesh

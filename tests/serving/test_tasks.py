@@ -148,3 +148,45 @@ def test_a_quantized_next_item_artifact_scores_as_the_quantized_model(variant, b
       for i in range(0, len(batch["items"]), 8)])
   scores[:, 0] = -np.inf
   _check_top_k(got, scores)
+
+
+@pytest.mark.slow  # two CLI runs; tests/train/test_checkpoint_dense_slots.py restores in-process
+def test_a_one_device_next_item_run_exports_onto_four_devices(tmp_path):
+  """``train.export --devices 4`` of a SASRec run trained on one device.
+
+  Its tied item table, padded from 61 rows to 64 on four devices, restores
+  with its Adam slots (stored logical); the artifact scores as the restored
+  model does, and as the one-device model to 1e-5 (the sharded product
+  sums in another order).
+  """
+  from tests.serving.conftest import run_module  # pylint: disable=import-outside-toplevel
+
+  data = write_ml100k(tmp_path / "ml")
+  workdir, out = tmp_path / "run", tmp_path / "art"
+  done = run_module("train", "--config=configs/movielens.py:smoke",
+                    f"--config.data.path={data}", f"--workdir={workdir}", "--cpu_devices=1")
+  assert done.returncode == 0, done.stderr[-3000:]
+  done = run_module("train.export", f"--workdir={workdir}", f"--out={out}", "--devices=4",
+                    f"--top_k={K}")
+  assert done.returncode == 0, done.stderr[-3000:]
+  served = serving.load(out)
+  assert served.mesh.size == 4
+  config, model, mesh = export_lib.restore(str(workdir), devices=4)
+  assert model.embed.items.plan.padded_shape[0] == 64
+  task = setup.task(config)
+  _, source = setup.sources(config, task, task.data_spec())
+  batch = task.featurize(next(source))
+  rows = config.batch_size  # the artifact's batch
+  inputs = {n: batch[n][:rows] for n in served.input_names}
+  got = served(inputs)
+  score = export_lib.scoring(config, model, mesh, top_k=K)
+  jitted, _, weights, _ = export_lib.serving_function(model, mesh, score, rows)
+  columns, _ = served._columns(inputs)  # pylint: disable=protected-access
+  items, scores = jitted(*weights, *columns)
+  np.testing.assert_array_equal(got["items"], items)
+  np.testing.assert_array_equal(got["scores"], scores)
+  _, one, _ = export_lib.restore(str(workdir), devices=1)
+  logits = nnx.jit(lambda m, b: m.logits(m(b)[:, -1], b["items"]))(
+      one, {k: batch[k][:rows] for k in ("items", "times", "query_times")})
+  np.testing.assert_allclose(got["scores"], np.take_along_axis(np.asarray(logits), got["items"],
+                                                               axis=1), rtol=1e-5, atol=1e-6)
