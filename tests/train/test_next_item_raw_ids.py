@@ -1,0 +1,162 @@
+"""Raw MovieLens ids into SASRec's and HSTU's tied dynamic item table (``config.data.raw_ids``).
+
+The file's ids are large and sparse (``test_movielens_raw_ids``'s fixture):
+the model must look inputs and targets up as one step of the table's
+policy, score the table's resident rows only, and its eval must rank a
+held-out movie among them by its raw id.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from embedlib import DynamicEmbed, dynamic, optim
+from embedlib.data import movielens as ml
+from embedlib.data import next_item as ni
+from embedlib.training import setup, tasks, train_lib
+from embedlib.training.writers import read_jsonl
+from tests.train.test_movielens_raw_ids import _check_table, _config, data  # noqa: F401
+
+MISS = np.iinfo(np.int32).max
+
+
+def _seen(config):
+  """The raw movie ids of the run's training batches (inputs and targets), as a set."""
+  made = tasks.make_task(config)
+  train, _ = made.sources(made.data_spec(), batch_size=config.batch_size, seed=config.seed,
+                          eval_batches=config.eval_batches)
+  out = set()
+  for _ in range(config.num_train_steps):
+    batch = next(train)
+    for k in ("items", "targets"):
+      out |= {int(v) for v in np.asarray(batch[k]).ravel() if v >= 0}
+  return out
+
+
+def test_the_source_yields_the_files_movie_ids_padded_with_minus_one(data):  # noqa: F811
+  split = ml.leave_one_out(ml.load(data))
+  for kind in ni.KINDS:
+    kw = dict(max_len=8, batch_size=16, kind=kind, exclude_seen=kind != ni.TRAIN)
+    dense, raw = (ni.NextItemSource(split, raw_ids=r, **kw).batch(1) for r in (False, True))
+    for key in ("items", "targets", "target", "exclude"):
+      if key in dense:
+        want = np.where(dense[key] > 0, split.raw_item_ids[dense[key]], -1)
+        np.testing.assert_array_equal(raw[key], want)
+        assert raw[key].dtype == np.int32 and (raw[key] > 1_000_000).any()
+    np.testing.assert_array_equal(raw["times"], dense["times"])
+
+
+def test_sasrec_trains_on_raw_ids_and_ranks_the_resident_movies(data, tmp_path):  # noqa: F811
+  config = _config("sasrec", data)
+  train_lib.train_and_evaluate(config, str(tmp_path))
+  model, _ = setup.restore_model(config, str(tmp_path))
+  items = model.items
+  assert isinstance(items, DynamicEmbed)
+  _check_table(items, _seen(config))
+  # One step of its policy per training step (inputs and targets together); evals admit none.
+  assert int(items.clock[...]) == config.num_train_steps
+  last = read_jsonl(tmp_path / "train.jsonl")[-1]
+  assert last["dynamic/embed/items/evicted"] == 0
+
+  # The test metrics, ranked here in numpy over the resident movies by their raw ids.
+  made = tasks.make_task(config)
+  _, valid = made.sources(made.data_spec(), batch_size=config.batch_size, seed=config.seed,
+                          eval_batches=config.eval_batches)
+  resident = items.resident()
+  keys = np.array(sorted(resident), np.int64)
+  rows = np.array([resident[k] for k in keys])
+  table = np.asarray(items.rows.embedding[...])[rows]        # [R, width], by raw id
+  bias = model.embed.repeat_logit
+  items.deterministic = True
+  ranks = []
+  for batch in valid.test_source:
+    batch = made.featurize(batch)
+    index = np.vectorize(lambda v: resident.get(int(v), -1) + 1)(batch["items"])
+    hidden = np.asarray(model(dict(batch, items=jnp.asarray(index, jnp.int32)))[:, -1])
+    scores = hidden @ table.T
+    for r, target in enumerate(batch["target"]):
+      if not batch["weight"][r]:
+        continue
+      s = scores[r] + bias * np.isin(keys, batch["items"][r])
+      at = np.flatnonzero(keys == target)
+      ranks.append(int((s > s[at[0]]).sum()) if len(at) else MISS)
+  ranks = np.array(ranks)
+  test = read_jsonl(tmp_path / "eval.jsonl")[-1]
+  assert len(ranks) == 40 and 0 < (ranks < MISS).mean() < 1   # some test movies unseen
+  for k in (10, 20):
+    assert test[f"test_hr@{k}"] == pytest.approx((ranks < k).mean())
+    assert test[f"test_ndcg@{k}"] == pytest.approx(
+        np.mean(np.where(ranks < k, 1 / np.log2(np.minimum(ranks, k) + 2.0), 0)))
+
+
+def test_rows_without_an_id_are_masked_out_of_the_logits(data):  # noqa: F811
+  config = _config("sasrec", data)
+  made = tasks.make_task(config)
+  model, _ = setup.model_and_optimizer(config, made, made.data_spec(), setup.make_mesh(config))
+  batch = {"items": jnp.array([[-1] * 6 + [1000003 + 7919, 1000003 + 2 * 7919]], jnp.int32)}
+  batch = model.to_rows(batch)            # training mode: admits both
+  assert sorted(np.asarray(batch["items"][0, -2:]) - 1) == sorted(model.items.resident().values())
+  logits = np.asarray(model.logits(model(batch)[:, -1], batch["items"]))
+  finite = logits[0] > np.finfo(np.float32).min
+  assert logits.shape == (1, config.model.dynamic.item.capacity)
+  assert set(np.flatnonzero(finite)) == set(model.items.resident().values())
+
+
+def test_a_densely_trained_table_gets_gradients_and_fresh_adam_moments_for_placed_rows():
+  class Model(nnx.Module):
+    def __init__(self):
+      self.items = DynamicEmbed(128, 2, bucket_size=64, rngs=nnx.Rngs(0))
+
+  model = Model()
+  opt = optim.SparseAwareOptimizer(model, optax.adam(0.1), None)   # the table trains densely
+  state = opt.dense.opt_state[0]
+  for moment in (state.mu, state.nu):
+    moment["items"]["rows"]["embedding"][...] = jnp.full((128, 2), 3.0)
+
+  def loss(m):
+    return (m.items(np.array([5, 6, -1])) * jnp.array([[1.0, 2.0], [3.0, 4.0], [9.0, 9.0]])).sum()
+
+  grads = nnx.grad(loss)(model)
+  rows = np.array(sorted(model.items.resident().values()))
+  got = np.asarray(grads["items"]["rows"]["embedding"][...])
+  placed = {model.items.resident()[i]: w for i, w in ((5, [1, 2]), (6, [3, 4]))}
+  want = np.zeros((128, 2))
+  for r, w in placed.items():
+    want[r] = w
+  np.testing.assert_array_equal(got, want)   # the placement passes the gradient through
+  dynamic.reset_slots(opt, model)
+  for moment in (state.mu, state.nu):
+    value = np.asarray(moment["items"]["rows"]["embedding"][...])
+    assert (value[rows] == 0).all() and (np.delete(value, rows, axis=0) == 3).all()
+  assert int(model.items.slots_clock[...]) == 1
+
+
+@pytest.mark.slow
+def test_hstu_trains_on_raw_ids(data, tmp_path):  # noqa: F811
+  config = _config("hstu", data)
+  train_lib.train_and_evaluate(config, str(tmp_path))
+  model, _ = setup.restore_model(config, str(tmp_path))
+  _check_table(model.items, _seen(config))
+  assert int(model.items.clock[...]) == config.num_train_steps
+  assert 0 < read_jsonl(tmp_path / "eval.jsonl")[-1]["test_hr@20"] <= 1
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda c: c.model.dynamic.update(user=c.model.dynamic.item),
+     r"config.model.dynamic.user: config.model.name='sasrec' has no dynamic table 'user'"),
+    (lambda c: c.model.dynamic.__delattr__("item"),
+     r"config.model.dynamic.item: config.model.name='sasrec' reads raw item ids"),
+    (lambda c: c.model.dynamic.item.update(default="learned"),
+     r"config.model.dynamic.item.default: .*use default='zero'"),
+    (lambda c: c.model.dynamic.item.update(eviction="fifo"),
+     r"config.model.dynamic.item.eviction: .*'none'"),
+])
+def test_bad_next_item_dynamic_key_names_it(data, change, match):  # noqa: F811
+  config = _config("sasrec", data)
+  with config.unlocked():
+    change(config)
+  with pytest.raises(tasks.ConfigError, match=match):
+    tasks.make_task(config)
