@@ -160,3 +160,31 @@ def test_bad_next_item_dynamic_key_names_it(data, change, match):  # noqa: F811
     change(config)
   with pytest.raises(tasks.ConfigError, match=match):
     tasks.make_task(config)
+
+
+@pytest.mark.slow
+def test_pipelined_sasrec_on_raw_ids_equals_the_in_line_run(data, tmp_path):  # noqa: F811
+  runs = []
+  for pipeline in (False, True):
+    config = _config("sasrec", data)
+    config.pipeline = pipeline
+    train_lib.train_and_evaluate(config, str(tmp_path / str(pipeline)))
+    runs.append([{k: v for k, v in r.items() if k != "examples_per_sec"}
+                 for r in read_jsonl(tmp_path / str(pipeline) / "train.jsonl")]
+                + read_jsonl(tmp_path / str(pipeline) / "eval.jsonl"))
+  assert runs[0] == runs[1] and "dynamic/embed/items/occupancy" in runs[0][-3]
+
+
+@pytest.mark.slow
+def test_a_full_tied_table_evicts_and_keeps_distinct_rows(data, tmp_path):  # noqa: F811
+  config = _config("sasrec", data)
+  config.model.dynamic.item.update(capacity=128, bucket_size=16)   # 1 bucket per device
+  train_lib.train_and_evaluate(config, str(tmp_path))
+  model, _ = setup.restore_model(config, str(tmp_path))
+  resident, seen = model.items.resident(), _seen(config)
+  # Far more movies than rows: the buckets filled and evicted (LRU).
+  assert set(resident) < seen and len(resident) == 128 < len(seen)
+  assert len(set(resident.values())) == len(resident)
+  logs = read_jsonl(tmp_path / "train.jsonl")
+  assert all(np.isfinite(r["loss"]) for r in logs)
+  assert 0 <= read_jsonl(tmp_path / "eval.jsonl")[-1]["test_hr@20"] <= 1
