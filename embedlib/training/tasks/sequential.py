@@ -21,6 +21,14 @@ Eval: the rank of each user's held-out item among all items
 the end (``test_*``). ``config.task.mask_seen`` leaves the items a user has
 already had out of the ranking; off by default, as RecBole evaluates
 sequential models.
+
+Raw ids (``config.data.raw_ids``): the batches hold the file's movie ids
+(-1 padding), the item table is a ``DynamicEmbed`` of
+``config.model.dynamic.item``, and the model turns each batch's ids into
+its rows first (``to_rows``: inputs and targets in one step of the
+table's policy). The logits are the table's rows, those holding no id
+masked out; the eval ranks the held-out movie among the resident ones,
+and one that is not resident is a miss (docs/guides/dynamic_tables.md).
 """
 
 from __future__ import annotations
