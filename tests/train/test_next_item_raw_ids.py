@@ -49,16 +49,24 @@ def test_the_source_yields_the_files_movie_ids_padded_with_minus_one(data):  # n
     np.testing.assert_array_equal(raw["times"], dense["times"])
 
 
-def test_sasrec_trains_on_raw_ids_and_ranks_the_resident_movies(data, tmp_path):  # noqa: F811
+@pytest.fixture(scope="module")
+def sasrec(data, tmp_path_factory):  # noqa: F811
+  """The smoke SASRec run on raw ids: ``(config, workdir, model)``, the model restored."""
   config = _config("sasrec", data)
-  train_lib.train_and_evaluate(config, str(tmp_path))
-  model, _ = setup.restore_model(config, str(tmp_path))
+  workdir = tmp_path_factory.mktemp("sasrec")
+  train_lib.train_and_evaluate(config, str(workdir))
+  model, _ = setup.restore_model(config, str(workdir))
+  return config, workdir, model
+
+
+def test_sasrec_trains_on_raw_ids_and_ranks_the_resident_movies(sasrec):
+  config, workdir, model = sasrec
   items = model.items
   assert isinstance(items, DynamicEmbed)
   _check_table(items, _seen(config))
   # One step of its policy per training step (inputs and targets together); evals admit none.
   assert int(items.clock[...]) == config.num_train_steps
-  last = read_jsonl(tmp_path / "train.jsonl")[-1]
+  last = read_jsonl(workdir / "train.jsonl")[-1]
   assert last["dynamic/embed/items/evicted"] == 0
 
   # The test metrics, ranked here in numpy over the resident movies by their raw ids.
@@ -70,21 +78,21 @@ def test_sasrec_trains_on_raw_ids_and_ranks_the_resident_movies(data, tmp_path):
   rows = np.array([resident[k] for k in keys])
   table = np.asarray(items.rows.embedding[...])[rows]        # [R, width], by raw id
   bias = model.embed.repeat_logit
-  items.deterministic = True
-  ranks = []
-  for batch in valid.test_source:
-    batch = made.featurize(batch)
-    index = np.vectorize(lambda v: resident.get(int(v), -1) + 1)(batch["items"])
-    hidden = np.asarray(model(dict(batch, items=jnp.asarray(index, jnp.int32)))[:, -1])
-    scores = hidden @ table.T
-    for r, target in enumerate(batch["target"]):
-      if not batch["weight"][r]:
-        continue
-      s = scores[r] + bias * np.isin(keys, batch["items"][r])
-      at = np.flatnonzero(keys == target)
-      ranks.append(int((s > s[at[0]]).sum()) if len(at) else MISS)
+  with dynamic.frozen_maps(model):
+    ranks = []
+    for batch in valid.test_source:
+      batch = made.featurize(batch)
+      index = np.vectorize(lambda v: resident.get(int(v), -1) + 1)(batch["items"])
+      hidden = np.asarray(model(dict(batch, items=jnp.asarray(index, jnp.int32)))[:, -1])
+      scores = hidden @ table.T
+      for r, target in enumerate(batch["target"]):
+        if not batch["weight"][r]:
+          continue
+        s = scores[r] + bias * np.isin(keys, batch["items"][r])
+        at = np.flatnonzero(keys == target)
+        ranks.append(int((s > s[at[0]]).sum()) if len(at) else MISS)
   ranks = np.array(ranks)
-  test = read_jsonl(tmp_path / "eval.jsonl")[-1]
+  test = read_jsonl(workdir / "eval.jsonl")[-1]
   assert len(ranks) == 40 and 0 < (ranks < MISS).mean() < 1   # some test movies unseen
   for k in (10, 20):
     assert test[f"test_hr@{k}"] == pytest.approx((ranks < k).mean())
@@ -92,17 +100,19 @@ def test_sasrec_trains_on_raw_ids_and_ranks_the_resident_movies(data, tmp_path):
         np.mean(np.where(ranks < k, 1 / np.log2(np.minimum(ranks, k) + 2.0), 0)))
 
 
-def test_rows_without_an_id_are_masked_out_of_the_logits(data):  # noqa: F811
-  config = _config("sasrec", data)
-  made = tasks.make_task(config)
-  model, _ = setup.model_and_optimizer(config, made, made.data_spec(), setup.make_mesh(config))
-  batch = {"items": jnp.array([[-1] * 6 + [1000003 + 7919, 1000003 + 2 * 7919]], jnp.int32)}
-  batch = model.to_rows(batch)            # training mode: admits both
-  assert sorted(np.asarray(batch["items"][0, -2:]) - 1) == sorted(model.items.resident().values())
-  logits = np.asarray(model.logits(model(batch)[:, -1], batch["items"]))
-  finite = logits[0] > np.finfo(np.float32).min
+def test_rows_without_an_id_are_masked_out_of_the_logits(sasrec):
+  config, _, model = sasrec
+  known = sorted(model.items.resident())[:2]
+  batch = {"items": jnp.array([[-1] * 5 + known + [7]], jnp.int32)}   # 7: never seen
+  with dynamic.frozen_maps(model):
+    batch = model.to_rows(batch)
+    logits = np.asarray(model.logits(model(batch)[:, -1], batch["items"]))
+  assert np.asarray(batch["items"][0]).tolist() == (
+      [0] * 5 + [model.items.resident()[k] + 1 for k in known] + [0])
   assert logits.shape == (1, config.model.dynamic.item.capacity)
-  assert set(np.flatnonzero(finite)) == set(model.items.resident().values())
+  finite = np.flatnonzero(logits[0] > np.finfo(np.float32).min)
+  assert set(finite) == set(model.items.resident().values())
+  assert int(model.items.clock[...]) == config.num_train_steps   # looked up, not admitted
 
 
 def test_a_densely_trained_table_gets_gradients_and_fresh_adam_moments_for_placed_rows():
