@@ -16,7 +16,7 @@ from flax import nnx
 from embedlib import DynamicEmbed, dynamic, optim
 from embedlib.data import movielens as ml
 from embedlib.data import next_item as ni
-from embedlib.training import setup, tasks, train_lib
+from embedlib.training import export_lib, setup, tasks, train_lib
 from embedlib.training.writers import read_jsonl
 from tests.train.test_movielens_raw_ids import _check_table, _config, data  # noqa: F401
 
@@ -113,6 +113,8 @@ def test_rows_without_an_id_are_masked_out_of_the_logits(sasrec):
   finite = np.flatnonzero(logits[0] > np.finfo(np.float32).min)
   assert set(finite) == set(model.items.resident().values())
   assert int(model.items.clock[...]) == config.num_train_steps   # looked up, not admitted
+  with pytest.raises(export_lib.ExportError, match="config.data.raw_ids: exporting SASRec"):
+    export_lib.scoring(config, model, None)
 
 
 def test_a_densely_trained_table_gets_gradients_and_fresh_adam_moments_for_placed_rows():
