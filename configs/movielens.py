@@ -32,18 +32,20 @@ user has not rated, per action; its eval ranks the held-out movie among 100
 the user never rated (the SASRec paper's sampled protocol), per-action AUC
 and NDCG@10.
 
-Raw ids: ``--config.data.raw_ids=True`` (``two_tower`` and ``ranker``)
-reads the file's own user and movie ids, not numbered densely, into dynamic
-tables (``embedlib.DynamicEmbed``) of ``config.model.dynamic``: one entry
-per table, ``item`` (required) and ``user`` (optional; without it the raw
-user ids are hashed), each with ``capacity``, ``bucket_size``,
+Raw ids: ``--config.data.raw_ids=True`` reads the file's own user and
+movie ids, not numbered densely, into dynamic tables
+(``embedlib.DynamicEmbed``) of ``config.model.dynamic``: one entry per
+table, ``item`` (required; SASRec's and HSTU's only one, tied to the
+output) and ``user`` (``two_tower`` and ``ranker``, optional; without it
+the raw user ids are hashed), each with ``capacity``, ``bucket_size``,
 ``admit_after``, ``eviction`` (``lru``, ``lfu``, ``none``), ``decay_every``
 and ``default`` (docs/guides/dynamic_tables.md); the capacities here fit
 ML-100K, so raise them for a larger release (ML-1M's 3,706 movies:
 ``--config.model.dynamic.item.capacity=8192``). The history's movies read
 the same item table as the candidates. The two towers' eval then ranks the
-item table's resident movies only: a held-out movie that is not resident
-can't be retrieved and counts as a miss.
+item table's resident movies only, and so do SASRec's and HSTU's: a
+held-out movie that is not resident can't be retrieved and counts as a
+miss.
 
 The argument is ``[MODEL,]PATH``: ``sasrec`` (the default), ``hstu``,
 ``two_tower`` or ``ranker``, and the folder or ratings file. Expected on
@@ -102,7 +104,8 @@ def get_config(arg=None):
       # before them are context only, so every target sees at least
       # max_len - stride earlier ones.
       stride=50, prefetch=2,
-      # Raw ids train the ranker and the two towers only (their configs below).
+      # The file's movie ids as they are, into the dynamic item table of
+      # config.model.dynamic.item.
       raw_ids=False))
   config.model = ml_collections.ConfigDict(dict(
       name=model,
@@ -119,6 +122,9 @@ def get_config(arg=None):
       # (embedlib.models.next_item).
       repeat_bias=True,
       dropout=0.5,
+      # Read with config.data.raw_ids: rows for ML-100K's 1,682 movies with
+      # room to spare (the buckets fill unevenly, and a full one evicts).
+      dynamic=ml_collections.ConfigDict(dict(item=parts.dynamic_table(capacity=4096))),
       kernel="auto",
       replicate_below_bytes=None))
   # The tied item table trains with the dense optimizer: optim.sparse goes unused.
@@ -142,6 +148,8 @@ def get_config(arg=None):
                         num_time_buckets=16, dropout=0.2,
                         # Split the tiny table, so the smoke run takes the sharded path.
                         replicate_below_bytes=0)
+    # 4 buckets of 32 per device of 8.
+    config.model.dynamic.item.update(capacity=1024, bucket_size=32)
     parts.set_smoke_schedule(config, batch_size=16)
   return config
 

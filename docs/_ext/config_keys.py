@@ -97,7 +97,7 @@ EXPLAINED = {
     "data.raw_ids": "Read categorical values as raw ids into dynamic tables "
                     "(`model.dynamic`) instead of hashing them mod `data.table_sizes` "
                     "(DLRM and DCN), or MovieLens' own user and movie ids instead of "
-                    "dense numbers (the ranker and the two towers).",
+                    "dense numbers (the ranker, the two towers, SASRec and HSTU).",
     "model.dynamic.capacity": "Rows of each dynamic table (`data.raw_ids`); 0 takes "
                               "`data.table_sizes`. A multiple of `bucket_size` times the "
                               "devices of the table axes.",
@@ -111,9 +111,10 @@ EXPLAINED = {
                                  "counts; 0: never.",
     "model.dynamic.default": "What a raw id without a row reads: `zero` or `learned` "
                              "(one learned row per table).",
-    "model.dynamic.*.*": "The ranker's and two towers' dynamic tables, one entry per table "
-                         "(`item`, required with `data.raw_ids`; `user`, else hashed): "
-                         "the keys of `model.dynamic`, `capacity` required.",
+    "model.dynamic.*.*": "The MovieLens models' dynamic tables, one entry per table "
+                         "(`item`, required with `data.raw_ids`, SASRec's and HSTU's only "
+                         "one, tied to the output; `user`, the ranker and two towers', else "
+                         "hashed): the keys of `model.dynamic`, `capacity` required.",
     "data.prefetch": "Batches a background thread prepares ahead of the step.",
     "data.num_users": "Users of the planted request world.",
     "data.num_items": "Items of the planted catalogue.",

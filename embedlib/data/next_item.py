@@ -38,6 +38,11 @@ earlier items (where the user has them), for ``max_len / stride`` times
 the work. A batch is a function of its number alone, so setting
 ``position`` resumes exactly.
 
+With ``raw_ids=True`` ``items``, ``targets``, ``target`` and ``exclude``
+hold the file's own movie ids (``split.raw_item_ids``, int32 in
+``[0, 2**31 - 1)``) and -1 where the layout above has 0 (padding, no
+target): the ids a dynamic item table (``embedlib.DynamicEmbed``) reads.
+
 >>> import numpy as np, types
 >>> split = types.SimpleNamespace(
 ...     num_users=1, num_items=5, train_items=[np.array([1, 2, 3, 4], np.int32)],
@@ -57,6 +62,7 @@ import dataclasses
 import numpy as np
 
 from embedlib.data import _hashing
+from embedlib.data.movielens_requests import raw_ids_of
 from embedlib.data.numbered_stream import NumberedStream
 
 TRAIN, VALID, TEST = "train", "valid", "test"
@@ -119,12 +125,13 @@ class NextItemSource(NumberedStream):
       ``"test"`` (history: the training items and the validation item).
     exclude_seen: eval rows carry ``exclude``, every item the user had
       before the held-out one.
+    raw_ids: yield the file's movie ids, -1 padding (module docstring).
     process_index, process_count: this process's slice of each batch.
   """
 
   def __init__(self, split, *, max_len: int, batch_size: int, seed: int = 0,
                stride: int | None = None, kind: str = TRAIN, exclude_seen: bool = False,
-               process_index: int = 0, process_count: int = 1):
+               raw_ids: bool = False, process_index: int = 0, process_count: int = 1):
     if kind not in KINDS:
       raise ValueError(f"NextItemSource: kind={kind!r}; use one of {KINDS}.")
     if max_len < 1:
@@ -137,6 +144,13 @@ class NextItemSource(NumberedStream):
     self.kind, self.max_len, self.seed, self.stride = kind, int(max_len), int(seed), int(stride)
     self.exclude_seen = exclude_seen
     self.num_users = int(split.num_users)
+    self.raw_ids = bool(raw_ids)
+    if self.raw_ids:
+      if getattr(split, "raw_item_ids", None) is None:
+        raise ValueError("raw_ids=True: the split has no raw ids; build it with "
+                         "movielens.leave_one_out(movielens.load(path)).")
+      # Entry 0 of the split's items is padding: it becomes -1.
+      self._raw = np.concatenate([[-1], raw_ids_of(split.raw_item_ids[1:], "movie")])
     if kind == TRAIN:
       self._items, self._times, self._starts = _flat(split.train_items, split.train_times)
       self._windows = self._cut_windows()
@@ -194,7 +208,16 @@ class NextItemSource(NumberedStream):
     """This process's rows of global batch ``index`` (position unchanged)."""
     first = self.process_index * self.local_batch_size
     rows = np.arange(first, first + self.local_batch_size)
-    return self._train_batch(index, rows) if self.kind == TRAIN else self._eval_batch(index, rows)
+    batch = self._train_batch(index, rows) if self.kind == TRAIN else self._eval_batch(index, rows)
+    return self._as_raw(batch) if self.raw_ids else batch
+
+  def _as_raw(self, batch: dict) -> dict:
+    """``batch`` with the file's movie ids, -1 where 0 padded."""
+    out = dict(batch)
+    for key in ("items", "targets", "target", "exclude"):
+      if key in batch:
+        out[key] = self._raw[batch[key]].astype(np.int32)
+    return out
 
   # -- batches ------------------------------------------------------------
 

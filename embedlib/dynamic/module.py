@@ -235,10 +235,14 @@ class DynamicEmbed(nnx.Module):
     return rows.reshape(w.shape)
 
   def _run(self, state, placed_at, clock, table, flat, train):
-    return mapping.run(
-        state, placed_at, table, self.init_key[...], clock, flat, policy=self.policy,
+    out = mapping.run(
+        state, placed_at, None if table is None else jax.lax.stop_gradient(table),
+        self.init_key[...], clock, flat, policy=self.policy,
         mesh=self.mesh, table_axes=self.table_axes, train=train, init=self.embedding_init,
         table_spec=tuple(self.rows.plan.table_spec), capacity=self.route_capacity)
+    if table is None:
+      return out
+    return out[:2] + (_placed(table, out[2]),) + out[3:]
 
   def _commit(self, state, placed_at, clock, stats) -> None:
     """Keeps a training step's map, clock and statistics."""
@@ -271,10 +275,11 @@ class DynamicEmbed(nnx.Module):
       return rows
     ahead = scope.take(key)
     self._commit(ahead.state, ahead.placed_at, ahead.clock, ahead.stats)
-    self.rows.embedding[...] = mapping.place(
-        self.rows.embedding[...], ahead.placed_at, ahead.clock, self.init_key[...],
+    table = self.rows.embedding[...]
+    self.rows.embedding[...] = _placed(table, mapping.place(
+        jax.lax.stop_gradient(table), ahead.placed_at, ahead.clock, self.init_key[...],
         mesh=self.mesh, table_axes=self.table_axes, init=self.embedding_init,
-        table_spec=tuple(self.rows.plan.table_spec), bound=flat.shape[0])
+        table_spec=tuple(self.rows.plan.table_spec), bound=flat.shape[0]))
     return ahead.rows
 
   def stats(self) -> dict:
@@ -374,6 +379,24 @@ class MapAhead(tp.NamedTuple):
   clock: jax.Array
   stats: tp.Any
   rows: tp.Any
+
+
+@jax.custom_jvp
+def _placed(table, placed):
+  """``placed``, the table with this step's new rows placed, differentiated as ``table``.
+
+  A table trained densely (tied to an output layer) is differentiated
+  through the lookup: the placement's kernel has no derivative, and a
+  placed row's gradient is the loss's at the value it was read with, so
+  the tangent passes through as the identity.
+  """
+  del table
+  return placed
+
+
+@_placed.defjvp
+def _placed_jvp(primals, tangents):
+  return primals[1], tangents[0]
 
 
 def _padding(w: ids_lib.Words):

@@ -11,12 +11,19 @@ update::
     loss, grads = optim.value_and_grad(loss_fn)(model)
     dynamic.reset_slots(opt, model)
     opt.update(model, grads)
+
+A table the optimizer trains densely (an output layer tied to the
+embedding, as SASRec's) has its rows' slots in the dense optax state:
+``reset_slots`` resets those rows there to the values the transformation's
+``init`` gives them (Adam's moments to 0). Its step count, which Adam's
+bias correction reads, is the whole model's and stays.
 """
 
 from __future__ import annotations
 
 import contextlib
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -32,11 +39,13 @@ def reset_slots(optimizer, model) -> None:
     model: the model, holding ``DynamicEmbed`` modules anywhere.
   """
   keys = list(optimizer.keys)
+  dense = []
   for path, module in nnx.iter_graph(model):
     if not isinstance(module, DynamicEmbed):
       continue
     key = table_key(tuple(path) + ("rows",))
     if key not in keys:
+      dense.append((tuple(str(p) for p in path) + ("rows", "embedding"), module))
       continue
     fresh = module.placed_at[...] > module.slots_clock[...]
     slots = optimizer.slots[keys.index(key)]
@@ -44,6 +53,37 @@ def reset_slots(optimizer, model) -> None:
       value = slots[name][...]
       mask = fresh.reshape(fresh.shape + (1,) * (value.ndim - 1))
       slots[name][...] = jnp.where(mask, jnp.asarray(slot.init, value.dtype), value)
+    module.slots_clock[...] = module.clock[...]
+  if dense and getattr(optimizer, "dense", None) is not None:
+    _reset_dense_slots(optimizer.dense, model, dense)
+
+
+def _key_names(path) -> tuple[str, ...]:
+  return tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+def _reset_dense_slots(dense, model, tables) -> None:
+  """``reset_slots`` for tables in the dense ``nnx.Optimizer``'s optax state.
+
+  The state's leaves for a parameter sit at its path (under the
+  transformation's own keys), and ``tx.init`` of the same parameters gives
+  the same tree, so the fresh values are read at the same place; under
+  ``jit`` only the rows' leaves of that tree are ever computed.
+  """
+  is_var = lambda x: isinstance(x, nnx.Variable)
+  state = jax.tree_util.tree_flatten_with_path(dense.opt_state, is_leaf=is_var)[0]
+  init = jax.tree.leaves(dense.tx.init(nnx.state(model, dense.wrt)), is_leaf=is_var)
+  for (path, leaf), first in zip(state, init):
+    names = _key_names(path)
+    for suffix, module in tables:
+      if names[-len(suffix):] != suffix or not is_var(leaf):
+        continue
+      value = leaf[...]
+      fresh = module.placed_at[...] > module.slots_clock[...]
+      mask = fresh.reshape(fresh.shape + (1,) * (value.ndim - 1))
+      first = first[...] if is_var(first) else first
+      leaf[...] = jnp.where(mask, jnp.asarray(first, value.dtype), value)
+  for _, module in tables:
     module.slots_clock[...] = module.clock[...]
 
 

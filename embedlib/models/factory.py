@@ -181,8 +181,9 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
     mesh: the device mesh, or None for one device.
     batch_size: global batch, for the plan's traffic estimates.
     dynamic: raw ids: the DLRM family's tables are dynamic
-      (``dynamic_tables``), and the ranker's and two towers' tables named
-      in ``config.model.dynamic`` (``request_dynamic``).
+      (``dynamic_tables``), the ranker's and two towers' tables named
+      in ``config.model.dynamic`` (``request_dynamic``), and the next-item
+      models' tied item table (``next_item_dynamic``).
     rngs: random number generators.
 
   Returns:
@@ -191,16 +192,12 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
   name = model_config.name
   if name not in NAMES:
     raise ValueError(f"config.model.name={name!r}; use one of {NAMES}.")
-  if dynamic and name in NEXT_ITEM:
-    raise ValueError(f"config.data.raw_ids: config.model.name={name!r} has no dynamic "
-                     "tables yet; raw ids train the DLRM family (dlrm, dcn), the ranker and "
-                     "the two towers. Set config.data.raw_ids=False.")
   if name in NEXT_ITEM:
     if not isinstance(data_spec, NextItemSpec):
       raise ValueError(f"config.model.name={name!r} reads next-item batches (a NextItemSpec), "
                        f"not {type(data_spec).__name__}; use the sequential task.")
     return build_next_item(model_config, data_spec, mesh=mesh, batch_size=batch_size,
-                           rngs=rngs)
+                           dynamic=dynamic, rngs=rngs)
   if name in (RANKER, TWO_TOWER):
     if not isinstance(data_spec, SequenceSpec):
       raise ValueError(f"config.model.name={name!r} reads request batches (a SequenceSpec), "
@@ -368,19 +365,51 @@ def build_two_tower(model_config, spec: SequenceSpec, *, mesh=None, batch_size: 
       learn_temperature=model_config.learn_temperature, mesh=mesh, rngs=rngs)
 
 
+def next_item_dynamic(model_config) -> dict[str, tuple[DynamicSpec, int]]:
+  """SASRec's and HSTU's dynamic item table: ``{"item": (DynamicSpec, capacity)}``.
+
+  ``config.model.dynamic.item`` holds its settings (the keys of
+  ``dynamic_tables``; ``capacity`` is required, ``default`` must be
+  ``"zero"``). The table is tied to the output and trains with the dense
+  optimizer; the rows it places get fresh dense optimizer slots
+  (``embedlib.dynamic.reset_slots``), so any eviction works.
+
+  Raises:
+    ValueError: naming the ``config.model.dynamic`` key that can't work.
+  """
+  cfg = model_config.get("dynamic") or {}
+  extra = sorted(set(cfg) - {"item"})
+  if extra:
+    raise ValueError(f"config.model.dynamic.{extra[0]}: config.model.name="
+                     f"{model_config.name!r} has no dynamic table {extra[0]!r}; its one "
+                     "table read by raw ids is 'item'. Remove the key.")
+  found = request_dynamic(model_config)
+  if found["item"][0].default != "zero":
+    raise ValueError("config.model.dynamic.item.default: a next-item model reads a history "
+                     "item that is not resident as padding and ranks resident rows only, so "
+                     "a learned default row would never be read; use default='zero'.")
+  return found
+
+
 def build_next_item(model_config, spec: NextItemSpec, *, mesh=None, batch_size: int = 4096,
-                    rngs: nnx.Rngs):
+                    dynamic: bool = False, rngs: nnx.Rngs):
   """``SASRec`` or ``HSTU`` over a tied item table of ``num_items + 1`` rows (0 pads).
 
   Config keys: ``width`` (the item rows' and the model's), ``num_layers``,
   ``num_heads``, ``scale_embeddings``, ``repeat_bias``, for SASRec ``mlp_ratio``, for HSTU
   ``num_time_buckets``; ``kernel``, ``replicate_below_bytes``. The table
   is planned as an output layer (``tied``) for ``batch_size`` rows of
-  ``max_len`` items split over the mesh.
+  ``max_len`` items split over the mesh. With ``dynamic`` (raw ids) it is
+  a ``DynamicEmbed`` of ``config.model.dynamic.item`` (``next_item_dynamic``)
+  whose rows are the output's.
   """
   ids = _requests_per_device(batch_size, mesh) * spec.max_len
-  items = ShardedEmbed(spec.vocab_size, model_config.width, name="item", tied=True,
-                       ids_per_device=ids, rngs=rngs, **_tables(model_config, mesh))
+  if dynamic:
+    items = _dynamic_embed(model_config, "item", next_item_dynamic(model_config),
+                           model_config.width, mesh, rngs)
+  else:
+    items = ShardedEmbed(spec.vocab_size, model_config.width, name="item", tied=True,
+                         ids_per_device=ids, rngs=rngs, **_tables(model_config, mesh))
   common = dict(max_len=spec.max_len, num_layers=model_config.num_layers,
                 num_heads=model_config.num_heads,
                 scale_embeddings=model_config.scale_embeddings,

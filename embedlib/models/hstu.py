@@ -99,7 +99,8 @@ class HSTU(nnx.Module):
   (1, 4, 8)
 
   Args:
-    items: the item table, ``num_items + 1`` rows (row 0: padding).
+    items: the item table, ``num_items + 1`` rows (row 0: padding), or a
+      ``DynamicEmbed`` read by raw ids (``next_item`` module docstring).
     max_len: ``L``.
     num_layers, num_heads: the layers'.
     num_time_buckets: the time bias's buckets.
@@ -123,6 +124,10 @@ class HSTU(nnx.Module):
         HSTULayer(items.features, num_heads=num_heads, max_len=max_len,
                   num_time_buckets=num_time_buckets, rngs=rngs) for _ in range(num_layers)])
     self.norm = nnx.LayerNorm(items.features, rngs=rngs)
+
+  def to_rows(self, batch: dict) -> dict:
+    """A raw-id batch as the dynamic item table's indices (``NextItemEmbed.to_rows``)."""
+    return self.embed.to_rows(batch)
 
   @property
   def items(self) -> ShardedEmbed:

@@ -15,6 +15,16 @@ MovieLens, where nobody rates a movie twice, a tied SASRec puts the movies
 it is reading among its own top ten. The bias starts at 0 and is learned:
 negative where users don't repeat, positive where they do. It sees only
 the row's items, never the user's history beyond them.
+
+The item table may be an ``embedlib.DynamicEmbed`` (raw ids): the batch's
+raw ids become indices by ``to_rows`` first, one lookup of the inputs and
+targets together (one step of the table's admission and eviction, so no id
+of the batch evicts another), each index a row plus 1 and 0 where the id is
+padding or not resident, so the model reads them as it reads dense ids
+(0 pads). A history item that is not resident reads as padding. The logits
+are then the table's rows ``[..., capacity]`` (row ``r`` is index
+``r + 1``), the rows that hold no id masked out of the softmax and of any
+ranking.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from jax.sharding import PartitionSpec as P
 
 from embedlib import logits as logits_lib
 from embedlib import options
+from embedlib.dynamic import DynamicEmbed
 from embedlib.embed import ShardedEmbed
 from embedlib.models.blocks import no_dropout
 
@@ -50,6 +61,11 @@ def causal_mask(valid: jax.Array) -> jax.Array:
   earlier = jnp.tril(jnp.ones((length, length), bool))
   mask = earlier[None] & valid[:, None, :]
   return (mask | jnp.eye(length, dtype=bool)[None])[:, None]
+
+
+def masked(values: jax.Array, keep: jax.Array) -> jax.Array:
+  """``values`` with the columns ``keep`` (bool ``[V]``) doesn't hold at the dtype's least."""
+  return jnp.where(keep, values, jnp.finfo(values.dtype).min)
 
 
 def seen_items(items: jax.Array, vocab: int, *, per_position: bool) -> jax.Array:
@@ -83,7 +99,8 @@ class NextItemEmbed(nnx.Module):
   ((1, 4, 8), [[False, False, True, True]])
 
   Args:
-    items: the item table, ``num_items + 1`` rows (row 0: padding).
+    items: the item table, ``num_items + 1`` rows (row 0: padding), or a
+      ``DynamicEmbed`` read by raw ids (module docstring).
     max_len: ``L``, the positions.
     scale: multiply the item rows by ``sqrt(width)`` (the SASRec paper's).
     repeat_bias: learn a logit added to the items in the row's input
@@ -91,10 +108,14 @@ class NextItemEmbed(nnx.Module):
     rngs: random number generators.
   """
 
-  def __init__(self, items: ShardedEmbed, *, max_len: int, scale: bool = False,
+  def __init__(self, items: ShardedEmbed | DynamicEmbed, *, max_len: int, scale: bool = False,
                repeat_bias: bool = False, rngs: nnx.Rngs):
     if max_len < 1:
       raise ValueError(f"config.data.max_len must be >= 1, got {max_len}.")
+    if isinstance(items, DynamicEmbed) and items.default_row is not None:
+      raise ValueError(f"{items.name}: default='learned', but a next-item model reads a "
+                       "history item that is not resident as padding and never scores the "
+                       "default row, so it would not be learned; use default='zero'.")
     self.items = items
     self.max_len = max_len
     self.scale = scale
@@ -103,6 +124,28 @@ class NextItemEmbed(nnx.Module):
     # Stored as a tenth of the logit: Adam moves a scalar about its learning
     # rate a step, and the logit has units to travel in the first epochs.
     self.repeat_bias = nnx.Param(jnp.zeros((), jnp.float32)) if repeat_bias else None
+
+  @property
+  def dynamic(self) -> bool:
+    """The item table is read by raw ids (a ``DynamicEmbed``)."""
+    return isinstance(self.items, DynamicEmbed)
+
+  def to_rows(self, batch: dict, keys=("items", "targets", "target", "exclude")) -> dict:
+    """``batch`` with the raw ids of ``keys`` as indices: row + 1, 0 for padding or absent.
+
+    One lookup of every key's ids: in training mode one step of the
+    table's policy (module docstring). Without a dynamic table, ``batch``.
+    """
+    if not self.dynamic:
+      return batch
+    keys = [k for k in keys if k in batch]
+    parts = [jnp.asarray(batch[k]).astype(jnp.int32) for k in keys]
+    rows = self.items.rows_of(jnp.concatenate([p.reshape(-1) for p in parts]))
+    out, start = dict(batch), 0
+    for k, p in zip(keys, parts):
+      out[k] = (rows[start:start + p.size] + 1).reshape(p.shape)
+      start += p.size
+    return out
 
   @property
   def repeat_logit(self) -> float | None:
@@ -115,7 +158,8 @@ class NextItemEmbed(nnx.Module):
       raise ValueError(f"next-item rows hold {items.shape[1]} items, the model "
                        f"config.data.max_len={self.max_len}; build both from one config.")
     valid = items > 0
-    rows = self.items(items) * valid[..., None].astype(self.items.dtype)
+    table = self.items.rows if self.dynamic else self.items
+    rows = table(items - 1 if self.dynamic else items) * valid[..., None].astype(table.dtype)
     if self.scale:
       rows = rows * jnp.sqrt(jnp.asarray(self.items.features, rows.dtype))
     x = rows + self.positions(jnp.arange(self.max_len))[None]
@@ -124,6 +168,9 @@ class NextItemEmbed(nnx.Module):
   def logits(self, hidden: jax.Array, items: jax.Array | None = None, *,
              vocab_split: bool = False):
     """Scores of every item row (0 included) from ``hidden``: ``[..., num_items + 1]``.
+
+    A dynamic table's: ``[..., capacity]``, row ``r`` the item of index
+    ``r + 1``, the rows that hold no id at the dtype's least.
 
     ``hidden`` is every position's output ``[B, L, width]`` or one per row
     ``[B, width]`` (the last position's). ``items``: the rows' input
@@ -134,14 +181,15 @@ class NextItemEmbed(nnx.Module):
     where the table is split by rows (a ``VocabShardedLogits`` when the
     split doesn't divide the vocabulary), for ``vocab_parallel_cross_entropy``.
     """
-    plan = self.items.plan
-    if vocab_split and self.items.mesh is not None and plan.strategy in options.ROW_BLOCKS:
+    table = self.items.rows if self.dynamic else self.items
+    plan = table.plan
+    if vocab_split and table.mesh is not None and plan.strategy in options.ROW_BLOCKS:
       spec = P(*(None,) * (hidden.ndim - 1), plan.table_axes)
-      out = self.items.attend(hidden, out_sharding=spec)
+      out = table.attend(hidden, out_sharding=spec)
     else:
-      out = self.items.attend(hidden)
+      out = table.attend(hidden)
     if self.repeat_bias is None:
-      return out
+      return self._resident(out)
     if items is None:
       raise ValueError("this model learns a repeat bias (config.model.repeat_bias): pass the "
                        "rows' input items, model.logits(hidden, batch['items']).")
@@ -151,6 +199,18 @@ class NextItemEmbed(nnx.Module):
                        "give hidden [B, L, width] or [B, width] and items [B, L].")
     split = isinstance(out, logits_lib.VocabShardedLogits)
     values = out.padded if split else out  # a padded vocabulary's rows are never seen
-    seen = seen_items(items, values.shape[-1], per_position=hidden.ndim == 3)
+    shift = int(self.dynamic)  # a dynamic table's index r + 1 is row r
+    seen = seen_items(items, values.shape[-1] + shift, per_position=hidden.ndim == 3)
+    seen = seen[..., shift:]
     values = values + (_REPEAT_BIAS_SCALE * self.repeat_bias[...]).astype(values.dtype) * seen
-    return dataclasses.replace(out, padded=values) if split else values
+    return self._resident(dataclasses.replace(out, padded=values) if split else values)
+
+  def _resident(self, out):
+    """A dynamic table's logits with its rows that hold no id masked out."""
+    if not self.dynamic:
+      return out
+    keep = self.items.score[...] >= 0  # [capacity], split as the rows are
+    if isinstance(out, logits_lib.VocabShardedLogits):
+      pad = out.padded.shape[-1] - keep.shape[0]
+      return dataclasses.replace(out, padded=masked(out.padded, jnp.pad(keep, (0, pad))))
+    return masked(out, keep)

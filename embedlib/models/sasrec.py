@@ -35,7 +35,8 @@ class SASRec(nnx.Module):
   ((1, 5, 8), (1, 21))
 
   Args:
-    items: the item table, ``num_items + 1`` rows (row 0: padding).
+    items: the item table, ``num_items + 1`` rows (row 0: padding), or a
+      ``DynamicEmbed`` read by raw ids (``next_item`` module docstring).
     max_len: ``L``, the most history items a row holds.
     num_layers, num_heads, mlp_ratio: the transformer's.
     scale_embeddings: multiply item rows by ``sqrt(width)``.
@@ -51,6 +52,10 @@ class SASRec(nnx.Module):
                                repeat_bias=repeat_bias, rngs=rngs)
     self.transformer = Transformer(items.features, num_layers=num_layers, num_heads=num_heads,
                                    mlp_ratio=mlp_ratio, rngs=rngs)
+
+  def to_rows(self, batch: dict) -> dict:
+    """A raw-id batch as the dynamic item table's indices (``NextItemEmbed.to_rows``)."""
+    return self.embed.to_rows(batch)
 
   @property
   def items(self) -> ShardedEmbed:

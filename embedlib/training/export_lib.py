@@ -117,6 +117,11 @@ def scoring(config, model, mesh, *, top_k: int = 100,
       _, eval_source = setup.sources(config, task, spec)
       return scoring_lib.retrieval(task, model, mesh, eval_source, top_k=top_k)
     if name == "sequential":
+      if task.raw_ids:
+        raise ExportError("config.data.raw_ids: exporting SASRec or HSTU with a dynamic item "
+                          "table is not supported yet (the served logits would be the "
+                          "table's rows, not movies); serve this run in-process, or export a "
+                          "run with config.data.raw_ids=False.")
       score = scoring_lib.sequential(config, spec, top_k=top_k, exclude_input=exclude_input)
       score.info["data"]["raw_item_ids"] = _raw_item_ids(config.data.path)
       return score

@@ -149,7 +149,6 @@ def test_pipelined_ranker_on_raw_ids_equals_the_in_line_run(data, tmp_path):
      r"config.model.dynamic.user.eviction: .*'none'"),
     ("ranker", lambda c: c.model.dynamic.item.update(capacity=0),
      r"config.model.dynamic.item.capacity: give the table's rows"),
-    ("sasrec", lambda c: None, r"config.data.raw_ids: config.model.name='sasrec' has no dynamic"),
 ])
 def test_bad_dynamic_key_names_it(data, model, change, match):
   config = _config(model, data)

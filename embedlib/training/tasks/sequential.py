@@ -21,6 +21,14 @@ Eval: the rank of each user's held-out item among all items
 the end (``test_*``). ``config.task.mask_seen`` leaves the items a user has
 already had out of the ranking; off by default, as RecBole evaluates
 sequential models.
+
+Raw ids (``config.data.raw_ids``): the batches hold the file's movie ids
+(-1 padding), the item table is a ``DynamicEmbed`` of
+``config.model.dynamic.item``, and the model turns each batch's ids into
+its rows first (``to_rows``: inputs and targets in one step of the
+table's policy). The logits are the table's rows, those holding no id
+masked out; the eval ranks the held-out movie among the resident ones,
+and one that is not resident is a miss (docs/guides/dynamic_tables.md).
 """
 
 from __future__ import annotations
@@ -45,10 +53,10 @@ from embedlib.training.tasks import base, requests
 SOURCES = ("movielens",)
 
 
-def _to_int32_offsets(batch: dict) -> dict:
+def _to_int32_offsets(batch: dict, pad: int) -> dict:
   """Times as int32 seconds since the row's earliest: only gaps matter, and they fit."""
   times, query = np.asarray(batch["times"]), np.asarray(batch["query_times"])
-  real = np.asarray(batch["items"]) > 0
+  real = np.asarray(batch["items"]) > pad
   big = np.iinfo(np.int64).max
   first = np.minimum(np.where(real, times, big).min(axis=1), np.where(real, query, big).min(axis=1))
   first = np.where(first == big, 0, first)[:, None]
@@ -66,6 +74,8 @@ class SequentialTask(base.Task):
     dropout: the models' dropout rate in training.
     mask_seen: leave each user's earlier items out of the ranking.
     ks: the metrics' cut-offs.
+    raw_ids: the batches hold the file's movie ids (-1 padding), read by a
+      dynamic item table (``config.data.raw_ids``).
     max_len, stride: the windows' settings (``config.data``; host only, as
       ``split``, the file's leave-one-out split, read once).
   """
@@ -75,6 +85,7 @@ class SequentialTask(base.Task):
   dropout: float = 0.0
   mask_seen: bool = False
   ks: tuple[int, ...] = (10, 20)
+  raw_ids: bool = False
   max_len: int = dataclasses.field(default=0, compare=False)
   stride: int | None = dataclasses.field(default=None, compare=False)
   split: object = dataclasses.field(default=None, repr=False, compare=False)
@@ -83,11 +94,12 @@ class SequentialTask(base.Task):
   def from_config(cls, config) -> SequentialTask:
     requests.check_model(config.model.name, factory.NEXT_ITEM, cls.name)
     data = config.data
-    if data.get("raw_ids", False):
-      base.fail("data.raw_ids", f"config.model.name={config.model.name!r} has no dynamic "
-                "tables yet (its item table is tied to the output); raw MovieLens ids train "
-                "the ranker and the two towers (configs/movielens.py:ranker,PATH). Set "
-                "config.data.raw_ids=False.")
+    raw_ids = bool(data.get("raw_ids", False))
+    if raw_ids:
+      try:
+        factory.next_item_dynamic(config.model)
+      except ValueError as e:
+        raise base.ConfigError(str(e)) from None
     if data.source not in SOURCES:
       base.fail("data.source", f"{data.source!r}: the {cls.name} task reads one of "
                 f"{SOURCES}.")
@@ -106,7 +118,7 @@ class SequentialTask(base.Task):
       base.fail("data.stride", f"{stride} must lie in [1, data.max_len={max_len}] "
                 "(None: max_len).")
     return cls(dropout=dropout, mask_seen=bool(config.task.mask_seen), ks=ks,
-               max_len=int(max_len), stride=stride, split=split)
+               max_len=int(max_len), stride=stride, split=split, raw_ids=raw_ids)
 
   def data_spec(self):
     return next_item.NextItemSpec(num_items=int(self.split.num_items), max_len=self.max_len)
@@ -114,7 +126,7 @@ class SequentialTask(base.Task):
   def _source(self, kind: str, *, batch_size: int, seed: int) -> next_item.NextItemSource:
     return next_item.NextItemSource(
         self.split, max_len=self.max_len, batch_size=batch_size, seed=seed,
-        stride=self.stride, kind=kind, exclude_seen=self.mask_seen,
+        stride=self.stride, kind=kind, exclude_seen=self.mask_seen, raw_ids=self.raw_ids,
         process_index=jax.process_index(), process_count=jax.process_count())
 
   def sources(self, spec, *, batch_size: int, seed: int, eval_batches: int):
@@ -129,32 +141,52 @@ class SequentialTask(base.Task):
     split = self.split
     rows = min(split.num_users, eval_batches * batch_size)
     seen = "without" if self.mask_seen else "with"
-    return (f"the validation item of {rows} of {split.num_users} users ranked among all "
-            f"{split.num_items} items ({seen} their earlier items), HR/NDCG/MRR@"
+    among = ("the item table's resident items (by raw id; one not resident is a miss)"
+             if self.raw_ids else f"all {split.num_items} items")
+    return (f"the validation item of {rows} of {split.num_users} users ranked among "
+            f"{among} ({seen} their earlier items), HR/NDCG/MRR@"
             f"{list(self.ks)}; the test item at the end")
 
   def featurize(self, batch: dict) -> dict:
-    return _to_int32_offsets(batch)
+    return _to_int32_offsets(batch, pad=-1 if self.raw_ids else 0)
+
+  def build_model(self, model_config, spec, mesh, *, batch_size: int, rngs):
+    return factory.build_model(model_config, spec, mesh=mesh, batch_size=batch_size,
+                               dynamic=self.raw_ids, rngs=rngs)
 
   # -- traced ---------------------------------------------------------------
 
   def loss(self, model, batch):
     dropout = RowDropout(batch["seed"], self.dropout) if self.dropout else no_dropout
+    batch = model.to_rows(batch)  # raw ids: one step of the table's policy, inputs and targets
     hidden = model(batch, dropout)
     logits = model.logits(hidden, batch["items"], vocab_split=True)
-    labels = jnp.where(batch["targets"] > 0, batch["targets"], -1)
-    plan = model.items.plan
+    # A dynamic table's logits are its rows, index - 1 (``next_item.NextItemEmbed``).
+    shift = int(self.raw_ids)
+    labels = jnp.where(batch["targets"] > 0, batch["targets"] - shift, -1)
+    table = model.items.rows if self.raw_ids else model.items
+    plan = table.plan
     split = {}
-    if (not isinstance(logits, logits_lib.VocabShardedLogits) and model.items.mesh is not None
+    if (not isinstance(logits, logits_lib.VocabShardedLogits) and table.mesh is not None
         and plan.strategy in options.ROW_BLOCKS):
       # Traced on Auto axes the logits carry no layout: name the split.
-      split = dict(mesh=model.items.mesh, vocab_axes=plan.table_axes)
+      split = dict(mesh=table.mesh, vocab_axes=plan.table_axes)
     return vocab_parallel_cross_entropy(logits, labels, reduction="mean", **split)
 
   def predict(self, model, batch):
-    """The 0-based rank of each row's held-out item among all items: int32 ``[B]``."""
+    """The 0-based rank of each row's held-out item among all items: int32 ``[B]``.
+
+    Raw ids: among the item table's resident rows; a held-out item that is
+    not resident is a miss (the largest int32).
+    """
+    batch = model.to_rows(batch)  # an eval's lookup admits nothing (dynamic.frozen_maps)
     scores = model.logits(model(batch)[:, -1], batch["items"])
-    return full_ranking.target_ranks(scores, batch["target"], exclude=batch.get("exclude"))
+    if self.raw_ids:  # index r + 1 is row r: column 0, padding, is never ranked
+      scores = jnp.pad(scores, ((0, 0), (1, 0)))
+    ranks = full_ranking.target_ranks(scores, batch["target"], exclude=batch.get("exclude"))
+    if self.raw_ids:
+      ranks = jnp.where(batch["target"] > 0, ranks, jnp.iinfo(jnp.int32).max)
+    return ranks
 
   # -- host -----------------------------------------------------------------
 
