@@ -12,7 +12,7 @@ from configs import movielens
 from embedlib import DynamicEmbed
 from embedlib.data import movielens as ml
 from embedlib.data import movielens_requests as mr
-from embedlib.training import export_lib, setup, tasks, train_lib
+from embedlib.training import events, export_lib, setup, tasks, train_lib
 from embedlib.training.writers import read_jsonl
 from tests.train.test_sequential import write_ml100k
 
@@ -89,6 +89,14 @@ def test_two_towers_train_on_raw_ids_and_rank_the_resident_movies(data, tmp_path
   assert int(items.clock[...]) == config.num_train_steps
   last = read_jsonl(tmp_path / "train.jsonl")[-1]
   assert last["dynamic/items/evicted"] == 0 and last["dynamic/items/default_share"] == 0
+  # Each table's stats go to TensorBoard beside the loss, as in the jsonl record.
+  tb = events.read_scalars(str(tmp_path / "tensorboard" / "train"))
+  stats = {k: v for k, v in last.items() if k.startswith("dynamic/")}
+  assert {f"dynamic/items/{s}" for s in ("occupancy", "admitted", "evicted",
+                                         "default_share")} <= stats.keys()
+  assert len(stats) == 8 and "loss" in tb, sorted(stats)  # the user table's four too
+  for key, value in stats.items():
+    assert tb[key][-1] == (last["step"], pytest.approx(value)), key
 
   # The test metrics, ranked here over the resident movies by their raw ids.
   made = tasks.make_task(config)

@@ -63,6 +63,11 @@ def test_raw_ids_run_writes_stats_and_resumes_exactly(tmp_path):
   assert len(ta["C1"][0]) > 0 and os.path.isdir(straight / "checkpoints" / "4")
 
 
+# Slow: eight dynamic tables' train and eval steps compile. The fast tier's
+# TensorBoard check of each table's stats is the two-tower raw-id run's
+# (tests/train/test_movielens_raw_ids.py); admission's default share is
+# tests/dynamic's.
+@pytest.mark.slow
 def test_synthetic_raw_ids_with_admission_write_each_tables_stats(tmp_path):
   config = quickstart.get_config("smoke")
   with config.unlocked():
