@@ -31,6 +31,7 @@ from embedlib.strategies import dedup
 from embedlib.strategies import dispatch as dispatch_lib
 from embedlib.strategies.request import Request
 from embedlib.plan import check_shape, plan_embedding
+from embedlib.plan import memory as plan_memory
 
 def eager_on_mesh(mesh, *values) -> bool:
   """Whether a module call should run as one cached jit: eager, on a concrete mesh.
@@ -124,8 +125,14 @@ class ShardedEmbed(nnx.Module):
     replicate_below_bytes: ``auto`` replicates tables up to this size.
     ids_per_device: ids one device looks up per call, for the plan's costs
       and ``auto``'s choice (see ``plan_embedding``).
-    device_memory_bytes: what one device may spend on the table; ``auto``
-      takes the cheapest layout that fits, a grid where no 1-D one does.
+    device_memory_bytes: what one device may spend on the table's training
+      step (the table, the optimizer's slots, the ids and temporaries);
+      ``auto`` takes the cheapest layout that fits, a grid where no 1-D one
+      does.
+    optimizer: the sparse optimizer that trains the table, whose slots count
+      against ``device_memory_bytes``: a name (``"rowwise_adagrad"``, the
+      default; ``"sgd"``, ...), a row-wise rule of ``embedlib.optim``, or
+      None for none (see ``plan_embedding``).
     route_capacity: ids per destination of a routed lookup; None sizes it
       from each call's ids (``EmbeddingPlan.capacity_for``).
     on_overflow: a routed call with more ids for one owner than the
@@ -168,6 +175,7 @@ class ShardedEmbed(nnx.Module):
       replicate_below_bytes: int | None = None,
       ids_per_device: int | None = None,
       device_memory_bytes: int | None = None,
+      optimizer: tp.Any = plan_memory.DEFAULT_OPTIMIZER,
       route_capacity: int | None = None,
       on_overflow: str = dedup.FALLBACK,
       devices_per_node: int | None = None,
@@ -224,6 +232,7 @@ class ShardedEmbed(nnx.Module):
         name=name,
         route_capacity=route_capacity,
         placement=placement,
+        optimizer=optimizer,
         **extra,
     )
     self.mesh = mesh

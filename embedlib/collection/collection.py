@@ -21,6 +21,7 @@ from embedlib.collection.specs import FeatureSpec, Ragged, TableSpec, validate
 from embedlib.dynamic import ids as dynamic_ids
 from embedlib.dynamic import module as dynamic_module
 from embedlib.embed import ShardedEmbed
+from embedlib.plan import memory as plan_memory
 from embedlib.strategies import Request
 from embedlib.strategies.dedup import ERROR, FALLBACK, OVERFLOW_MODES
 
@@ -111,7 +112,17 @@ class EmbeddingCollection(nnx.Module):
     node_capacity: distinct ids per destination rank that one node sends
       across nodes in that route: an int for every table, a ``{table or
       stack: capacity}`` dict, or None to plan it for uniform ids.
-    batch_size: samples per step, for the plan's traffic estimates only.
+    batch_size: samples per step, for the plan's traffic estimates and its
+      memory check.
+    device_memory_bytes: what a device may spend on the embedding's training
+      step: its tables' shards, the ``optimizer``'s slots, the ids and the
+      temporaries. An auto table takes the cheapest layout whose step fits;
+      the plan raises, naming what it counted and the fix, if the whole
+      doesn't (``plan_collection``).
+    optimizer: the sparse optimizer that trains the tables, whose slots count
+      against ``device_memory_bytes``: a name (``"rowwise_adagrad"``, the
+      default; ``"sgd"``, ...), a row-wise rule of ``embedlib.optim``, or
+      None for none.
     replicate_below_bytes: the per-table auto rule's replication threshold.
     replicate_budget_bytes: replicate tables together up to this many bytes
       per device (see ``plan_collection``).
@@ -138,6 +149,7 @@ class EmbeddingCollection(nnx.Module):
       table_batched: bool = False,
       devices_per_host: int | None = None,
       device_memory_bytes: int | None = None,
+      optimizer: tp.Any = plan_memory.DEFAULT_OPTIMIZER,
       devices_per_node: int | None = None,
       node_capacity: int | Mapping[str, int] | None = None,
       dtype: tp.Any = None,
@@ -176,6 +188,7 @@ class EmbeddingCollection(nnx.Module):
         replicate_budget_bytes=replicate_budget_bytes, table_batched=table_batched,
         devices_per_host=devices_per_host, device_memory_bytes=device_memory_bytes,
         devices_per_node=devices_per_node, node_capacity=node_capacities,
+        optimizer=optimizer,
     )
     for what, given in (("num_unique", num_unique), ("route_capacity", route_capacity),
                         ("node_capacity", node_capacity)):

@@ -118,3 +118,33 @@ def test_small_tables_go_table_wise_only_where_the_step_still_fits():
   assert kinds(plan_collection(many, feats, device_memory_bytes=2_127_808, **kw)) == {"table"}
   tight = plan_collection(many, feats, device_memory_bytes=2_127_807, **kw)
   assert kinds(tight) == {"routed"} and tight.bytes_moved > free.bytes_moved
+
+
+def test_the_modules_pass_their_optimizer_to_the_plan():
+  """``EmbeddingCollection`` and ``ShardedEmbed`` budget the slots of the optimizer they're given."""
+  import jax  # pylint: disable=g-import-not-at-top  (the rest of this file needs no arrays)
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from embedlib import EmbeddingCollection, ShardedEmbed  # pylint: disable=g-import-not-at-top
+  from embedlib.plan import plan_embedding  # pylint: disable=g-import-not-at-top
+
+  mesh = jax.make_mesh((8,), ("batch",), axis_types=(jax.sharding.AxisType.Auto,))
+  tables = [TableSpec("t", 800, 8, sharding="vocab")]
+  feats = [FeatureSpec("f", "t", max_ids_per_sample=2)]
+  kw = dict(mesh=mesh, batch_size=64)
+  sgd = plan_collection(tables, feats, optimizer="sgd", **kw)["t"].plan.memory(16, rows=8,
+                                                                               optimizer="sgd")
+  assert sgd.slots == 0
+  with pytest.raises(ValueError, match="rowwise_adagrad slots"):
+    EmbeddingCollection(tables, feats, device_memory_bytes=sgd.total, rngs=nnx.Rngs(0), **kw)
+  coll = EmbeddingCollection(tables, feats, device_memory_bytes=sgd.total, optimizer="sgd",
+                             rngs=nnx.Rngs(0), **kw)
+  assert coll.plan["t"].plan.strategy == "vocab"
+
+  # A small table is copied to every device; with row-wise AdaGrad's slots
+  # the copy's step no longer fits the budget the SGD copy's does.
+  one = dict(mesh=mesh, ids_per_device=16)
+  budget = plan_embedding(800, 8, optimizer="sgd", **one).memory_per_device
+  strategy = lambda **o: ShardedEmbed(800, 8, device_memory_bytes=budget, rngs=nnx.Rngs(0),
+                                      **one, **o).plan.strategy
+  assert (strategy(optimizer="sgd"), strategy()) == ("replicated", "routed")
