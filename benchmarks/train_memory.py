@@ -3,6 +3,7 @@
     python3 benchmarks/train_memory.py                    # 26 x 200k x 64 (1.3 GB of tables)
     python3 benchmarks/train_memory.py --rows 1000000     # the config's size (6.7 GB; ~9 GB RSS)
     python3 benchmarks/train_memory.py --quick            # tiny tables, a smoke run
+    python3 benchmarks/train_memory.py --raw-ids          # dynamic tables read raw ids
 
 Writes a Criteo-format file (``embedlib.data.criteo_synth``), then runs
 ``python -m train --config configs/dlrm_criteo.py:FILE`` on 8 simulated CPU
@@ -21,6 +22,11 @@ steps (each after the first holds an eval and a checkpoint); all against the
 tables' and optimizer slots' bytes ("state"). Target: ``peak - constant <=
 1.3 x state``, and the stretches flat from the second eval on (their spread
 is printed).
+
+``--raw-ids`` trains the same tables as dynamic ones (``config.data.raw_ids``,
+``embedlib.DynamicEmbed`` of ``--rows`` rows each, LRU): the file's raw
+values, unhashed, are admitted and evicted, and the state adds each table's
+id -> row map (``Policy.map_bytes_per_row``) to its rows and slots.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_TABLES, FEATURES = 26, 64
 #: Rows of the baseline's tables: small enough that what it holds is the process constant.
 BASELINE_ROWS = 1_000
+#: Rows of 8 devices' whole buckets (``config.model.dynamic.bucket_size``'s default of 128).
+WHOLE_BUCKETS = 8 * 128
 
 
 def _rss(pid: int) -> int:
@@ -67,6 +75,8 @@ def run_trainer(data: str, workdir: str, args, steps: int, interval: float = 0.0
       f"--config.eval_every={args.every}", f"--config.checkpoint_every={args.every}",
       f"--config.eval_batches={args.eval_batches}", f"--config.log_every={args.every}",
   ]
+  if args.raw_ids:
+    overrides += ["--config.data.raw_ids=True", "--config.model.dynamic.capacity=0"]
   cmd = [sys.executable, "-m", "train", f"--config=configs/dlrm_criteo.py:{data}",
          f"--workdir={workdir}", *overrides]
   proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stderr=subprocess.PIPE, text=True)
@@ -139,6 +149,8 @@ def main(argv=None) -> int:
   parser.add_argument("--batch", type=int, default=512)
   parser.add_argument("--eval-batches", type=int, default=5)
   parser.add_argument("--quick", action="store_true", help="tiny tables, a smoke run")
+  parser.add_argument("--raw-ids", action="store_true",
+                      help="dynamic tables of --rows rows read the file's raw ids")
   parser.add_argument("--keep", help="a directory to keep the data and workdir in")
   parser.add_argument("--trace", help="write every RSS sample (seconds, bytes, phase) here")
   args = parser.parse_args(argv)
@@ -153,14 +165,25 @@ def main(argv=None) -> int:
   data, workdir = os.path.join(tmp, "day.tsv"), os.path.join(tmp, "run")
   if not os.path.exists(data):
     CriteoSynth(seed=0).write(data, args.lines)
-  state = lambda rows: NUM_TABLES * rows * (FEATURES + 1) * 4  # + row-wise AdaGrad's slot
-  print(f"26 tables of {args.rows:,} x {FEATURES} f32 and their row-wise AdaGrad slots: "
+  map_bytes = 0
+  if args.raw_ids:
+    from embedlib.dynamic.policy import Policy  # pylint: disable=g-import-not-at-top
+
+    # Devices own whole buckets: rows a multiple of 8 devices' buckets of 128.
+    args.rows = -(-args.rows // WHOLE_BUCKETS) * WHOLE_BUCKETS
+    map_bytes = Policy(WHOLE_BUCKETS).map_bytes_per_row()  # the config's default policy
+  # Rows, row-wise AdaGrad's slot and, for dynamic tables, the id -> row map.
+  state = lambda rows: int(NUM_TABLES * rows * ((FEATURES + 1) * 4 + map_bytes))
+  kind = "dynamic tables (raw ids)" if args.raw_ids else "tables"
+  print(f"26 {kind} of {args.rows:,} x {FEATURES} f32, their row-wise AdaGrad slots"
+        f"{' and maps' if args.raw_ids else ''}: "
         f"{state(args.rows) / 1e9:.2f} GB ('state'); {args.steps} steps of {args.batch}, eval "
         f"({args.eval_batches} batches) and checkpoint every {args.every}; 8 CPU devices")
   runs = []
   constant = None
-  for rows in ([] if args.quick else [BASELINE_ROWS]) + [args.rows]:
-    label = "baseline" if rows == BASELINE_ROWS and not args.quick else "run"
+  baseline = WHOLE_BUCKETS if args.raw_ids else BASELINE_ROWS
+  for rows in ([] if args.quick else [baseline]) + [args.rows]:
+    label = "baseline" if rows == baseline and not args.quick else "run"
     tiny = argparse.Namespace(**{**vars(args), "rows": rows})
     shutil.rmtree(workdir, ignore_errors=True)  # a fresh run, then its rerun
     first = run_trainer(data, workdir, tiny, args.steps)
