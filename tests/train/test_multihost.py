@@ -36,8 +36,16 @@ def _env(devices):
   return xla_env.subprocess_env(devices)
 
 
-def _one_and_two_processes(tmp_path, *extra, config="configs/quickstart.py:smoke"):
-  """Workdirs of the same run in one process of 8 devices and two of 4."""
+#: What each run's train.jsonl and eval.jsonl must agree on (quickstart's).
+CTR_KEYS = (("train.jsonl", ["loss"]), ("eval.jsonl", ["auc", "logloss"]))
+
+
+def _one_and_two_processes(tmp_path, *extra, config="configs/quickstart.py:smoke",
+                           keys=CTR_KEYS):
+  """Workdirs of the same run in one process of 8 devices and two of 4.
+
+  ``keys``: ``(file, [key])`` pairs whose records agree to 1e-4 relative.
+  """
   single = tmp_path / "single"
   subprocess.run(_command(single, *extra, config=config), cwd=ROOT, env=_env(8), check=True,
                  capture_output=True, timeout=600)
@@ -54,11 +62,12 @@ def _one_and_two_processes(tmp_path, *extra, config="configs/quickstart.py:smoke
   for p, (_, err) in zip(procs, outputs):
     assert p.returncode == 0, err[-3000:]
   assert "2 processes, 8 devices" in outputs[0][1]
-  for name, keys in (("train.jsonl", ["loss"]), ("eval.jsonl", ["auc", "logloss"])):
+  for name, names in keys:
     one, two = read_jsonl(single / name), read_jsonl(multi / name)
     assert [r["step"] for r in one] == [r["step"] for r in two]
-    for key in keys:
-      np.testing.assert_allclose([r[key] for r in two], [r[key] for r in one], rtol=1e-4)
+    for key in names:
+      np.testing.assert_allclose([r[key] for r in two], [r[key] for r in one], rtol=1e-4,
+                                 err_msg=f"{name}: {key}")
   return single, multi
 
 
