@@ -13,7 +13,9 @@
   RecBole files (``embedlib.data.movielens``) and writes, per user, the
   file's user id, a tab, and the top k next items (the file's item ids,
   best first, space-separated), from each user's last ``max_len`` items.
-  Items the artifact's run never saw are read as padding.
+  Items the artifact's run never saw are read as padding. An artifact of a
+  run on raw ids reads the file's ids as they are and returns the raw ids
+  of the movies resident in its item table.
 
 An artifact sharded over N devices runs on N CPU devices where jax runs on
 CPU (``--xla_force_host_platform_device_count=N`` is set for it). An
@@ -106,35 +108,43 @@ def predict_next_items(model, path: str, out, batch_size: int) -> int:
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   from embedlib.data import movielens  # pylint: disable=g-import-not-at-top
+  from embedlib.data.movielens_requests import raw_ids_of  # pylint: disable=g-import-not-at-top
 
   info = model.manifest["data"]
   max_len = info["max_len"]
   interactions = movielens.load(path)
-  known = {raw: dense for dense, raw in enumerate(info["raw_item_ids"]) if dense > 0}
-  raw_items = np.asarray(info["raw_item_ids"], dtype=object)
-  # The file's dense ids to the artifact's (-1: an item the run never saw).
-  to_artifact = np.array([known.get(r, -1) for r in interactions.raw_item_ids.tolist()], np.int64)
+  if info.get("raw_ids"):  # the run's tables read the file's ids; its items come back as such
+    to_artifact = np.concatenate([[-1], raw_ids_of(interactions.raw_item_ids[1:], "movie")])
+    from_artifact, pad = None, -1
+  else:  # the file's dense ids to the artifact's (-1: an item the run never saw), and back
+    known = {raw: dense for dense, raw in enumerate(info["raw_item_ids"]) if dense > 0}
+    to_artifact = np.array([known.get(r, -1) for r in interactions.raw_item_ids.tolist()],
+                           np.int64)
+    from_artifact, pad = np.asarray(info["raw_item_ids"], dtype=object), 0
   starts = np.searchsorted(interactions.user, np.arange(interactions.num_users + 1))
   users = 0
   for first in range(0, interactions.num_users, batch_size):
     rows = range(first, min(first + batch_size, interactions.num_users))
-    items = np.zeros((len(rows), max_len), np.int64)
+    items = np.full((len(rows), max_len), pad, np.int64)
     times = np.zeros((len(rows), max_len), np.int64)
+    filled = np.zeros((len(rows), max_len), bool)
     for r, u in enumerate(rows):
       lo = max(starts[u], starts[u + 1] - max_len)
       n = starts[u + 1] - lo
       items[r, max_len - n:] = to_artifact[interactions.item[lo:starts[u + 1]]]
       times[r, max_len - n:] = interactions.time[lo:starts[u + 1]]
+      filled[r, max_len - n:] = True
     inputs = {"items": items}
     if "times" in model.input_names:  # HSTU: seconds from the row's first item; the
-      base = np.where(items != 0, times, np.iinfo(np.int64).max).min(axis=1, keepdims=True)
-      times = np.where(items != 0, times - base, 0)
+      base = np.where(filled, times, np.iinfo(np.int64).max).min(axis=1, keepdims=True)
+      times = np.where(filled, times - base, 0)
       # position i is asked about the time of item i + 1; the last, about its own.
       inputs["times"] = times
       inputs["query_times"] = np.concatenate([times[:, 1:], times[:, -1:]], axis=1)
     top = model(inputs)["items"]
     for u, best in zip(rows, top):
-      out.write(f"{interactions.raw_user_ids[u]}\t{' '.join(str(x) for x in raw_items[best])}\n")
+      best = best[best >= 0] if from_artifact is None else from_artifact[best]
+      out.write(f"{interactions.raw_user_ids[u]}\t{' '.join(str(x) for x in best)}\n")
     users += len(rows)
     log.info("%d of %d users", users, interactions.num_users)
   return users

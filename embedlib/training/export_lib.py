@@ -109,21 +109,15 @@ def scoring(config, model, mesh, *, top_k: int = 100,
     if name == "ctr":
       return scoring_lib.ctr(config, spec, model)
     if name == "retrieval":
-      if task.dynamic:
-        raise ExportError(f"config.data.raw_ids: exporting the two towers with dynamic tables "
-                          f"{task.dynamic} is not supported yet (the served corpus would be "
-                          "the resident movies); serve this run in-process, or export a run "
-                          "with config.data.raw_ids=False.")
-      _, eval_source = setup.sources(config, task, spec)
+      eval_source = None
+      if not task.dynamic:  # the catalogue's authors; raw ids embed the resident movies
+        _, eval_source = setup.sources(config, task, spec)
       return scoring_lib.retrieval(task, model, mesh, eval_source, top_k=top_k)
     if name == "sequential":
-      if task.raw_ids:
-        raise ExportError("config.data.raw_ids: exporting SASRec or HSTU with a dynamic item "
-                          "table is not supported yet (the served logits would be the "
-                          "table's rows, not movies); serve this run in-process, or export a "
-                          "run with config.data.raw_ids=False.")
-      score = scoring_lib.sequential(config, spec, top_k=top_k, exclude_input=exclude_input)
-      score.info["data"]["raw_item_ids"] = _raw_item_ids(config.data.path)
+      score = scoring_lib.sequential(config, spec, top_k=top_k, exclude_input=exclude_input,
+                                     model=model)
+      if not task.raw_ids:  # dense ids: train.predict maps a file's ids through this
+        score.info["data"]["raw_item_ids"] = _raw_item_ids(config.data.path)
       return score
   except ValueError as e:
     raise ExportError(str(e)) from None
@@ -208,8 +202,10 @@ def program(model, mesh, score: scoring_lib.Scoring, batch_size: int,
   return programs, names, weights
 
 
-def dynamic_manifest(model, names: list) -> dict:
+def dynamic_manifest(model, names: list, inputs: list) -> dict:
   """The manifest's ``dynamic_tables``: each dynamic table's map, as weights of the artifact.
+
+  ``inputs``: the manifest's inputs; a table's ``features`` are those naming it.
 
   A row is resident when its ``score`` is ``>= 0``; its raw id is
   ``keys_hi << 32 | keys_lo`` (``embedlib.serving.raw_ids.map_of``). The
@@ -217,8 +213,9 @@ def dynamic_manifest(model, names: list) -> dict:
   """
   index = set(names)
   out = {}
-  for table, (path, module, features) in scoring_lib.dynamic_tables(model).items():
+  for table, (path, module) in scoring_lib.dynamic_tables(model).items():
     prefix = "".join(f"[{k!r}]" for k in path)
+    features = [s["name"] for s in inputs if s.get("table") == table]
     entry = {"features": features, "capacity": module.policy.capacity,
              "bucket_size": module.policy.bucket_size,
              "num_buckets": module.policy.num_buckets, "default": module.default,
@@ -287,7 +284,7 @@ def export(config, model, mesh, out: str, *, batch_size: int | None = None,
                         "like the padding id -1 (embedlib.invalid_ids)"),
         **score.info,
     }
-    dynamic = dynamic_manifest(model, names)
+    dynamic = dynamic_manifest(model, names, score.inputs)
     if dynamic:
       manifest["dynamic_tables"] = dynamic
       manifest["invalid_ids"] += (

@@ -9,6 +9,12 @@
   precomputed item-tower embeddings (a weight of the artifact).
 - ``sequential``: the top ``k`` items of the whole vocabulary after each
   history, optionally leaving out the items in the history.
+
+A MovieLens run on raw ids (``config.data.raw_ids``) serves the file's own
+ids: its raw-id inputs (kind ``raw_ids``) are read by the dynamic tables'
+maps as they stood after training, without admitting, and the items it
+returns are the raw ids of the item table's resident movies, the only ones
+its training can rank.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import numpy as np
 from flax import nnx
 
 from embedlib.collection import EmbeddingCollection
-from embedlib.dynamic import Words
+from embedlib.data.movielens_requests import RAW_ID_LIMIT
+from embedlib.dynamic import DynamicEmbed, Words
 from embedlib.serving import raw_ids
 from embedlib.serving.model import DENSE, IDS, RAW_IDS
 
@@ -60,17 +67,23 @@ def _ids(name: str, num_embeddings: int, shape=()) -> dict:
 
 
 def dynamic_tables(model) -> dict:
-  """Every dynamic table of ``model``'s collections: ``{table: (path, module, features)}``.
+  """Every dynamic table of ``model``: ``{table: (path, module)}``.
 
-  ``path`` is the module's ``nnx`` path (its state's names start with it),
-  ``features`` the names of the features that read it.
+  ``path`` is the module's ``nnx`` path (its state's names start with it);
+  a table tied into two places is found once.
   """
+  return {node.name: (tuple(path), node) for path, node in nnx.iter_graph(model)
+          if isinstance(node, DynamicEmbed)}
+
+
+def collection_features(model) -> dict:
+  """Each feature of ``model``'s collections read by a dynamic table: ``{feature: module}``."""
   out = {}
-  for path, node in nnx.iter_graph(model):
+  for _, node in nnx.iter_graph(model):
     if isinstance(node, EmbeddingCollection):
-      for name, table in node.dynamic.items():
-        features = [f.name for f in node.feature_specs if f.table == name]
-        out[name] = ((*path, "dynamic", name), table, features)
+      for f in node.feature_specs:
+        if f.table in node.dynamic:
+          out[f.name] = node.dynamic[f.table]
   return out
 
 
@@ -78,6 +91,20 @@ def _raw_ids(name: str, table, shape=()) -> dict:
   """A raw-id input of dynamic table ``table``: uint32 words ``shape + (2,)`` in the program."""
   return {"name": name, "kind": RAW_IDS, "dtype": "uint32", "shape": list(shape),
           "table": table.name, "id_dtype": table.id_dtype}
+
+
+def movie_ids(words: jax.Array) -> jax.Array:
+  """Raw-id words ``[..., 2]`` as the int32 raw ids a MovieLens run's tables read.
+
+  ``-1`` is padding; an id outside ``[0, RAW_ID_LIMIT)`` (no training batch
+  holds one) becomes ``RAW_ID_LIMIT``, which is never resident, so it
+  reads its table's default as any other id without a row.
+  """
+  hi, lo = words[..., 0], words[..., 1]
+  pad_word = jnp.uint32(raw_ids.PAD_WORD)
+  pad = (hi == pad_word) & (lo == pad_word)
+  fits = (hi == 0) & (lo < jnp.uint32(RAW_ID_LIMIT))
+  return jnp.where(pad, -1, jnp.where(fits, lo, RAW_ID_LIMIT).astype(jnp.int32))
 
 
 def ctr(config, spec, model=None) -> Scoring:
@@ -88,10 +115,7 @@ def ctr(config, spec, model=None) -> Scoring:
   carries as it stood after training, without admitting (eval mode).
   """
   names = [f.name for f in spec.features]
-  dynamic = {}
-  if config.data.get("raw_ids", False):
-    dynamic = {f: module for _, module, features in dynamic_tables(model).values()
-               for f in features}
+  dynamic = collection_features(model) if config.data.get("raw_ids", False) else {}
   inputs = [{"name": "dense", "kind": DENSE, "dtype": "float32", "shape": [spec.num_dense]}]
   for f in spec.features:
     shape = () if f.bag_size == 1 else (f.bag_size,)
@@ -139,35 +163,59 @@ def retrieval(task, model, mesh, eval_source, *, top_k: int) -> Scoring:
   best first. The corpus (``task.corpus``, every item through the item
   tower) is a weight: ``[N_padded, features]``, rows past ``num_items``
   never returned.
+
+  On raw ids (``task.dynamic``) the user (where its table is dynamic) and
+  the history's movies are raw ids, the corpus is the item table's
+  resident movies, and the items returned are their raw ids
+  (``corpus_ids``, a weight beside the corpus).
   """
   spec = task.spec
-  num_items = spec.num_items
-  k = _check_k(top_k, num_items, f"{num_items} items")
-  corpus = task.corpus(model, mesh, eval_source.catalogue())  # rows split over the mesh
-  user_rows, item_rows = task.user_hasher.num_buckets, task.item_hasher.num_buckets
-  hashes_u, hashes_i = task.user_hasher.num_hashes, task.item_hasher.num_hashes
+  if task.dynamic:
+    keys = task.resident_items(model)          # sorted raw ids, padded with RAW_ID_LIMIT
+    num_items = int((keys < RAW_ID_LIMIT).sum())
+    k = _check_k(top_k, num_items, f"{num_items} resident movies of the item table")
+    corpus = task.corpus(model, mesh, np.zeros(len(keys), np.int32), raw=keys)
+    corpus_ids = np.pad(keys, (0, corpus.shape[0] - len(keys)), constant_values=RAW_ID_LIMIT)
+    extras = {"corpus": corpus, "corpus_ids": corpus_ids}
+  else:
+    num_items = spec.num_items
+    k = _check_k(top_k, num_items, f"{num_items} items")
+    extras = {"corpus": task.corpus(model, mesh, eval_source.catalogue())}  # rows split
+  hashers = {name: h for name, h in (("user", task.user_hasher), ("item", task.item_hasher))
+             if h is not None}
+  def id_input(name, hasher, shape):
+    if hasher is None:  # a dynamic table: the raw ids themselves
+      return _raw_ids(name, model.user_tower.user if name == "user" else model.items, shape)
+    return _ids(name, hasher.num_buckets, (*shape, hasher.num_hashes))
+
   inputs = [
-      _ids("user", user_rows, (hashes_u,)),
-      _ids("history_item", item_rows, (spec.history_len, hashes_i)),
+      id_input("user", task.user_hasher, ()),
+      id_input("history_item", task.item_hasher, (spec.history_len,)),
       _ids("history_author", model.authors.num_embeddings, (spec.history_len,)),
       {"name": "history_actions", "kind": DENSE, "dtype": "float32",
        "shape": [spec.history_len, spec.num_actions]},
   ]
   names = [s["name"] for s in inputs]
+  raw = [s["kind"] == RAW_IDS for s in inputs]
 
   def fn(model, extras, *columns):
+    columns = [movie_ids(c) if r else c for c, r in zip(columns, raw)]
     users = model.users(dict(zip(names, columns)))
     scores = users @ extras["corpus"].T
+    if "corpus_ids" in extras:
+      ids = extras["corpus_ids"]
+      items, values = masked_top_k(jnp.where(ids < RAW_ID_LIMIT, scores, -jnp.inf), k)
+      return ids[items], values
     scores = jnp.where(jnp.arange(scores.shape[1]) < num_items, scores, -jnp.inf)
     return masked_top_k(scores, k)
 
-  hashers = {name: {"num_buckets": h.num_buckets, "num_hashes": h.num_hashes, "seed": h.seed}
-             for name, h in (("user", task.user_hasher), ("item", task.item_hasher))}
-  return Scoring(inputs, top_k_outputs(k), fn, extras={"corpus": corpus},
-                 info={"top_k": k, "data": {"num_items": num_items, "hashers": hashers}})
+  data = {"num_items": num_items, "raw_ids": bool(task.dynamic),
+          "hashers": {name: {"num_buckets": h.num_buckets, "num_hashes": h.num_hashes,
+                             "seed": h.seed} for name, h in hashers.items()}}
+  return Scoring(inputs, top_k_outputs(k), fn, extras=extras, info={"top_k": k, "data": data})
 
 
-def sequential(config, spec, *, top_k: int, exclude_input: bool) -> Scoring:
+def sequential(config, spec, *, top_k: int, exclude_input: bool, model=None) -> Scoring:
   """Top ``k`` items of the whole vocabulary after each history (SASRec, HSTU).
 
   Inputs: ``items`` int ``[max_len]``, the history oldest first, right-aligned
@@ -177,9 +225,22 @@ def sequential(config, spec, *, top_k: int, exclude_input: bool) -> Scoring:
   last being the request's). Outputs: item ids
   ``[k]`` in ``1 .. num_items`` and their logits, best first; with
   ``exclude_input`` a history's own items are left out.
+
+  On raw ids (``config.data.raw_ids``; ``model`` is then the trained model,
+  whose item table is dynamic) ``items`` are the file's movie ids, padded
+  with ``-1``, and the items returned are the raw ids of the table's
+  resident movies (``-1`` where fewer than ``k`` are left to return).
   """
-  k = _check_k(top_k, spec.num_items, f"{spec.num_items} items")
-  inputs = [_ids("items", spec.vocab_size, (spec.max_len,))]
+  raw = bool(config.data.get("raw_ids", False))
+  if raw:
+    table = model.items
+    num_items = len(table.resident())
+    k = _check_k(top_k, num_items, f"{num_items} resident movies of the item table")
+    inputs = [_raw_ids("items", table, (spec.max_len,))]
+  else:
+    num_items = spec.num_items
+    k = _check_k(top_k, num_items, f"{num_items} items")
+    inputs = [_ids("items", spec.vocab_size, (spec.max_len,))]
   if config.model.name == "hstu":
     inputs += [{"name": "times", "kind": DENSE, "dtype": "int32", "shape": [spec.max_len]},
                {"name": "query_times", "kind": DENSE, "dtype": "int32", "shape": [spec.max_len]}]
@@ -188,16 +249,29 @@ def sequential(config, spec, *, top_k: int, exclude_input: bool) -> Scoring:
   def fn(model, extras, *columns):
     del extras
     batch = dict(zip(names, columns))
+    if raw:  # indices: a resident movie's row + 1, 0 for padding or a movie without a row
+      batch = model.to_rows(dict(batch, items=movie_ids(batch["items"])))
     scores = model.logits(model(batch)[:, -1], batch["items"])
-    vocab = scores.shape[1]
-    scores = jnp.where(jnp.arange(vocab) > 0, scores, -jnp.inf)  # row 0 pads
-    if exclude_input:
+    if raw:  # column r is row r; a row that holds no movie is never returned
+      resident = model.items.score[...] >= 0
+      scores = jnp.where(resident, scores, -jnp.inf)
+      items = batch["items"] - 1
+    else:    # column 0 pads
+      scores = jnp.where(jnp.arange(scores.shape[1]) > 0, scores, -jnp.inf)
       items = batch["items"]
+    if exclude_input:
+      vocab = scores.shape[1]
       rows = jnp.arange(items.shape[0])[:, None]
       # Out-of-range indices (the padding, mapped to ``vocab``) are dropped.
-      scores = scores.at[rows, jnp.where(items > 0, items, vocab)].set(-jnp.inf, mode="drop")
-    return masked_top_k(scores, k)
+      scores = scores.at[rows, jnp.where(items >= int(not raw), items, vocab)].set(
+          -jnp.inf, mode="drop")
+    top, values = masked_top_k(scores, k)
+    if raw:
+      ids = jnp.where(resident, model.items.keys_lo[...].astype(jnp.int32), -1)
+      top = jnp.where(values > -jnp.inf, ids[top], -1)
+    return top, values
 
   return Scoring(inputs, top_k_outputs(k), fn,
                  info={"top_k": k, "exclude_input": bool(exclude_input),
-                       "data": {"num_items": spec.num_items, "max_len": spec.max_len}})
+                       "data": {"num_items": num_items, "max_len": spec.max_len,
+                                "raw_ids": raw}})

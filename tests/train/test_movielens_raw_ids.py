@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from configs import movielens
-from embedlib import DynamicEmbed
+from embedlib import DynamicEmbed, serving
 from embedlib.data import movielens as ml
 from embedlib.data import movielens_requests as mr
 from embedlib.training import events, export_lib, setup, tasks, train_lib
@@ -18,6 +18,7 @@ from embedlib.training.writers import read_jsonl
 from tests.train.test_sequential import write_ml100k
 
 PAD = 2**64 - 1
+K = 5
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +120,32 @@ def test_two_towers_train_on_raw_ids_and_rank_the_resident_movies(data, tmp_path
   assert len(ranks) == 40 and (ranks < (1 << 30)).mean() < 1   # some test movies unseen
   assert test["test_hr@20"] == pytest.approx((ranks < 20).mean())
   assert test["test_ndcg@10"] == pytest.approx(np.mean((ranks < 10) / np.log2(ranks + 2.0)))
-  with pytest.raises(export_lib.ExportError, match="config.data.raw_ids: exporting the two"):
-    export_lib.scoring(config, model, mesh)
+
+  # The artifact: raw ids in, the top K resident movies' raw ids out, as ranked here.
+  export_lib.export(config, model, mesh, str(tmp_path / "art"), batch_size=8, top_k=K)
+  served = serving.load(tmp_path / "art")
+  assert {s["name"]: s["kind"] for s in served.manifest["inputs"]} == {
+      "user": "raw_ids", "history_item": "raw_ids", "history_author": "ids",
+      "history_actions": "dense"}
+  tables = served.manifest["dynamic_tables"]
+  assert sorted(tables) == sorted([items.name, user.name])
+  assert tables[items.name]["features"] == ["history_item"]
+  assert tables[user.name]["features"] == ["user"]
+  assert served.resident(items.name) == items.resident()
+  assert served.resident(user.name) == user.resident()
+  valid.test_source.set_state({"position": 0})
+  batch = made.featurize(next(valid.test_source))
+  inputs = {n: batch[n] for n in served.input_names}
+  got = served(inputs)
+  scores = np.asarray(model.users(batch)) @ corpus.T
+  best = np.argsort(-scores, axis=1, kind="stable")[:, :K]
+  np.testing.assert_array_equal(got["items"], keys[best])
+  np.testing.assert_allclose(got["scores"], np.take_along_axis(scores, best, 1), rtol=1e-5)
+  # A user id past 2**32, or one never seen, reads the user table's default alike.
+  unseen = [dict(inputs, user=np.full(len(batch["user"]), v, dtype)) for v, dtype in
+            ((2**40 + 5, np.uint64), (3, np.int64))]
+  far, small = (served(x) for x in unseen)
+  np.testing.assert_array_equal(far["items"], small["items"])
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import optax
 import pytest
 from flax import nnx
 
-from embedlib import DynamicEmbed, dynamic, optim
+from embedlib import DynamicEmbed, dynamic, optim, serving
 from embedlib.data import movielens as ml
 from embedlib.data import next_item as ni
 from embedlib.training import export_lib, setup, tasks, train_lib
@@ -21,6 +21,7 @@ from embedlib.training.writers import read_jsonl
 from tests.train.test_movielens_raw_ids import _check_table, _config, data  # noqa: F401
 
 MISS = np.iinfo(np.int32).max
+K = 5
 
 
 def _seen(config):
@@ -113,8 +114,64 @@ def test_rows_without_an_id_are_masked_out_of_the_logits(sasrec):
   finite = np.flatnonzero(logits[0] > np.finfo(np.float32).min)
   assert set(finite) == set(model.items.resident().values())
   assert int(model.items.clock[...]) == config.num_train_steps   # looked up, not admitted
-  with pytest.raises(export_lib.ExportError, match="config.data.raw_ids: exporting SASRec"):
-    export_lib.scoring(config, model, None)
+
+
+def test_the_artifact_returns_the_resident_movies_raw_ids(sasrec, tmp_path):
+  import io  # pylint: disable=import-outside-toplevel
+
+  from train import predict as predict_lib  # pylint: disable=import-outside-toplevel
+
+  config, workdir, _ = sasrec
+  _, model, mesh = export_lib.restore(str(workdir), 1)   # train.export's: onto one device
+  export_lib.export(config, model, mesh, str(tmp_path / "art"), batch_size=8, top_k=K,
+                    exclude_input=True)
+  served = serving.load(tmp_path / "art")
+  (spec,) = served.manifest["inputs"]
+  assert spec["kind"] == "raw_ids" and spec["table"] == model.items.name
+  assert served.manifest["dynamic_tables"][model.items.name]["features"] == ["items"]
+  assert "raw_item_ids" not in served.manifest["data"]   # the outputs are the file's ids
+  resident = model.items.resident()
+  movie_of = {row: movie for movie, row in resident.items()}
+  made = tasks.make_task(config)
+  _, valid = made.sources(made.data_spec(), batch_size=config.batch_size, seed=config.seed,
+                          eval_batches=config.eval_batches)
+  history = made.featurize(next(valid.test_source))["items"]
+  history[0, -1] = 7                                      # a movie never seen reads as padding
+  got = served({"items": history.astype(np.int64)})
+  with dynamic.frozen_maps(model):
+    batch = model.to_rows({"items": jnp.asarray(history)})
+    scores = np.array(model.logits(model(batch)[:, -1], batch["items"]))
+  rows = np.arange(scores.shape[1])
+  scores[:, ~np.isin(rows, list(movie_of))] = -np.inf
+  for r, index in enumerate(np.asarray(batch["items"])):
+    scores[r, index[index > 0] - 1] = -np.inf            # the history's own movies
+  best = np.argsort(-scores, axis=1, kind="stable")[:, :K]
+  np.testing.assert_array_equal(got["items"], np.vectorize(movie_of.get)(best))
+  np.testing.assert_allclose(got["scores"], np.take_along_axis(scores, best, 1), rtol=1e-5)
+  assert not any(set(top) & set(h) for top, h in zip(got["items"], history))
+
+  # Quantized (int8 rows, the tied attend from the codes): the in-process quantized program's.
+  export_lib.export(config, model, mesh, str(tmp_path / "int8"), batch_size=8, top_k=K,
+                    exclude_input=True, bits=8)
+  quantized = serving.load(tmp_path / "int8")
+  got = quantized({"items": history})
+  score = export_lib.scoring(config, model, mesh, top_k=K, exclude_input=True)
+  jitted, _, weights, _ = export_lib.serving_function(model, mesh, score, 8)
+  columns, _ = quantized._columns({"items": history[:8]})  # pylint: disable=protected-access
+  items, values = jitted(*weights, *columns)
+  np.testing.assert_array_equal(got["items"][:8], items)
+  np.testing.assert_array_equal(got["scores"][:8], values)
+  assert set(got["items"].ravel()) <= set(resident)
+
+  # train.predict: each user's top K from the file's own ids, movies of the table only.
+  out = io.StringIO()
+  assert predict_lib.predict_next_items(served, config.data.path, out, batch_size=16) == 40
+  lines = out.getvalue().splitlines()
+  data = ml.load(config.data.path)
+  assert [int(line.split("\t")[0]) for line in lines] == data.raw_user_ids.tolist()
+  for line in lines:
+    top = [int(x) for x in line.split("\t")[1].split()]
+    assert len(top) == K and set(top) <= set(resident)
 
 
 def test_a_densely_trained_table_gets_gradients_and_fresh_adam_moments_for_placed_rows():
