@@ -208,33 +208,17 @@ class ShardedEmbed(nnx.Module):
       mesh = request.mesh
     sharding, table_axes, column_axes = annotations.merge(
         sharding, table_axes, request, name=name, column_axes=column_axes)
-    extra = {}
-    if replicate_below_bytes is not None:
-      extra["replicate_below_bytes"] = replicate_below_bytes
-    if ids_per_device is not None:
-      extra["ids_per_device"] = ids_per_device
-    if device_memory_bytes is not None:
-      extra["device_memory_bytes"] = device_memory_bytes
-    if devices_per_node is not None:
-      extra["devices_per_node"] = devices_per_node
-    if node_capacity is not None:
-      extra["node_capacity"] = node_capacity
+    # Left unset, the planner's own defaults apply.
+    extra = {k: v for k, v in (("replicate_below_bytes", replicate_below_bytes),
+                               ("ids_per_device", ids_per_device),
+                               ("device_memory_bytes", device_memory_bytes),
+                               ("devices_per_node", devices_per_node),
+                               ("node_capacity", node_capacity)) if v is not None}
     self.plan = plan_embedding(
-        num_embeddings,
-        features,
-        mesh=mesh,
-        sharding=sharding,
-        table_axes=table_axes,
-        column_axes=column_axes,
-        data_axes=data_axes,
-        tied=tied,
-        param_dtype=param_dtype,
-        name=name,
-        route_capacity=route_capacity,
-        placement=placement,
-        optimizer=optimizer,
-        **extra,
-    )
+        num_embeddings, features, mesh=mesh, sharding=sharding, table_axes=table_axes,
+        column_axes=column_axes, data_axes=data_axes, tied=tied, param_dtype=param_dtype,
+        name=name, route_capacity=route_capacity, placement=placement, optimizer=optimizer,
+        **extra)
     self.mesh = mesh
     self.on_overflow = on_overflow
     self.num_embeddings = self.plan.num_embeddings

@@ -57,8 +57,8 @@ import numpy as np
 from embedlib.data import _hashing
 from embedlib.data import criteo_chunks
 from embedlib.data.criteo_format import (  # re-exported: this module is their public home
-    _GZIP_MAGIC,
-    _HOLDOUT_BUCKETS,
+    GZIP_MAGIC,
+    HOLDOUT_BUCKETS,
     CRITEO_NUM_DENSE,
     CRITEO_NUM_SPARSE,
     MISSING_RAW,
@@ -198,7 +198,7 @@ class CriteoReader(Iterator[dict]):
             "of a .tsv or .tsv.gz file in the Criteo layout."
         )
       with open(path, "rb") as f:
-        gzipped = f.read(2) == _GZIP_MAGIC
+        gzipped = f.read(2) == GZIP_MAGIC
       if gzipped != path.endswith(".gz"):
         raise CriteoFormatError(
             f"{path} ends in .gz but is not gzip data; rename it without .gz if it is plain "
@@ -230,7 +230,7 @@ class CriteoReader(Iterator[dict]):
     self.max_bad_lines, self.num_epochs = max_bad_lines, num_epochs
     self.holdout, self.split = float(holdout), split
     self.raw_ids = bool(raw_ids)
-    self._holdout_below = int(round(self.holdout * _HOLDOUT_BUCKETS))
+    self._holdout_below = int(round(self.holdout * HOLDOUT_BUCKETS))
     salts = [_hashing.derive_key("criteo", f.name) for f in spec.features]
     self._salts = np.array(salts, np.uint64)
     self._buckets = np.array([f.num_embeddings - 1 for f in spec.features], np.uint64)

@@ -206,7 +206,7 @@ class CriteoBinaryReader(Iterator[dict]):
     count = meta["examples"]
     self._records = np.memmap(os.path.join(self.path, _RECORDS), record_dtype(stored_raw),
                               mode="r", shape=(count,)) if count else np.empty(0, record_dtype(stored_raw))
-    below = int(round(holdout * fmt._HOLDOUT_BUCKETS))  # pylint: disable=protected-access
+    below = int(round(holdout * fmt.HOLDOUT_BUCKETS))
     self._kept = None
     if below:  # the split's record numbers, found in blocks to bound the memory
       self._kept = np.concatenate([np.empty(0, np.int64)] + [

@@ -16,10 +16,10 @@ from embedlib.data import _hashing
 CRITEO_NUM_DENSE = 13
 CRITEO_NUM_SPARSE = 26
 _NUM_FIELDS = 1 + CRITEO_NUM_DENSE + CRITEO_NUM_SPARSE
-_GZIP_MAGIC = b"\x1f\x8b"
+GZIP_MAGIC = b"\x1f\x8b"
 _INTEGER = re.compile(r"-?[0-9]+")
 #: Resolution of the hold-out fraction: a line is held out when its hash mod this is below it.
-_HOLDOUT_BUCKETS = 1 << 20
+HOLDOUT_BUCKETS = 1 << 20
 _HOLDOUT_SALT = _hashing.derive_key("criteo", "holdout")
 #: The raw id of a missing categorical value with ``raw_ids=True``.
 MISSING_RAW = 1 << 60
@@ -85,7 +85,7 @@ def in_split(indices: np.ndarray, holdout_below: int, split: str) -> np.ndarray:
   if not holdout_below:
     return np.ones(indices.shape, bool)
   bits = _hashing.mix(indices.astype(np.uint64) ^ np.uint64(_HOLDOUT_SALT))
-  held_out = bits % np.uint64(_HOLDOUT_BUCKETS) < np.uint64(holdout_below)
+  held_out = bits % np.uint64(HOLDOUT_BUCKETS) < np.uint64(holdout_below)
   return held_out == (split == "holdout")
 
 
