@@ -183,6 +183,7 @@ def retrieval(task, model, mesh, eval_source, *, top_k: int) -> Scoring:
     extras = {"corpus": task.corpus(model, mesh, eval_source.catalogue())}  # rows split
   hashers = {name: h for name, h in (("user", task.user_hasher), ("item", task.item_hasher))
              if h is not None}
+
   def id_input(name, hasher, shape):
     if hasher is None:  # a dynamic table: the raw ids themselves
       return _raw_ids(name, model.user_tower.user if name == "user" else model.items, shape)
