@@ -29,7 +29,15 @@ state donated: lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
   FBGEMM's fused row-wise AdaGrad (TorchRec ``FusedEmbeddingBagCollection``),
   ``nn.Embedding(sparse=True)`` + ``torch.optim.Adagrad``, and the dense
   ``nn.Embedding`` + ``Adagrad``. ``--no-peers`` leaves them out. They are
-  CPU workers, so they are left out on any other backend.
+  CPU workers, so they are left out on any other backend;
+- the bandwidth limit (``bandwidth.py``): a jitted in-place ``x + 1`` over
+  a donated float32 buffer sized so that its read and write together move
+  the bytes the sparse step must touch (``bandwidth.step_bytes``: the ids,
+  the looked-up rows read and written, each distinct row and its AdaGrad
+  slot read and written; not the row gradient), and one over a 1 GiB
+  buffer, past the caches, for the DRAM's rate. After the table: those
+  bytes by part, each copy's GB/s, the step's effective GB/s, and its
+  distance from the limit, step / copy of its bytes (medians).
 
 ``--layouts`` runs another part instead, on 8 simulated CPU devices laid
 out as LLM training lays them out (fsdp=2 x tensor=4, ids split over
@@ -107,6 +115,7 @@ from embedlib import axes, options  # noqa: E402
 from embedlib import optim  # noqa: E402
 from embedlib.optim import fused_cpu, sorted_update  # noqa: E402
 from embedlib.plan import hlo  # noqa: E402
+import bandwidth  # noqa: E402
 from timing import print_table  # noqa: E402
 from worker_protocol import default_env, missing_note, peak_rss_mib, start_or_note  # noqa: E402
 
@@ -121,6 +130,8 @@ PEERS = {  # column -> worker --variant
 SPARSE, DENSE = "sparse row-wise AdaGrad", "dense nnx.Optimizer(adagrad)"
 SPARSE_XLA = "sparse row-wise AdaGrad, XLA ops"
 SPARSE_SORTED = "sparse row-wise AdaGrad, sorted (GPU update)"
+COPY = "copy of the sparse step's bytes (x + 1)"
+DRAM_COPY = "copy of 1 GiB (x + 1)"
 MiB = 1 << 20
 LR = 0.01
 
@@ -401,7 +412,10 @@ def run(vocab, width, n, repeats, args):
     jax.block_until_ready(steppers[name](ids))   # warm up
   uniq = len(np.unique(np.asarray(ids)))
   print(f"\n{vocab:,} x {width} f32 table, {n:,} Zipf(1.05) ids ({uniq:,} distinct)")
-  runs = {name: (lambda s=s: s.timed(ids, args.inner)) for name, s in steppers.items()}
+  parts = bandwidth.step_bytes(ids, width)
+  copiers = copy_steppers(sum(parts.values()), ids)
+  runs = {name: (lambda s=s: s.timed(ids, args.inner))
+          for name, s in {**steppers, **copiers}.items()}
   peer_losses = {}  # the loss of each worker's last step, and its steps
 
   def peer_run(col, w):
@@ -427,6 +441,9 @@ def run(vocab, width, n, repeats, args):
   sparse_ms, dense_ms = statistics.median(times[SPARSE]), statistics.median(times[DENSE])
   print(f"speed-up (dense median / sparse median): {dense_ms / sparse_ms:.1f}x  (target >= 10x)")
   print(f"table {table_bytes / MiB:.1f} MiB, looked-up rows {rows_bytes / MiB:.1f} MiB")
+  bandwidth.print_limit(parts, bandwidth.row_gradient_bytes(ids, width), times[SPARSE],
+                        times[COPY], bandwidth.copy_bytes(copiers[COPY].state),
+                        times[DRAM_COPY], bandwidth.copy_bytes(copiers[DRAM_COPY].state))
   for name, mem in memory.items():
     temp = mem.temp_size_in_bytes
     # Live at the step's peak: inputs, temporaries, and outputs that do not
@@ -441,9 +458,18 @@ def run(vocab, width, n, repeats, args):
   stats = jax.devices()[0].memory_stats() if jax.default_backend() != "cpu" else None
   if stats and "peak_bytes_in_use" in stats:
     print(f"device peak bytes in use so far: {stats['peak_bytes_in_use'] / MiB:.0f} MiB")
-  for stepper in steppers.values():
+  for stepper in {**steppers, **copiers}.values():
     del stepper.state
   return times
+
+
+def copy_steppers(step_bytes, ids):
+  """The bandwidth baselines: a copy moving ``step_bytes`` in all, and one of 1 GiB (DRAM)."""
+  copiers = {}
+  for name, nbytes in ((COPY, step_bytes), (DRAM_COPY, 2 * bandwidth.DRAM_COPY_BYTES)):
+    copiers[name] = Stepper(*bandwidth.copy_step(nbytes))
+    jax.block_until_ready(copiers[name](ids))   # compiled, its pages touched
+  return copiers
 
 
 def layouts(vocab, width, n, repeats):

@@ -62,7 +62,9 @@ def test_the_check_passes_then_every_case_is_timed(monkeypatch):
   runs = recording_runs(sparse_step, monkeypatch)
   assert sparse_step.main(QUICK) == 0
   # The sorted update (every other platform's) is timed beside the CPU's own.
-  cases = {sparse_step.SPARSE, sparse_step.DENSE, sparse_step.SPARSE_SORTED}
+  # The copies of the step's bytes and of 1 GiB: its bandwidth limit, in the same rounds.
+  cases = {sparse_step.SPARSE, sparse_step.DENSE, sparse_step.SPARSE_SORTED,
+           sparse_step.COPY, sparse_step.DRAM_COPY}
   if fused_cpu.enabled():
     cases.add(sparse_step.SPARSE_XLA)   # the XLA ops beside the fused CPU update
   assert [size for size, _ in runs] == [(100_000, 64), (1_000_000, 32)]
@@ -102,3 +104,18 @@ def test_layouts_part_times_the_grid_beside_vocab_and_hidden(capsys):
   # the grid holding half of vocab's table a device.
   assert "grid     table     0.01 MiB/device (shard 250 x 8)" in out
   assert "vocab    table     0.02 MiB/device (shard 250 x 16)" in out
+
+
+def test_the_step_bytes_count_repeats_in_the_gather_and_distinct_rows_in_the_update():
+  bandwidth = benchmark_scripts.load("bandwidth")
+  ids = np.array([3, 3, 3, 7, 9], np.int32)   # 5 ids, 3 distinct
+  parts = bandwidth.step_bytes(ids, width=8)
+  assert list(parts.values()) == [5 * 4, 5 * 8 * 4, 5 * 8 * 4, 2 * 3 * 8 * 4, 2 * 3 * 4]
+  assert bandwidth.row_gradient_bytes(ids, 8) == 2 * 5 * 8 * 4
+  # The copy reads and writes as many bytes in all, its buffer half of them
+  # (whole float32s: up to 7 bytes fewer).
+  total = sum(parts.values())
+  step, buffer = bandwidth.copy_step(total)
+  assert total - 8 < bandwidth.copy_bytes(buffer) <= total
+  _, after = step(buffer, ids)
+  assert np.array_equal(np.asarray(after), np.ones(buffer.shape, np.float32))

@@ -1,0 +1,127 @@
+"""The memory-bandwidth limit of a sparse step: the bytes it must touch, and a copy of them.
+
+A sparse row-wise AdaGrad step does little arithmetic per byte, so its
+floor is the time to move the bytes it cannot avoid moving. ``step_bytes``
+counts them; ``copy_step`` builds a pass over a buffer that reads and
+writes as many bytes in total, to time in the same run as the step, so the
+ratio step / copy says how far the step is from this machine's bandwidth.
+"""
+
+import statistics
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MiB = 1 << 20
+F32 = 4
+#: A buffer far past any cache, so that its copy moves DRAM.
+DRAM_COPY_BYTES = 1 << 30
+
+
+def step_bytes(ids, width):
+  """The bytes one sparse step of a float32 ``[vocab, width]`` table must touch, by part.
+
+  - the ids, read once (int32);
+  - the lookup: the looked-up rows read from the table, ``ids x width``,
+    repeats counted (the gather reads a row once per occurrence), and the
+    ``[ids, width]`` rows it writes;
+  - the update: each distinct touched row of the table read and written,
+    ``2 x unique x width``, and its AdaGrad slot (one float32 per row)
+    read and written, ``2 x unique``.
+
+  Not counted: the gradient of the looked-up rows, ``[ids, width]``, which
+  the backward writes once and the update reads once (``row_gradient_bytes``).
+  The rows are the lookup's output, which the model after it consumes, so a
+  step must write them; their gradient is the model's to produce, and an
+  update fused into the backward (FBGEMM's) takes each row's gradient as it
+  is made, without a round trip through memory. So this is the floor.
+
+  Args:
+    ids: ``[n]`` int, the step's ids (all valid).
+    width: the table's columns.
+
+  Returns:
+    part -> bytes, in the order above.
+  """
+  n = int(np.size(ids))
+  unique = len(np.unique(np.asarray(ids)))
+  return {
+      "ids read": n * 4,
+      "looked-up rows read (gather, repeats counted)": n * width * F32,
+      "looked-up rows written [ids, width]": n * width * F32,
+      f"distinct rows read + written (2 x {unique:,} x {width})": 2 * unique * width * F32,
+      f"AdaGrad slots read + written (2 x {unique:,})": 2 * unique * F32,
+  }
+
+
+def row_gradient_bytes(ids, width):
+  """The row gradient ``[ids, width]`` written once and read once (not in ``step_bytes``)."""
+  return 2 * int(np.size(ids)) * width * F32
+
+
+def copy_step(total_bytes):
+  """A ``step(buffer, ids) -> (None, buffer)`` that reads and writes ``total_bytes`` in all.
+
+  An in-place ``x + 1`` over a donated float32 buffer of ``total_bytes / 2``
+  (read once, written once, as the step's state is). In place because a
+  fresh output buffer would be fresh pages on CPU, each first touch a fault,
+  which times the kernel's page handling rather than the memory; jitted so
+  that it runs on the step's backend and runtime (its threads, its device).
+
+  Returns:
+    ``(step, buffer)``: the jitted step (``ids`` unused, there for the
+    step's signature) and the buffer to pass it first.
+  """
+  elements = max(1, total_bytes // (2 * F32))
+
+  def bump(buffer, ids):
+    del ids
+    # Nothing else out: returning an element of the buffer too makes XLA
+    # write the sum to a new buffer rather than over the donated one.
+    return None, buffer + 1
+
+  return jax.jit(bump, donate_argnums=0), jnp.zeros(elements, jnp.float32)
+
+
+def copy_bytes(buffer):
+  """The bytes one ``copy_step`` moves: its buffer read and written."""
+  return 2 * buffer.size * buffer.dtype.itemsize
+
+
+def print_limit(parts, gradient, step_ms, copy_ms, copy_moved, dram_ms, dram_moved):
+  """Prints the step's bytes, the copies' speeds, and the step's distance from them.
+
+  Medians and minima both: on a shared machine a short copy's median can
+  be more the other jobs' time slices than the memory's, and the minimum
+  is the sample they disturbed least.
+
+  Args:
+    parts: ``step_bytes``'s part -> bytes.
+    gradient: ``row_gradient_bytes``.
+    step_ms, copy_ms, dram_ms: the ms of each timed sample of the step, the
+      copy of its bytes, the copy of ``DRAM_COPY_BYTES``.
+    copy_moved, dram_moved: the bytes each copy reads and writes in all.
+  """
+  total = sum(parts.values())
+  print("bytes the sparse step must touch (read + write):")
+  for part, nbytes in parts.items():
+    print(f"  {part:52s} {nbytes / MiB:9.2f} MiB")
+  print(f"  {'total':52s} {total / MiB:9.2f} MiB")
+  print(f"  (not counted: the row gradient [ids, width] written and read once, "
+        f"{gradient / MiB:.2f} MiB; with it {(total + gradient) / MiB:.2f} MiB)")
+  print(f"copy of the step's bytes: a buffer of {copy_moved / 2 / MiB:.2f} MiB read and written "
+        f"({copy_moved / MiB:.2f} MiB moved); copy of {dram_moved / 2 / MiB:,.0f} MiB (DRAM)")
+  dram_copy = f"copy of {dram_moved // (2 * MiB):,} MiB"
+  print(f"  {'':8s} {'copy of its bytes':>23s} {dram_copy:>23s} {'sparse step':>23s} "
+        f"{'step / copy':>12s} {'step / its bytes at DRAM rate':>30s}")
+  for stat, pick in (("median", statistics.median), ("min", min)):
+    step, copy, dram = pick(step_ms), pick(copy_ms), pick(dram_ms)
+    dram_floor = total / (dram_moved / dram)   # the step's bytes at the DRAM copy's rate
+    print(f"  {stat:8s} {rate(copy, copy_moved)} {rate(dram, dram_moved)} {rate(step, total)} "
+          f"{step / copy:11.1f}x {step / dram_floor:29.1f}x ({dram_floor:.3f} ms)")
+
+
+def rate(ms, nbytes):
+  """``ms`` and the GB/s of ``nbytes`` in that time, 23 characters."""
+  return f"{ms:8.3f} ms {nbytes / ms / 1e6:6.2f} GB/s"
