@@ -2,6 +2,7 @@
 
     python3 benchmarks/dynamic_quality.py            # 3 seeds x 160k lines, 16,384 rows, ~185k ids
     python3 benchmarks/dynamic_quality.py --smoke    # 12k lines, 2,048 rows: the check only
+    python3 benchmarks/dynamic_quality.py --large    # 1 seed x 20.5M lines, 2**20 rows, ~10M ids
 
 The data is a Criteo-format file written by ``embedlib.data.criteo_synth``
 (``vocab_scale`` widens every feature's vocabulary) and read back as raw
@@ -21,7 +22,11 @@ training lines, then AUC on the next ``--test`` lines.
 - dynamic LRU / LFU: ``DynamicEmbed(rows)``, admitted on first sight,
   evicting; an id not resident reads zeros;
 - dynamic, unlimited: ``DynamicEmbed`` with room for every id seen (four
-  rows per id), so nothing is evicted.
+  rows per id; two with ``--large``), so nothing is evicted.
+
+The file is written block by block and parsed in chunks, column by column,
+into preallocated arrays, so ``--large`` needs memory for its numbers rather
+than for tens of millions of Python lists.
 
 The check (exit 1 if it fails): the unlimited table ends holding exactly
 the distinct ids of the training lines, each in its own row, having
@@ -49,22 +54,72 @@ from embedlib.metrics import StreamingMetrics  # noqa: E402
 
 SIGNAL = criteo_synth.SIGNAL_SPARSE
 FIRST_SPARSE = 14                     # label, 13 integers, then the categoricals
+PAD = np.uint64(2**64 - 1)            # an empty field: no id
 
 
-def read(path):
-  """Labels, ``log1p`` integer features and raw signal ids (uint64, ``feature << 32 | value``;
-  ``2**64 - 1`` where empty) of a Criteo-format file."""
-  labels, dense, ids = [], [], []
-  pad = np.uint64(2**64 - 1)
-  with open(path, encoding="ascii") as f:
-    for line in f:
-      cols = line.rstrip("\n").split("\t")
-      labels.append(int(cols[0]))
-      dense.append([np.log1p(max(int(c), 0)) if c else 0.0 for c in cols[1:FIRST_SPARSE]])
-      ids.append([(f << 32) | int(cols[FIRST_SPARSE + f], 16) if cols[FIRST_SPARSE + f] else pad
-                  for f in SIGNAL])
-  return (np.asarray(labels, np.float32), np.asarray(dense, np.float32),
-          np.asarray(ids, np.uint64))
+def read(path, num_lines, *, chunk_bytes=1 << 26):
+  """Labels ``[num_lines]``, ``log1p`` integer features ``[num_lines, 13]`` and raw signal ids
+  ``[num_lines, len(SIGNAL)]`` (uint64, ``feature << 32 | value``; ``2**64 - 1`` where empty)
+  of the first ``num_lines`` lines of a Criteo-format file.
+
+  Lines are parsed column by column in chunks into preallocated arrays, so files of tens of
+  millions of lines fit in memory as numbers rather than as Python objects.
+  """
+  labels = np.empty(num_lines, np.float32)
+  dense = np.empty((num_lines, FIRST_SPARSE - 1), np.float32)
+  ids = np.empty((num_lines, len(SIGNAL)), np.uint64)
+  done = 0
+  with open(path, "rb") as f:
+    while done < num_lines:
+      lines = f.readlines(chunk_bytes)[:num_lines - done]
+      if not lines:
+        raise ValueError(f"{path}: {done:,} lines, fewer than the {num_lines:,} asked for; "
+                         "write the file with at least that many lines.")
+      n = len(lines)
+      rows = slice(done, done + n)
+      cols = _columns(b"".join(lines), n, path)
+      labels[rows] = _integers(cols(0))[0]
+      for j in range(1, FIRST_SPARSE):
+        value, empty = _integers(cols(j))
+        dense[rows, j - 1] = np.where(empty, 0.0, np.log1p(np.maximum(value, 0)))
+      for k, feature in enumerate(SIGNAL):
+        value, empty = _hex(cols(FIRST_SPARSE + feature), path)
+        ids[rows, k] = np.where(empty, PAD, (np.uint64(feature) << np.uint64(32)) | value)
+      done += n
+  return labels, dense, ids
+
+
+def _columns(text, n, path):
+  """A function from a column index to that column of ``n`` tab-separated lines, as bytes."""
+  fields = text.replace(b"\n", b"\t").split(b"\t")[:-1]
+  width = FIRST_SPARSE + criteo_synth.CRITEO_NUM_SPARSE
+  if len(fields) != n * width:
+    raise ValueError(f"{path}: {len(fields):,} fields in {n:,} lines; a Criteo line has "
+                     f"{width} tab-separated fields (label, 13 integers, 26 categoricals).")
+  return lambda j: np.array(fields[j::width])
+
+
+def _integers(col):
+  """Decimal byte strings as int64 (0 where empty), and where they are empty."""
+  empty = col == b""
+  return np.where(empty, b"0", col).astype(np.int64), empty
+
+
+def _hex(col, path):
+  """Hexadecimal byte strings (at most 8 digits) as uint64 (0 where empty), and where empty."""
+  if col.dtype.itemsize > 8:
+    raise ValueError(f"{path}: a categorical value has {col.dtype.itemsize} characters; the "
+                     "ids keep 32 bits of value, so values must be at most 8 hex digits.")
+  chars = col.view(np.uint8).reshape(len(col), col.dtype.itemsize)
+  ranges = [(chars >= lo) & (chars <= hi) for lo, hi in (b"09", b"af", b"AF")]
+  digits = np.select(ranges, [chars - 48, chars - 87, chars - 55], 0).astype(np.uint64)
+  present = chars != 0
+  if np.any(present & ~(ranges[0] | ranges[1] | ranges[2])):
+    raise ValueError(f"{path}: a categorical value is not hexadecimal (0-9, a-f).")
+  value = np.zeros(len(col), np.uint64)
+  for k in range(chars.shape[1]):
+    value = np.where(present[:, k], value * np.uint64(16) + digits[:, k], value)
+  return value, col == b""
 
 
 class Model(nnx.Module):
@@ -80,7 +135,7 @@ class Model(nnx.Module):
 def hashed(ids, rows):
   """Each id's row in a hashed table (``-1`` where empty)."""
   h = _hashing.hash_u64(_hashing.derive_key(0, "dynamic_quality"), ids) % np.uint64(rows)
-  return np.where(ids == np.uint64(2**64 - 1), -1, h.astype(np.int64)).astype(np.int32)
+  return np.where(ids == PAD, -1, h.astype(np.int64)).astype(np.int32)
 
 
 def loss_fn(model, ids, dense, y):
@@ -119,30 +174,53 @@ def run(table, to_ids, data, batch, lr):
   return float(acc.result()["auc"]), model
 
 
+#: Each scale's sizes; ``--lines`` and the other flags override them.
+PRESETS = {
+    "default": dict(lines=163_840, test=32_768, rows=16_384, vocab_scale=4.0, seeds=3,
+                    rows_per_id=4),
+    "smoke": dict(lines=12_288, test=4_096, rows=2_048, vocab_scale=0.2, seeds=1,
+                  rows_per_id=4),
+    # About 10M distinct ids against 2**20 rows. Four rows per id would make the unlimited
+    # table 40M rows; two still leave its buckets of 128 half full, too far from full to
+    # turn an id away.
+    "large": dict(lines=20_480_000, test=1_048_576, rows=1_048_576, vocab_scale=80.0, seeds=1,
+                  rows_per_id=2),
+}
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--smoke", action="store_true")
+  scale = parser.add_mutually_exclusive_group()
+  scale.add_argument("--smoke", action="store_true", help="one small seed: the check only")
+  scale.add_argument("--large", action="store_true",
+                     help="one seed of 20.5M lines, ~10M distinct ids, 2**20 rows")
   parser.add_argument("--lines", type=int, default=None, help="training lines")
   parser.add_argument("--test", type=int, default=None, help="held-out lines after them")
   parser.add_argument("--rows", type=int, default=None, help="rows of the limited tables")
   parser.add_argument("--vocab-scale", type=float, default=None)
+  parser.add_argument("--rows-per-id", type=int, default=None,
+                      help="rows of the unlimited table per distinct training id")
   parser.add_argument("--width", type=int, default=8)
   parser.add_argument("--batch", type=int, default=1024)
   parser.add_argument("--lr", type=float, default=0.1)
-  parser.add_argument("--seeds", type=int, default=None, help="data seeds (default 3; smoke 1)")
+  parser.add_argument("--seeds", type=int, default=None, help="data seeds")
   args = parser.parse_args(argv)
-  lines = args.lines or (12_288 if args.smoke else 163_840)
-  test = args.test or (4_096 if args.smoke else 32_768)
-  rows = args.rows or (2_048 if args.smoke else 16_384)
-  scale = args.vocab_scale or (0.2 if args.smoke else 4.0)
-  args.seeds = args.seeds or (1 if args.smoke else 3)
+  preset = PRESETS["smoke" if args.smoke else "large" if args.large else "default"]
+  for name, value in preset.items():
+    if getattr(args, name) is None:
+      setattr(args, name, value)
+  if min(args.lines, args.test, args.rows, args.rows_per_id, args.seeds) < 1:
+    parser.error("--lines, --test, --rows, --rows-per-id and --seeds must be at least 1.")
+  if args.lines % args.batch:
+    parser.error(f"--lines={args.lines} must be a multiple of --batch={args.batch}: training "
+                 "drops a partial batch, and the unlimited table must see every training id.")
   w = args.width
   row_bytes = 4 * w + 4                               # the row and its AdaGrad slot
-  map_bytes = dynamic.Policy(rows).map_bytes_per_row()
-  same_memory = int(rows * (row_bytes + map_bytes) / row_bytes)
+  map_bytes = dynamic.Policy(args.rows).map_bytes_per_row()
+  same_memory = int(args.rows * (row_bytes + map_bytes) / row_bytes)
   results, ok = {}, True
   for seed in range(args.seeds):
-    ok &= trial(seed, lines, test, rows, same_memory, scale, args, results)
+    ok &= trial(seed, same_memory, args, results)
   print(f"\nAUC on the held-out lines over {args.seeds} data seed(s): min / median / max")
   for name, aucs in results.items():
     print(f"  {name:40s} {min(aucs):.4f} / {np.median(aucs):.4f} / {max(aucs):.4f}")
@@ -150,25 +228,51 @@ def main(argv=None) -> int:
   return 0 if ok else 1
 
 
-def trial(seed, lines, test, rows, same_memory, scale, args, results) -> bool:
-  """One data seed: every case's AUC appended to ``results``; whether the check holds."""
-  synth = criteo_synth.CriteoSynth(seed=seed, vocab_scale=scale)
+def write(synth, path, num_lines, last):
+  """Writes ``num_lines`` lines as ``synth.write`` does; the planted logits of the ``last``."""
+  ps = []
+  with open(path, "w", encoding="ascii") as f:
+    for lines, p in synth.blocks(num_lines):
+      f.write("\n".join(lines) + "\n")
+      ps.append(p[-last:])
+  p = np.concatenate(ps)[-last:]
+  return np.log(p) - np.log1p(-p)
+
+
+def make_data(seed, args):
+  """One seed's train and test arrays, its distinct training ids and the oracle's test AUC."""
+  lines, test = args.lines, args.test
+  synth = criteo_synth.CriteoSynth(seed=seed, vocab_scale=args.vocab_scale)
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "day.tsv")
-    synth.write(path, lines + test)
-    y, dense, ids = read(path)
+    planted = write(synth, path, lines + test, test)
+    y, dense, ids = read(path, lines + test)
   data = {"train": (y[:lines], dense[:lines], ids[:lines]),
           "test": (y[lines:], dense[lines:], ids[lines:])}
-  seen = np.unique(ids[:lines][ids[:lines] != np.uint64(2**64 - 1)])
+  seen = np.unique(ids[:lines][ids[:lines] != PAD])
   acc = StreamingMetrics()
-  acc.update(y[lines:], logits=criteo_synth.planted_logits(synth, lines + test)[lines:]
-             .astype(np.float32))
-  oracle = float(acc.result()["auc"])
-  w = args.width
-  unlimited = -(-4 * len(seen) // 128) * 128
-  print(f"seed {seed}: {lines:,} training lines, {test:,} held out, vocab_scale={scale}, "
-        f"{len(SIGNAL)} signal features: {len(seen):,} distinct (feature, value) ids in "
-        f"training; {rows:,} rows; width {w}; batch {args.batch}; {jax.default_backend()}")
+  acc.update(y[lines:], logits=planted.astype(np.float32))
+  return data, seen, float(acc.result()["auc"])
+
+
+def holds_exactly(table, seen) -> bool:
+  """Whether ``table`` holds exactly the ids ``seen`` (sorted uint64), each in its own row."""
+  resident = table.resident()
+  keys = np.fromiter(resident.keys(), np.uint64, len(resident))
+  rows = np.fromiter(resident.values(), np.int64, len(resident))
+  return np.array_equal(np.sort(keys), seen) and len(np.unique(rows)) == len(rows)
+
+
+def trial(seed, same_memory, args, results) -> bool:
+  """One data seed: every case's AUC appended to ``results``; whether the check holds."""
+  start = time.perf_counter()
+  data, seen, oracle = make_data(seed, args)
+  lines, test, rows, w = args.lines, args.test, args.rows, args.width
+  unlimited = -(-args.rows_per_id * len(seen) // 128) * 128
+  print(f"seed {seed}: {lines:,} training lines, {test:,} held out, "
+        f"vocab_scale={args.vocab_scale}, {len(SIGNAL)} signal features: {len(seen):,} distinct "
+        f"(feature, value) ids in training; {rows:,} rows; width {w}; batch {args.batch}; "
+        f"{jax.default_backend()}; data written and read in {time.perf_counter() - start:.0f} s")
   words = lambda b: dynamic.words(b)
   dyn = lambda cap, eviction: embedlib.DynamicEmbed(cap, w, eviction=eviction,
                                                     rngs=nnx.Rngs(0))
@@ -181,7 +285,8 @@ def trial(seed, lines, test, rows, same_memory, scale, args, results) -> bool:
            lambda b: jnp.asarray(hashed(b, same_memory))),
       f"dynamic LRU ({rows:,})": (lambda: dyn(rows, "lru"), words),
       f"dynamic LFU ({rows:,})": (lambda: dyn(rows, "lfu"), words),
-      "dynamic, unlimited (4 rows per id)": (lambda: dyn(unlimited, None), words),
+      f"dynamic, unlimited ({args.rows_per_id} rows per id)":
+          (lambda: dyn(unlimited, None), words),
   }
   ok = True
   for name, (make, to_ids) in cases.items():
@@ -192,16 +297,16 @@ def trial(seed, lines, test, rows, same_memory, scale, args, results) -> bool:
     if isinstance(model.table, embedlib.DynamicEmbed):
       extra = f"  (last step: {model.table.stats()})"
       if model.table.policy.eviction is None:
-        resident = model.table.resident()
-        exact = (sorted(resident) == seen.tolist()
-                 and len(set(resident.values())) == len(resident))
+        exact = holds_exactly(model.table, seen)
         ok &= exact
         extra += f"  holds every training id in its own row: {exact}"
     ok &= 0.5 < auc <= oracle + 0.01
-    print(f"  {name:40s} AUC {auc:.4f}  ({time.perf_counter() - start:.0f} s){extra}")
+    print(f"  {name:40s} AUC {auc:.4f}  ({time.perf_counter() - start:.0f} s){extra}",
+          flush=True)
   results.setdefault("planted oracle", []).append(oracle)
   print(f"  {'planted oracle':40s} AUC {oracle:.4f}")
   return ok
+
 
 if __name__ == "__main__":
   sys.exit(main())

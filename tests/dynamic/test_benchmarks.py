@@ -23,6 +23,26 @@ def test_dynamic_quality_hashing_maps_ids_into_the_rows():
   assert 0 <= rows[0] < 10 and 0 <= rows[3] < 10
 
 
+def test_dynamic_quality_reads_the_columns_a_line_by_line_parse_reads(tmp_path):
+  script = benchmark_scripts.load("dynamic_quality")
+  path = tmp_path / "day.tsv"
+  script.criteo_synth.CriteoSynth(seed=3, vocab_scale=0.5).write(path, 300)
+  labels, dense, ids = script.read(path, 299, chunk_bytes=5_000)   # several chunks
+  for i, line in enumerate(path.read_text().splitlines()[:299]):
+    cols = line.split("\t")
+    assert labels[i] == int(cols[0])
+    np.testing.assert_array_equal(
+        dense[i], np.float32([np.log1p(max(int(c), 0)) if c else 0.0 for c in cols[1:14]]))
+    assert ids[i].tolist() == [(f << 32) | int(cols[14 + f], 16) if cols[14 + f] else 2**64 - 1
+                               for f in script.SIGNAL]
+  assert (ids == 2**64 - 1).any() and (dense == 0).any()      # empty fields were met
+  with pytest.raises(ValueError, match="fewer than the 301"):
+    script.read(path, 301)
+  path.write_text("1\t2\tx\n")
+  with pytest.raises(ValueError, match="40 tab-separated fields"):
+    script.read(path, 1)
+
+
 def test_dynamic_lookup_smoke_checks_the_map_against_the_reference(capsys):
   script = benchmark_scripts.load("dynamic_lookup")
   assert script.main(["--smoke", "--repeats", "1", "--no-peers"]) == 0
