@@ -1,7 +1,8 @@
-"""Dedup's cost against the bytes it saves: one routed table on 8 simulated CPU devices.
+"""Dedup's cost against the bytes it saves, 8 simulated CPU devices: one table or a collection.
 
     python3 benchmarks/dedup_cost.py                 # 15 interleaved repeats, about a minute
     python3 benchmarks/dedup_cost.py --repeats 5
+    python3 benchmarks/dedup_cost.py --collection    # the 26-table collection, --scale 0.05
 
 The calibration of ``embedlib.plan.cost.DEDUP_BYTES_PER_ID``: a collection
 of one ``sharding="routed"`` table (64 wide) read by one pooled feature
@@ -14,9 +15,32 @@ bytes saved per id, whether ``cost.dedup_pays`` turns dedup on, and min /
 median / max ms of the forward from one interleaved run. The simulated
 devices share the machine's cores: the times weigh dedup's work against
 the collectives' copies on this CPU, not a GPU's. Never asserts a time.
+
+``--collection`` weighs the planner's choice on a whole collection: the
+26 Criteo-like tables of ``collection_lookup.py`` (its tables, features and
+Zipf ids, rows times ``--scale``), batch ``--batch``, on the same mesh, as
+
+- the plan's choice (``num_unique="auto"``; prints which tables it dedups);
+- its layouts with dedup on every routed table: the other choice, table by
+  table, where the planner makes one;
+- dedup on every table the plan shards (``num_unique`` = each one's most
+  distinct ids on a shard; the planner may then lay them out otherwise; a
+  replicated table moves no bytes, so its dedup would be work alone);
+- dedup on none;
+- with the layouts dedup took, dedup on none (the layout's share of a
+  difference), and dedup only where ``cost.dedup_pays`` at the measured
+  capacities (the planner's rule fed the Zipf ids' distinct counts, not
+  its uniform estimate).
+
+Their pooled outputs are checked equal (to 1e-5), then one interleaving
+times the forwards and another the forwards + backwards (the pooled
+outputs' sum through ``optim.value_and_grad``: gradients for the rows
+looked up, as a training step takes them, before the optimizer's update;
+``--no-backward`` skips it), each round's order shuffled.
 """
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -29,15 +53,25 @@ sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from embedlib import EmbeddingCollection, FeatureSpec, TableSpec  # noqa: E402
+from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, options  # noqa: E402
+from embedlib import optim  # noqa: E402
 from embedlib.plan import cost  # noqa: E402
 from timing import interleaved, print_table  # noqa: E402
+import collection_lookup  # noqa: E402
 
 BATCH, BAG, WIDTH, DEVICES = 4096, 8, 64, 8
 SETS = ((100_000, "uniform"), (100_000, "zipf"), (2_000, "uniform"))
+TOLERANCE = 1e-5
+PLANS_CHOICE = "plan's choice (auto)"
+DEDUP_ROUTED = "dedup on its routed tables, its layouts"
+DEDUP_ALL = "dedup on every sharded table"
+DEDUP_NONE = "dedup on none"
+LAYOUTS_ONLY = "dedup on none, dedup's layouts"
+DEDUP_PAYING = "dedup where it pays measured, its layouts"
 
 
 def make_ids(rows, kind, rng):
@@ -46,10 +80,7 @@ def make_ids(rows, kind, rng):
   return (((rng.zipf(1.05, (BATCH, BAG)) - 1) * 2654435761) % rows).astype(np.int32)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--repeats", type=int, default=15)
-  args = parser.parse_args()
+def one_table(args):
   mesh = jax.make_mesh((DEVICES,), ("batch",))
   split = jax.NamedSharding(mesh, jax.P("batch"))
   rng = np.random.default_rng(0)
@@ -87,6 +118,141 @@ def main():
     print(f"{plain.rsplit(',', 1)[0]}: dedup / no dedup (medians) {ratio:.2f}; "
           f"cost.dedup_pays chooses {chosen}, measured faster: {faster}")
   print(f"load average {os.getloadavg()[0]:.1f} at the end")
+
+
+def pooled_sum(coll, x):
+  return sum(jnp.sum(v) for v in coll(x).values())
+
+
+def forward_and_backward(coll):
+  """Jitted ``(forward, forward + backward)`` of ``coll`` and the state they take.
+
+  The backward is the training step's: ``optim.value_and_grad`` of the
+  pooled outputs' sum, gradients for the rows the batch looked up (no
+  table-sized gradient), before any optimizer applies them.
+  """
+  graphdef, state = nnx.split(coll)
+  forward = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+  step = jax.jit(lambda s, x: optim.value_and_grad(pooled_sum)(nnx.merge(graphdef, s), x))
+  return forward, step, state
+
+
+def describe(coll):
+  """Each sharded table's layout and dedup capacity, then which tables dedup."""
+  layouts = ", ".join(f"{t.name} {t.plan.strategy}"
+                      + (f" (dedup at {t.num_unique})" if t.name in coll.num_unique else "")
+                      for t in coll.plan.tables if t.plan.strategy != options.REPLICATED)
+  return f"{layouts}; the rest replicated; dedups {', '.join(coll.num_unique) or 'no table'}"
+
+
+def paying_tables(coll, features, local_batch):
+  """Tables where ``cost.dedup_pays`` at ``coll``'s capacities; prints each one's saving an id."""
+  bags = {f.table: f.max_ids_per_sample for f in features}
+  paying, saved = [], []
+  for t in coll.plan.tables:
+    if t.name not in coll.num_unique:
+      continue
+    ids = local_batch * bags[t.name]
+    saved.append(f"{t.name} {(t.bytes_moved - t.bytes_moved_dedup) / ids:.0f}")
+    if cost.dedup_pays(t.bytes_moved, t.bytes_moved_dedup, ids):
+      paying.append(t.name)
+  print(f"bytes dedup saves an id at these capacities ({DEDUP_ALL}'s layouts): "
+        f"{', '.join(saved)}; over {cost.DEDUP_BYTES_PER_ID}: {', '.join(paying) or 'none'}")
+  return paying
+
+
+def pinned(tables, coll):
+  """``tables`` with the layouts ``coll``'s plan chose, fixed."""
+  return [dataclasses.replace(t, sharding=p.plan.strategy)
+          for t, p in zip(tables, coll.plan.tables)]
+
+
+def collection_variants(tables, features, needs, *, batch_size, **kw):
+  """The collections compared, by name: the plan's choice first."""
+  build = lambda tables, num_unique: EmbeddingCollection(
+      tables, features, num_unique=num_unique, batch_size=batch_size, rngs=nnx.Rngs(0), **kw)
+  chosen = build(tables, "auto")
+  capacities = lambda coll, keep: {t.name: needs[t.name] for t in coll.plan.tables if keep(t)}
+  # A copy on every device moves no bytes: dedup there is work no plan would choose.
+  dedup_all = build(tables, capacities(chosen, lambda t: t.plan.strategy != options.REPLICATED))
+  paying = paying_tables(dedup_all, features, batch_size // DEVICES)
+  return {
+      PLANS_CHOICE: chosen,
+      DEDUP_ROUTED: build(pinned(tables, chosen),
+                          capacities(chosen, lambda t: t.plan.strategy == options.ROUTED)),
+      DEDUP_ALL: dedup_all,
+      DEDUP_NONE: build(tables, None),
+      # Dedup's capacities can change a table's layout: pinning those layouts
+      # parts the layout's share of a difference from dedup's.
+      LAYOUTS_ONLY: build(pinned(tables, dedup_all), None),
+      DEDUP_PAYING: build(pinned(tables, dedup_all),
+                          capacities(dedup_all, lambda t: t.name in paying)),
+  }
+
+
+def check_equal(outputs):
+  """Exits unless every variant's pooled outputs match the plan's choice's."""
+  want = outputs[PLANS_CHOICE]
+  for name, got in outputs.items():
+    if name == PLANS_CHOICE:
+      continue
+    err = max(float(jnp.max(jnp.abs(got[k] - want[k]))) for k in want)
+    print(f"max |{name} - plan's choice| = {err:.2e}")
+    if not err <= TOLERANCE:
+      raise SystemExit(f"{name}: pooled outputs differ from the plan's choice by {err:.2e}")
+
+
+def time_and_compare(cases, repeats, label):
+  """One shuffled interleaving of ``cases``; prints it and the ratios to the plan's choice."""
+  times = interleaved(cases, repeats, shuffle_seed=0)
+  print_table(times, PLANS_CHOICE, f"{label}, {DEVICES} simulated devices, {repeats} "
+              "interleaved repeats (order shuffled each round), ms")
+  chosen = times[PLANS_CHOICE]
+  for name, ts in times.items():
+    if name != PLANS_CHOICE:
+      print(f"{label}: {name} / plan's choice: median "
+            f"{statistics.median(ts) / statistics.median(chosen):.2f}, "
+            f"min {min(ts) / min(chosen):.2f}")
+
+
+def whole_collection(args):
+  """The plan's dedup choice on the 26-table collection against dedup everywhere and nowhere."""
+  mesh = jax.make_mesh((DEVICES,), ("batch",))
+  split = jax.NamedSharding(mesh, jax.P("batch"))
+  tables, features = collection_lookup.specs(args.scale)
+  ids_np = collection_lookup.make_ids(tables, features, args.batch)
+  x = {k: jax.device_put(v, split) for k, v in ids_np.items()}
+  needs = collection_lookup.shard_needs(features, ids_np, DEVICES)
+  print(f"{DEVICES} simulated devices, 26 tables (--scale {args.scale}, largest "
+        f"{tables[0].num_embeddings:,} rows), batch {args.batch}; load average "
+        f"{os.getloadavg()[0]:.1f} at start")
+  forwards, steps, outputs = {}, {}, {}
+  for name, coll in collection_variants(tables, features, needs, mesh=mesh,
+                                        batch_size=args.batch).items():
+    print(f"{name}: {describe(coll)}")
+    forward, step, params = forward_and_backward(coll)
+    outputs[name] = forward(params, x)
+    forwards[name], steps[name] = (forward, (params, x)), (step, (params, x))
+  check_equal(outputs)
+  # Apart: a backward's buffers, freed, would weigh on the forward after it.
+  time_and_compare(forwards, args.repeats, "forward")
+  if args.backward:
+    time_and_compare(steps, args.repeats, "forward + backward")
+  print(f"load average {os.getloadavg()[0]:.1f} at the end")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--repeats", type=int, default=15)
+  parser.add_argument("--collection", action="store_true",
+                      help="the 26-table collection of collection_lookup.py, not one table")
+  parser.add_argument("--scale", type=float, default=0.05,
+                      help="--collection: rows of each table times this")
+  parser.add_argument("--batch", type=int, default=BATCH, help="--collection: samples per step")
+  parser.add_argument("--no-backward", dest="backward", action="store_false",
+                      help="--collection: time the forward only")
+  args = parser.parse_args()
+  (whole_collection if args.collection else one_table)(args)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ absolute pass/fail times: these machines are shared and noisy.
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 
@@ -18,12 +19,17 @@ def time_once(fn, *args) -> float:
   return (time.perf_counter() - start) * 1e3
 
 
-def interleaved(cases: dict, repeats: int) -> dict[str, list[float]]:
+def interleaved(cases: dict, repeats: int, *, shuffle_seed: int | None = None
+                ) -> dict[str, list[float]]:
   """Times every case ``repeats`` times, round-robin, after one warm-up each.
 
   Args:
     cases: name -> (fn, args).
     repeats: timed calls per case.
+    shuffle_seed: None keeps the order of ``cases`` every round; a seed
+      shuffles each round's order (seeded), so that no case always runs
+      behind the same predecessor and inherits its cache footprint and the
+      freeing of its buffers.
 
   Returns:
     name -> list of milliseconds.
@@ -31,8 +37,12 @@ def interleaved(cases: dict, repeats: int) -> dict[str, list[float]]:
   for fn, args in cases.values():
     jax.block_until_ready(fn(*args))
   times = {name: [] for name in cases}
+  order, rng = list(cases), random.Random(shuffle_seed)
   for _ in range(repeats):
-    for name, (fn, args) in cases.items():
+    if shuffle_seed is not None:
+      rng.shuffle(order)
+    for name in order:
+      fn, args = cases[name]
       times[name].append(time_once(fn, *args))
   return times
 
