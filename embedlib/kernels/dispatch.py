@@ -9,7 +9,7 @@ machine traced it. Implementations:
 - ``"xla"``: the pure-jnp gather reference (differentiated by jax) and
   `bag_xla` (the reference's sums slot by slot, a hand-written backward);
 - ``"cpu"``: the C++ gather of `gather_cpu` (the reference's gradient),
-  `bag_xla` for bags;
+  and `bag_cpu` for bags (the C++ gather for one id a row, else `bag_xla`);
 - ``"mosaic"``: the Mosaic GPU kernels (`gather_mosaic`, `bag_mosaic`,
   `backward_mosaic`), compiled (CUDA only, through `platforms.on_gpu`) or
   run by Mosaic GPU's interpreter (``"mosaic-interpret"``, jax >= 0.11);
@@ -50,7 +50,7 @@ from embedlib.kernels import platforms
 from embedlib.kernels import reference
 from embedlib.kernels.bag_pallas import check_bag_shapes
 from embedlib.kernels.bag_xla import bag_xla
-from embedlib.kernels.gather_cpu import gather_cpu
+from embedlib.kernels.gather_cpu import bag_cpu, gather_cpu
 
 _GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 #: Implementations `plan` chooses from.
@@ -212,9 +212,9 @@ def _lookup(kind: str, impl: str, auto: bool = False):
   The Mosaic kernels fall back to XLA's ops for tables they do not take
   (`mosaic.supports`); ``auto`` also for shapes `gpu_choice` lists.
   """
-  if impl == CPU and kind == "gather":
-    return gather_cpu
-  if impl in (XLA, CPU):  # no C++ bag: XLA's
+  if impl == CPU:
+    return gather_cpu if kind == "gather" else bag_cpu
+  if impl == XLA:
     return _XLA[kind]
   backend, mode = _PALLAS[impl]
   pallas = (lambda t, i: pallas_ad.gather(t, i, backend, mode)) if kind == "gather" else (
