@@ -70,7 +70,7 @@ gather_cpu.defvjp(_fwd, _bwd)
 
 def bag_cpu(table, ids, weights=None, *, combiner="sum"):
   """`bag_xla`'s result; a bag of one id a row through the C++ gather (module docstring)."""
-  if ids.ndim != 2 or ids.shape[1] != 1:
+  if ids.shape[1] != 1:
     return bag_xla(table, ids, weights, combiner=combiner)
   coef = reference.bag_coefficients(ids, weights, table.shape[0], combiner)
   rows = gather_cpu(table, ids[:, 0])

@@ -171,11 +171,9 @@ def retrieval(task, model, mesh, eval_source, *, top_k: int) -> Scoring:
   """
   spec = task.spec
   if task.dynamic:
-    keys = task.resident_items(model)          # sorted raw ids, padded with RAW_ID_LIMIT
-    num_items = int((keys < RAW_ID_LIMIT).sum())
+    corpus, corpus_ids = task.resident_corpus(model, mesh)   # raw ids, RAW_ID_LIMIT pads
+    num_items = int((corpus_ids < RAW_ID_LIMIT).sum())
     k = _check_k(top_k, num_items, f"{num_items} resident movies of the item table")
-    corpus = task.corpus(model, mesh, np.zeros(len(keys), np.int32), raw=keys)
-    corpus_ids = np.pad(keys, (0, corpus.shape[0] - len(keys)), constant_values=RAW_ID_LIMIT)
     extras = {"corpus": corpus, "corpus_ids": corpus_ids}
   else:
     num_items = spec.num_items

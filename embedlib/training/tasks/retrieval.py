@@ -279,14 +279,21 @@ class RetrievalTask(base.Task):
     return np.pad(keys, (0, table.policy.capacity - len(keys)),
                   constant_values=_NO_ITEM).astype(np.int32)
 
+  def resident_corpus(self, model, mesh) -> tuple[jax.Array, np.ndarray]:
+    """A dynamic item table's corpus: ``(corpus, keys)``, its resident movies embedded
+    (``corpus``) and their raw ids, padded with ``_NO_ITEM`` to the corpus's rows."""
+    keys = self.resident_items(model)
+    corpus = self.corpus(model, mesh, np.zeros(len(keys), np.int32), raw=keys)
+    # As long as the corpus, whose chunks round it up.
+    return corpus, np.pad(keys, (0, corpus.shape[0] - len(keys)), constant_values=_NO_ITEM)
+
   def _rank(self, model, batches, mesh, source) -> dict:
     """Full-ranking metrics of the MovieLens held-out movies among every movie (or, raw
     ids, every resident one)."""
-    keys = self.resident_items(model) if self.dynamic else None
-    authors = source.catalogue() if keys is None else np.zeros(len(keys), np.int32)
-    corpus = self.corpus(model, mesh, authors, raw=keys)
-    if keys is not None:  # as long as the corpus, whose chunks round it up
-      keys = np.pad(keys, (0, corpus.shape[0] - len(keys)), constant_values=_NO_ITEM)
+    if self.dynamic:
+      corpus, keys = self.resident_corpus(model, mesh)
+    else:
+      corpus, keys = self.corpus(model, mesh, source.catalogue()), None
     acc = full_ranking.FullRankingMetrics(self.ks)
     for batch in batches:
       users = jax.block_until_ready(_users(model, batch))  # one program in flight: train_lib
