@@ -8,6 +8,9 @@ copy. No register touches the rows: the copy engine moves every byte, and
 a block's copies are all in flight at once. The last block's rows past the
 end of the output are clipped by the copy out (TMA drops out-of-bounds
 writes); its ids past the end are padding (-1) added outside the kernel.
+Rows that are not a whole number of `mosaic.SMEM_ALIGN` bytes sit in a
+buffer of padded rows (each row copy's destination must be aligned), and
+are written out one row at a time, the padding left behind.
 Rows too wide for a block of them in shared memory are split by columns
 (`mosaic.program_columns`): each program then copies its block's rows'
 columns ``[col0, col0 + columns)``.
@@ -50,7 +53,9 @@ def gather_mosaic(table: jax.Array, ids: jax.Array, *, interpret: bool = False) 
   flat = jnp.where((flat >= 0) & (flat < num_embeddings), flat, -1).astype(jnp.int32)
   itemsize = table.dtype.itemsize
   columns = mosaic.program_columns(
-      features, table.dtype, lambda w: mosaic.block_rows(n, w * itemsize) * (4 + w * itemsize))
+      features, table.dtype,
+      lambda w: mosaic.block_rows(n, w * itemsize) * (4 + itemsize * sum(
+          mosaic.aligned(c, table.dtype) for _, c in mosaic.column_chunks(w))))
   block = mosaic.block_rows(n, columns * itemsize)
   grid = pl.cdiv(n, block)
   flat = jnp.pad(flat, (0, grid * block - n), constant_values=-1)
@@ -73,8 +78,19 @@ def gather_mosaic(table: jax.Array, ids: jax.Array, *, interpret: bool = False) 
 
     jax.lax.fori_loop(0, block, issue, 0)
     plgpu.barrier_wait(rows_barrier)
-    for (c0, width), buf in zip(chunks, rows):
-      plgpu.copy_smem_to_gmem(buf, out_ref.at[pl.ds(start, block), pl.ds(col0 + c0, width)])
+    if all(buf.shape[1] == width for (_, width), buf in zip(chunks, rows)):
+      for (c0, width), buf in zip(chunks, rows):
+        plgpu.copy_smem_to_gmem(buf, out_ref.at[pl.ds(start, block), pl.ds(col0 + c0, width)])
+    else:
+      def store(k, carry):
+        @pl.when(start + k < n)
+        def _():
+          for (c0, width), buf in zip(chunks, rows):
+            plgpu.copy_smem_to_gmem(buf.at[pl.ds(k, 1), pl.ds(0, width)],
+                                    out_ref.at[pl.ds(start + k, 1), pl.ds(col0 + c0, width)])
+        return carry
+
+      jax.lax.fori_loop(0, block, store, 0)
     plgpu.wait_smem_to_gmem(0)
 
   out = mosaic.kernel(

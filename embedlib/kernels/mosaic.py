@@ -38,6 +38,9 @@ LANES = 128
 BLOCKS = "blocks"
 #: Shared-memory bytes a kernel's row buffer may take (several blocks share an SM).
 SMEM_BYTES = 32 * 1024
+#: Bytes a TMA copy's shared-memory address must be a multiple of (the GPU
+#: faults with "misaligned address" otherwise; the interpreter does not check).
+SMEM_ALIGN = 128
 #: Shared memory one program may take: an H100's / H200's 227 KiB a block, less
 #: room for the barriers and the buffers' alignment.
 SMEM_LIMIT = 220 * 1024
@@ -183,14 +186,28 @@ def block_rows(n: int, row_bytes: int, *, most: int = MAX_BOX) -> int:
   return rows
 
 
+def aligned(width: int, dtype) -> int:
+  """``width`` rounded up so that a row of ``dtype`` is a whole number of `SMEM_ALIGN` bytes.
+
+  >>> aligned(100, jnp.float32), aligned(128, jnp.float32), aligned(8, jnp.bfloat16)
+  (128, 128, 64)
+  """
+  unit = max(SMEM_ALIGN // jnp.dtype(dtype).itemsize, 1)
+  return -(-width // unit) * unit
+
+
 def row_buffers(slots: int, features: int, dtype, *, pad: bool = False) -> list:
   """Shared-memory row buffers, one ``[slots, width]`` per column chunk.
 
-  Chunk-major, so that each chunk of a block of rows is one dense box for a
-  TMA copy. With ``pad``, each width is rounded up to `LANES` (rows read
-  into registers); the extra columns are never written and never stored.
+  Chunk-major, so that each chunk of a block of rows is one box for a TMA
+  copy when its rows are not padded. Every row starts on `SMEM_ALIGN` bytes
+  (each width rounded up by `aligned`), since each row is a TMA copy's
+  destination; with ``pad``, each width is rounded up to `LANES` instead
+  (rows read into registers). The extra columns are never written and
+  never stored.
   """
-  return [plgpu.SMEM((slots, lanes(w) if pad else w), dtype) for _, w in column_chunks(features)]
+  return [plgpu.SMEM((slots, lanes(w) if pad else aligned(w, dtype)), dtype)
+          for _, w in column_chunks(features)]
 
 
 def flat_chunks(size: int) -> list[tuple[int, int]]:
@@ -217,6 +234,10 @@ def copy_row(src_ref, row, dst_refs, slot, barrier, *, col0=0, columns: int | No
   """
   columns = src_ref.shape[1] if columns is None else columns
   for (start, width), dst in zip(column_chunks(columns), dst_refs):
+    if (dst.shape[1] * jnp.dtype(dst.dtype).itemsize) % SMEM_ALIGN:
+      raise ValueError(f"a row buffer of {dst.shape[1]} {jnp.dtype(dst.dtype).name} columns puts "
+                       f"its rows off the {SMEM_ALIGN}-byte alignment TMA copies need: make it "
+                       "with `row_buffers`, which rounds the width up")
     plgpu.copy_gmem_to_smem(
         src_ref.at[pl.ds(row, 1), pl.ds(col0 + start, width)],
         dst.at[pl.ds(slot, 1), pl.ds(0, width)],
