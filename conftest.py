@@ -53,3 +53,18 @@ def pytest_runtest_setup(item):
   import faulthandler
   import signal
   faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def auto_runs_pallas_on_gpu(monkeypatch):
+  """``kernel="auto"`` as where `gpu_choice` lists no shape: the Pallas kernels on CUDA.
+
+  For tests of the kernels inside programs that ``auto`` builds (a layout's
+  collectives, an exported step), now that every measured shape runs XLA's
+  ops on a GPU.
+  """
+  from embedlib.kernels import gpu_choice
+  monkeypatch.setattr(gpu_choice, "XLA_FASTER", ())

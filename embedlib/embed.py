@@ -118,8 +118,8 @@ class ShardedEmbed(nnx.Module):
     data_axes: mesh axes the ids' leading dimension is split over.
     tied: the table is also the output layer (``attend``); auto picks vocab.
     kernel: local lookup, one of ``options.KERNELS`` (``kernels.plan``:
-      auto is Pallas on GPU, the C++ gather on CPU, chosen per platform when
-      the program is lowered).
+      auto is XLA's ops on GPU where measured faster than Pallas, the C++
+      gather on CPU, chosen per platform when the program is lowered).
     invalid_ids: ``"zero"`` (default) or ``"error"``.
     name: the table's name in plans and error messages.
     replicate_below_bytes: ``auto`` replicates tables up to this size.

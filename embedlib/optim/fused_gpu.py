@@ -12,8 +12,11 @@ gradients goes in, and for AdaGrad the whole rows too, for the row's sum of
 squares). Elsewhere (other rules or dtypes, rows that are not whole 16-byte
 units, rows too wide for shared memory, jax 0.10) the XLA ops run.
 
-The kernel is compiled into the CUDA branch of the step; the CPU runs the
-XLA ops unless `use` (True) makes it interpret the kernel, for tests.
+Not by default: on an H200 the kernel took longer than the sorted XLA ops
+it replaces for every rule (``benchmarks/README.md``, "GPU sparse update
+and steps"), so a step runs it only inside `use` (True), which compiles it
+into the CUDA branch of the step and makes the CPU interpret it, for tests
+and benchmarks.
 """
 
 from __future__ import annotations
@@ -37,20 +40,20 @@ _RULES = {rules_lib.SparseSGD: mosaic_update.SGD, rules_lib.RowWiseAdagrad: mosa
 def use(enabled: bool):
   """Within the block, traces run the fused kernel on every platform (True) or none (False).
 
-  True makes the CPU interpret the kernel (Mosaic GPU's interpreter, jax >=
-  0.11) where ``sorted_update`` runs; False gives CUDA ``sorted_update``'s
-  XLA ops, for comparisons. The choice is made when a step is traced, so
-  jax's caches are cleared on entry and exit. Nests.
+  True compiles the kernel for CUDA and makes the CPU interpret it (Mosaic
+  GPU's interpreter, jax >= 0.11) where ``sorted_update`` runs; False, like
+  no block, gives ``sorted_update``'s XLA ops. The choice is made when a
+  step is traced, so jax's caches are cleared on entry and exit. Nests.
   """
   return _switch.use(enabled)
 
 
 def supports(rule, table, plan, slots=None) -> bool:
-  """Whether the kernel updates this shard with this rule (and is not turned off by `use`).
+  """Whether the kernel updates this shard with this rule (only inside `use` (True)).
 
   ``slots``: this shard's slots, by name; the kernel takes float32 table slots.
   """
-  if _switch.forced() is False:
+  if _switch.forced() is not True:
     return False
   if type(rule) not in _RULES:
     return False
@@ -103,18 +106,16 @@ def update(rule, table, slots, key, position, grads, lr, step, *, plan, first_co
     plan: the table's ``EmbeddingPlan``.
     first_col: this rank's first logical column (hidden and grid sharding;
       else 0).
-    xla_ops: ``() -> (table, slots)``, the XLA ops' update: the other
-      platforms' branch (and the CPU's, unless `use` (True)).
+    xla_ops: ``() -> (table, slots)``, the XLA ops' update: the branch of
+      platforms other than CUDA and the CPU.
 
   Returns:
     ``(table, slots)`` with each touched owned row updated once.
   """
-  interpreted = _switch.forced() is True
   kernel = lambda interpret: lambda: _by_kernel(
       rule, table, slots, key, position, grads, lr, step, plan=plan, first_col=first_col,
       interpret=interpret)
-  return platforms.by_platform(
-      cpu=kernel(True) if interpreted else xla_ops, gpu=kernel(False), default=xla_ops)
+  return platforms.by_platform(cpu=kernel(True), gpu=kernel(False), default=xla_ops)
 
 
 def _by_kernel(rule, table, slots, key, position, grads, lr, step, *, plan, first_col,
@@ -155,9 +156,8 @@ def _by_kernel(rule, table, slots, key, position, grads, lr, step, *, plan, firs
   if interpret:
     table, new_slots, new_acc = run(*args)
   else:
-    # A CPU branch beside it interprets Mosaic kernels only under `use`.
-    table, new_slots, new_acc = platforms.on_gpu(run, *args, name="fused_update",
-                                                 ordered=_switch.forced() is True)
+    # The CPU branch beside it interprets the kernel (`update`).
+    table, new_slots, new_acc = platforms.on_gpu(run, *args, name="fused_update", ordered=True)
   out.update(zip(mosaic_update.TABLE_SLOTS[name], new_slots))
   if new_acc is not None:
     acc = slots["acc"]

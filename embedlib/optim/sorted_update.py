@@ -19,8 +19,9 @@ two updates for one row:
 4. write: table and slots are updated at those positions, each owned row
    exactly once (``unique_indices``: no atomics).
 
-On CUDA, steps 2 to 4 are one Mosaic GPU kernel where it takes the rule
-and table (``fused_gpu.py``); `fused_gpu.use` (False) keeps the XLA ops.
+Inside `fused_gpu.use` (True), steps 2 to 4 are one Mosaic GPU kernel where
+it takes the rule and table (``fused_gpu.py``); it was measured slower than
+these XLA ops on an H200, so it is not the default.
 
 `apply._local_update` runs this on every platform but CPU (inside
 ``lax.platform_dependent``); `use` makes the CPU run it too, or the other

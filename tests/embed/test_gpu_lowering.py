@@ -16,7 +16,8 @@ import embedlib
 from embedlib import kernels
 from embedlib.kernels import lowering
 
-# The compiled kernel kernel='auto' puts in a CUDA lowering on this jax.
+# The compiled kernel kernel="auto" puts in a CUDA lowering on this jax where
+# `gpu_choice` lists no shape (`auto_runs_pallas_on_gpu`).
 GPU_CALL = {"mosaic": lowering.MOSAIC_GPU_CALL, "triton": lowering.TRITON_CALL}[
     kernels.pallas_backend()]
 
@@ -40,6 +41,7 @@ CASES = {
 }
 
 
+@pytest.mark.usefixtures("auto_runs_pallas_on_gpu")
 @pytest.mark.parametrize("case", list(CASES))
 def test_sharded_embed_lowers_for_cuda_with_pallas_and_collectives(case):
   shape, names, strategy, table_axes, data_axes, collectives = CASES[case]

@@ -1,9 +1,11 @@
 """The sparse train step compiles for 8 H100s: every optimizer, and a collection of stacked tables.
 
-The step of ``tests/optim/test_gpu_lowering.py``: Mosaic GPU lookup, row
-gradients, sorted dedup (XLA's sort: the deviceless compile turns CUB's off,
-``embedlib.kernels.deviceless``), the row-wise update by the fused Mosaic
-GPU kernel where it applies, donated state. Each rule on a vocab-parallel
+The step of ``tests/optim/test_gpu_lowering.py``: Mosaic GPU lookup
+(``kernel="pallas"``: ``"auto"`` runs XLA's gather on a GPU, measured
+faster), row gradients, sorted dedup (XLA's sort: the deviceless compile
+turns CUB's off, ``embedlib.kernels.deviceless``), the row-wise update by
+the fused Mosaic GPU kernel where it applies (``fused_gpu.use(True)``: not
+the default, measured slower), donated state. Each rule on a vocab-parallel
 table; the collection holds two tables placed whole on one device (one
 stack; a pooled and a one-hot feature) and a replicated one.
 """
@@ -17,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import embedlib
 from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim
 from embedlib.kernels import deviceless
+from embedlib.optim import fused_gpu
 from tests.gpu_compile import compiled
 from tests.optim.test_gpu_lowering import RULES
 
@@ -51,13 +54,14 @@ def test_sparse_step_compiles_with_each_optimizer(rule):
   mesh = deviceless.gpu_mesh((2, 4), ("data", "model"), target="H100")
 
   def build():
-    emb = embedlib.ShardedEmbed(1000, 256, mesh=mesh, sharding="vocab", kernel="auto",
+    emb = embedlib.ShardedEmbed(1000, 256, mesh=mesh, sharding="vocab", kernel="pallas",
                                 rngs=nnx.Rngs(0))
     return emb, optim.SparseAwareOptimizer(emb, None, RULES[rule])
 
   graphdef, state = abstract_state(build, mesh)
   ids = jax.ShapeDtypeStruct((64, 4), jnp.int32, sharding=NamedSharding(mesh, P("data")))
-  program = compile_step(rule, graphdef, state, ids, lambda m, i: jnp.sum(m(i) ** 2), mesh)
+  with fused_gpu.use(True):
+    program = compile_step(rule, graphdef, state, ids, lambda m, i: jnp.sum(m(i) ** 2), mesh)
   compiled.check_all(program, kernels=("embedlib_gather_mosaic", "embedlib_fused_update_mosaic"),
                      collectives_=("all-gather", "all-reduce"))
   assert "sort(" in program.text   # the sorted dedup, by XLA's sort kernel
@@ -73,7 +77,7 @@ def test_collection_step_with_stacked_tables_compiles():
          TableSpec("day", 7, 16, sharding="replicated")],
         [FeatureSpec("a", "a", combiner="sum"), FeatureSpec("b", "b", max_ids_per_sample=1),
          FeatureSpec("day", "day", max_ids_per_sample=1)],
-        mesh=mesh, kernel="auto", replicate_below_bytes=0, rngs=nnx.Rngs(0))
+        mesh=mesh, kernel="pallas", replicate_below_bytes=0, rngs=nnx.Rngs(0))
     return coll, optim.SparseAwareOptimizer(coll, None, optim.RowWiseAdagrad(0.1))
 
   graphdef, state = abstract_state(build, mesh)

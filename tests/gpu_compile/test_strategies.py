@@ -30,7 +30,7 @@ def test_lookup_and_gradient_compile(case):
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     emb = nnx.eval_shape(lambda: embedlib.ShardedEmbed(
         1000, 256, mesh=mesh, sharding=strategy, table_axes=table_axes,
-        data_axes=data_axes, kernel="auto", rngs=nnx.Rngs(0)))
+        data_axes=data_axes, kernel="pallas", rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(emb)
   ids = jax.ShapeDtypeStruct((64, 4), jnp.int32,
                              sharding=NamedSharding(mesh, P(emb.plan.data_axes or None)))

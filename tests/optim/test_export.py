@@ -3,7 +3,9 @@
 A lookup, a sparse train step (``optim.value_and_grad`` +
 ``SparseAwareOptimizer``) and a DLRM train step are traced once on an
 abstract H200 mesh and exported for ``("cpu", "cuda")`` with
-``kernel="auto"``. Lowered for CUDA alone the step holds the Pallas GPU
+``kernel="auto"`` as where `gpu_choice` lists no shape (the fixture
+``auto_runs_pallas_on_gpu``: every measured shape now runs XLA's ops on a
+GPU). Lowered for CUDA alone the step holds the Pallas GPU
 kernel and none of the CPU's C++ calls; lowered for the CPU alone, the
 reverse; the exported module holds both. Serialized, read back and run on
 this machine's 8 CPU devices, it gives what the step jitted on the CPU mesh
@@ -28,6 +30,8 @@ from embedlib.kernels import cpu_library, lowering
 from embedlib.models import build_model
 
 GPU_CALLS = (lowering.TRITON_CALL, lowering.MOSAIC_GPU_CALL)
+
+pytestmark = pytest.mark.usefixtures("auto_runs_pallas_on_gpu")
 CPU_CALLS = tuple(f"custom_call @{t}" for t in cpu_library.TARGETS)
 # The CPU's FFI targets are this library's own, and Triton IR has no
 # stability guarantee: export refuses both unless told, as the library says.

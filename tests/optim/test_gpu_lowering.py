@@ -2,13 +2,16 @@
 
 The whole step (Pallas lookup, row gradients, sorted dedup, row-wise update
 inside ``shard_map`` writing distinct rows only, by the fused Mosaic GPU
-kernel where it applies, donated state) for a ``ShardedEmbed`` of every
+kernel where it applies, donated state) with ``kernel="pallas"`` and
+``fused_gpu.use(True)`` (the default, ``"auto"``, runs XLA's ops on a GPU,
+measured faster: `test_the_default_step_lowers_to_xla_ops`) for a ``ShardedEmbed`` of every
 strategy (row-wise AdaGrad; SGD and both LazyAdams on a row- and a
 column-sharded table) and for an ``EmbeddingCollection``, through an abstract H200 mesh
 (``embedlib.kernels.lowering``). Also the regression test for building
 slots on an ``AbstractMesh`` (``AbstractMesh.devices`` raises ValueError).
 """
 
+import contextlib
 import re
 
 import jax
@@ -24,7 +27,7 @@ from embedlib.kernels import lowering
 from embedlib.optim import fused_gpu
 from embedlib.plan import plan_embedding
 
-# The compiled kernel kernel='auto' puts in a CUDA lowering on this jax.
+# The compiled kernel kernel="pallas" puts in a CUDA lowering on this jax.
 GPU_CALL = {"mosaic": lowering.MOSAIC_GPU_CALL, "triton": lowering.TRITON_CALL}[
     kernels.pallas_backend()]
 
@@ -57,8 +60,9 @@ def assert_no_colliding_scatter(text):
 
 def assert_fused_update(text):
   """Where the fused kernel takes the table, it writes the rows: no scatter adds into them."""
-  fused = fused_gpu.supports(optim.RowWiseAdagrad(0.1), jnp.zeros((8, 256)),
-                             plan_embedding(1000, 256))   # float32, whole 16-byte rows
+  with fused_gpu.use(True):
+    fused = fused_gpu.supports(optim.RowWiseAdagrad(0.1), jnp.zeros((8, 256)),
+                               plan_embedding(1000, 256))   # float32, whole 16-byte rows
   if not fused:   # jax 0.10: the XLA ops
     assert "embedlib_fused_update_mosaic" not in text
     return
@@ -67,14 +71,16 @@ def assert_fused_update(text):
   assert scatters and not [s for s in scatters if "stablehlo.add" in s], scatters
 
 
-def lower_step(graphdef, state, inputs, loss_fn, mesh):
+def lower_step(graphdef, state, inputs, loss_fn, mesh, fused=True):
+  """The step lowered for CUDA, with the fused update (``fused_gpu.use``) or the default."""
   def step(state, inputs):
     module, opt = nnx.merge(graphdef, state)
     loss, grads = optim.value_and_grad(lambda m: loss_fn(m, inputs))(module)
     opt.update(module, grads)
     return loss, nnx.state((module, opt))
 
-  return lowering.cuda_lowering_text(step, state, inputs, mesh=mesh, donate_argnums=0)
+  with fused_gpu.use(True) if fused else contextlib.nullcontext():
+    return lowering.cuda_lowering_text(step, state, inputs, mesh=mesh, donate_argnums=0)
 
 
 RULES = {"sgd": optim.SparseSGD(0.1), "adagrad": optim.RowWiseAdagrad(0.1),
@@ -84,20 +90,7 @@ RULES = {"sgd": optim.SparseSGD(0.1), "adagrad": optim.RowWiseAdagrad(0.1),
 @pytest.mark.parametrize("case,rule", [(case, "adagrad") for case in CASES] + [
     (case, rule) for case in ("vocab-tp", "hidden-tp") for rule in RULES if rule != "adagrad"])
 def test_sparse_step_lowers_for_cuda(case, rule):
-  shape, names, strategy = CASES[case]
-  mesh = lowering.gpu_abstract_mesh(shape, names)
-
-  def build():
-    # 256 wide: every local slice of whole 16-byte rows, as Mosaic GPU needs.
-    emb = embedlib.ShardedEmbed(1000, 256, mesh=mesh, sharding=strategy, kernel="auto",
-                                rngs=nnx.Rngs(0))
-    return emb, optim.SparseAwareOptimizer(emb, None, RULES[rule])
-
-  graphdef, state = abstract_state(build, mesh)
-  emb = nnx.merge(graphdef, state)[0]
-  ids = jax.ShapeDtypeStruct((64, 4), jnp.int32,
-                             sharding=NamedSharding(mesh, P(emb.plan.data_axes or None)))
-  text = lower_step(graphdef, state, ids, lambda m, i: jnp.sum(m(i) ** 2), mesh)
+  text = lower_embed_step(case, rule, "pallas")
   assert GPU_CALL in text, case          # the Pallas lookup
   assert "stablehlo.scatter" in text, case           # the row-wise update
   assert "all_gather" in text, case                  # every rank sees the batch's ids
@@ -105,6 +98,32 @@ def test_sparse_step_lowers_for_cuda(case, rule):
   assert "custom_call @embedlib_" not in text, case  # no fused CPU update (fused_cpu.py)
   assert_no_colliding_scatter(text)                   # the sorted update (sorted_update.py)
   assert_fused_update(text)                           # its Mosaic GPU kernel (fused_gpu.py)
+
+
+def test_the_default_step_lowers_to_xla_ops():
+  """``kernel="auto"`` and the default update: XLA's gather and the sorted update's XLA ops."""
+  text = lower_embed_step("vocab-tp", "adagrad", "auto", fused=False)
+  assert GPU_CALL not in text and "embedlib_fused_update_mosaic" not in text
+  assert "custom_call @embedlib_" not in text   # nor a CPU kernel
+  assert_no_colliding_scatter(text)
+
+
+def lower_embed_step(case, rule, kernel, fused=True):
+  """The sparse step of one ``ShardedEmbed`` of ``CASES[case]``, lowered for CUDA."""
+  shape, names, strategy = CASES[case]
+  mesh = lowering.gpu_abstract_mesh(shape, names)
+
+  def build():
+    # 256 wide: every local slice of whole 16-byte rows, as Mosaic GPU needs.
+    emb = embedlib.ShardedEmbed(1000, 256, mesh=mesh, sharding=strategy, kernel=kernel,
+                                rngs=nnx.Rngs(0))
+    return emb, optim.SparseAwareOptimizer(emb, None, RULES[rule])
+
+  graphdef, state = abstract_state(build, mesh)
+  emb = nnx.merge(graphdef, state)[0]
+  ids = jax.ShapeDtypeStruct((64, 4), jnp.int32,
+                             sharding=NamedSharding(mesh, P(emb.plan.data_axes or None)))
+  return lower_step(graphdef, state, ids, lambda m, i: jnp.sum(m(i) ** 2), mesh, fused=fused)
 
 
 def test_collection_sparse_step_lowers_for_cuda():
@@ -118,7 +137,7 @@ def test_collection_sparse_step_lowers_for_cuda():
         [FeatureSpec("clicks", "item", combiner="sum"),
          FeatureSpec("country", "country", max_ids_per_sample=1),
          FeatureSpec("day", "day", max_ids_per_sample=1)],
-        mesh=mesh, kernel="auto", replicate_below_bytes=0, rngs=nnx.Rngs(0))
+        mesh=mesh, kernel="pallas", replicate_below_bytes=0, rngs=nnx.Rngs(0))
     return coll, optim.SparseAwareOptimizer(coll, None, optim.RowWiseAdagrad(0.1))
 
   graphdef, state = abstract_state(build, mesh)
