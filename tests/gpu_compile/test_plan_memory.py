@@ -1,67 +1,59 @@
 """The plan's memory of the embedding's step against the compiled step, on 8 H200s.
 
 ``embedding_steps.embedding_step`` compiles a config's lookups and sparse
-step alone; XLA's memory analysis of it (arguments, outputs not aliased to
-them, temporaries) is what ``embedlib.plan.memory.device_memory`` states for
-its tables. The tables, slots and ids are exact (the arguments, to the
-optimizer's 4-byte step count); the temporaries' three constants
-(``SMALL_BUFFERS``, ``KEPT_ENTRIES``, ``LOOKUP_ID_WORDS``) were calibrated
-on these compiles.
+step alone, as ``train`` builds them (``kernel="auto"``: XLA's lookups and
+the sorted update's XLA ops on a GPU); XLA's memory analysis of it
+(arguments, outputs not aliased to them, temporaries) is what
+``embedlib.plan.memory.device_memory`` states for its tables. The tables,
+slots and ids are exact (the arguments, to the optimizer's 4-byte step
+count); the temporaries' three constants (``SMALL_BUFFERS``,
+``KEPT_ENTRIES``, ``LOOKUP_ID_WORDS``) were calibrated on these compiles
+when ``auto`` ran the Mosaic kernels and the fused update.
 
-Tolerance: at the smoke sizes the temporaries are most of the step (a
-routed table's few hundred small buffers, each aligned by XLA's
-allocator), and the calibrated plan is within 4.3% of each smoke config's
-compiled total and of each documented one's; 5% (the plan's target) leaves
-XLA's packing of those buffers some room and still fails a plan that
+At the documented sizes the plan is within 5% of the default step
+(quickstart +3.9%, dlrm_criteo +0.0%, ranker -4.2%, two_tower +2.4%). At
+the smoke sizes the temporaries are most of the step (a few hundred small
+buffers, each aligned by XLA's allocator), and the XLA path holds fewer of
+them than the kernels' step the constants were fitted to: the plan states
+14% to 23% more, the safe side for choosing a layout, and no refit of the
+three constants brings every program within 5% (the best leaves 5.3%;
+``benchmarks/README.md``). So the smoke checks hold the plan to at least
+the compiled total and at most 25% over it: still failing a plan that
 drops the small buffers (48% to 73% of each smoke total) or a routed
-step's exchange (12% to 31%). CI compiles ``quickstart:smoke`` (~25 s);
-``-m slow`` the other smoke configs and the documented sizes. Figures for every config:
-``benchmarks/gpu_plan.py --only memory`` (``benchmarks/README.md``).
-
-The constants were calibrated on the Mosaic kernels' step (the lookups and
-the fused update), which these compiles keep (``kernel="pallas"``,
-``fused_gpu.use(True)``). ``kernel="auto"`` now runs XLA's ops on a GPU
-(measured faster), whose step holds fewer temporaries: quickstart:smoke
-compiles to 90,120 bytes a device against the plan's 106,388, so the plan
-states more than that step holds, the safe side for choosing a layout.
+step's exchange. CI compiles quickstart at both sizes (~20 s); ``-m
+slow`` the rest. Figures for every config: ``benchmarks/gpu_plan.py
+--only memory``.
 """
 
 import importlib
 
 import pytest
 
-from embedlib.optim import fused_gpu
 from embedlib.plan import memory
 from tests.gpu_compile import compiled, embedding_steps, train_steps
 
-#: The plan's stated total against the compiled one, as a fraction.
+#: The plan's stated total against the compiled one, as a fraction, at the documented sizes.
 TOLERANCE = 0.05
+#: At the smoke sizes: the plan at least the compiled total, at most this much over it.
+SMOKE_OVER = 0.25
 # Memory only: XLA's defaults for GEMMs, and a kernel that spills (the
 # documented DLRM's does, as test_models says) is compiled, not failed.
 OPTIONS = {"xla_gpu_autotune_level": 0, "xla_gpu_fail_ptx_compilation_on_register_spilling": False}
 
-# CI compiles quickstart's smoke run (routed tables and a multi-hot bag: the
-# exchange buffers and the small ones); -m slow adds the vocab tables and the rest.
-CONFIGS = [
-    ("quickstart", "smoke"), pytest.param("dlrm_criteo", "smoke", marks=pytest.mark.slow),
-    pytest.param("ranker", "smoke", marks=pytest.mark.slow),
-    pytest.param("two_tower", "smoke", marks=pytest.mark.slow),
-    pytest.param("quickstart", None, marks=pytest.mark.slow),
-    pytest.param("dlrm_criteo", None, marks=pytest.mark.slow),
-    pytest.param("ranker", None, marks=pytest.mark.slow),
-    pytest.param("two_tower", None, marks=pytest.mark.slow),
-]
+# CI compiles quickstart (routed tables and a multi-hot bag: the exchange
+# buffers and the small ones); -m slow adds the vocab tables and the rest.
+CONFIGS = [("quickstart", None), ("quickstart", "smoke")] + [
+    pytest.param(name, variant, marks=pytest.mark.slow)
+    for name in ("dlrm_criteo", "ranker", "two_tower") for variant in (None, "smoke")]
 
 
 def plan_and_compiled(name, variant):
   config = importlib.import_module(f"configs.{name}").get_config(variant)
-  config.model.kernel = "pallas"
   mesh = train_steps.mesh_for(config, "H200")
-  with fused_gpu.use(True):
-    step, state, inputs, plans = embedding_steps.embedding_step(config, mesh)
-    program = compiled.compile_checked(f"{name}:{variant} embedding", step, state, inputs,
-                                       mesh=mesh, target="H200", donate_argnums=0,
-                                       options=OPTIONS)
+  step, state, inputs, plans = embedding_steps.embedding_step(config, mesh)
+  program = compiled.compile_checked(f"{name}:{variant} embedding", step, state, inputs,
+                                     mesh=mesh, target="H200", donate_argnums=0,
+                                     options=OPTIONS)
   return memory.device_memory(plans, config.optim.sparse.name), program.memory
 
 
@@ -73,7 +65,9 @@ def test_the_plan_states_the_compiled_embedding_step(name, variant):
   assert 0 <= compiled_memory.argument_size_in_bytes - arguments <= 8, (
       compiled_memory.argument_size_in_bytes, arguments)
   total = compiled.total_bytes(compiled_memory)
-  assert abs(planned.total / total - 1) <= TOLERANCE, (
+  ratio = planned.total / total - 1
+  allowed = (0, SMOKE_OVER) if variant == "smoke" else (-TOLERANCE, TOLERANCE)
+  assert allowed[0] <= ratio <= allowed[1], (
       f"{name}:{variant}: planned {planned.total} bytes a device, compiled {total} "
       f"(arguments {compiled_memory.argument_size_in_bytes}, temporaries "
       f"{compiled_memory.temp_size_in_bytes}); planned temporaries {planned.temporary}")
