@@ -5,7 +5,7 @@
 ``benchmarks/gpu_session.sh`` measures the Pallas kernel slower than XLA's
 ops for it (``benchmarks/README.md``, "GPU lookup kernels", gives the
 figures). The first run, on an H200, measured the Mosaic GPU kernels slower
-than XLA's ops at every shape it timed (gathers 0.34x to 0.54x XLA's time,
+than XLA's ops at every shape it timed (gathers 0.34x to 0.54x XLA's speed,
 bags 0.13x to 0.30x: each row is its own TMA copy, issued one after another
 by one thread, so the cost grows with the ids whatever the width), and the
 Triton kernels slower at most; so every gather and bag of float32 and
