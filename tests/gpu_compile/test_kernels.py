@@ -52,6 +52,17 @@ def test_mosaic_lookups_and_backward_compile(mesh, dtype):
   compiled.check_all(program, kernels=LOOKUP_KERNELS)
 
 
+def test_mosaic_gather_of_rows_off_128_bytes_compiles(mesh):
+  """Rows of 100 float32 (400 bytes): padded in shared memory, written out row by row.
+
+  The rows an H200 faulted on ("misaligned address") before the padding.
+  """
+  program = compiled.compile_checked(
+      "mosaic gather 100 wide", lookups_and_grads("mosaic"),
+      *lookup_args(mesh, 1000, 100, jnp.float32), mesh=mesh)
+  compiled.check_all(program, kernels=LOOKUP_KERNELS)
+
+
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 def test_triton_lookups_and_backward_compile(mesh):
   program = compiled.compile_checked(
