@@ -81,12 +81,7 @@ def _segment_rows(grads, starts, ends, src, coef, *, interpret):
         buf[k] = a
       plgpu.commit_smem()
 
-      @pl.when(first + k < num)
-      def _():
-        for (c0, width), buf in zip(chunks, stage):
-          plgpu.copy_smem_to_gmem(buf.at[pl.ds(k, 1), pl.ds(0, width)],
-                                  out_ref.at[pl.ds(first + k, 1), pl.ds(col0 + c0, width)])
-
+      mosaic.store_row(stage, k, out_ref, first + k, columns, col0=col0)
       return carry
 
     jax.lax.fori_loop(0, BLOCK, one_segment, 0)

@@ -100,12 +100,7 @@ def bag_mosaic(table: jax.Array, ids: jax.Array, coef: jax.Array, *,
         buf[k] = a.astype(buf.dtype)
       plgpu.commit_smem()
 
-      @pl.when(start + k < batch)
-      def _():
-        for (c0, width), buf in zip(chunks, stage):
-          plgpu.copy_smem_to_gmem(buf.at[pl.ds(k, 1), pl.ds(0, width)],
-                                  out_ref.at[pl.ds(start + k, 1), pl.ds(col0 + c0, width)])
-
+      mosaic.store_row(stage, k, out_ref, start + k, columns, col0=col0)
       return carry
 
     jax.lax.fori_loop(0, block, one_bag, 0)

@@ -83,11 +83,7 @@ def gather_mosaic(table: jax.Array, ids: jax.Array, *, interpret: bool = False) 
         plgpu.copy_smem_to_gmem(buf, out_ref.at[pl.ds(start, block), pl.ds(col0 + c0, width)])
     else:
       def store(k, carry):
-        @pl.when(start + k < n)
-        def _():
-          for (c0, width), buf in zip(chunks, rows):
-            plgpu.copy_smem_to_gmem(buf.at[pl.ds(k, 1), pl.ds(0, width)],
-                                    out_ref.at[pl.ds(start + k, 1), pl.ds(col0 + c0, width)])
+        mosaic.store_row(rows, k, out_ref, start + k, columns, col0=col0)
         return carry
 
       jax.lax.fori_loop(0, block, store, 0)

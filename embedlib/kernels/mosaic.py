@@ -245,6 +245,21 @@ def copy_row(src_ref, row, dst_refs, slot, barrier, *, col0=0, columns: int | No
     )
 
 
+def store_row(src_refs, slot, out_ref, row, columns: int, *, col0=0) -> None:
+  """Starts the copy of row ``slot`` of ``src_refs`` into ``out_ref[row, col0:col0 + columns]``.
+
+  The way back of `copy_row`: ``src_refs`` are the chunk buffers of
+  `row_buffers` ``columns`` wide. A ``row`` past ``out_ref``'s end (a last
+  block's padding) is skipped. Completes with ``plgpu.wait_smem_to_gmem``.
+  """
+
+  @pl.when(row < out_ref.shape[0])
+  def _():
+    for (start, width), buf in zip(column_chunks(columns), src_refs):
+      plgpu.copy_smem_to_gmem(buf.at[pl.ds(slot, 1), pl.ds(0, width)],
+                              out_ref.at[pl.ds(row, 1), pl.ds(col0 + start, width)])
+
+
 def copy_valid_row(table_ref, zero_ref, row, valid, dst_refs, slot, barrier, *, col0=0) -> None:
   """`copy_row` of ``table_ref[row]``'s columns from ``col0`` if ``valid``, else of the zero row.
 
