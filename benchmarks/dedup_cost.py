@@ -8,17 +8,21 @@ The calibration of ``embedlib.plan.cost.DEDUP_BYTES_PER_ID``: a collection
 of one ``sharding="routed"`` table (64 wide) read by one pooled feature
 (bags of 8, batch 4096: 4,096 ids a shard) on a ``batch`` mesh of 8
 simulated CPU devices, with and without dedup (``num_unique`` = the most
-distinct ids any shard holds), for three id sets: uniform over 100,000 rows
-(few repeats), Zipf(1.05) over 100,000 rows, uniform over 2,000 rows (many
-repeats). Prints the planner's bytes received per device either way, the
-bytes saved per id, whether ``cost.dedup_pays`` turns dedup on, and min /
-median / max ms of the forward from one interleaved run. The simulated
+distinct ids any shard holds), for five id sets: uniform over 100,000,
+20,000 and 10,000 rows (few to more repeats), Zipf(1.05) over 100,000
+rows, uniform over 2,000 rows (many repeats). Prints the planner's bytes
+received per device either way, the bytes saved per id, whether
+``cost.dedup_pays`` turns dedup on, and min / median / max ms of the
+forward, then of the forward + backward (as ``--collection``'s; a
+training step's), each from one interleaved run. The simulated
 devices share the machine's cores: the times weigh dedup's work against
 the collectives' copies on this CPU, not a GPU's. Never asserts a time.
 
 ``--collection`` weighs the planner's choice on a whole collection: the
 26 Criteo-like tables of ``collection_lookup.py`` (its tables, features and
-Zipf ids, rows times ``--scale``), batch ``--batch``, on the same mesh, as
+Zipf ids, rows times ``--scale``), batch ``--batch``, on the same mesh, each
+table's ``id_skew`` fitted to the batch (``fit_id_skews``; ``--uniform``
+plans for uniform ids instead), as
 
 - the plan's choice (``num_unique="auto"``; prints which tables it dedups);
 - its layouts with dedup on every routed table: the other choice, table by
@@ -58,13 +62,15 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, options  # noqa: E402
+from embedlib.collection import fit_id_skews  # noqa: E402
 from embedlib import optim  # noqa: E402
 from embedlib.plan import cost  # noqa: E402
 from timing import interleaved, print_table  # noqa: E402
 import collection_lookup  # noqa: E402
 
 BATCH, BAG, WIDTH, DEVICES = 4096, 8, 64, 8
-SETS = ((100_000, "uniform"), (100_000, "zipf"), (2_000, "uniform"))
+SETS = ((100_000, "uniform"), (20_000, "uniform"), (10_000, "uniform"), (100_000, "zipf"),
+        (2_000, "uniform"))
 TOLERANCE = 1e-5
 PLANS_CHOICE = "plan's choice (auto)"
 DEDUP_ROUTED = "dedup on its routed tables, its layouts"
@@ -84,7 +90,7 @@ def one_table(args):
   mesh = jax.make_mesh((DEVICES,), ("batch",))
   split = jax.NamedSharding(mesh, jax.P("batch"))
   rng = np.random.default_rng(0)
-  cases, first, choices = {}, None, []
+  forwards, steps, choices = {}, {}, []
   print(f"{DEVICES} simulated devices, batch {BATCH}, bags of {BAG}, width {WIDTH}; "
         f"load average {os.getloadavg()[0]:.1f} at start")
   for rows, kind in SETS:
@@ -96,27 +102,28 @@ def one_table(args):
     for capacity in (None, need):
       coll = EmbeddingCollection(tables, features, mesh=mesh, num_unique=capacity,
                                  batch_size=BATCH, rngs=nnx.Rngs(0))
-      graphdef, state = nnx.split(coll)
-      fn = jax.jit(lambda s, x, g=graphdef: nnx.merge(g, s)(x))
+      forward, step, state = forward_and_backward(coll)
       name = f"{kind} over {rows:,} rows, " + (f"dedup at {need}" if capacity else "no dedup")
-      cases[name] = (fn, (state, x))
-      first = first or name
+      forwards[name], steps[name] = (forward, (state, x)), (step, (state, x))
     t = coll.plan.tables[0]
     per_id = (t.bytes_moved - t.bytes_moved_dedup) / (BATCH // DEVICES * BAG)
     pays = cost.dedup_pays(t.bytes_moved, t.bytes_moved_dedup, BATCH // DEVICES * BAG)
-    choices.append((list(cases)[-2], list(cases)[-1], pays))
+    choices.append((list(forwards)[-2], list(forwards)[-1], pays))
     print(f"{kind} over {rows:,} rows: {need} distinct ids a shard; received per device "
           f"{t.bytes_moved:,} B without dedup, {t.bytes_moved_dedup:,} B with: {per_id:.0f} B "
           f"saved an id; dedup_pays: {pays}")
-  times = interleaved(cases, args.repeats)
-  print_table(times, first, f"forward, {DEVICES} simulated devices, {args.repeats} "
-              "interleaved repeats, ms")
-  for plain, dedup, pays in choices:
-    ratio = statistics.median(times[dedup]) / statistics.median(times[plain])
-    chosen = "dedup" if pays else "no dedup"
-    faster = "dedup" if ratio < 1 else "no dedup"
-    print(f"{plain.rsplit(',', 1)[0]}: dedup / no dedup (medians) {ratio:.2f}; "
-          f"cost.dedup_pays chooses {chosen}, measured faster: {faster}")
+  runs = [("forward", forwards)] + ([("forward + backward", steps)] if args.backward else [])
+  for label, cases in runs:
+    times = interleaved(cases, args.repeats)
+    print_table(times, next(iter(cases)), f"{label}, {DEVICES} simulated devices, "
+                f"{args.repeats} interleaved repeats, ms")
+    for plain, dedup, pays in choices:
+      ratio = statistics.median(times[dedup]) / statistics.median(times[plain])
+      low = min(times[dedup]) / min(times[plain])
+      chosen = "dedup" if pays else "no dedup"
+      faster = "dedup" if ratio < 1 else "no dedup"
+      print(f"{label}: {plain.rsplit(',', 1)[0]}: dedup / no dedup medians {ratio:.2f} "
+            f"(min {low:.2f}); cost.dedup_pays chooses {chosen}, measured faster: {faster}")
   print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
@@ -221,6 +228,12 @@ def whole_collection(args):
   split = jax.NamedSharding(mesh, jax.P("batch"))
   tables, features = collection_lookup.specs(args.scale)
   ids_np = collection_lookup.make_ids(tables, features, args.batch)
+  if not args.uniform:
+    # As a user would: each table's skew fitted to a batch of its ids.
+    skews = fit_id_skews(tables, features, ids_np, data_shards=DEVICES)
+    tables = [dataclasses.replace(t, id_skew=skews[t.name]) for t in tables]
+    print("id_skew fitted per table (fit_id_skews): " + ", ".join(
+        f"{t.name} {t.id_skew:g}" for t in tables if t.id_skew))
   x = {k: jax.device_put(v, split) for k, v in ids_np.items()}
   needs = collection_lookup.shard_needs(features, ids_np, DEVICES)
   print(f"{DEVICES} simulated devices, 26 tables (--scale {args.scale}, largest "
@@ -249,8 +262,10 @@ def main():
   parser.add_argument("--scale", type=float, default=0.05,
                       help="--collection: rows of each table times this")
   parser.add_argument("--batch", type=int, default=BATCH, help="--collection: samples per step")
+  parser.add_argument("--uniform", action="store_true",
+                      help="--collection: plan for uniform ids (id_skew 0), not the fitted skews")
   parser.add_argument("--no-backward", dest="backward", action="store_false",
-                      help="--collection: time the forward only")
+                      help="time the forward only")
   args = parser.parse_args()
   (whole_collection if args.collection else one_table)(args)
 

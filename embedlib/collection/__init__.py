@@ -1,8 +1,9 @@
 """Layer 5: many features over many sharded tables (``EmbeddingCollection``).
 
 ``specs`` describes tables and features, ``planner`` lays every table out
-(one printed plan), ``inputs`` normalises the three id forms, ``dedup`` looks
-each distinct id up once, and ``collection`` is the ``nnx.Module``.
+(one printed plan), ``skew`` measures how much a table's ids repeat,
+``inputs`` normalises the three id forms, ``dedup`` looks each distinct id
+up once, and ``collection`` is the ``nnx.Module``.
 """
 
 from embedlib.collection.collection import EmbeddingCollection
@@ -12,6 +13,7 @@ from embedlib.collection.planner import (
     estimate_bytes_moved,
     plan_collection,
 )
+from embedlib.collection.skew import fit_id_skews
 from embedlib.collection.specs import DynamicSpec, FeatureSpec, Ragged, TableSpec
 
 __all__ = [
@@ -23,5 +25,6 @@ __all__ = [
     "TablePlan",
     "TableSpec",
     "estimate_bytes_moved",
+    "fit_id_skews",
     "plan_collection",
 ]

@@ -350,19 +350,22 @@ def _given(capacity):
   return None if capacity == options.AUTO else capacity
 
 
-def _dedup_if_it_pays(plan, bags, *, batch_size: int, local_batch: int) -> int | None:
+def _dedup_if_it_pays(plan, bags, *, batch_size: int, local_batch: int,
+                      skew: float = 0.0) -> int | None:
   """``num_unique="auto"`` for a table of its own: a capacity, or None (no dedup).
 
-  A routed table dedups when routing the expected distinct ids (uniform
-  over its rows, with the route's slack: ``cost.dedup_capacity``) saves more
-  bytes than dedup's own work on the ids costs (``cost.dedup_pays``), a
-  byte across nodes weighed as for the layout. Other layouts keep their
-  lookup: their traffic is a row per sample or per id whatever the repeats.
+  A sharded table dedups when looking up the expected distinct ids (for
+  ids of the table's ``id_skew``, with the route's slack:
+  ``cost.dedup_capacity``) saves more bytes than dedup's own work on the
+  ids costs (``cost.dedup_pays``), a byte across nodes weighed as for the
+  layout. A pooled feature on vocab or hidden rows moves one row per
+  sample, so there dedup rarely pays; a routed table's or a sequence
+  feature's lookup moves a row per id, and repeats are saved bytes.
   """
-  if plan.strategy != options.ROUTED or plan.group_size < 2:
+  if plan.strategy == options.REPLICATED or plan.group_size < 2:
     return None
   ids = local_batch * sum(b for b, _ in bags)
-  capacity = cost.dedup_capacity([(ids, plan.num_embeddings)])
+  capacity = cost.dedup_capacity([(ids, plan.num_embeddings, skew)])
   with_dedup = estimate_bytes_moved(plan, bags, batch_size=batch_size, num_unique=capacity)
   without = estimate_bytes_moved(plan, bags, batch_size=batch_size)
   weighed = lambda moved: _weighed(plan, moved, max(ids, 1))[0]
@@ -466,11 +469,27 @@ def plan_collection(
     return p.memory(n, num_unique=_given(num_unique.get(t.name)), rows=rows,
                     optimizer=optimizer).total <= device_memory_bytes
 
+  def dedup(t, p):
+    """``t``'s dedup capacity laid out as ``p``: the one given, ``auto``'s choice, or None."""
+    given = num_unique.get(t.name)
+    if given != options.AUTO:
+      return given
+    return _dedup_if_it_pays(p, _bags(features, t.name), batch_size=batch_size,
+                             local_batch=local_batch, skew=t.id_skew)
+
   def step_bytes(t, p):
-    """A step's lookup and gathering of row gradients, per device, a byte across nodes weighed."""
+    """A step's lookup and gathering of row gradients, per device, a byte across nodes weighed.
+
+    With ``num_unique="auto"`` each layout is costed with dedup where it
+    pays there, dedup's work counted as the bytes ``cost.dedup_pays`` sets
+    against it: a layout and its dedup are chosen together.
+    """
+    cap = dedup(t, p)
     lookup = estimate_bytes_moved(p, _bags(features, t.name), batch_size=batch_size,
-                                  num_unique=_given(num_unique.get(t.name)))
-    return sum(_weighed(p, lookup, max(ids[t.name], 1)))
+                                  num_unique=cap)
+    work = cost.DEDUP_BYTES_PER_ID * ids[t.name] if (
+        cap is not None and num_unique.get(t.name) == options.AUTO) else 0
+    return sum(_weighed(p, lookup, max(ids[t.name], 1))) + work
 
   def plan(t, **kw):
     p = plan_embedding(
@@ -501,6 +520,8 @@ def plan_collection(
     candidates, why_not = sharded_candidates(t.num_embeddings, t.features, p.group_size)
     costed = {s: plan(t, **{**kw, "sharding": s}) for s in candidates}
     per = "step (lookup and sparse update)"
+    if num_unique.get(t.name) == options.AUTO:
+      per += f", with dedup where it pays (its work counted {cost.DEDUP_BYTES_PER_ID} bytes an id)"
     if p.nodes > 1:
       per += f", a byte across nodes counted {cost.INTER_NODE_WEIGHT}x"
     fitting = [s for s in candidates if fits(t, costed[s])] or candidates
@@ -575,9 +596,7 @@ def plan_collection(
       continue
     p = plans[t.name]
     bags = _bags(features, t.name)
-    cap = num_unique.get(t.name)
-    if cap == options.AUTO:
-      cap = _dedup_if_it_pays(p, bags, batch_size=batch_size, local_batch=local_batch)
+    cap = dedup(t, p)
     out.append(TablePlan(
         plan=p,
         features=names,

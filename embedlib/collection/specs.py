@@ -103,6 +103,12 @@ class TableSpec:
     column_axes: for ``"grid"``, the mesh axes its columns are split over
       (a name or a tuple of names); None: the data axes that are not table
       axes.
+    id_skew: how much the table's ids repeat, for the planner's estimate of
+      a batch's distinct ids (dedup's capacity, and whether dedup pays):
+      the exponent of a Zipf law over the rows (``cost.distinct_ids``). 0,
+      the default, plans for uniform ids, which repeat least; Criteo's
+      categoricals are near 1. ``embedlib.collection.fit_id_skews`` fits
+      it from a batch of real ids.
   """
 
   name: str
@@ -114,6 +120,7 @@ class TableSpec:
   host: int | None = None
   column_axes: str | tuple[str, ...] | None = None
   dynamic: DynamicSpec | None = None
+  id_skew: float = 0.0
 
   def __post_init__(self):
     _name(self.name, "TableSpec")
@@ -143,6 +150,13 @@ class TableSpec:
         raise ValueError(f"{owner}: {field} must be an int >= 0, got {value!r}.")
     self._check_column_axes(owner)
     self._check_dynamic(owner)
+    skew = self.id_skew
+    if (isinstance(skew, bool) or not isinstance(skew, (int, float, np.integer, np.floating))
+        or not 0 <= skew < float("inf")):
+      raise ValueError(
+          f"{owner}: id_skew must be a finite number >= 0 (0: uniform ids), got {skew!r}; "
+          "embedlib.collection.fit_id_skews fits it from a batch of ids.")
+    object.__setattr__(self, "id_skew", float(skew))
 
   def _check_dynamic(self, owner: str) -> None:
     """A dynamic table's policy and layout, checked as ``DynamicEmbed`` checks them."""

@@ -172,16 +172,18 @@ def plan_stacks(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], ki
 def _dedup_if_it_pays(plan, planned, members, by_member):
   """``num_unique="auto"`` for a stack: ``(plan, capacity)``, or ``(plan, None)``.
 
-  Deduplicated, a stack routes each member's distinct ids (uniform over its
-  rows: a small table sends its few rows, not one per lookup), so it is
+  Deduplicated, a stack routes each member's distinct ids (for ids of its
+  ``id_skew``: a small table sends its few rows, not one per lookup), so it is
   placed balancing those, and the route's capacity follows their
   proportions (``EmbeddingPlan.capacity_for``). Kept when that saves more
   bytes than dedup's own work on the ids costs (``cost.dedup_pays``) against
   routing every id with the plain placement.
   """
-  distinct = {t.name: math.ceil(cost.distinct_ids(by_member[t.name], t.num_embeddings)[0])
+  distinct = {t.name: math.ceil(cost.distinct_ids(by_member[t.name], t.num_embeddings,
+                                                  t.id_skew)[0])
               for t in members}
-  capacity = cost.dedup_capacity([(by_member[t.name], t.num_embeddings) for t in members])
+  capacity = cost.dedup_capacity([(by_member[t.name], t.num_embeddings, t.id_skew)
+                                  for t in members])
   deduped = planned(distinct, raw=by_member)
   if cost.dedup_pays(traffic(plan, by_member), traffic(deduped, by_member, capacity),
                      sum(by_member.values())):

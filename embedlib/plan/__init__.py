@@ -9,7 +9,7 @@ arguments.
 
 from embedlib.plan.checks import check_shape
 from embedlib.plan.choose import plan_embedding
-from embedlib.plan.cost import bytes_moved_per_lookup, padded_shape
+from embedlib.plan.cost import bytes_moved_per_lookup, fit_id_skew, padded_shape
 from embedlib.plan.layout import EmbeddingPlan
 from embedlib.plan.mesh_axes import axes_size, mesh_shape, resolve_axes
 
@@ -18,6 +18,7 @@ __all__ = [
     "axes_size",
     "bytes_moved_per_lookup",
     "check_shape",
+    "fit_id_skew",
     "mesh_shape",
     "padded_shape",
     "plan_embedding",

@@ -107,12 +107,23 @@ def uniform_route_capacity(ids_per_device: int, group: int, rest_ranks: int = 1)
   return route_capacity(route_ids(ids_per_device, rest_ranks), [1.0 / group] * group)
 
 
-def distinct_ids(ids: int, rows: int) -> tuple[float, float]:
-  """Mean and variance of the distinct rows among ``ids`` uniform draws over ``rows``.
+def distinct_ids(ids: int, rows: int, skew: float = 0.0) -> tuple[float, float]:
+  """Mean and variance of the distinct rows among ``ids`` draws over ``rows``.
 
-  The occupancy count: ``rows * (1 - q**ids)`` on average, ``q = 1 - 1/rows``.
-  Uniform draws repeat least; skewed (Zipf) ids repeat more, so a dedup
-  that pays for uniform ids pays more for real ones.
+  ``skew`` is the exponent of a Zipf law over the rows: row ``k`` (from 1,
+  the hottest) drawn with probability proportional to ``k ** -skew``; 0
+  draws uniformly, which repeats least. Real ids repeat more: Criteo's
+  categoricals, hashed over a table, repeat as a skew near 1 does
+  (``embedlib.plan.fit_id_skew`` fits one from a batch of ids).
+
+  The mean is the sum over rows of the chance a row is drawn,
+  ``1 - (1 - p_k) ** ids``. The variance is the rows' Bernoulli variances
+  less their covariances: two rows compete for the same draws, so one
+  drawn makes the other less likely. Each pair's covariance is taken to
+  first order, ``-ids * p_j * p_k * m_j * m_k`` with ``m = (1 - p) ** ids
+  / (1 - p)``; leaving it out would double the deviation where most ids are
+  distinct, and a dedup capacity that holds every id saves nothing.
+  Uniform draws give the occupancy count's variance exactly.
 
   >>> [round(x, 2) for x in distinct_ids(512, 12)]
   [12.0, 0.0]
@@ -120,23 +131,116 @@ def distinct_ids(ids: int, rows: int) -> tuple[float, float]:
   100.0
   >>> [round(x, 2) for x in distinct_ids(10, 2)]
   [2.0, 0.0]
+  >>> round(distinct_ids(16_384, 250_000)[0]), round(distinct_ids(16_384, 250_000, 1.0)[0])
+  (15859, 7200)
   """
+  if skew < 0 or not math.isfinite(skew):
+    raise ValueError(f"skew must be a finite number >= 0, got {skew!r}.")
   if rows <= 1 or ids <= 0:
     return float(min(ids, rows)), 0.0
-  q_n = math.exp(ids * math.log1p(-1.0 / rows))
-  # Two rows: no draw misses both (and log1p(-1) is undefined).
-  q2_n = math.exp(ids * math.log1p(-2.0 / rows)) if rows > 2 else 0.0
-  mean = rows * (1.0 - q_n)
-  var = rows * q_n + rows * (rows - 1) * q2_n - rows * rows * q_n * q_n
-  return mean, max(var, 0.0)
+  if skew == 0:
+    q_n = math.exp(ids * math.log1p(-1.0 / rows))
+    # Two rows: no draw misses both (and log1p(-1) is undefined).
+    q2_n = math.exp(ids * math.log1p(-2.0 / rows)) if rows > 2 else 0.0
+    mean = rows * (1.0 - q_n)
+    var = rows * q_n + rows * (rows - 1) * q2_n - rows * rows * q_n * q_n
+    return mean, max(var, 0.0)
+  norm = _zipf_sum(rows, skew, lambda w: w)
+
+  def drawn(w):
+    """The chance a row of weight ``w`` is drawn at least once."""
+    p = min(w / norm, 1.0)
+    missed = math.exp(ids * math.log1p(-p)) if p < 1.0 else 0.0
+    return 1.0 - missed
+
+  def competing(w):
+    """``p * m`` of a row of weight ``w``: its share of the rows' covariances."""
+    p = min(w / norm, 1.0)
+    return p * math.exp((ids - 1) * math.log1p(-p)) if p < 1.0 else 0.0
+
+  mean = _zipf_sum(rows, skew, drawn)
+  bernoulli = _zipf_sum(rows, skew, lambda w: drawn(w) * (1.0 - drawn(w)))
+  pairs = _zipf_sum(rows, skew, competing) ** 2 - _zipf_sum(rows, skew, lambda w: competing(w) ** 2)
+  return min(mean, float(ids), float(rows)), max(bernoulli - ids * pairs, 0.0)
+
+
+#: Rows summed one by one before ``_zipf_sum`` integrates the rest.
+_ZIPF_HEAD = 2048
+#: The integrated rows' segments grow by this factor: each spans at least
+#: ``_ZIPF_HEAD / 32`` rows, over which the terms are smooth.
+_ZIPF_STEP = 1.0 + 1.0 / 32
+
+
+def _zipf_sum(rows: int, skew: float, f) -> float:
+  """``sum(f(k ** -skew) for k in 1..rows)``, the tail past ``_ZIPF_HEAD`` by Simpson's rule.
+
+  Pure Python in a few hundred terms for any ``rows`` (a sum over a
+  billion rows would not be): each segment ``[a, b)`` of whole rows is the
+  integral of ``f((x) ** -skew)`` over ``[a - 1/2, b - 1/2]``.
+
+  >>> round(_zipf_sum(10**6, 1.0, lambda w: w), 4)   # the harmonic number H(10**6)
+  14.3927
+  """
+  head = min(rows, _ZIPF_HEAD)
+  total = sum(f(k ** -skew) for k in range(1, head + 1))
+  a = head + 1
+  while a <= rows:
+    b = min(rows + 1, max(a + 1, int(a * _ZIPF_STEP)))
+    lo, hi = a - 0.5, b - 0.5
+    mid = 0.5 * (lo + hi)
+    total += (hi - lo) / 6.0 * (f(lo ** -skew) + 4.0 * f(mid ** -skew) + f(hi ** -skew))
+    a = b
+  return total
+
+
+def fit_id_skew(ids: int, distinct: int, rows: int) -> float:
+  """The ``skew`` (``distinct_ids``) under which ``ids`` draws over ``rows`` hold ``distinct`` rows.
+
+  Measure a batch of real ids (for one table, every feature reading it
+  together, padding left out): ``ids`` of them, ``distinct`` distinct; a
+  batch as one data shard sees it is the closest match. The skew found
+  makes the planner's distinct-id estimate equal that count at that batch
+  and extrapolates it to other batch sizes and shard counts.
+
+  Args:
+    ids: the ids counted (>= 1).
+    distinct: how many of them are distinct (1 to ``min(ids, rows)``).
+    rows: the table's rows.
+
+  Returns:
+    The skew, to 1e-3: 0 for ids that repeat no more than uniform ones.
+
+  >>> fit_id_skew(4096, 2070, 100_000)
+  1.0
+  >>> fit_id_skew(4096, 4030, 100_000)   # about as many as uniform ids give
+  0.0
+  """
+  if not 1 <= ids or not 1 <= distinct <= min(ids, rows):
+    raise ValueError(
+        f"fit_id_skew: need 1 <= distinct <= min(ids, rows), got ids={ids}, "
+        f"distinct={distinct}, rows={rows}; count the distinct ids of one batch of "
+        "the table's ids, padding left out.")
+  if distinct >= distinct_ids(ids, rows)[0]:
+    return 0.0
+  lo, hi = 0.0, 8.0
+  if distinct <= distinct_ids(ids, rows, hi)[0]:
+    return hi
+  while hi - lo > 5e-4:
+    mid = 0.5 * (lo + hi)
+    if distinct_ids(ids, rows, mid)[0] > distinct:
+      lo = mid
+    else:
+      hi = mid
+  return round(0.5 * (lo + hi), 3)
 
 
 def dedup_capacity(members, *, sigmas: float = ROUTE_SLACK_SIGMAS) -> int:
   """Static distinct ids per data shard of a dedup: the mean plus ``sigmas`` deviations.
 
   Args:
-    members: ``(ids, rows)`` per table deduplicated together (a stack's
-      members have disjoint rows): ids per data shard and the table's rows.
+    members: ``(ids, rows)`` or ``(ids, rows, skew)`` per table deduplicated
+      together (a stack's members have disjoint rows): ids per data shard,
+      the table's rows and its ids' skew (``distinct_ids``; 0 if left out).
     sigmas: the slack, in standard deviations (as for the route's capacity).
 
   Returns:
@@ -144,21 +248,24 @@ def dedup_capacity(members, *, sigmas: float = ROUTE_SLACK_SIGMAS) -> int:
 
   >>> dedup_capacity([(512, 12), (512, 200_000)])   # 12 + about 511, and slack
   527
+  >>> dedup_capacity([(4096, 100_000, 1.0)])        # skewed ids repeat: about 2,070
+  2189
   """
   mean = var = total = 0.0
-  for ids, rows in members:
-    m, v = distinct_ids(ids, rows)
+  for ids, rows, *skew in members:
+    m, v = distinct_ids(ids, rows, *skew)
     mean, var, total = mean + m, var + v, total + ids
   return int(min(total, max(1, math.ceil(mean + sigmas * math.sqrt(var) - 1e-9))))
 
 
 #: ``auto`` dedups only where the bytes it saves a device exceed this many per
 #: id it deduplicates: its own work on an id (finding it among the distinct
-#: ids, then rebuilding its row from theirs, beside a ``lax.cond`` and the
-#: overflow count) takes about as long as moving that many bytes between
-#: devices. Measured on simulated CPU devices, where a step with dedup saving
-#: fewer bytes an id than this ran slower (``benchmarks/README.md``, "Dedup").
-DEDUP_BYTES_PER_ID = 64
+#: ids, then rebuilding its row and gathering its gradient from theirs,
+#: beside a ``lax.cond`` and the overflow count) takes about as long as
+#: moving that many bytes between devices. Measured on simulated CPU devices
+#: for a forward and a training step: dedup saving 4 bytes an id ran slower,
+#: 23 or more faster or the same (``benchmarks/README.md``, "Dedup").
+DEDUP_BYTES_PER_ID = 16
 
 
 def dedup_pays(moved: int, moved_dedup: int, ids: int) -> bool:

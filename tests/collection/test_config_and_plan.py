@@ -37,6 +37,10 @@ def make(tables=(T,), features=(FeatureSpec("f", "items"),), **kw):
      r"items: axis 'model' is in both table_axes=\('model',\) \(rows\) and column_axes"),
     (lambda: make(tables=[TableSpec("items", 20, 4, sharding="grid")], mesh={"batch": 8}),
      r"items: sharding='grid' splits rows over table_axes and columns over column_axes"),
+    (lambda: TableSpec("items", 10, 4, id_skew=-0.5),
+     r"table 'items': id_skew must be a finite number >= 0 .*fit_id_skews"),
+    (lambda: TableSpec("items", 10, 4, id_skew=float("nan")), r"table 'items': id_skew"),
+    (lambda: TableSpec("items", 10, 4, id_skew="zipf"), r"table 'items': id_skew"),
 ])
 def test_config_errors_raise_at_construction(build, match):
   with pytest.raises((ValueError, TypeError), match=match):
@@ -235,3 +239,66 @@ def test_auto_dedups_only_where_the_bytes_it_saves_pay_for_its_work():
   assert saved["wide"] > cost.DEDUP_BYTES_PER_ID * ids > saved["narrow"], saved
   assert plan["wide"].num_unique is not None and plan["narrow"].num_unique is None
   assert plan["wide"].bytes_moved_dedup < plan["wide"].bytes_moved
+
+
+def test_auto_chooses_a_layout_and_its_dedup_together():
+  """Skewed ids make a routed lookup with dedup cheaper than the layout chosen without it.
+
+  20,000 x 256, a pooled bag of 8, 1,024 ids a shard. Uniform ids repeat
+  little: vocab rows (a pooled row per sample) win, and no dedup. At skew
+  1 a shard holds about 550 distinct ids: routing those (and dedup's work,
+  counted as ``cost.DEDUP_BYTES_PER_ID`` bytes an id) moves less than
+  vocab. Choosing the layout first, as the planner did, kept vocab and
+  never weighed dedup against it.
+  """
+  from embedlib.plan import cost
+  features = [FeatureSpec("clicks", "items", max_ids_per_sample=8)]
+  kw = dict(mesh={"batch": 8}, batch_size=1024, num_unique={"items": "auto"})
+  uniform = plan_collection([TableSpec("items", 20_000, 256)], features, **kw)["items"]
+  skewed = plan_collection([TableSpec("items", 20_000, 256, id_skew=1.0)], features, **kw)
+  layout_first = plan_collection([TableSpec("items", 20_000, 256, id_skew=1.0)], features,
+                                 mesh={"batch": 8}, batch_size=1024)["items"]
+  assert (uniform.plan.strategy, uniform.num_unique) == ("vocab", None)
+  assert layout_first.plan.strategy == "vocab"
+  chosen = skewed["items"]
+  assert chosen.plan.strategy == "routed"
+  ids = 1024 // 8 * 8
+  assert chosen.num_unique == cost.dedup_capacity([(ids, 20_000, 1.0)]) < 0.7 * ids
+  step = lambda t, moved: moved + t.bytes_moved_update
+  assert (step(chosen, chosen.bytes_moved_dedup) + cost.DEDUP_BYTES_PER_ID * ids
+          < step(layout_first, layout_first.bytes_moved))
+  assert "with dedup where it pays" in chosen.plan.reason
+  # The same table's collection builds with that plan and looks up exactly.
+  coll = EmbeddingCollection([TableSpec("items", 20_000, 256, id_skew=1.0)], features,
+                             mesh=jax.make_mesh((8,), ("batch",)), batch_size=1024,
+                             rngs=nnx.Rngs(0))
+  assert coll.num_unique == {"items": chosen.num_unique}
+
+
+def test_fit_id_skews_gives_each_table_the_skew_of_its_shards_ids():
+  """Per table, over every feature reading it, the least-repeating shard's skew."""
+  import numpy as np
+  from embedlib.collection import fit_id_skews
+  from embedlib.plan import cost
+  rng = np.random.default_rng(0)
+  tables = [TableSpec("item", 50_000, 8), TableSpec("user", 50_000, 8)]
+  features = [FeatureSpec("clicks", "item", max_ids_per_sample=4),
+              FeatureSpec("buys", "item", max_ids_per_sample=2),
+              FeatureSpec("user", "user", max_ids_per_sample=1)]
+  hot = (rng.zipf(1.3, (512, 4)) - 1) % 50_000
+  hot[:, 3] = -1  # padding: slots, not ids
+  inputs = {"clicks": hot, "buys": (rng.zipf(1.3, (512, 2)) - 1) % 50_000,
+            "user": rng.integers(0, 50_000, 512)}
+  skews = fit_id_skews(tables, features, inputs, data_shards=4)
+  assert skews["user"] == 0.0 and skews["item"] > 0.5
+  shard = np.concatenate([inputs["clicks"][:128].ravel(), inputs["buys"][:128].ravel()])
+  per_shard = [cost.fit_id_skew(128 * 6, len(np.unique(s[s >= 0])), 50_000)
+               for s in (np.concatenate([inputs["clicks"][i:i + 128].ravel(),
+                                         inputs["buys"][i:i + 128].ravel()])
+                         for i in range(0, 512, 128))]
+  assert skews["item"] == min(per_shard)
+  assert len(np.unique(shard[shard >= 0])) < 128 * 5
+  with pytest.raises(ValueError, match="inputs name feature 'views'"):
+    fit_id_skews(tables, features, {"views": hot})
+  with pytest.raises(ValueError, match="data_shards must be an int >= 1"):
+    fit_id_skews(tables, features, inputs, data_shards=0)

@@ -202,7 +202,7 @@ def test_pins_need_their_placement(spec, match):
 
 
 # 64 wide: a repeat saves a 256-byte row, more than dedup's work on an id
-# (``cost.DEDUP_BYTES_PER_ID``); 8 wide, no repeat rate would pay.
+# (``cost.DEDUP_BYTES_PER_ID``), so the repeat rate decides.
 DEDUP_TABLES = (
     TableSpec("few", 24, 64, sharding="routed"),    # 64 ids a shard over 24 rows: dedup pays
     TableSpec("many", 4000, 64, sharding="routed"),  # 16 ids a shard over 4000 rows: it doesn't
