@@ -25,17 +25,19 @@ table's ``id_skew`` fitted to the batch (``fit_id_skews``; ``--uniform``
 plans for uniform ids instead), as
 
 - the plan's choice (``num_unique="auto"``; prints which tables it dedups);
-- its layouts with dedup on every routed table: the other choice, table by
-  table, where the planner makes one;
-- dedup on every table the plan shards (``num_unique`` = each one's most
-  distinct ids on a shard; the planner may then lay them out otherwise; a
-  replicated table moves no bytes, so its dedup would be work alone);
-- dedup on none;
-- with the layouts dedup took, dedup on none (the layout's share of a
-  difference), and dedup only where ``cost.dedup_pays`` at the measured
-  capacities (the planner's rule fed the Zipf ids' distinct counts, not
-  its uniform estimate).
+- the same plan built again: the same program, the run's noise control;
+- the other choice, table by table: the plan's layouts, each sharded
+  table's dedup turned off where the plan dedups and on where it doesn't
+  (at the capacity the planner gives a forced dedup, ``cost.dedup_capacity``
+  of the table's ids and skew: what a user who overrides ``auto`` gets);
+- dedup on every table the plan shards, at those capacities (the planner
+  may then lay them out otherwise; a replicated table moves no bytes, so
+  its dedup would be work alone);
+- dedup on none.
 
+Each case prints, for the tables it dedups, the bytes dedup saves an id at
+its capacity and which of them ``cost.dedup_pays`` accepts; the shards'
+measured distinct ids are printed beside the planned capacities.
 Their pooled outputs are checked equal (to 1e-5), then one interleaving
 times the forwards and another the forwards + backwards (the pooled
 outputs' sum through ``optim.value_and_grad``: gradients for the rows
@@ -73,11 +75,10 @@ SETS = ((100_000, "uniform"), (20_000, "uniform"), (10_000, "uniform"), (100_000
         (2_000, "uniform"))
 TOLERANCE = 1e-5
 PLANS_CHOICE = "plan's choice (auto)"
-DEDUP_ROUTED = "dedup on its routed tables, its layouts"
+CONTROL = "plan's choice again (noise control)"
+OTHER_CHOICE = "the other choice, table by table"
 DEDUP_ALL = "dedup on every sharded table"
 DEDUP_NONE = "dedup on none"
-LAYOUTS_ONLY = "dedup on none, dedup's layouts"
-DEDUP_PAYING = "dedup where it pays measured, its layouts"
 
 
 def make_ids(rows, kind, rng):
@@ -152,20 +153,19 @@ def describe(coll):
   return f"{layouts}; the rest replicated; dedups {', '.join(coll.num_unique) or 'no table'}"
 
 
-def paying_tables(coll, features, local_batch):
-  """Tables where ``cost.dedup_pays`` at ``coll``'s capacities; prints each one's saving an id."""
+def savings(name, coll, features, local_batch):
+  """Prints, per table ``coll`` dedups, the bytes saved an id and whether ``cost.dedup_pays``."""
   bags = {f.table: f.max_ids_per_sample for f in features}
-  paying, saved = [], []
+  saved, paying = [], []
   for t in coll.plan.tables:
-    if t.name not in coll.num_unique:
-      continue
-    ids = local_batch * bags[t.name]
-    saved.append(f"{t.name} {(t.bytes_moved - t.bytes_moved_dedup) / ids:.0f}")
-    if cost.dedup_pays(t.bytes_moved, t.bytes_moved_dedup, ids):
-      paying.append(t.name)
-  print(f"bytes dedup saves an id at these capacities ({DEDUP_ALL}'s layouts): "
-        f"{', '.join(saved)}; over {cost.DEDUP_BYTES_PER_ID}: {', '.join(paying) or 'none'}")
-  return paying
+    if t.name in coll.num_unique:
+      ids = local_batch * bags[t.name]
+      saved.append(f"{t.name} {(t.bytes_moved - t.bytes_moved_dedup) / ids:.0f}")
+      if cost.dedup_pays(t.bytes_moved, t.bytes_moved_dedup, ids):
+        paying.append(t.name)
+  if saved:
+    print(f"  {name}: bytes dedup saves an id: {', '.join(saved)}; over "
+          f"{cost.DEDUP_BYTES_PER_ID}: {', '.join(paying) or 'none'}")
 
 
 def pinned(tables, coll):
@@ -174,26 +174,28 @@ def pinned(tables, coll):
           for t, p in zip(tables, coll.plan.tables)]
 
 
-def collection_variants(tables, features, needs, *, batch_size, **kw):
+def forced_capacity(table, features, local_batch):
+  """The dedup capacity the planner gives ``table`` (its ids' mean distinct count and slack)."""
+  ids = local_batch * sum(f.max_ids_per_sample for f in features if f.table == table.name)
+  return cost.dedup_capacity([(ids, table.num_embeddings, table.id_skew)])
+
+
+def collection_variants(tables, features, *, batch_size, **kw):
   """The collections compared, by name: the plan's choice first."""
   build = lambda tables, num_unique: EmbeddingCollection(
       tables, features, num_unique=num_unique, batch_size=batch_size, rngs=nnx.Rngs(0), **kw)
   chosen = build(tables, "auto")
-  capacities = lambda coll, keep: {t.name: needs[t.name] for t in coll.plan.tables if keep(t)}
-  # A copy on every device moves no bytes: dedup there is work no plan would choose.
-  dedup_all = build(tables, capacities(chosen, lambda t: t.plan.strategy != options.REPLICATED))
-  paying = paying_tables(dedup_all, features, batch_size // DEVICES)
+  local_batch = batch_size // DEVICES
+  forced = {t.name: forced_capacity(t, features, local_batch) for t in tables}
+  sharded = [p.name for p in chosen.plan.tables if p.plan.strategy != options.REPLICATED]
+  flipped = {n: forced[n] for n in sharded if n not in chosen.num_unique}
   return {
       PLANS_CHOICE: chosen,
-      DEDUP_ROUTED: build(pinned(tables, chosen),
-                          capacities(chosen, lambda t: t.plan.strategy == options.ROUTED)),
-      DEDUP_ALL: dedup_all,
+      CONTROL: build(tables, "auto"),
+      OTHER_CHOICE: build(pinned(tables, chosen), flipped),
+      # A copy on every device moves no bytes: dedup there is work no plan would choose.
+      DEDUP_ALL: build(tables, {n: forced[n] for n in sharded}),
       DEDUP_NONE: build(tables, None),
-      # Dedup's capacities can change a table's layout: pinning those layouts
-      # parts the layout's share of a difference from dedup's.
-      LAYOUTS_ONLY: build(pinned(tables, dedup_all), None),
-      DEDUP_PAYING: build(pinned(tables, dedup_all),
-                          capacities(dedup_all, lambda t: t.name in paying)),
   }
 
 
@@ -239,10 +241,13 @@ def whole_collection(args):
   print(f"{DEVICES} simulated devices, 26 tables (--scale {args.scale}, largest "
         f"{tables[0].num_embeddings:,} rows), batch {args.batch}; load average "
         f"{os.getloadavg()[0]:.1f} at start")
+  print("most distinct ids on a shard, measured: " + ", ".join(
+      f"{t.name} {needs[t.name]}" for t in tables[:10]))
   forwards, steps, outputs = {}, {}, {}
-  for name, coll in collection_variants(tables, features, needs, mesh=mesh,
+  for name, coll in collection_variants(tables, features, mesh=mesh,
                                         batch_size=args.batch).items():
     print(f"{name}: {describe(coll)}")
+    savings(name, coll, features, args.batch // DEVICES)
     forward, step, params = forward_and_backward(coll)
     outputs[name] = forward(params, x)
     forwards[name], steps[name] = (forward, (params, x)), (step, (params, x))
