@@ -495,7 +495,7 @@ def plan_collection(
     p = plan_embedding(
         t.num_embeddings, t.features, name=t.name, ids_per_device=max(ids[t.name], 1),
         route_capacity=route_capacity.get(t.name), node_capacity=node_capacity.get(t.name),
-        **{**common, **kw}
+        id_skew=t.id_skew, **{**common, **kw}
     )
     if kw.get("sharding", options.AUTO) != options.AUTO:
       return p

@@ -18,6 +18,7 @@ import numpy as np
 from flax.nnx.nn.linear import default_embed_init
 
 from embedlib import options
+from embedlib.plan import checks
 from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import module as dynamic_module
 from embedlib.dynamic import policy
@@ -150,13 +151,7 @@ class TableSpec:
         raise ValueError(f"{owner}: {field} must be an int >= 0, got {value!r}.")
     self._check_column_axes(owner)
     self._check_dynamic(owner)
-    skew = self.id_skew
-    if (isinstance(skew, bool) or not isinstance(skew, (int, float, np.integer, np.floating))
-        or not 0 <= skew < float("inf")):
-      raise ValueError(
-          f"{owner}: id_skew must be a finite number >= 0 (0: uniform ids), got {skew!r}; "
-          "embedlib.collection.fit_id_skews fits it from a batch of ids.")
-    object.__setattr__(self, "id_skew", float(skew))
+    object.__setattr__(self, "id_skew", checks.check_skew(self.id_skew, owner))
 
   def _check_dynamic(self, owner: str) -> None:
     """A dynamic table's policy and layout, checked as ``DynamicEmbed`` checks them."""

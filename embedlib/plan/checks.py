@@ -113,6 +113,16 @@ def check_placement(placement, num_embeddings, group, sharding, name):
     )
 
 
+def check_skew(skew, name: str) -> float:
+  """``id_skew``: a Zipf exponent, finite and >= 0."""
+  if (isinstance(skew, bool) or not isinstance(skew, (int, float, np.integer, np.floating))
+      or not 0 <= skew < float("inf")):
+    raise ValueError(
+        f"{name}: id_skew must be a finite number >= 0 (0: uniform ids), got {skew!r}; "
+        "embedlib.collection.fit_id_skews fits it from a batch of ids.")
+  return float(skew)
+
+
 def check_capacity(capacity, group: int, name: str, what: str = "route_capacity") -> int:
   """A route capacity must hold at least one id per destination."""
   if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):

@@ -113,6 +113,7 @@ def plan_embedding(
     devices_per_node: int | None = None,
     node_capacity: int | None = None,
     optimizer=memory_lib.DEFAULT_OPTIMIZER,
+    id_skew: float = 0.0,
 ) -> EmbeddingPlan:
   """Decides how a ``(num_embeddings, features)`` table is laid out on a mesh.
 
@@ -165,6 +166,10 @@ def plan_embedding(
     optimizer: the sparse row-wise optimizer that trains the table, for
       its slots: a name of ``memory.OPTIMIZER_SLOTS``, a row-wise rule, or
       None (no slots).
+    id_skew: how much the table's ids repeat, a Zipf exponent over its rows
+      (``cost.distinct_ids``; 0, uniform ids, repeats least): the sparse
+      update's route is sized for the distinct ids a device sends
+      (``EmbeddingPlan.update_capacity``).
 
   Returns:
     An ``EmbeddingPlan``.
@@ -298,7 +303,7 @@ def plan_embedding(
             ids_per_device=ids_per_device, route_capacity=route_capacity, name=name,
             column_axes=grid_columns if s == options.GRID else None,
             devices_per_node=devices_per_node, node_capacity=node_capacity,
-            optimizer=optimizer).memory_per_device
+            optimizer=optimizer, id_skew=id_skew).memory_per_device
 
       strategy, reason = _fit_memory(
           strategy, reason, device_memory_bytes, weighed, size, name=name, tied=tied,
@@ -335,6 +340,7 @@ def plan_embedding(
       devices_per_node=devices_per_node,
       node_capacity=node_capacity,
       optimizer=memory_lib.optimizer_key(optimizer),
+      id_skew=checks.check_skew(id_skew, name),
   )
   if placement is None:
     return plan

@@ -59,6 +59,7 @@ class EmbeddingPlan(PlanTraffic):
   devices_per_node: int | None = None
   node_capacity: int | None = None
   optimizer: str | None = memory_lib.DEFAULT_OPTIMIZER
+  id_skew: float = 0.0
 
   def memory(self, ids: int | None = None, *, num_unique: int | None = None,
              rows: int | None = None, optimizer=_OWN) -> memory_lib.TableMemory:

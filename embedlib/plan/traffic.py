@@ -173,8 +173,8 @@ class PlanTraffic:
     """Ids per destination of the sparse update's route, for ``ids`` ids per device.
 
     The update sums each rank's duplicates before routing, so it sends
-    distinct ids: their expected count for uniform ids (which repeat least),
-    with the route's slack (``cost.dedup_capacity``, over a stack's tables
+    distinct ids: their expected count for ids of the plan's ``id_skew``
+    (0, uniform ids, repeats least), with the route's slack (``cost.dedup_capacity``, over a stack's tables
     together, from their lookups: a deduplicated stack's route carries the
     same distinct ids at the same capacity).
     A small table's ids then cost its few rows, not a slot per lookup; a
@@ -184,7 +184,8 @@ class PlanTraffic:
     if self.route_capacity is not None:
       return self.capacity_for(ids)
     if self.placement is None:
-      return self.capacity_for(cost.dedup_capacity([(ids, self.num_embeddings)]))
+      return self.capacity_for(
+          cost.dedup_capacity([(ids, self.num_embeddings, self.id_skew)]))
     lookups = self.placement.lookups or self.placement.ids
     total = sum(lookups) or 1
     return self.capacity_for(cost.dedup_capacity([

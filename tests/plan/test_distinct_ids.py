@@ -71,3 +71,22 @@ def test_fit_id_skew_names_a_count_that_cannot_be(args, match):
 def test_distinct_ids_refuses_a_negative_skew():
   with pytest.raises(ValueError, match="skew must be a finite number >= 0"):
     cost.distinct_ids(10, 100, -1.0)
+
+
+def test_a_skewed_tables_update_route_is_sized_for_its_distinct_ids():
+  """The sparse update routes each device's distinct ids: fewer where ids repeat."""
+  from embedlib.collection import FeatureSpec, TableSpec, plan_collection
+  from embedlib.plan import plan_embedding
+  n, rows = 16_384, 250_000
+  kw = dict(mesh={"batch": 8}, sharding="routed", ids_per_device=n)
+  uniform, skewed = plan_embedding(rows, 64, **kw), plan_embedding(rows, 64, **kw, id_skew=1.05)
+  assert skewed.update_capacity(n) == skewed.capacity_for(cost.dedup_capacity([(n, rows, 1.05)]))
+  assert skewed.update_capacity(n) < 0.6 * uniform.update_capacity(n)
+  assert skewed.sparse_update(n)[1] < 0.6 * uniform.sparse_update(n)[1]
+  # A collection's table carries its skew into its plan.
+  plan = plan_collection([TableSpec("t", rows, 64, sharding="routed", id_skew=1.05)],
+                         [FeatureSpec("f", "t", max_ids_per_sample=16)],
+                         mesh={"batch": 8}, batch_size=8192)
+  assert plan["t"].plan.id_skew == 1.05
+  with pytest.raises(ValueError, match="table: id_skew must be a finite number >= 0"):
+    plan_embedding(rows, 64, **kw, id_skew=float("nan"))
