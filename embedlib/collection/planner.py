@@ -410,10 +410,11 @@ def plan_collection(
     param_dtype: dtype of the stored tables.
     batch_size: samples per step over the whole mesh, for the estimates.
     num_unique: dedup capacity per data shard, by table (or stack) name:
-      an int, or ``"auto"``: dedup a routed table or stack when its
-      expected distinct ids make the route move fewer bytes, by more than
-      dedup's work on the ids costs (``cost.dedup_pays``; the chosen
-      capacity is the ``TablePlan`` 's or ``StackPlan`` 's ``num_unique``).
+      an int, or ``"auto"``: dedup a sharded table or stack when its
+      expected distinct ids (for its ``id_skew``) make its lookup move fewer
+      bytes, by more than dedup's work on the ids costs
+      (``cost.dedup_pays``), the layout chosen with it (the chosen capacity
+      is the ``TablePlan`` 's or ``StackPlan`` 's ``num_unique``).
     route_capacity: ids per destination of routed tables, by table name
       (default: from each call's ids, ``EmbeddingPlan.capacity_for``).
     replicate_below_bytes: the per-table auto rule's threshold.
@@ -445,6 +446,13 @@ def plan_collection(
   Returns:
     A ``CollectionPlan``.
   """
+  for what, given in (("num_unique", num_unique), ("route_capacity", route_capacity),
+                      ("node_capacity", node_capacity)):
+    if given is not None and not isinstance(given, Mapping):
+      raise TypeError(
+          f"plan_collection: {what} takes a capacity by table (or stack) name, e.g. "
+          f"{{'items': {given!r}}}; got {given!r}. EmbeddingCollection also takes one "
+          "value for every table.")
   num_unique = dict(num_unique or {})
   route_capacity = dict(route_capacity or {})
   node_capacity = dict(node_capacity or {})

@@ -142,7 +142,8 @@ def plan_stacks(tables: Sequence[TableSpec], features: Sequence[FeatureSpec], ki
       placed = placement.place(
           [placement.Member(t.name, t.num_embeddings, max(lookups[t.name], 1), kinds[t.name],
                             device=t.device, host=t.host,
-                            lookups=None if raw is None else max(raw[t.name], 1))
+                            lookups=None if raw is None else max(raw[t.name], 1),
+                            skew=t.id_skew)
            for t in members],
           group=mesh_axes.axes_size(shape, axes), devices_per_host=devices_per_host,
           name=name)

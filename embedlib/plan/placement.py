@@ -46,6 +46,7 @@ class Member:
     host: a pinned host for ``"table_row"``.
     lookups: where ``ids_per_device`` counts distinct ids (a deduplicated
       stack), the lookups they come from, per device per step.
+    skew: how much its ids repeat (``TableSpec.id_skew``).
   """
 
   name: str
@@ -55,6 +56,7 @@ class Member:
   device: int | None = None
   host: int | None = None
   lookups: int | None = None
+  skew: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +73,7 @@ class Placement:
     ids: each member's ids per device per step (for the route capacity).
     lookups: each member's lookups per device per step, where ``ids``
       counts distinct ones (a deduplicated stack), else None.
+    skews: each member's ``id_skew``; empty for uniform ids.
   """
 
   members: tuple[tuple[str, int], ...]
@@ -80,6 +83,7 @@ class Placement:
   kinds: tuple[str, ...]
   ids: tuple[int, ...]
   lookups: tuple[int, ...] | None = None
+  skews: tuple[float, ...] = ()
 
   @property
   def num_embeddings(self) -> int:
@@ -256,4 +260,5 @@ def place(members: Sequence[Member], *, group: int, devices_per_host: int | None
       ids=tuple(m.ids_per_device for m in members),
       lookups=(None if all(m.lookups is None for m in members) else
                tuple(m.ids_per_device if m.lookups is None else m.lookups for m in members)),
+      skews=tuple(m.skew for m in members) if any(m.skew for m in members) else (),
   )

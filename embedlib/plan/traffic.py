@@ -174,9 +174,10 @@ class PlanTraffic:
 
     The update sums each rank's duplicates before routing, so it sends
     distinct ids: their expected count for ids of the plan's ``id_skew``
-    (0, uniform ids, repeats least), with the route's slack (``cost.dedup_capacity``, over a stack's tables
-    together, from their lookups: a deduplicated stack's route carries the
-    same distinct ids at the same capacity).
+    (a stack's: each member's; 0, uniform ids, repeats least), with the
+    route's slack (``cost.dedup_capacity``, over a stack's tables together,
+    from their lookups: a deduplicated stack's route carries the same
+    distinct ids at the same capacity).
     A small table's ids then cost its few rows, not a slot per lookup; a
     step with more distinct ids for one owner takes more rounds, never
     dropping one. A ``route_capacity`` given is kept as it is.
@@ -188,5 +189,7 @@ class PlanTraffic:
           cost.dedup_capacity([(ids, self.num_embeddings, self.id_skew)]))
     lookups = self.placement.lookups or self.placement.ids
     total = sum(lookups) or 1
+    skews = self.placement.skews or (0.0,) * len(lookups)
     return self.capacity_for(cost.dedup_capacity([
-        (-(-ids * n // total), rows) for (_, rows), n in zip(self.placement.members, lookups)]))
+        (-(-ids * n // total), rows, skew)
+        for (_, rows), n, skew in zip(self.placement.members, lookups, skews)]))

@@ -6,6 +6,8 @@ each table's gradient against the unsharded reference
 sums of a few rows in another order, 1e-5 relative.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -213,6 +215,25 @@ DEDUP_FEATURES = (
     FeatureSpec("f_many", "many", combiner=None, max_ids_per_sample=2),
     FeatureSpec("f_t", "t", combiner="mean", max_ids_per_sample=8),
 )
+
+
+def test_a_skewed_stacks_update_routes_the_distinct_ids_its_dedup_plans():
+  """Members' ``id_skew`` size the stack's dedup and its update's route alike."""
+  tables = [TableSpec("a", 20_000, 64, sharding="table", id_skew=1.1),
+            TableSpec("b", 5_000, 64, sharding="table")]
+  features = [FeatureSpec("fa", "a", max_ids_per_sample=8), FeatureSpec("fb", "b")]
+  kw = dict(mesh={"batch": 8}, batch_size=1024, num_unique={"stack_64": "auto"})
+  stack = plan_collection(tables, features, **kw).stack("stack_64")
+  assert stack.plan.placement.skews == (1.1, 0.0)
+  assert stack.num_unique is not None
+  lookups = 1024 // 8 * 9
+  assert stack.plan.update_capacity(lookups) == stack.plan.capacity_for(stack.num_unique)
+  uniform = plan_collection([dataclasses.replace(t, id_skew=0.0) for t in tables], features,
+                            **kw).stack("stack_64")
+  assert uniform.num_unique is None   # uniform ids over 25,000 rows repeat too little to pay
+  assert stack.bytes_moved_update < uniform.bytes_moved_update
+  with pytest.raises(TypeError, match=r"num_unique takes a capacity by table .* 'auto'"):
+    plan_collection(tables, features, mesh={"batch": 8}, num_unique="auto")
 
 
 def test_auto_dedup_routes_distinct_ids_where_it_pays_and_matches_reference():
