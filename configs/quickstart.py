@@ -52,7 +52,12 @@ def get_config(arg=None):
   config.model.top_sizes = (64, 32, 1)
   config.model.combiner = "sum"
   config.model.cross_layers = 3
-  config.model.num_unique = ml_collections.config_dict.placeholder(int)
+  # Dedup (embedlib.EmbeddingCollection's num_unique): None (off), distinct ids a data
+  # shard holds (an int), or "auto" (where the planner finds it pays).
+  config.model.num_unique = ml_collections.config_dict.placeholder(object)
+  # How much each table's ids repeat, for that plan: None (uniform ids), a Zipf exponent
+  # for every table, or "fit": fitted to the first training batch (saved in the workdir).
+  config.model.id_skew = ml_collections.config_dict.placeholder(object)
   config.model.kernel = "auto"
   # Tables up to this many bytes are replicated (None: the library default).
   config.model.replicate_below_bytes = 0

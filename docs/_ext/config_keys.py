@@ -140,7 +140,12 @@ EXPLAINED = {
     "model.combiner": "Pooling of a multi-hot bag: `sum`, `mean` or `sqrtn`.",
     "model.cross_layers": "Cross layers of DCN-v2 (`model.name=\"dcn\"`).",
     "model.num_unique": "Distinct ids per data shard a collection's lookup dedups to; "
-                        "None turns dedup off.",
+                        "None turns dedup off, `auto` dedups the tables where the plan "
+                        "finds it pays.",
+    "model.id_skew": "How much each table's ids repeat, for `auto` dedup's plan: None "
+                     "(uniform ids), a Zipf exponent for every table, or `fit`: fitted to "
+                     "the first training batch and saved in the workdir (`id_skew.json`), "
+                     "which a resume and serving's restore read back.",
     "model.kernel": "The local lookup kernel: `auto`, `xla`, `pallas`, `mosaic`, "
                     "`triton` or `cpu`.",
     "model.replicate_below_bytes": "Tables up to this many bytes are replicated (None: "

@@ -1,9 +1,10 @@
 """Layer 5: many features over many sharded tables (``EmbeddingCollection``).
 
 ``specs`` describes tables and features, ``planner`` lays every table out
-(one printed plan), ``skew`` measures how much a table's ids repeat,
-``inputs`` normalises the three id forms, ``dedup`` looks each distinct id
-up once, and ``collection`` is the ``nnx.Module``.
+(one printed plan) by the bytes ``traffic`` counts a step moving, ``skew``
+measures how much a table's ids repeat, ``inputs`` normalises the three id
+forms, ``dedup`` looks each distinct id up once, and ``collection`` is the
+``nnx.Module``.
 """
 
 from embedlib.collection.collection import EmbeddingCollection

@@ -29,98 +29,12 @@ import numpy as np
 from embedlib import options
 from embedlib.collection.specs import FeatureSpec, TableSpec
 from embedlib.collection import budget as budget_lib
+from embedlib.collection import traffic as traffic_lib
+from embedlib.collection.traffic import estimate_bytes_moved
 from embedlib.collection import stacks as stacks_lib
 from embedlib.plan import EmbeddingPlan, cost, memory, mesh_axes, placement, plan_embedding
 from embedlib.plan.choose import cheapest, sharded_candidates
 from embedlib.plan.report import human_bytes
-
-
-def _ranks(plan: EmbeddingPlan) -> tuple[int, int]:
-  token = mesh_axes.axes_size(dict(plan.mesh_shape), plan.token_axes)
-  return token, plan.group_size // token
-
-
-def _column_ranks(plan: EmbeddingPlan) -> tuple[int, int]:
-  """A grid's column token and rest ranks; ``(1, 1)`` for the 1-D layouts."""
-  token = mesh_axes.axes_size(dict(plan.mesh_shape), plan.column_token_axes)
-  return token, plan.column_group_size // token
-
-
-def _ids_bytes(plan: EmbeddingPlan, n: int) -> int:
-  """Ids all-gathered over the token ranks (a grid's column ones first)."""
-  token_ranks, _ = _ranks(plan)
-  column_token_ranks, _ = _column_ranks(plan)
-  local = math.ceil(n / plan.data_shards)
-  return (column_token_ranks * token_ranks - 1) * local * cost.ID_BYTES
-
-
-def _gather_bytes(plan: EmbeddingPlan, n: int) -> int:
-  """Ids in and one row per id out, for ``n`` ids over the mesh."""
-  if plan.strategy == options.REPLICATED:
-    return 0
-  token_ranks, rest_ranks = _ranks(plan)
-  column_token_ranks, column_rest_ranks = _column_ranks(plan)
-  per_device = math.ceil(n / plan.data_shards)
-  if plan.strategy == options.ROUTED and plan.nodes > 1:
-    return sum(plan.node_bytes(per_device))  # the two-level route's, or the flat one's split
-  return cost.bytes_moved_per_lookup(
-      plan.padded_shape,
-      plan.strategy,
-      ids_per_device=per_device,
-      token_ranks=token_ranks,
-      rest_ranks=rest_ranks,
-      itemsize=plan.itemsize,
-      capacity=plan.capacity_for(per_device) if plan.strategy == options.ROUTED else None,
-      column_token_ranks=column_token_ranks,
-      column_rest_ranks=column_rest_ranks,
-  )
-
-
-def estimate_bytes_moved(plan, bags, *, batch_size, num_unique=None) -> int:
-  """Bytes one device receives per step for the features reading a table.
-
-  Args:
-    plan: the table's ``EmbeddingPlan``.
-    bags: ``(bag, pooled)`` per feature: ids per sample and whether the
-      feature is pooled (else a sequence feature).
-    batch_size: samples per step over the whole mesh.
-    num_unique: dedup capacity per data shard, or None without dedup.
-
-  Returns:
-    The estimate, in bytes (0 for a replicated table).
-
-  >>> p = plan_embedding(1 << 20, 64, mesh={"batch": 8}, sharding="vocab")
-  >>> estimate_bytes_moved(p, [(8, True)], batch_size=1024)  # ids + pooled rows
-  258048
-  >>> estimate_bytes_moved(p, [(8, False)], batch_size=1024)  # ids + a row per id
-  1863680
-  >>> estimate_bytes_moved(p, [(8, False)], batch_size=1024, num_unique=512)
-  931840
-  >>> r = plan_embedding(1 << 20, 64, mesh={"batch": 8}, sharding="routed")
-  >>> estimate_bytes_moved(r, [(8, False)], batch_size=1024)  # 1024 ids a rank, to owners
-  311227
-
-  Dedup pays when a shard's unique ids are fewer than the rows it would
-  otherwise receive: for pooled features, fewer than its samples.
-  """
-  if plan.strategy == options.REPLICATED:
-    return 0
-  if num_unique is not None:
-    # One lookup of each shard's unique ids; pooling happens after, locally.
-    return _gather_bytes(plan, num_unique * plan.data_shards)
-  if plan.strategy == options.ROUTED:
-    # Every feature's ids in one route, a row back for each (pooled after).
-    local = math.ceil(batch_size / plan.data_shards)
-    return _gather_bytes(plan, plan.data_shards * local * sum(b for b, _ in bags))
-  moved = 0
-  for bag, pooled in bags:
-    ids = batch_size * bag
-    if pooled:
-      # Ids travel, then one pooled row per sample (no row per id).
-      moved += _ids_bytes(plan, ids) + _gather_bytes(plan, batch_size) - _ids_bytes(plan, batch_size)
-    else:
-      moved += _gather_bytes(plan, ids)
-  return moved
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,8 +176,8 @@ def _node_note(t) -> str:
   if p.nodes == 1:
     return ""
   moved = t.bytes_moved if t.bytes_moved_dedup is None else t.bytes_moved_dedup
-  intra, inter = _node_split(p, moved)
-  update = _update_node_split(p, p.ids_per_device)[1]
+  intra, inter = traffic_lib.node_split(p, moved)
+  update = traffic_lib.update_node_split(p, p.ids_per_device)[1]
   return (f"across nodes {human_bytes(inter)} per step per device ({human_bytes(intra)} "
           f"inside its node of {p.devices_per_node}; {p.nodes} nodes"
           f"{', two-level route' if p.node_route else ''}); its update {human_bytes(update)} "
@@ -295,81 +209,9 @@ def _columns(rows) -> list[str]:
   return lines
 
 
-def _node_split(plan: EmbeddingPlan, moved: int) -> tuple[int, int]:
-  """``(intra-node, inter-node)`` of ``moved``, a step's lookup bytes per device.
-
-  A routed table's (or stack's) lookup bytes are its plan's node split
-  already (``_gather_bytes``); ``EmbeddingPlan.node_bytes`` gives their
-  inter-node part at the ids that moved them, so the estimate is split by
-  that share. Any other layout's group collective splits by
-  ``cost.inter_node_share``. ``(moved, 0)`` on one node.
-  """
-  if plan.nodes == 1 or not moved:
-    return moved, 0
-  if plan.strategy == options.ROUTED:
-    intra, inter = plan.node_bytes()
-    share = inter / max(intra + inter, 1)
-  else:
-    share = cost.inter_node_share(plan.group_size, plan.devices_per_node)
-  inter = int(moved * share)
-  return moved - inter, inter
-
-
-def _weighed(plan: EmbeddingPlan, lookup: int, ids: int) -> tuple[int, int]:
-  """A step's ``(lookup, sparse update)`` bytes, a byte across nodes counted ``INTER_NODE_WEIGHT``x.
-
-  As ``plan_embedding``'s ``auto`` weighs a lookup's. The update's route
-  splits by ``EmbeddingPlan.update_node_bytes``; its all-gather or
-  all-reduce over the data shards as a group collective over them
-  (``cost.inter_node_share``, nodes of ``devices_per_node`` data ranks).
-  """
-  if not plan.devices_per_node:
-    return lookup, plan.sparse_update(ids)[1]
-  intra, inter = _node_split(plan, lookup)
-  u_intra, u_inter = _update_node_split(plan, ids)
-  weight = cost.INTER_NODE_WEIGHT
-  return intra + weight * inter, u_intra + weight * u_inter
-
-
-def _update_node_split(plan: EmbeddingPlan, ids: int) -> tuple[int, int]:
-  """``(intra-node, inter-node)`` bytes of a step's sparse update, ``ids`` ids per device.
-
-  The route's (``EmbeddingPlan.update_node_bytes``); an all-gather's or
-  all-reduce's over the data shards (nodes of ``devices_per_node`` data
-  ranks), as every group collective's (``cost.inter_node_share``).
-  """
-  way, update = plan.sparse_update(ids)
-  if way == "route":
-    return plan.update_node_bytes(ids)
-  inter = int(update * cost.inter_node_share(plan.data_shards, plan.devices_per_node))
-  return update - inter, inter
-
-
 def _given(capacity):
   """A capacity the caller fixed, or None for ``"auto"`` (decided after the layout)."""
   return None if capacity == options.AUTO else capacity
-
-
-def _dedup_if_it_pays(plan, bags, *, batch_size: int, local_batch: int,
-                      skew: float = 0.0) -> int | None:
-  """``num_unique="auto"`` for a table of its own: a capacity, or None (no dedup).
-
-  A sharded table dedups when looking up the expected distinct ids (for
-  ids of the table's ``id_skew``, with the route's slack:
-  ``cost.dedup_capacity``) saves more bytes than dedup's own work on the
-  ids costs (``cost.dedup_pays``), a byte across nodes weighed as for the
-  layout. A pooled feature on vocab or hidden rows moves one row per
-  sample, so there dedup rarely pays; a routed table's or a sequence
-  feature's lookup moves a row per id, and repeats are saved bytes.
-  """
-  if plan.strategy == options.REPLICATED or plan.group_size < 2:
-    return None
-  ids = local_batch * sum(b for b, _ in bags)
-  capacity = cost.dedup_capacity([(ids, plan.num_embeddings, skew)])
-  with_dedup = estimate_bytes_moved(plan, bags, batch_size=batch_size, num_unique=capacity)
-  without = estimate_bytes_moved(plan, bags, batch_size=batch_size)
-  weighed = lambda moved: _weighed(plan, moved, max(ids, 1))[0]
-  return capacity if cost.dedup_pays(weighed(without), weighed(with_dedup), ids) else None
 
 
 def _bags(features: Sequence[FeatureSpec], table: str):
@@ -482,7 +324,7 @@ def plan_collection(
     given = num_unique.get(t.name)
     if given != options.AUTO:
       return given
-    return _dedup_if_it_pays(p, _bags(features, t.name), batch_size=batch_size,
+    return traffic_lib.dedup_if_it_pays(p, _bags(features, t.name), batch_size=batch_size,
                              local_batch=local_batch, skew=t.id_skew)
 
   def step_bytes(t, p):
@@ -497,7 +339,7 @@ def plan_collection(
                                   num_unique=cap)
     work = cost.DEDUP_BYTES_PER_ID * ids[t.name] if (
         cap is not None and num_unique.get(t.name) == options.AUTO) else 0
-    return sum(_weighed(p, lookup, max(ids[t.name], 1))) + work
+    return sum(traffic_lib.weighed(p, lookup, max(ids[t.name], 1))) + work
 
   def plan(t, **kw):
     p = plan_embedding(

@@ -175,8 +175,10 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
       "sasrec" | "hstu"``); for
       DLRM and DCN: ``embed_dim``,
       ``bottom_sizes`` (hidden layers; the bottom MLP ends in ``embed_dim``),
-      ``top_sizes`` (ending in 1), ``combiner``, ``num_unique``,
-      ``kernel``, ``cross_layers``, and optionally ``replicate_below_bytes``.
+      ``top_sizes`` (ending in 1), ``combiner``, ``num_unique`` (None, a
+      capacity, or ``"auto"``), ``kernel``, ``cross_layers``, and
+      optionally ``replicate_below_bytes`` and ``id_skew`` (how much each
+      table's ids repeat, for the plan's dedup: ``id_skews``).
     data_spec: the dataset layout (dense width, categorical features).
     mesh: the device mesh, or None for one device.
     batch_size: global batch, for the plan's traffic estimates.
@@ -212,7 +214,9 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
   if dynamic:
     tables = dynamic_tables(model_config, data_spec)
   else:
-    tables = [TableSpec(f.name, f.num_embeddings, dim) for f in data_spec.features]
+    skews = id_skews(model_config, data_spec)
+    tables = [TableSpec(f.name, f.num_embeddings, dim, id_skew=skews[f.name])
+              for f in data_spec.features]
   features = [
       FeatureSpec(f.name, f.name, combiner=model_config.combiner,
                   max_ids_per_sample=1 if f.bag_size == 1 else None)
@@ -224,6 +228,32 @@ def build_model(model_config, data_spec, *, mesh=None, batch_size: int = 4096,
     if dynamic and "devices own whole buckets" in str(e):
       raise ValueError(f"config.model.dynamic.capacity: {e}") from None
     raise
+
+
+def id_skews(model_config, data_spec) -> dict[str, float]:
+  """Each table's ``id_skew`` from ``model_config.id_skew``.
+
+  None or 0: uniform ids; a number: every table's; a mapping: by table
+  (feature) name, the rest 0. ``"fit"`` is resolved by ``python -m train``
+  from a batch of the run's ids (``embedlib.training.setup.fitted_id_skews``)
+  before the model is built.
+  """
+  names = [f.name for f in data_spec.features]
+  given = model_config.get("id_skew")
+  if given is None:
+    return dict.fromkeys(names, 0.0)
+  if hasattr(given, "items"):
+    unknown = sorted(set(given.keys()) - set(names))
+    if unknown:
+      raise ValueError(f"config.model.id_skew names table {unknown[0]!r}, which is not among "
+                       f"the data's features {tuple(names)}.")
+    return {n: given.get(n, 0.0) for n in names}
+  if isinstance(given, str):
+    raise ValueError(
+        f"config.model.id_skew={given!r}: python -m train fits 'fit' from the first training "
+        "batch; building a model yourself, pass a number (a Zipf exponent; 0: uniform ids) "
+        "or {table: number}, e.g. from embedlib.collection.fit_id_skews.")
+  return dict.fromkeys(names, given)
 
 
 def _dlrm(model_config, data_spec, tables, features, name, dim, mesh, batch_size, rngs):

@@ -7,6 +7,7 @@ leaves no half-made run.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 
@@ -14,13 +15,15 @@ import jax
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from embedlib import checkpoint
 from embedlib import host_memory
 from embedlib import optim
-from embedlib.collection import budget
+from embedlib.collection import FeatureSpec, TableSpec, budget, fit_id_skews
+from embedlib.data.spec import DataSpec
 from embedlib.plan import memory as plan_memory
 from embedlib.plan.report import human_bytes
 from embedlib.training import tasks
@@ -144,25 +147,86 @@ def _on_mesh(module, mesh) -> None:
                                   is_leaf=lambda x: x is None))
 
 
-def _model(config, task_, spec, mesh):
-  """``task_``'s model of ``config`` on ``mesh`` (its dense arrays not yet placed: ``_on_mesh``)."""
+#: The tables' ``id_skew`` a run fitted (``config.model.id_skew = "fit"``), in its workdir.
+ID_SKEW_FILE = "id_skew.json"
+
+
+def fitted_id_skews(config, task_, spec, train_source, mesh, workdir: str):
+  """The tables' skews ``config.model.id_skew = "fit"`` asks for; None for any other setting.
+
+  A workdir holding ``ID_SKEW_FILE`` (a run started there before) gives its
+  skews back, so a resumed run plans as it did. Otherwise they are fitted
+  to the first training batch (``embedlib.collection.fit_id_skews``; the
+  source is left where it was), each process its own slice, the smallest
+  over the processes kept, so every process plans the same program.
+  ``save_id_skews`` writes them once the workdir exists.
+  """
+  if config.model.get("id_skew") != "fit":
+    return None
+  path = os.path.join(workdir, ID_SKEW_FILE)
+  if os.path.exists(path):
+    with open(path) as f:
+      return {k: float(v) for k, v in json.load(f).items()}
+  if not isinstance(spec, DataSpec) or getattr(task_, "raw_ids", False):
+    raise ConfigError(
+        "config.model.id_skew='fit' fits the fixed tables of a click model (the ctr task "
+        "without data.raw_ids); leave it None here.")
+  state = train_source.get_state()
+  sparse = next(train_source)["sparse"]
+  train_source.set_state(state)
+  tables = [TableSpec(f.name, f.num_embeddings, 1) for f in spec.features]
+  features = [FeatureSpec(f.name, f.name) for f in spec.features]
+  local = np.asarray(sparse[spec.features[0].name]).shape[0]
+  shards = max(1, min(local, mesh.size // jax.process_count()))
+  skews = fit_id_skews(tables, features, sparse, data_shards=shards)
+  names = sorted(skews)
+  values = np.asarray([skews[n] for n in names], np.float32)
+  if jax.process_count() > 1:
+    values = multihost_utils.process_allgather(values).reshape(-1, len(names)).min(axis=0)
+  return {n: round(float(v), 3) for n, v in zip(names, values)}
+
+
+def save_id_skews(workdir: str, skews) -> None:
+  """Writes ``fitted_id_skews``' result into the workdir (process 0), if there is one."""
+  if skews is None or jax.process_index() != 0:
+    return
+  path = os.path.join(workdir, ID_SKEW_FILE)
+  if not os.path.exists(path):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(skews, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)  # a process killed here leaves no half-written file
+
+
+def _model(config, task_, spec, mesh, id_skews=None):
+  """``task_``'s model of ``config`` on ``mesh`` (its dense arrays not yet placed: ``_on_mesh``).
+
+  ``id_skews``: the tables' fitted skews (``fitted_id_skews``), in place of
+  ``config.model.id_skew``'s ``"fit"``.
+  """
   loop = Loop.from_config(config)
+  model_config = config.model
+  if id_skews is not None:
+    model_config = config.model.copy_and_resolve_references()
+    with model_config.ignore_type():  # "fit" (a str) becomes {table: skew}
+      model_config.id_skew = dict(id_skews)
   try:
-    model = task_.build_model(config.model, spec, mesh, batch_size=loop.batch_size,
+    model = task_.build_model(model_config, spec, mesh, batch_size=loop.batch_size,
                               rngs=nnx.Rngs(loop.seed))
   except ValueError as e:  # the factory names the config key and the fix
     raise ConfigError(str(e)) from None
   return model
 
 
-def model_and_optimizer(config, task_, spec, mesh):
+def model_and_optimizer(config, task_, spec, mesh, id_skews=None):
   """The model of ``task_`` and its ``SparseAwareOptimizer``, every array on ``mesh``.
 
   The tables train row-wise with ``config.optim.sparse``, or with the dense
-  optimizer where the task says so (``Task.sparse_tables``).
+  optimizer where the task says so (``Task.sparse_tables``). ``id_skews``:
+  ``fitted_id_skews``' result, where the config asks to fit them.
   """
   loop = Loop.from_config(config)
-  model = _model(config, task_, spec, mesh)
+  model = _model(config, task_, spec, mesh, id_skews)
   optim_config = config.optim
   tx = DENSE_OPTIMIZERS[optim_config.dense.name](
       _schedule(optim_config.dense, loop.num_train_steps))
@@ -250,7 +314,14 @@ def restore_model(config, workdir: str, mesh=None):
   """
   mesh = make_mesh(config) if mesh is None else mesh
   made = task(config)
-  model = _model(config, made, made.data_spec(), mesh)
+  skews = None
+  if config.model.get("id_skew") == "fit":
+    path = os.path.join(workdir, ID_SKEW_FILE)
+    if not os.path.exists(path):
+      raise ConfigError(f"config.model.id_skew='fit', but {path} is missing: the run's fitted "
+                        "skews. Restore from the workdir of that run.")
+    skews = fitted_id_skews(config, made, made.data_spec(), None, mesh, workdir)
+  model = _model(config, made, made.data_spec(), mesh, skews)
   _on_mesh(model, mesh)
   # The tables a row-wise rule trained are stored apart (model_and_optimizer's rule).
   keys = tuple(k for k, _ in optim.sparse_tables(model)) if made.sparse_tables else ()

@@ -223,8 +223,12 @@ def train_and_evaluate(config, workdir: str) -> dict:
   log.info("eval data: %s", setup.describe_eval(config, task))
   setup.check_workdir(workdir)
   # Building and placing large tables takes a while with nothing else to show.
+  id_skews = setup.fitted_id_skews(config, task, spec, train_source, mesh, workdir)
+  if id_skews is not None:
+    log.info("id_skew per table (config.model.id_skew='fit'): %s",
+             ", ".join(f"{k} {v:g}" for k, v in id_skews.items()))
   log.info("building the model and optimizer ...")
-  model, optimizer = setup.model_and_optimizer(config, task, spec, mesh)
+  model, optimizer = setup.model_and_optimizer(config, task, spec, mesh, id_skews)
   log.info("mesh %s; embedding plan:\n%s", dict(mesh.shape), _plans(model))
 
   oracle = task.oracle(eval_source)
@@ -236,6 +240,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   # leaves nothing behind.
   os.makedirs(workdir, exist_ok=True)
   _save_config(config, workdir)
+  setup.save_id_skews(workdir, id_skews)
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                  max_to_keep=loop.max_checkpoints)
   try:

@@ -19,7 +19,7 @@ import pytest
 from flax import nnx
 
 from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim
-from embedlib.collection import plan_collection, planner
+from embedlib.collection import plan_collection, traffic
 from embedlib.plan import hlo
 from tests.collection import check
 
@@ -109,7 +109,7 @@ def test_the_stacks_bytes_across_nodes_are_what_xla_compiled(models):
   text = jax.jit(lambda s: nnx.merge(graphdef, s)(x)).lower(state).compile().as_text()
   stack = nodes.stacked.plan.stack("stack_8")
   # The step that holds its node capacity (hlo counts a conditional's normal branch).
-  assert hlo.inter_node_bytes(text, 4) == planner._node_split(stack.plan, stack.bytes_moved)[1]
+  assert hlo.inter_node_bytes(text, 4) == traffic.node_split(stack.plan, stack.bytes_moved)[1]
 
 
 def test_outputs_and_gradients_match_reference(models):

@@ -62,3 +62,16 @@ def test_factory_rejects_unknown_model():
   cfg = ml_collections.ConfigDict(dict(name="wide_deep", embed_dim=8))
   with pytest.raises(ValueError, match="'wide_deep'.*'dlrm'"):
     build_model(cfg, DataSpec(2, (SparseFeature("a", 10),)), rngs=nnx.Rngs(0))
+
+
+def test_model_config_id_skew_gives_each_table_its_skew():
+  from embedlib.models import factory
+  spec = DataSpec(4, (SparseFeature("a", 100), SparseFeature("b", 10, bag_size=3)))
+  skews = lambda v: factory.id_skews(ml_collections.ConfigDict(dict(id_skew=v)), spec)
+  assert skews(None) == {"a": 0.0, "b": 0.0}
+  assert skews(1.05) == {"a": 1.05, "b": 1.05}
+  assert skews({"a": 0.9}) == {"a": 0.9, "b": 0.0}
+  with pytest.raises(ValueError, match="names table 'c', which is not among"):
+    skews({"c": 1.0})
+  with pytest.raises(ValueError, match="python -m train fits 'fit' from the first training"):
+    skews("fit")

@@ -1,5 +1,6 @@
 """The training entrypoint end to end: smoke runs, resume, outputs, bad input."""
 
+import json
 import logging
 import os
 import subprocess
@@ -24,6 +25,8 @@ def test_smoke_run_writes_metrics_checkpoints_and_resumes(tmp_path, caplog, monk
   config = quickstart.get_config("smoke")
   with config.unlocked():
     config.batch_size = 40  # a shape no other test compiles, so the compile count is this run's
+  # Dedup where the plan finds it pays, for skews fitted to the first batch.
+  config.model.id_skew, config.model.num_unique = "fit", "auto"
   with caplog.at_level(logging.WARNING, logger="jax"), jax.log_compiles():
     with caplog.at_level(logging.INFO, logger="embedlib"):
       result = train_lib.train_and_evaluate(config, str(tmp_path))
@@ -39,6 +42,11 @@ def test_smoke_run_writes_metrics_checkpoints_and_resumes(tmp_path, caplog, monk
       ("building the model", "mesh ", "compiling train_step", "step 1 took"))]
   assert order == ["building", "mesh", "compiling", "step"], order
   assert any("40 samples per step" in m for m in messages)  # the plan knows the real batch
+  skews = json.loads((tmp_path / setup.ID_SKEW_FILE).read_text())
+  # Zipf ids, though 5 samples a shard show few repeats: the smallest shard's skew
+  assert sorted(skews) == [f"f{i}" for i in range(8)] and max(skews.values()) > 0, skews
+  assert any(m.startswith("id_skew per table (config.model.id_skew='fit'): f0 ")
+             for m in messages)
   assert "eval data: the synthetic source's eval stream (2 batches" in "\n".join(messages)
 
   evals = read_jsonl(tmp_path / "eval.jsonl")
@@ -57,10 +65,13 @@ def test_smoke_run_writes_metrics_checkpoints_and_resumes(tmp_path, caplog, monk
   assert sorted(eval_tb) == ["auc", "logloss", "oracle_auc"]
   assert eval_tb["auc"] == [(3, pytest.approx(evals[0]["auc"])), (6, pytest.approx(evals[1]["auc"]))]
 
-  # A restarted run resumes after step 6 with the data where it stopped.
+  # A restarted run resumes after step 6 with the data where it stopped, and
+  # the skews (so the plan) the run started with, not fitted again.
   with config.unlocked():
     config.num_train_steps = 9
-  train_lib.train_and_evaluate(config, str(tmp_path))
+  with monkeypatch.context() as m:
+    m.setattr(setup, "fit_id_skews", lambda *a, **k: pytest.fail("fitted again on resume"))
+    train_lib.train_and_evaluate(config, str(tmp_path))
   assert [e["step"] for e in read_jsonl(tmp_path / "eval.jsonl")] == [3, 6, 9]
   assert [r["step"] for r in read_jsonl(tmp_path / "train.jsonl")] == [2, 4, 6, 8, 9]
 
@@ -74,6 +85,13 @@ def test_smoke_run_writes_metrics_checkpoints_and_resumes(tmp_path, caplog, monk
   assert again == read_jsonl(tmp_path / "eval.jsonl")[-1]
   assert any("is complete: its newest checkpoint is at step 9 of num_train_steps=9" in m
              for m in _messages(caplog))
+
+  # Serving's restore plans with the run's fitted skews; without them it says what is missing.
+  restored, _ = setup.restore_model(config, str(tmp_path))
+  assert restored.embeddings.plan["f4"].plan.id_skew == skews["f4"]
+  (tmp_path / setup.ID_SKEW_FILE).unlink()
+  with pytest.raises(setup.ConfigError, match="id_skew.json is missing: the run's fitted skews"):
+    setup.restore_model(config, str(tmp_path))
 
 
 def _criteo_lines(n, bad_at=()):
