@@ -5,6 +5,7 @@ its own slice of every global batch. Tolerance: the losses and metrics agree
 to 1e-4 relative, since cross-process all-reduces add in another order.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -73,7 +74,12 @@ def _one_and_two_processes(tmp_path, *extra, config="configs/quickstart.py:smoke
 
 @pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
-  single, multi = _one_and_two_processes(tmp_path)
+  # With auto dedup planned for skews fitted to the first batch: the two
+  # processes fit their slices and agree with the one process's fit.
+  single, multi = _one_and_two_processes(
+      tmp_path, "--config.model.id_skew=fit", "--config.model.num_unique=auto")
+  fitted = [json.loads((w / setup.ID_SKEW_FILE).read_text()) for w in (single, multi)]
+  assert fitted[0] == fitted[1] and max(fitted[0].values()) > 0, fitted
 
   # Each process wrote its own shards of the tables; together they restore
   # (here, onto this process's 8 devices) to the one-process run's tables.
