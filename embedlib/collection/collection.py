@@ -111,7 +111,8 @@ class EmbeddingCollection(nnx.Module):
       must divide the table group. None reads it from the devices.
     node_capacity: distinct ids per destination rank that one node sends
       across nodes in that route: an int for every table, a ``{table or
-      stack: capacity}`` dict, or None to plan it for uniform ids.
+      stack: capacity}`` dict, or None to plan it for each table's
+      ``id_skew``.
     batch_size: samples per step, for the plan's traffic estimates and its
       memory check.
     device_memory_bytes: what a device may spend on the embedding's training

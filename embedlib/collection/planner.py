@@ -281,7 +281,7 @@ def plan_collection(
       ``cost.INTER_NODE_WEIGHT`` bytes. None reads it from the devices.
     node_capacity: distinct ids per destination rank one node sends across
       nodes in that route, by table (or stack) name (default: planned for
-      uniform ids, ``cost.node_capacity``).
+      the table's ``id_skew``, ``cost.node_capacity``).
     optimizer: the sparse optimizer that trains the tables, for its slots
       (see ``embedlib.plan.memory.slot_layout``).
 

@@ -160,8 +160,8 @@ def plan_embedding(
       None reads it from the mesh's devices (``mesh_axes.devices_per_node``:
       their process or slice indices), one node when they share one.
     node_capacity: distinct ids per destination rank that one node sends
-      across nodes in the two-level route; None plans it for uniform ids
-      (``cost.node_capacity``). A step needing more takes the flat route's
+      across nodes in the two-level route; None plans it for ids of
+      ``id_skew`` (``cost.node_capacity``). A step needing more takes the flat route's
       buffers across nodes for that step (the same rows).
     optimizer: the sparse row-wise optimizer that trains the table, for
       its slots: a name of ``memory.OPTIMIZER_SLOTS``, a row-wise rule, or
@@ -222,6 +222,7 @@ def plan_embedding(
   elif ids_per_device is None:
     ids_per_device = IDS_PER_DEVICE
   ids_per_device = checks.check_size(ids_per_device, "ids_per_device", name)
+  id_skew = checks.check_skew(id_skew, name)
   token_ranks = mesh_axes.axes_size(shape, [a for a in table if a in data])
   if route_capacity is not None:
     route_capacity = checks.check_capacity(route_capacity, group, name)
@@ -250,7 +251,8 @@ def plan_embedding(
                 if route_capacity is not None
                 else cost.uniform_route_capacity(ids_per_device, group, rest))
     per_node = (min(node_capacity, devices_per_node * capacity) if node_capacity is not None
-                else cost.node_capacity(capacity, devices_per_node, rows // group))
+                else cost.node_capacity(capacity, devices_per_node, rows // group,
+                                        skew=id_skew))
     gathered = (rest - 1) * cost.route_ids(ids_per_device, rest) * cols * itemsize
     if not cost.node_route_pays(capacity, per_node, group, devices_per_node):
       total = flat_moved(strategy)
@@ -340,7 +342,7 @@ def plan_embedding(
       devices_per_node=devices_per_node,
       node_capacity=node_capacity,
       optimizer=memory_lib.optimizer_key(optimizer),
-      id_skew=checks.check_skew(id_skew, name),
+      id_skew=id_skew,
   )
   if placement is None:
     return plan

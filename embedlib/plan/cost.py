@@ -418,23 +418,26 @@ INTER_NODE_WEIGHT = 8
 
 
 def node_capacity(capacity: int, devices_per_node: int, rows_per_rank: int, *,
-                  sigmas: float = ROUTE_SLACK_SIGMAS) -> int:
+                  skew: float = 0.0, sigmas: float = ROUTE_SLACK_SIGMAS) -> int:
   """Distinct ids per destination rank that one node's ranks send it together.
 
   The node's ``devices_per_node`` ranks send a destination at most
   ``capacity`` ids each; sent once per node, the repeats among them are
-  dropped. Planned for uniform ids over the destination's ``rows_per_rank``
-  rows (which repeat least: skewed ids repeat more and fit more often), the
-  mean distinct count of the full buffers plus ``sigmas`` deviations,
-  never more than the buffers hold.
+  dropped. Planned for ids of ``skew`` (``distinct_ids``; 0, uniform ids,
+  repeats least) over the destination's ``rows_per_rank`` rows, their hot
+  rows spread over the ranks as hashed ids are: the mean distinct count of
+  the full buffers plus ``sigmas`` deviations, never more than the buffers
+  hold.
 
   >>> node_capacity(173, 8, 7813)   # 1384 ids over 7813 rows: about 1263 distinct
   1307
+  >>> node_capacity(173, 8, 7813, skew=1.0)   # skewed ids repeat across the node's ranks
+  706
   >>> node_capacity(173, 8, 100)    # a small shard: each row once per node
   100
   """
-  return min(rows_per_rank, dedup_capacity([(capacity * devices_per_node, rows_per_rank)],
-                                           sigmas=sigmas))
+  return min(rows_per_rank, dedup_capacity(
+      [(capacity * devices_per_node, rows_per_rank, skew)], sigmas=sigmas))
 
 
 def node_route_bytes(capacity: int, node_cap: int, group: int, devices_per_node: int,

@@ -48,13 +48,14 @@ class PlanTraffic:
   def node_capacity_for(self, capacity: int) -> int:
     """Distinct ids per destination rank one node sends across, for a route of ``capacity``.
 
-    ``node_capacity`` when it was set, else ``cost.node_capacity`` (uniform
-    ids, which repeat least); never more than the node's ranks send.
+    ``node_capacity`` when it was set, else ``cost.node_capacity`` (for ids
+    of the plan's ``id_skew``); never more than the node's ranks send.
     """
     per = self.devices_per_node
     if self.node_capacity is not None:
       return min(self.node_capacity, per * capacity)
-    return cost.node_capacity(capacity, per, self.padded_shape[0] // self.group_size)
+    return cost.node_capacity(capacity, per, self.padded_shape[0] // self.group_size,
+                              skew=self.id_skew)
 
   def node_bytes(self, ids: int | None = None) -> tuple[int, int]:
     """``(intra-node, inter-node)`` bytes a device receives per lookup of ``ids`` ids.

@@ -90,3 +90,14 @@ def test_a_skewed_tables_update_route_is_sized_for_its_distinct_ids():
   assert plan["t"].plan.id_skew == 1.05
   with pytest.raises(ValueError, match="table: id_skew must be a finite number >= 0"):
     plan_embedding(rows, 64, **kw, id_skew=float("nan"))
+
+
+def test_skewed_ids_size_the_node_buffer_and_can_make_two_levels_pay():
+  from embedlib.plan import plan_embedding
+  kw = dict(mesh={"batch": 64}, sharding="routed", devices_per_node=8, ids_per_device=8192)
+  uniform = plan_embedding(10_000_000, 64, **kw)
+  skewed = plan_embedding(10_000_000, 64, **kw, id_skew=1.05)
+  capacity = uniform.capacity_for(8192)
+  assert skewed.node_capacity_for(capacity) < 0.7 * uniform.node_capacity_for(capacity)
+  assert (uniform.node_route, skewed.node_route) == (False, True)
+  assert skewed.node_bytes()[1] < 0.7 * uniform.node_bytes()[1]   # bytes across nodes
