@@ -118,7 +118,8 @@ def parts(dyn, batch_words, repeats: int) -> None:
   table = dyn.rows.embedding[...]
   _, rows, placed, _ = step_lib.train_step(state, hi, lo, own, bucket, clock, policy=policy)
   count = int(jnp.sum(placed))
-  drawn = next(k for k in mapping.init_sizes(hi.shape[0]) if k >= count)
+  chunk = mapping.place_chunk(hi.shape[0])
+  drawn = -(-count // chunk) * chunk   # the placed rows in whole chunks
   put = jnp.where(placed, rows, policy.capacity)
   at = jnp.arange(drawn, dtype=jnp.int32)
   m = hi.shape[0]

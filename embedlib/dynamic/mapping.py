@@ -72,48 +72,48 @@ def _local(state, extra, clock, flat, *, policy, train, index, group, init):
   return state, (placed_at, table), rows, stats
 
 
-def init_sizes(m: int) -> tuple[int, ...]:
-  """The static numbers of rows a step may draw initial values for: small
-  steps, then eighths of ``m``, so a step draws at most an eighth of ``m``
-  more rows than it places.
+#: Rows drawn and placed at a time: a step draws its placed rows rounded up
+#: to a multiple of this, never an ``[ids, features]`` block.
+PLACE_CHUNK = 4096
 
-  >>> init_sizes(1024)
-  (16, 64, 128, 256, 384, 512, 640, 768, 896, 1024)
-  >>> init_sizes(4)
-  (1, 2, 3, 4)
+
+def place_chunk(m: int) -> int:
+  """Rows a step of ``m`` ids draws at a time: ``PLACE_CHUNK``, or ``m`` when smaller.
+
+  >>> place_chunk(65_536), place_chunk(100)
+  (4096, 100)
   """
-  sizes = {max(1, m // 64), max(1, m // 16)} | {max(1, m * k // 8) for k in range(1, 9)}
-  return tuple(sorted(sizes))
+  return max(1, min(PLACE_CHUNK, m))
 
 
 def _place_rows(init, key_data, table, put, offset):
   """``table`` with the rows ``put`` (local; ``>= len(table)``: none) set to their
   initial values (global row ``put + offset``).
 
-  Drawing is most of a placing step's cost, and shapes are static: the
-  placed rows are packed into the smallest of ``init_sizes`` that holds
-  them, one branch each, and only those are drawn.
+  The placed rows are packed first, then drawn and written ``place_chunk``
+  at a time in a loop that runs only as many chunks as rows are placed: a
+  row's values depend on its number alone (``init_rows``), so chunks give
+  the values one draw of them all would. The table is the loop's carry,
+  updated in place, and no ``[ids, features]`` block of draws is built.
   """
   n, m = table.shape[0], put.shape[0]
   count = jnp.sum(put < n)
   (where,) = jnp.nonzero(put < n, size=m, fill_value=0)
   rows = jnp.where(jnp.arange(m) < count, put[where], n)     # placed rows first
-  at = jnp.minimum(rows, n - 1) + offset
-  sizes = init_sizes(m)
-
-  # Each branch fills the first k rows of one [m, features] block, so the
-  # table itself never passes through the conditional (which would copy it).
-  def draw(k):
-    return lambda: jnp.zeros((m, table.shape[1]), table.dtype).at[:k].set(
-        init_rows(init, key_data, at[:k], table.shape[1], table.dtype))
-
-  index = jnp.minimum(jnp.sum(jnp.asarray(sizes) < count), len(sizes) - 1)
-  values = lax.switch(index, [draw(k) for k in sizes])
+  chunk = place_chunk(m)
+  rows = jnp.concatenate([rows, jnp.full((-m % chunk,), n, rows.dtype)])
   xla = lambda t, r, v: t.at[r].set(v, mode="drop")
-  if not cpu_library.available():
-    return xla(table, rows, values)
-  return platforms.by_platform(table, rows, values, cpu=dynamic_map_cpu.set_rows_cpu, gpu=xla,
-                               default=xla)
+  set_rows = xla
+  if cpu_library.available():
+    set_rows = lambda t, r, v: platforms.by_platform(
+        t, r, v, cpu=dynamic_map_cpu.set_rows_cpu, gpu=xla, default=xla)
+
+  def place(i, t):
+    r = lax.dynamic_slice(rows, (i * chunk,), (chunk,))
+    at = jnp.minimum(r, n - 1) + offset
+    return set_rows(t, r, init_rows(init, key_data, at, t.shape[1], t.dtype))
+
+  return lax.fori_loop(0, (count + chunk - 1) // chunk, place, table)
 
 
 def init_rows(init, key_data, rows, features, dtype):

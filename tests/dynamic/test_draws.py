@@ -68,3 +68,25 @@ def test_other_prng_settings_draw_the_stock_key():
   with jax.threefry_partitionable(False):
     assert draws.impl_for(key_data) is None
   assert draws.impl_for(jnp.zeros((4,), jnp.uint32)) is None       # an rbg key's data
+
+
+def test_placing_rows_draws_in_chunks_and_never_copies_the_table():
+  """No ``[ids, features]`` block of draws, and the donated table updated in place."""
+  n, m, features = 1 << 16, 16_384, 32
+  place = jax.jit(lambda k, t, p: mapping._place_rows(default_embed_init, k, t, p, 0),
+                  donate_argnums=1)
+  memory = place.lower(jax.ShapeDtypeStruct((2,), jnp.uint32),
+                       jax.ShapeDtypeStruct((n, features), jnp.float32),
+                       jax.ShapeDtypeStruct((m,), jnp.int32)).compile().memory_analysis()
+  chunk = mapping.place_chunk(m) * features * 4
+  assert memory.alias_size_in_bytes == n * features * 4
+  assert memory.temp_size_in_bytes < 2 * chunk < m * features * 4, memory.temp_size_in_bytes
+  # Chunked, the rows get the values one draw of them all gives.
+  key = jax.random.key_data(jax.random.key(3))
+  put = jnp.asarray(np.r_[np.arange(9_000) * 7 % n, np.full(m - 9_000, n)], jnp.int32)
+  got = np.asarray(place(key, jnp.zeros((n, features)), put))
+  draw = jax.jit(lambda k, r: mapping.init_rows(default_embed_init, k, r, features, jnp.float32))
+  want = np.asarray(draw(key, put[:9_000]))   # jitted as the step is: eager rounds otherwise
+  np.testing.assert_array_equal(got[np.asarray(put[:9_000])], want)
+  untouched = np.setdiff1d(np.arange(n), np.asarray(put[:9_000]))
+  assert not got[untouched].any()

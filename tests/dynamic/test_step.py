@@ -94,3 +94,30 @@ def test_late_clocks_take_the_exact_search(compiled):
     flat = jnp.asarray(ids_lib.host_words(batch))
     state, rows, _, _ = run(state, flat, jnp.int32(start + t))
     assert np.asarray(rows).tolist() == ref.step(ref_lib.as_uint64(batch))[0], t
+
+
+def test_many_buckets_split_over_threads_equal_the_reference():
+  """Enough distinct ids that the CPU kernel steps its buckets on several threads.
+
+  LFU with admission, decay and eviction: 1,024 buckets of 8 slots, and
+  12,000 ids a step drawn from 30,000 with repeats, so buckets fill, admit
+  and evict in every thread's range.
+  """
+  policy = policy_lib.Policy(8192, bucket_size=8, eviction="lfu", admit_after=2,
+                             decay_every=2)
+  run = jax.jit(lambda state, flat, clock: step_lib.train_step(
+      state, flat[:, 0], flat[:, 1], jnp.ones(flat.shape[0], bool),
+      ids_lib.bucket_of(flat[:, 0], flat[:, 1], policy.num_buckets), clock, policy=policy))
+  ref = ref_lib.Reference(policy)
+  state = helpers.empty_state(policy)
+  rng = np.random.default_rng(5)
+  pool = rng.integers(1, 2**63, 30_000, dtype=np.int64)
+  for t in range(4):
+    hot = np.minimum(rng.zipf(1.2, 4_000) - 1, pool.size - 1)   # repeats, and uniform ids
+    batch = pool[np.concatenate([hot, rng.integers(0, pool.size, 8_000)])]
+    assert len(np.unique(batch)) > 4096   # two threads or more, where the CPUs allow
+    state, rows, _, stats = run(state, jnp.asarray(ids_lib.host_words(batch)), jnp.int32(t))
+    want, _ = ref.step(ref_lib.as_uint64(batch))
+    assert np.asarray(rows).tolist() == want, t
+    assert np.asarray(stats).tolist()[1:3] == [ref.stats["admitted"], ref.stats["evicted"]]
+  assert ref.stats["evicted"] > 0

@@ -273,15 +273,26 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
     std::vector<int32_t> next(start.begin(), start.end() - 1);
     for (Distinct& d : distinct) grouped[next[d.bucket]++] = &d;
   }
-  Counts counts;
-  std::vector<Distinct*> ids;
-  Scratch scratch;
+  // Buckets share nothing (their slots, sketch cells and distinct ids are
+  // their own), so contiguous ranges of them step on separate threads; the
+  // map after the step is the same for any split.
+  const int threads = embedlib_cpu::ThreadCount(static_cast<int64_t>(distinct.size()));
+  std::vector<Counts> part(threads);
   const auto by_key = [](const Distinct* a, const Distinct* c) { return a->key < c->key; };
-  for (int64_t k = 0; k < nbl; ++k) {
-    if (start[k] == start[k + 1]) continue;
-    ids.assign(grouped.begin() + start[k], grouped.begin() + start[k + 1]);
-    std::sort(ids.begin(), ids.end(), by_key);
-    StepBucket(p, k, ids, scratch, khi, klo, score, sketch, cells.typed_data(), counts);
+  embedlib_cpu::ParallelFor(threads, [&](int t) {
+    std::vector<Distinct*> ids;
+    Scratch scratch;
+    for (int64_t k = nbl * t / threads; k < nbl * (t + 1) / threads; ++k) {
+      if (start[k] == start[k + 1]) continue;
+      ids.assign(grouped.begin() + start[k], grouped.begin() + start[k + 1]);
+      std::sort(ids.begin(), ids.end(), by_key);
+      StepBucket(p, k, ids, scratch, khi, klo, score, sketch, cells.typed_data(), part[t]);
+    }
+  });
+  Counts counts;
+  for (const Counts& c : part) {
+    counts.placed += c.placed;
+    counts.evicted += c.evicted;
   }
   int32_t* rows = rows_out->typed_data();
   bool* placed = placed_out->typed_data();
