@@ -74,14 +74,14 @@ def _local(state, extra, clock, flat, *, policy, train, index, group, init):
 
 #: Rows drawn and placed at a time: a step draws its placed rows rounded up
 #: to a multiple of this, never an ``[ids, features]`` block.
-PLACE_CHUNK = 4096
+PLACE_CHUNK = 1024
 
 
 def place_chunk(m: int) -> int:
   """Rows a step of ``m`` ids draws at a time: ``PLACE_CHUNK``, or ``m`` when smaller.
 
   >>> place_chunk(65_536), place_chunk(100)
-  (4096, 100)
+  (1024, 100)
   """
   return max(1, min(PLACE_CHUNK, m))
 
