@@ -325,7 +325,7 @@ def plan_collection(
     if given != options.AUTO:
       return given
     return traffic_lib.dedup_if_it_pays(p, _bags(features, t.name), batch_size=batch_size,
-                             local_batch=local_batch, skew=t.id_skew)
+                                        local_batch=local_batch)
 
   def step_bytes(t, p):
     """A step's lookup and gathering of row gradients, per device, a byte across nodes weighed.

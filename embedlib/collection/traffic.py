@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 
-
 from embedlib import options
 from embedlib.plan import EmbeddingPlan, cost, mesh_axes
 
@@ -156,12 +155,11 @@ def update_node_split(plan: EmbeddingPlan, ids: int) -> tuple[int, int]:
   return update - inter, inter
 
 
-def dedup_if_it_pays(plan, bags, *, batch_size: int, local_batch: int,
-                      skew: float = 0.0) -> int | None:
+def dedup_if_it_pays(plan, bags, *, batch_size: int, local_batch: int) -> int | None:
   """``num_unique="auto"`` for a table of its own: a capacity, or None (no dedup).
 
   A sharded table dedups when looking up the expected distinct ids (for
-  ids of the table's ``id_skew``, with the route's slack:
+  ids of the plan's ``id_skew``, with the route's slack:
   ``cost.dedup_capacity``) saves more bytes than dedup's own work on the
   ids costs (``cost.dedup_pays``), a byte across nodes weighed as for the
   layout. A pooled feature on vocab or hidden rows moves one row per
@@ -171,7 +169,7 @@ def dedup_if_it_pays(plan, bags, *, batch_size: int, local_batch: int,
   if plan.strategy == options.REPLICATED or plan.group_size < 2:
     return None
   ids = local_batch * sum(b for b, _ in bags)
-  capacity = cost.dedup_capacity([(ids, plan.num_embeddings, skew)])
+  capacity = cost.dedup_capacity([(ids, plan.num_embeddings, plan.id_skew)])
   with_dedup = estimate_bytes_moved(plan, bags, batch_size=batch_size, num_unique=capacity)
   without = estimate_bytes_moved(plan, bags, batch_size=batch_size)
   lookup = lambda moved: weighed(plan, moved, max(ids, 1))[0]

@@ -161,8 +161,8 @@ def plan_embedding(
       their process or slice indices), one node when they share one.
     node_capacity: distinct ids per destination rank that one node sends
       across nodes in the two-level route; None plans it for ids of
-      ``id_skew`` (``cost.node_capacity``). A step needing more takes the flat route's
-      buffers across nodes for that step (the same rows).
+      ``id_skew`` (``cost.node_capacity``). A step needing more takes the
+      flat route's buffers across nodes for that step (the same rows).
     optimizer: the sparse row-wise optimizer that trains the table, for
       its slots: a name of ``memory.OPTIMIZER_SLOTS``, a row-wise rule, or
       None (no slots).

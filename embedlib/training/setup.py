@@ -163,10 +163,9 @@ def fitted_id_skews(config, task_, spec, train_source, mesh, workdir: str):
   """
   if config.model.get("id_skew") != "fit":
     return None
-  path = os.path.join(workdir, ID_SKEW_FILE)
-  if os.path.exists(path):
-    with open(path) as f:
-      return {k: float(v) for k, v in json.load(f).items()}
+  saved = _saved_id_skews(workdir)
+  if saved is not None:
+    return saved
   if not isinstance(spec, DataSpec) or getattr(task_, "raw_ids", False):
     raise ConfigError(
         "config.model.id_skew='fit' fits the fixed tables of a click model (the ctr task "
@@ -184,6 +183,15 @@ def fitted_id_skews(config, task_, spec, train_source, mesh, workdir: str):
   if jax.process_count() > 1:
     values = multihost_utils.process_allgather(values).reshape(-1, len(names)).min(axis=0)
   return {n: round(float(v), 3) for n, v in zip(names, values)}
+
+
+def _saved_id_skews(workdir: str):
+  """The skews a run fitted in ``workdir`` (``ID_SKEW_FILE``), or None if it has none."""
+  path = os.path.join(workdir, ID_SKEW_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return {k: float(v) for k, v in json.load(f).items()}
 
 
 def save_id_skews(workdir: str, skews) -> None:
@@ -316,11 +324,11 @@ def restore_model(config, workdir: str, mesh=None):
   made = task(config)
   skews = None
   if config.model.get("id_skew") == "fit":
-    path = os.path.join(workdir, ID_SKEW_FILE)
-    if not os.path.exists(path):
-      raise ConfigError(f"config.model.id_skew='fit', but {path} is missing: the run's fitted "
-                        "skews. Restore from the workdir of that run.")
-    skews = fitted_id_skews(config, made, made.data_spec(), None, mesh, workdir)
+    skews = _saved_id_skews(workdir)
+    if skews is None:
+      raise ConfigError(
+          f"config.model.id_skew='fit', but {os.path.join(workdir, ID_SKEW_FILE)} is missing: "
+          "the run's fitted skews. Restore from the workdir of that run.")
   model = _model(config, made, made.data_spec(), mesh, skews)
   _on_mesh(model, mesh)
   # The tables a row-wise rule trained are stored apart (model_and_optimizer's rule).
