@@ -17,10 +17,12 @@ import importlib
 #: Public name -> the module that defines it.
 _EXPORTS = {
     "DynamicEmbed": "embedlib.dynamic",
-    "DynamicSpec": "embedlib.collection",
+    "DynamicSpec": "embedlib.dynamic",
+    "CollectionLayout": "embedlib.plan",
     "EmbeddingCollection": "embedlib.collection",
     "EmbeddingPlan": "embedlib.plan",
     "FeatureSpec": "embedlib.collection",
+    "Layout": "embedlib.plan",
     "LazyAdam": "embedlib.optim",
     "RowWiseAdagrad": "embedlib.optim",
     "QuantizedEmbed": "embedlib.quant",

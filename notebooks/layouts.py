@@ -168,8 +168,9 @@ else:
     for strategy in (options.VOCAB, options.HIDDEN, options.GRID):
       if plans[title][strategy] is None:
         continue
-      emb = embedlib.ShardedEmbed(s["num_embeddings"], s["features"], mesh=mesh,
-                                  sharding=strategy, name=title, rngs=nnx.Rngs(0), **s["kwargs"])
+      emb = embedlib.ShardedEmbed(
+          s["num_embeddings"], s["features"], mesh=mesh,
+          layout=embedlib.Layout(sharding=strategy, **s["kwargs"]), name=title, rngs=nnx.Rngs(0))
       assert emb.plan.padded_shape == plans[title][strategy].padded_shape
       table = np.asarray(emb.logical_table())
       np.testing.assert_array_equal(np.asarray(emb(ids)), table[np.asarray(ids)])

@@ -64,8 +64,8 @@ print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devi
 # %%
 n = jax.device_count()
 mesh = jax.make_mesh((2, n // 2) if n % 2 == 0 else (1, n), (axes.DATA, axes.MODEL))
-emb = embedlib.ShardedEmbed(50257, 768, mesh=mesh, tied=True, name="gpt2_vocab",
-                            rngs=nnx.Rngs(0))
+emb = embedlib.ShardedEmbed(50257, 768, mesh=mesh, layout=embedlib.Layout(tied=True),
+                            name="gpt2_vocab", rngs=nnx.Rngs(0))
 print(emb.plan)
 
 # %% [markdown]

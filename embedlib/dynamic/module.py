@@ -13,6 +13,7 @@ from flax.nnx.nn.linear import default_embed_init
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from embedlib import _deprecated
 from embedlib import kernels
 from embedlib import lookahead
 from embedlib import options
@@ -20,12 +21,13 @@ from embedlib import sharding as sharding_lib
 from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import mapping
 from embedlib.dynamic import policy as policy_lib
+from embedlib.dynamic import spec as spec_lib
 from embedlib.dynamic import step as step_lib
 from embedlib.embed import ShardedEmbed
+from embedlib.plan.settings import Layout
+from embedlib.plan.settings import field_names as settings_fields
 
-ZERO = "zero"
-LEARNED = "learned"
-DEFAULTS = (ZERO, LEARNED)
+ZERO, LEARNED, DEFAULTS = spec_lib.ZERO, spec_lib.LEARNED, spec_lib.DEFAULTS
 STATS = ("occupancy", "admitted", "evicted", "default_share")
 LAYOUTS = (options.AUTO, "vocab", "routed", "replicated")
 
@@ -44,7 +46,7 @@ class DynamicEmbed(nnx.Module):
   >>> import numpy as np
   >>> from flax import nnx
   >>> import embedlib
-  >>> emb = embedlib.DynamicEmbed(256, 4, bucket_size=128, rngs=nnx.Rngs(0))
+  >>> emb = embedlib.DynamicEmbed(256, 4, rngs=nnx.Rngs(0))
   >>> ids = np.array([2**40 + 7, 3, 2**40 + 7, -1], np.int64)
   >>> rows = emb.rows_of(ids)           # training mode: admits on lookup
   >>> bool(rows[0] == rows[2] and rows[0] != rows[1]), int(rows[3])
@@ -80,83 +82,71 @@ class DynamicEmbed(nnx.Module):
   (the vocab or routed layout of ``ShardedEmbed``), each device owning whole
   buckets with their part of the map, and ids are routed to their owners
   with an all-to-all (see ``embedlib.dynamic.mapping``), so the number of
-  buckets must divide by the group size.
+  buckets must divide by the group size. The mesh is read as every table
+  reads it: ``mesh=``, else the one set with ``jax.set_mesh``.
 
   Args:
-    capacity: rows; a multiple of ``bucket_size``.
+    capacity: rows; a multiple of the bucket size.
     features: embedding width.
-    admit_after: occurrences before an id gets a row (1: on first sight).
-    eviction: ``"lru"``, ``"lfu"`` or None (a full bucket turns newcomers away).
-    bucket_size: slots per bucket.
-    decay_every: steps between halvings of LFU scores and sketch counters
-      (0: never).
-    sketch_depth, sketch_width: the admission count-min sketch per bucket
-      (width default ``bucket_size``).
-    default: ``"zero"`` or ``"learned"``.
-    id_dtype: the raw ids' declared dtype (``int32``, ``uint32``, ``int64``,
-      ``uint64``); host ids outside it are an error. None: any 64-bit
-      pattern (signed ids are their two's complement).
-    mesh, sharding, table_axes, data_axes: as ``ShardedEmbed``'s.
-    route_capacity: ids one rank sends each owner of the map per step
-      (``embedlib.dynamic.mapping``); None: twice the even share. A step
-      needing more takes the all-gather path, with the same result.
+    dynamic: a ``DynamicSpec``: the admission and eviction policy, the
+      bucket size (default: the largest up to 128 that splits each device's
+      rows), the default row and the ids' dtype. None: its defaults.
+    mesh: a ``Mesh`` or ``AbstractMesh``; None takes the one set with
+      ``jax.set_mesh``, or one device when there is none.
+    layout: an ``embedlib.Layout`` of ``sharding`` (``"auto"``: vocab on a
+      mesh, else replicated; ``"vocab"``, ``"routed"``, ``"replicated"``),
+      ``table_axes``, ``data_axes`` and ``route_capacity``: ids one rank
+      sends each owner of the map per step (``embedlib.dynamic.mapping``;
+      None: twice the even share; a step needing more takes the all-gather
+      path, with the same result). The keywords these replace
+      (``bucket_size=``, ``sharding=``, ...) still work until embedlib 0.2,
+      with a ``DeprecationWarning``.
     name: the table's name in errors and statistics.
     dtype, param_dtype, embedding_init: as ``nnx.Embed``'s.
     rngs: ``rngs.params()`` draws the init key.
   """
 
+  @_deprecated.moved_keywords("DynamicEmbed", {
+      "layout": (Layout, "embedlib.Layout"),
+      "dynamic": (spec_lib.DynamicSpec, "embedlib.DynamicSpec")})
   def __init__(
       self,
       capacity: int,
       features: int,
       *,
-      admit_after: int = 1,
-      eviction: str | None = policy_lib.LRU,
-      bucket_size: int = 128,
-      decay_every: int = 0,
-      sketch_depth: int = 2,
-      sketch_width: int | None = None,
-      default: str = ZERO,
-      id_dtype: str | None = None,
+      dynamic: spec_lib.DynamicSpec | None = None,
       mesh=None,
-      sharding: str = options.AUTO,
-      table_axes=None,
-      data_axes=None,
-      route_capacity: int | None = None,
+      layout: Layout | None = None,
       name: str = "dynamic",
       dtype: tp.Any = None,
       param_dtype: tp.Any = jnp.float32,
       embedding_init: tp.Callable = default_embed_init,
       rngs: nnx.Rngs,
   ):
-    self.policy = policy_lib.Policy(
-        capacity, bucket_size=bucket_size, admit_after=admit_after, eviction=eviction,
-        decay_every=decay_every, sketch_depth=sketch_depth, sketch_width=sketch_width,
-        name=name)
-    if default not in DEFAULTS:
-      raise ValueError(f"{name}: default={default!r}; use one of {DEFAULTS}.")
-    if id_dtype is not None and str(np.dtype(id_dtype)) not in ids_lib.ID_DTYPES:
-      raise ValueError(f"{name}: id_dtype={id_dtype!r}; use one of {ids_lib.ID_DTYPES}.")
-    if sharding not in LAYOUTS:
-      raise ValueError(
-          f"{name}: sharding={sharding!r}; a dynamic table's rows are split in whole "
-          f"buckets, so use one of {LAYOUTS}.")
+    dynamic = spec_lib.DynamicSpec() if dynamic is None else dynamic
+    layout = Layout() if layout is None else layout
+    sharding = _check_layout(layout, name)
+    route_capacity = _route_capacity(layout, dynamic, name)
+    mesh = sharding_lib.mesh_or_current(mesh)
     if sharding == options.AUTO:
       sharding = "replicated" if mesh is None else "vocab"
     self.name = name
-    self.id_dtype = None if id_dtype is None else str(np.dtype(id_dtype))
-    self.default = default
+    self.id_dtype = None if dynamic.id_dtype is None else str(np.dtype(dynamic.id_dtype))
+    self.default = dynamic.default
     self.route_capacity = route_capacity
     self.embedding_init = embedding_init
     self.deterministic = False
     self.rows = ShardedEmbed(
-        capacity, features, mesh=mesh, sharding=sharding, table_axes=table_axes,
-        data_axes=data_axes, name=name, dtype=dtype, param_dtype=param_dtype,
+        capacity, features, mesh=mesh, layout=Layout(
+            sharding=sharding, table_axes=layout.table_axes, data_axes=layout.data_axes),
+        name=name, dtype=dtype, param_dtype=param_dtype,
         embedding_init=nnx.initializers.zeros, rngs=rngs)
     plan = self.rows.plan
     self.mesh = self.rows.mesh
     self.table_axes = tuple(plan.table_axes) if plan.strategy != "replicated" else ()
     group = math.prod(dict(plan.mesh_shape)[a] for a in self.table_axes) if self.table_axes else 1
+    self.policy = dynamic.policy(capacity, group=group, name=name)
+    bucket_size = self.policy.bucket_size
     if self.policy.num_buckets % group or plan.padded_shape[0] != capacity:
       raise ValueError(
           f"{name}: capacity={capacity} holds {self.policy.num_buckets} buckets of "
@@ -174,8 +164,8 @@ class DynamicEmbed(nnx.Module):
     self.keys_hi = as_map(jnp.zeros((n,), jnp.uint32, device=split), split_spec)
     self.keys_lo = as_map(jnp.zeros((n,), jnp.uint32, device=split), split_spec)
     self.score = as_map(jnp.full((n,), policy_lib.EMPTY, jnp.int32, device=split), split_spec)
-    self.sketch = (as_map(jnp.zeros((nb, sketch_depth, self.policy.width), jnp.uint8,
-                                    device=split), split_spec)
+    self.sketch = (as_map(jnp.zeros((nb, self.policy.sketch_depth, self.policy.width),
+                                    jnp.uint8, device=split), split_spec)
                    if self.policy.uses_sketch else None)
     self.placed_at = as_map(jnp.zeros((n,), jnp.int32, device=split), split_spec)
     self.clock = as_map(jnp.zeros((), jnp.int32, device=every), P())
@@ -185,7 +175,7 @@ class DynamicEmbed(nnx.Module):
                              **self._metadata(P()))
     self.default_row = (nnx.Param(jnp.zeros((features,), param_dtype, device=every),
                                   **self._metadata(P()))
-                        if default == LEARNED else None)
+                        if dynamic.default == LEARNED else None)
 
   def _metadata(self, spec) -> dict:
     """Sharding metadata, which lays the variables out under ``nnx.eval_shape`` too."""
@@ -365,6 +355,37 @@ class DynamicEmbed(nnx.Module):
       share = jnp.sum(jnp.where(member & (rows < 0), coef, 0.0), axis=1)
       out = out + share[:, None].astype(out.dtype) * self.default_row[...].astype(out.dtype)
     return out
+
+
+def _check_layout(layout: Layout, name: str) -> str:
+  """``layout``'s sharding, after checking it asks only what a dynamic table does."""
+  if not isinstance(layout, Layout):
+    raise TypeError(f"{name}: layout={layout!r}; pass an embedlib.Layout(...) or None.")
+  unused = [f for f in _NOT_DYNAMIC if getattr(layout, f) != getattr(_DEFAULT_LAYOUT, f)]
+  if unused:
+    raise ValueError(
+        f"{name}: Layout({unused[0]}=...) is not a dynamic table's setting; a DynamicEmbed "
+        f"takes {', '.join(_DYNAMIC_LAYOUT)} (its rows are split in whole buckets).")
+  if layout.sharding not in LAYOUTS:
+    raise ValueError(
+        f"{name}: sharding={layout.sharding!r}; a dynamic table's rows are split in whole "
+        f"buckets, so use one of {LAYOUTS}.")
+  return layout.sharding
+
+
+def _route_capacity(layout: Layout, dynamic, name: str):
+  """The route capacity, from ``layout`` or (a collection's table) its ``DynamicSpec``."""
+  if None not in (layout.route_capacity, dynamic.route_capacity) and (
+      layout.route_capacity != dynamic.route_capacity):
+    raise ValueError(
+        f"{name}: route_capacity is given twice, {layout.route_capacity} in the Layout and "
+        f"{dynamic.route_capacity} in the DynamicSpec; give it once, in the Layout.")
+  return layout.route_capacity if layout.route_capacity is not None else dynamic.route_capacity
+
+
+_DYNAMIC_LAYOUT = ("sharding", "table_axes", "data_axes", "route_capacity")
+_DEFAULT_LAYOUT = Layout()
+_NOT_DYNAMIC = tuple(f for f in settings_fields(Layout) if f not in _DYNAMIC_LAYOUT)
 
 
 class MapAhead(tp.NamedTuple):

@@ -121,7 +121,8 @@ BAD = [
     (dict(admit_after=0), ValueError, "admit_after=0"),
     (dict(eviction="fifo"), ValueError, "eviction='fifo'"),
     (dict(default="mean"), ValueError, "default='mean'"),
-    (dict(capacity=128, mesh=8), ValueError, "split evenly over the 8 devices"),
+    # The default bucket size fits (16 rows a bucket here): a given one is checked.
+    (dict(capacity=128, bucket_size=128, mesh=8), ValueError, "split evenly over the 8 devices"),
 ]
 
 
