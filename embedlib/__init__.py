@@ -26,6 +26,7 @@ _EXPORTS = {
     "LazyAdam": "embedlib.optim",
     "RowWiseAdagrad": "embedlib.optim",
     "QuantizedEmbed": "embedlib.quant",
+    "Request": "embedlib.strategies",
     "ShardedEmbed": "embedlib.embed",
     "SparseAwareOptimizer": "embedlib.optim",
     "SparseSGD": "embedlib.optim",

@@ -48,7 +48,7 @@ def moved_keywords(owner: str, targets: dict, attributes: dict | None = None):
           kwargs[arg] = _merged(owner, arg, targets[arg], kwargs.get(arg), old)
       init(self, *args, **kwargs)
       for k, value in later.items():
-        _warn(f"{owner}({k}=...) is deprecated and will be removed in {REMOVED_IN}; "
+        warn(f"{owner}({k}=...) is deprecated and will be removed in {REMOVED_IN}; "
               f"{attributes[k]}.")
         setattr(self, k, value)
 
@@ -60,7 +60,7 @@ def moved_keywords(owner: str, targets: dict, attributes: dict | None = None):
 def _merged(owner, arg, target, given, old):
   cls, spelling = target
   names = ", ".join(f"{k}=..." for k in old)
-  _warn(f"{owner}({names}) is deprecated and will be removed in {REMOVED_IN}; pass "
+  warn(f"{owner}({names}) is deprecated and will be removed in {REMOVED_IN}; pass "
         f"{arg}={spelling}({names}) instead.")
   if given is None:
     return cls(**old)
@@ -73,8 +73,8 @@ def _merged(owner, arg, target, given, old):
   return dataclasses.replace(given, **old)
 
 
-def _warn(message: str) -> None:
-  """Warns at the first frame outside embedlib's and flax's constructors (the caller's)."""
+def warn(message: str) -> None:
+  """A ``DeprecationWarning`` at the caller's line: the first frame outside embedlib and flax."""
   frame, level = sys._getframe(1), 1  # pylint: disable=protected-access
   while frame is not None and frame.f_globals.get("__name__", "").startswith(
       ("flax.", "embedlib.")):

@@ -286,20 +286,8 @@ class ShardedEmbed(nnx.Module):
     Returns:
       ``[batch, features]``, in ``dtype``.
     """
-    kernels.check_combiner(combiner)
     ids = _integers(ids, self.plan.name)
-    if ids.ndim != 2:
-      raise ValueError(
-          f"{self.plan.name}: bag() takes ids [batch, bag] padded with -1, got "
-          f"shape {ids.shape}; use __call__ for unpooled rows."
-      )
-    if weights is not None:
-      weights = jnp.asarray(weights)
-      if weights.shape != ids.shape:
-        raise ValueError(
-            f"{self.plan.name}: bag() weights of shape {weights.shape} must match "
-            f"the ids' shape {ids.shape}."
-        )
+    weights = None if weights is None else jnp.asarray(weights)
     (out,) = self.lookup_requests((Request(ids, weights, combiner),))
     return self._reshard(out, out_sharding)
 
@@ -332,6 +320,8 @@ class ShardedEmbed(nnx.Module):
       ``[batch, features]`` pooled, in ``dtype``.
     """
     raw = [_integers(r.ids, self.plan.name) for r in requests]
+    for ids, r in zip(raw, requests):
+      r.check(self.plan.name, ids.shape)
     requests = tuple(r.replace(ids=self._sanitize(ids, r.pooled))
                      for ids, r in zip(raw, requests))
     on_overflow = on_overflow or self.on_overflow
@@ -410,16 +400,20 @@ class ShardedEmbed(nnx.Module):
     Collecting, only the ids move (zero rows come back); using, the rows are
     read from the distribution collected for these requests.
     """
+    def collect(scope):
+      distribution = strategies.distribute(
+          requests, plan=self.plan, mesh=self.mesh, num_unique=num_unique,
+          check_vma=run["check_vma"], table=table, gather=run["gather"],
+          early_fetch=scope.early_fetch)
+      return distribution, (tuple(dispatch_lib.no_rows(r, self.plan, self.mesh, table.dtype)
+                                  for r in requests), {})
+
+    def use(distribution):
+      return strategies.finish(table, requests, distribution, num_unique=num_unique,
+                               on_overflow=on_overflow, **run)
+
     key = lookahead.request_key(self.plan.name, requests, num_unique, on_overflow)
-    if lookahead.is_collecting(scope):
-      scope.add(key, strategies.distribute(requests, plan=self.plan, mesh=self.mesh,
-                                           num_unique=num_unique, check_vma=run["check_vma"],
-                                           table=table, gather=run["gather"],
-                                           early_fetch=scope.early_fetch))
-      return tuple(dispatch_lib.no_rows(r, self.plan, self.mesh, table.dtype)
-                   for r in requests), {}
-    return strategies.finish(table, requests, scope.take(key), num_unique=num_unique,
-                             on_overflow=on_overflow, **run)
+    return lookahead.read_ahead(scope, key, collect, use)
 
   def attend(self, query, out_sharding=None):
     """``query @ logical_table.T``: exactly ``num_embeddings`` logits.

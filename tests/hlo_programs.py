@@ -16,7 +16,8 @@ dedup, a replicated one and a dynamic one) and a quantized table: the
 lookup (rows and pooled bags), the gradient of a loss on it, the sparse
 step (row gradients and a ``RowWiseAdagrad`` update), and the pipelined
 step (the next batch distributed while this one reads the distribution
-made a step ahead, as ``training.pipeline`` runs it). A quantized table has
+made a step ahead, as ``training.pipeline`` runs it; with early fetch too
+for the vocab and routed tables and the collection). A quantized table has
 lookups only.
 
 The modules are built with the spellings of the base commit this script was
@@ -158,6 +159,8 @@ def collection_lookup(m, x):
   return m(x["ids"], x["weights"])
 
 
+#: The cases whose pipelined step also fetches rows early (routed and vocab tables).
+EARLY_FETCH = ("table_vocab", "table_vocab_tokens", "table_routed", "collection")
 CASES = {f"table_{k}": (lambda k=k: table(k), table_inputs, table_lookup) for k in TABLE_LAYOUTS}
 CASES["dynamic"] = (dynamic_table, dynamic_inputs, dynamic_lookup)
 CASES["collection"] = (collection, collection_inputs, collection_lookup)
@@ -205,9 +208,9 @@ def programs(name):
 
   out["step"] = _compiled(step, (m, opt), x)
 
-  def collect(m, x, previous=None):
+  def collect(m, x, previous=None, early_fetch=0.0):
     copy = nnx.merge(*nnx.split(m))
-    with lookahead.collecting(0.0, previous) as dists:
+    with lookahead.collecting(early_fetch, previous) as dists:
       loss(copy, x)
     return dists()
 
@@ -226,6 +229,20 @@ def programs(name):
     return value, following
 
   out["pipelined_step"] = _compiled(pipelined, (m, opt), x, dist, nxt)
+  if name in EARLY_FETCH:  # rows fetched a step ahead too, corrected after the update
+    m = make()
+    opt = optim.SparseAwareOptimizer(m, None, optim.RowWiseAdagrad(learning_rate=0.1))
+    dist = nnx.jit(lambda m, x: collect(m, x, early_fetch=0.5))(m, x)
+
+    def early(m, opt, x, dist, nxt):
+      following = collect(m, nxt, previous=dist, early_fetch=0.5)
+      with lookahead.using(dist):
+        value, grads = optim.value_and_grad(loss)(m, x)
+      dynamic.reset_slots(opt, m)
+      opt.update(m, grads)
+      return value, following
+
+    out["pipelined_step_early_fetch"] = _compiled(early, (m, opt), x, dist, nxt)
   return out
 
 

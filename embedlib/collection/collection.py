@@ -18,13 +18,12 @@ from embedlib import table as table_lib
 from embedlib.collection import inputs as inputs_lib
 from embedlib.collection import planner
 from embedlib.collection import stacks as stacks_lib
-from embedlib.collection.specs import FeatureSpec, Ragged, TableSpec, validate
-from embedlib.dynamic import ids as dynamic_ids
+from embedlib.collection.specs import FeatureSpec, TableSpec, validate
 from embedlib.dynamic import module as dynamic_module
 from embedlib.embed import ShardedEmbed
 from embedlib.plan.settings import CollectionLayout, Layout, field_names
 from embedlib.strategies import Request
-from embedlib.strategies.dedup import ERROR, FALLBACK, OVERFLOW_MODES
+from embedlib.strategies.dedup import ERROR, OVERFLOW_MODES
 
 
 class EmbeddingCollection(nnx.Module):
@@ -250,13 +249,7 @@ class EmbeddingCollection(nnx.Module):
     weights = dict(weights or {})
     bags = self._bags(inputs, weights)
     out, checks = {}, []
-    for name, module in self.dynamic.items():
-      feats = self._features_of(name)
-      rows = module.lookup_many([_dynamic_request(f, inputs[f.name], weights.get(f.name))
-                                 for f in feats])
-      for f, r in zip(feats, rows):
-        out[f.name] = r
-    for name, module, requests in self._lookups(bags):
+    for name, module, requests in self._lookups(bags, inputs, weights):
       rows = module.lookup_requests(
           [r for _, r in requests], num_unique=self.num_unique.get(name),
           on_overflow=self.on_overflow, checks=checks,
@@ -268,8 +261,16 @@ class EmbeddingCollection(nnx.Module):
       check()
     return {f.name: out[f.name] for f in self.feature_specs}
 
-  def _lookups(self, bags):
-    """``(name, module, [(feature, Request)])`` per table of its own and per stack."""
+  def _lookups(self, bags, inputs=None, weights=None):
+    """``(name, module, [(feature, Request)])`` per table: dynamic, its own, stacks.
+
+    Dynamic tables read the raw ``inputs`` (left out without them); the
+    others their features' ``bags``.
+    """
+    for name, module in self.dynamic.items() if inputs is not None else ():
+      yield name, module, [
+          (f.name, inputs_lib.raw_request(f, inputs[f.name], weights.get(f.name)))
+          for f in self._features_of(name)]
     for spec in self.table_specs:
       if spec.name in self.tables:
         yield spec.name, self.tables[spec.name], [
@@ -344,33 +345,6 @@ def _request(spec: FeatureSpec, bags: inputs_lib.Bags) -> Request:
     # squeeze, not [:, 0]: JAX fails an eager empty gather on an Explicit mesh.
     return Request(jnp.squeeze(bags.ids, 1) if bags.single_hot else bags.ids)
   return Request(bags.ids, bags.weights, spec.combiner)
-
-
-def _dynamic_request(spec: FeatureSpec, ids, weights):
-  """A dynamic table's ``(ids, weights, combiner)`` for ``DynamicEmbed.lookup_many``."""
-  if isinstance(ids, (tuple, Ragged)):
-    raise ValueError(
-        f"feature {spec.name!r} reads dynamic table {spec.table!r}, which takes padded "
-        "ids ([batch] or [batch, bag] padded with -1), not ragged ones; pad the bags.")
-  if not isinstance(ids, (dynamic_ids.Words, jax.Array)):
-    ids = np.asarray(ids)  # host ids stay exact: DynamicEmbed splits them into words
-  shape = tuple(ids.shape)
-  if len(shape) not in (1, 2):
-    raise ValueError(f"feature {spec.name!r}: ids of shape {shape}; pass [batch] or "
-                     "[batch, bag] raw ids.")
-  most = spec.max_ids_per_sample
-  if most is not None and len(shape) == 2 and shape[1] > most:
-    raise ValueError(f"feature {spec.name!r}: bags of {shape[1]} ids exceed its "
-                     f"max_ids_per_sample={spec.max_ids_per_sample}.")
-  if spec.is_sequence:
-    if weights is not None:
-      raise ValueError(f"feature {spec.name!r} is a sequence feature; it takes no weights.")
-    return ids, None, None
-  if len(shape) == 1:  # single-hot: a bag of one
-    ids = ids[:, None] if not isinstance(ids, dynamic_ids.Words) else dynamic_ids.Words(
-        ids.value[:, None])
-    weights = None if weights is None else weights[:, None]
-  return ids, weights, spec.combiner
 
 
 def _dynamic_table(spec, route_capacity, mesh, table_axes, data_axes, dtype, param_dtype,

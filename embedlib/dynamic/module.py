@@ -24,6 +24,7 @@ from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import spec as spec_lib
 from embedlib.dynamic import step as step_lib
 from embedlib.embed import ShardedEmbed
+from embedlib.strategies.request import Request
 from embedlib.plan.settings import Layout
 from embedlib.plan.settings import field_names as settings_fields
 
@@ -255,22 +256,25 @@ class DynamicEmbed(nnx.Module):
     step's update as in line, before they are read.
     """
     key = (self.name, (tuple(flat.shape),), "map")
-    if lookahead.is_collecting(scope):
+
+    def collect(scope):
       before = scope.previous_value(key)
       if before is None:   # the first batch read ahead: the map as it stands
         before = MapAhead(self._state(), self.placed_at[...], self.clock[...], None, None)
       state, placed_at, _, rows, stats = self._run(
           before.state, before.placed_at, before.clock, None, flat, train=True)
-      scope.add(key, MapAhead(state, placed_at, before.clock + 1, stats, rows))
-      return rows
-    ahead = scope.take(key)
-    self._commit(ahead.state, ahead.placed_at, ahead.clock, ahead.stats)
-    table = self.rows.embedding[...]
-    self.rows.embedding[...] = _placed(table, mapping.place(
-        jax.lax.stop_gradient(table), ahead.placed_at, ahead.clock, self.init_key[...],
-        mesh=self.mesh, table_axes=self.table_axes, init=self.embedding_init,
-        table_spec=tuple(self.rows.plan.table_spec), bound=flat.shape[0]))
-    return ahead.rows
+      return MapAhead(state, placed_at, before.clock + 1, stats, rows), rows
+
+    def use(ahead):
+      self._commit(ahead.state, ahead.placed_at, ahead.clock, ahead.stats)
+      table = self.rows.embedding[...]
+      self.rows.embedding[...] = _placed(table, mapping.place(
+          jax.lax.stop_gradient(table), ahead.placed_at, ahead.clock, self.init_key[...],
+          mesh=self.mesh, table_axes=self.table_axes, init=self.embedding_init,
+          table_spec=tuple(self.rows.plan.table_spec), bound=flat.shape[0]))
+      return ahead.rows
+
+    return lookahead.read_ahead(scope, key, collect, use)
 
   def stats(self) -> dict:
     """The last training step's ``occupancy`` (resident share of rows),
@@ -290,8 +294,8 @@ class DynamicEmbed(nnx.Module):
 
   def __call__(self, ids) -> jax.Array:
     """Embeds raw ids: ``ids.shape + (features,)`` (``Words``: their ``shape``)."""
-    w = self.words(ids)
-    return self._embed(w, self.rows_of(w))
+    (out,) = self.lookup_requests((Request(ids),))
+    return out
 
   def bag(self, ids, weights=None, *, combiner: str = "sum") -> jax.Array:
     """Pooled lookup of padded bags of raw ids: ``[batch, bag]`` to ``[batch, features]``.
@@ -300,45 +304,57 @@ class DynamicEmbed(nnx.Module):
     row): ``mean`` divides by the members' summed weights, ``sqrtn`` by
     the root of their summed squares.
     """
-    kernels.check_combiner(combiner)
-    w = self._check_bag(self.words(ids), weights)
-    return self._pool(w, self.rows_of(w), weights, combiner)
+    (out,) = self.lookup_requests((Request(ids, weights, combiner),))
+    return out
 
-  def lookup_many(self, requests) -> list[jax.Array]:
-    """Several lookups as one step of the policy: ``[(ids, weights, combiner)]``.
+  def lookup_requests(self, requests, *, num_unique: int | None = None,
+                      on_overflow: str | None = None, checks: list | None = None) -> tuple:
+    """Several lookups as one step of the policy: ``ShardedEmbed.lookup_requests`` of raw ids.
 
-    A ``combiner`` of None returns rows (``__call__``), otherwise pooled bags
-    (``bag``); every request's ids are admitted together, so features that
-    share the table count as one step (what ``EmbeddingCollection`` does).
+    Each ``Request``'s ids are raw ids (``words``); a ``combiner`` of None
+    returns rows (``__call__``), otherwise pooled bags (``bag``). Every
+    request's ids are admitted together, so features that share the table
+    count as one step (what ``EmbeddingCollection`` does).
+
+    Args:
+      requests: ``Request`` s of raw ids.
+      num_unique: None: a dynamic table doesn't dedup.
+      on_overflow: unused: a step routing more ids than ``route_capacity``
+        takes the all-gather path, with the same result, and nothing to
+        raise (accepted so that every table kind takes one call).
+      checks: unused: nothing is left to check after the lookups.
+
+    Returns:
+      One output per request: ``ids.shape + (features,)`` unpooled,
+      ``[batch, features]`` pooled.
     """
+    del on_overflow, checks
+    if num_unique is not None:
+      raise ValueError(f"{self.name}: num_unique={num_unique}, but a dynamic table looks "
+                       "its ids up without dedup; pass num_unique=None.")
     ws = []
-    for ids, weights, combiner in requests:
-      w = self.words(ids)
-      if combiner is not None:
-        kernels.check_combiner(combiner)
-        w = self._check_bag(w, weights)
+    for r in requests:
+      w = self.words(r.ids)
+      r.check(self.name, w.shape)
       ws.append(w)
     flat = ids_lib.Words(jnp.concatenate([w.value.reshape(-1, 2) for w in ws]))
     rows = self.rows_of(flat)
     out, start = [], 0
-    for w, (_, weights, combiner) in zip(ws, requests):
+    for w, r in zip(ws, requests):
       size = math.prod(w.shape)
       part = rows[start:start + size].reshape(w.shape)
       start += size
-      out.append(self._embed(w, part) if combiner is None
-                 else self._pool(w, part, weights, combiner))
-    return out
+      out.append(self._pool(w, part, r.weights, r.combiner) if r.pooled
+                 else self._embed(w, part))
+    return tuple(out)
 
-  def _check_bag(self, w: ids_lib.Words, weights) -> ids_lib.Words:
-    if len(w.shape) != 2:
-      raise ValueError(
-          f"{self.name}: bag() takes ids [batch, bag] padded with -1, got shape "
-          f"{w.shape}; use __call__ for unpooled rows.")
-    if weights is not None and tuple(jnp.shape(weights)) != w.shape:
-      raise ValueError(
-          f"{self.name}: bag() weights of shape {jnp.shape(weights)} must match the "
-          f"ids' shape {w.shape}.")
-    return w
+  def lookup_many(self, requests) -> list[jax.Array]:
+    """``lookup_requests`` of ``[(ids, weights, combiner)]`` (deprecated: pass ``Request`` s)."""
+    _deprecated.warn(
+        f"DynamicEmbed.lookup_many is deprecated and will be removed in "
+        f"{_deprecated.REMOVED_IN}; call lookup_requests([Request(ids, weights, combiner), "
+        "...]) as every table kind takes it.")
+    return list(self.lookup_requests([Request(*r) for r in requests]))
 
   def _embed(self, w: ids_lib.Words, rows) -> jax.Array:
     out = self.rows(rows)
