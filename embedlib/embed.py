@@ -486,7 +486,7 @@ class ShardedEmbed(nnx.Module):
   def _attend_operands(self, query):
     """``attend``'s promoted query and table, and the local ``query @ table.T``."""
     query, table = self.promote_dtype((query, self.physical_table()), dtype=self.dtype)
-    return query, table, kernels.scores_reference
+    return query, table, kernels.scores
 
   def _keeps_vocab_blocks(self, sharding, ndim):
     """Whether ``attend`` can leave each rank its own rows' logits for ``sharding``."""

@@ -82,3 +82,11 @@ def test_no_import_cycle_between_library_modules():
   for m in MODULES:
     visit(m)
   assert not cycles, cycles[:3]
+
+
+def test_the_kernels_specification_is_for_tests_and_benchmarks_only():
+  """``kernels.reference`` is what kernels are checked against: no library code runs it."""
+  spec = "embedlib.kernels.reference"
+  users = [m for m in MODULES for t, _ in _imports(m)
+           if t == spec and m not in ("embedlib.kernels", spec)]
+  assert not users, f"{users} import the test specification {spec}; use kernels.xla / bags"
