@@ -20,7 +20,7 @@ by side and import none of each other):
 9. ``collection``: many features over many tables, dynamic ones included
 10. ``checkpoint``, ``data``, ``metrics``, ``serving``
 11. ``models``
-12. ``training``
+12. ``training``, ``notebook``: the train loop; the notebooks' first cell
 
 then ``train/``, ``configs/``, ``notebooks/`` and ``benchmarks/``, outside
 the package.
