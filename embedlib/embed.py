@@ -321,7 +321,7 @@ class ShardedEmbed(nnx.Module):
     """
     raw = [_integers(r.ids, self.plan.name) for r in requests]
     for ids, r in zip(raw, requests):
-      r.check(self.plan.name, ids.shape)
+      r.check_bag(self.plan.name, ids.shape)
     requests = tuple(r.replace(ids=self._sanitize(ids, r.pooled))
                      for ids, r in zip(raw, requests))
     on_overflow = on_overflow or self.on_overflow

@@ -177,7 +177,7 @@ def to_bags(spec: FeatureSpec, x, weights, num_embeddings: int) -> Bags:
     raise ValueError(f"{owner}: ids must be integers, got {ids.dtype}.")
   if weights is not None:
     weights = jnp.asarray(weights)
-    Request(ids, weights, spec.combiner).check(owner, ids.shape)
+    Request(ids, weights, spec.combiner).check_bag(owner, ids.shape)
     if not jnp.issubdtype(weights.dtype, jnp.floating):
       weights = weights.astype(jnp.float32)
   return Bags(invalid_lib.sanitize(ids, num_embeddings), weights, single)

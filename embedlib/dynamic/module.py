@@ -335,7 +335,7 @@ class DynamicEmbed(nnx.Module):
     ws = []
     for r in requests:
       w = self.words(r.ids)
-      r.check(self.name, w.shape)
+      r.check_bag(self.name, w.shape)
       ws.append(w)
     flat = ids_lib.Words(jnp.concatenate([w.value.reshape(-1, 2) for w in ws]))
     rows = self.rows_of(flat)

@@ -2,7 +2,7 @@
 
 Every table kind (``ShardedEmbed``, ``QuantizedEmbed``, ``DynamicEmbed``)
 takes its lookups as ``Request`` s through one method, ``lookup_requests``,
-which checks each with ``Request.check``: the one place a bag's shape is
+which checks each with ``Request.check_bag``: the one place a bag's shape is
 checked.
 """
 
@@ -24,8 +24,8 @@ class Request:
   requests pass through ``jit`` like arrays.
 
   >>> import numpy as np
-  >>> Request(np.array([[3, -1]]), combiner="mean").check("items", (1, 2))
-  >>> Request(np.array([3, 4]), combiner="mean").check("items", (2,))
+  >>> Request(np.array([[3, -1]]), combiner="mean").check_bag("items", (1, 2))
+  >>> Request(np.array([3, 4]), combiner="mean").check_bag("items", (2,))
   Traceback (most recent call last):
   ...
   ValueError: items: bag() takes ids [batch, bag] padded with -1, got shape (2,); use __call__ for unpooled rows.
@@ -54,7 +54,7 @@ class Request:
   def pooled(self) -> bool:
     return self.combiner is not None
 
-  def check(self, owner: str, shape: tuple) -> None:
+  def check_bag(self, owner: str, shape: tuple) -> None:
     """Raises unless a pooled request's ids are ``[batch, bag]`` and its weights theirs.
 
     Args:
