@@ -224,6 +224,11 @@ class TabularSource(Iterator[dict]):
     self._items = None
     self._item, self._row = None, 0
 
+  @property
+  def batch_size(self) -> int:
+    """The global batch (every process's rows)."""
+    return self.local_batch_size * self.reading.process_count
+
   def get_state(self) -> dict:
     """``{"position", "epoch", "chunk", "row"}``: where the next batch starts."""
     return dict(self._state)

@@ -26,6 +26,7 @@ from embedlib.collection import FeatureSpec, TableSpec, budget, fit_id_skews
 from embedlib.data.spec import DataSpec
 from embedlib.plan import memory as plan_memory
 from embedlib.plan.report import human_bytes
+from embedlib.training import loop as loop_lib
 from embedlib.training import tasks
 from embedlib.training.loop import Loop
 from embedlib.training.tasks.base import ConfigError, fail as _fail
@@ -84,7 +85,7 @@ def task(config) -> tasks.Task:
   Raises:
     ConfigError: naming the first key that can't work, and the fix.
   """
-  Loop.from_config(config)
+  Loop.from_config(config, unresolved=True)
   if config.optim.dense.name not in DENSE_OPTIMIZERS:
     _fail("optim.dense.name", f"{config.optim.dense.name!r}; use one of "
           f"{tuple(DENSE_OPTIMIZERS)}.")
@@ -94,6 +95,12 @@ def task(config) -> tasks.Task:
   made = tasks.make_task(config)
   made.check_data()
   return made
+
+
+def resolve_epochs(config, task_) -> None:
+  """Sets the steps a ``config.data.num_epochs`` run takes, once ``task_`` has read its data."""
+  if any(config[k] == 0 for k in loop_lib.FROM_EPOCHS):
+    loop_lib.resolve_epochs(config, task_.steps_per_epoch(config.batch_size))
 
 
 def validate(config) -> None:
@@ -321,7 +328,8 @@ def restore_model(config, workdir: str, mesh=None):
   logical). Only the model is built and read: no optimizer state.
   """
   mesh = make_mesh(config) if mesh is None else mesh
-  made = task(config)
+  made = task(config).for_workdir(workdir)
+  resolve_epochs(config, made)
   skews = None
   if config.model.get("id_skew") == "fit":
     skews = _saved_id_skews(workdir)

@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 
 from embedlib import checkpoint, dynamic, optim
 from embedlib import data as data_lib
-from embedlib.training import pipeline, setup
+from embedlib.training import early_stop, pipeline, setup
 from embedlib.training.loop import Loop
 # eval_step and loss_fn are re-exported: callers of the single-task loop import them here.
 from embedlib.training.steps import eval_step, loss_fn, train_step  # noqa: F401
@@ -153,7 +153,8 @@ def _finished(config, loop: Loop, workdir: str) -> dict | None:
     step = ckpt.latest_step()
   finally:
     ckpt.close()
-  if step is None or step < loop.num_train_steps:
+  stopped = early_stop.stopped_at(workdir)
+  if step is None or (step < loop.num_train_steps and stopped != step):
     return None
   differences = _config_differences(config, workdir)
   if differences is not None:
@@ -211,13 +212,19 @@ def train_and_evaluate(config, workdir: str) -> dict:
       earlier ones are intact.
     writers.MetricWriteError: a metrics file could not be written.
   """
-  task = setup.task(config)  # built once: every step below takes it
+  # Built once: every step below takes it. Its data is read with what the
+  # workdir holds (a saved schema), and sets the steps of an epochs' run.
+  task = setup.task(config).for_workdir(workdir)
+  setup.resolve_epochs(config, task)
   loop = Loop.from_config(config)
   done = _finished(config, loop, workdir)
   if done is not None:
     return done
   mesh = setup.make_mesh(config)
   spec = task.data_spec()
+  described = task.describe_data()
+  if described:
+    log.info("data: %s", described)
   train_source, eval_source = setup.sources(config, task, spec)
   eval_start = eval_source.get_state()
   log.info("eval data: %s", setup.describe_eval(config, task))
@@ -240,9 +247,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
   # leaves nothing behind.
   os.makedirs(workdir, exist_ok=True)
   _save_config(config, workdir)
+  task.save(workdir)
   setup.save_id_skews(workdir, id_skews)
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                  max_to_keep=loop.max_checkpoints)
+  stopper = None
   try:
     start = 0
     found = ckpt.restore_newest(model, optimizer)
@@ -251,10 +260,19 @@ def train_and_evaluate(config, workdir: str) -> dict:
       train_source.set_state(data_state)
       log.info("resumed from the checkpoint at step %d", start)
 
+    stopper = _early_stopping(config, task, workdir, start)
+
     def run_eval(step):
       scalars = {**evaluate(model, eval_source, eval_start, mesh, loop.eval_batches, task),
                  **oracle}
-      if step == loop.num_train_steps:  # the held-out test set, once, at the end
+      if stopper is not None:
+        stopper.observe(step, scalars, model, optimizer, train_source.get_state())
+      if step == loop.num_train_steps or (stopper is not None and stopper.stop):
+        if stopper is not None:  # the test rows are scored with the best eval's weights
+          scalars["best_step"] = stopper.restore_best(model, _trained_keys(task, model))
+          log.info("the best eval was at step %d; its weights are the model's now",
+                   scalars["best_step"])
+        # The held-out test set, once, at the end.
         with dynamic.frozen_maps(model):  # nor are the test set's
           scalars.update(task.test(model, eval_source, mesh))
       log.info("eval at step %d: %s", step, _line(scalars))
@@ -262,9 +280,25 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
     with StopSignals() as stop:
       return _loop(loop, workdir, start, model, optimizer, train_source, mesh, ckpt,
-                   run_eval, stop, task)
+                   run_eval, stop, task, stopper)
   finally:
     ckpt.close()
+    if stopper is not None:
+      stopper.close()
+
+
+def _early_stopping(config, task, workdir: str, start: int):
+  """The run's ``EarlyStopping`` (``config.early_stopping`` evals of patience), or None."""
+  patience = config.get("early_stopping", 0)
+  watched = task.early_stopping_metric()
+  if not patience or watched is None:
+    return None
+  return early_stop.EarlyStopping(workdir, patience, *watched, resume_step=start)
+
+
+def _trained_keys(task, model) -> tuple[str, ...]:
+  """The tables a row-wise rule trains (stored apart in a checkpoint)."""
+  return tuple(k for k, _ in optim.sparse_tables(model)) if task.sparse_tables else ()
 
 
 def one_step_in_flight() -> bool:
@@ -300,7 +334,7 @@ def _line(scalars: dict) -> str:
 
 
 def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt, run_eval, stop,
-          task):
+          task, stopper=None):
   """Steps ``start + 1 .. num_train_steps``; returns the last eval."""
   train_writer = MetricWriter(workdir, "train", resume_step=start)
   eval_writer = MetricWriter(workdir, "eval", resume_step=start)
@@ -371,6 +405,8 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
         if is_eval:
           result = run_eval(step)
           eval_writer.write(step, {k: v for k, v in result.items() if k != "step"})
+          # Stopped early: the last checkpoint holds the best eval's weights.
+          is_save = is_save or (stopper is not None and stopper.stop)
         if is_save:
           with stop.deferred():
             ckpt.save(step, model, optimizer, data_state())
@@ -378,6 +414,12 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
         paused += time.perf_counter() - pause
       with stop.deferred():
         ckpt.check()  # with background saves, a failed one stops the run here
+      if stopper is not None and stopper.stop:
+        if jax.process_index() == 0:
+          early_stop.mark_stopped(workdir, step, stopper)
+        log.info("stopped early at step %d: %d evals without a better %s (config."
+                 "early_stopping=%d)", step, stopper.since, stopper.metric, stopper.patience)
+        break
       if _stop_agreed(stop, step, loop.log_every):
         break
     if stop.requested is not None and step < loop.num_train_steps:
