@@ -116,9 +116,8 @@ def get_config(arg=None):
   smoke, _, path = (arg or "").partition(",")
   if smoke == "smoke":
     config.data.path = path
-    config.data.num_epochs = 2
     config.batch_size = 64
-    config.log_every = 2
+    parts.set_smoke_schedule(config, batch_size=64)
     config.model.embed_dim = 8
     config.model.bottom_sizes = (8,)
     config.model.top_sizes = (16, 1)

@@ -15,6 +15,7 @@ id column. A saved run's schema and statistics are used as they are:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 
 from embedlib.tabular import files as files_lib
@@ -95,15 +96,12 @@ def prepare(path: str, hints: infer_lib.Hints = infer_lib.Hints(), *,
   Raises:
     DataError, SchemaError: naming the file, row and column, and the fix.
   """
-  files = files_lib.find(path, fmt, delimiter)
   if saved is not None:
     schema, statistics = saved_lib.load(saved)
-    ignored = saved_lib.check_files(files, schema, separator, need_labels=need_labels)
-    import json  # pylint: disable=g-import-not-at-top
-
-    return Prepared(files, schema, json.dumps(statistics), Featurizer(
-        schema, statistics, label_threshold), split, separator, label_threshold,
-                    tuple(ignored))
+    return with_schema(path, schema, statistics, split=split, fmt=fmt, delimiter=delimiter,
+                       separator=separator, label_threshold=label_threshold,
+                       need_labels=need_labels)
+  files = files_lib.find(path, fmt, delimiter)
   schema = infer_lib.infer(files, hints, separator)
   ignored = saved_lib.check_files(files, schema, separator)
   reading = Reading(files, tuple(files_lib.chunks(files)), schema, split, split_lib.TRAIN,
@@ -118,3 +116,20 @@ def prepare(path: str, hints: infer_lib.Hints = infer_lib.Hints(), *,
   return Prepared(files, resolved, text, Featurizer(resolved, stats_lib.from_json(text, path),
                                                      label_threshold), split, separator,
                   label_threshold, tuple(ignored))
+
+
+def with_schema(path: str, schema: Schema, statistics: dict, *,
+                split: split_lib.Split = split_lib.Split(split_lib.FILES), fmt: str = "auto",
+                delimiter: str = "", separator: str = readers.LIST_SEPARATOR,
+                label_threshold: float | None = None, need_labels: bool = True) -> Prepared:
+  """``path``'s files read with a run's schema and statistics (a workdir's, an artifact's).
+
+  Raises:
+    DataError: the files' columns no longer match the schema (naming the column).
+  """
+  files = files_lib.find(path, fmt, delimiter)
+  if not need_labels:
+    schema = saved_lib.without_absent_labels(files, schema, separator)
+  ignored = saved_lib.check_files(files, schema, separator, need_labels=need_labels)
+  return Prepared(files, schema, json.dumps(statistics), Featurizer(
+      schema, statistics, label_threshold), split, separator, label_threshold, tuple(ignored))

@@ -61,6 +61,23 @@ def load(directory: str) -> tuple[Schema, dict]:
   return schema, statistics
 
 
+def column_names(files: Files, separator: str = readers.LIST_SEPARATOR) -> set[str]:
+  """The names of the columns the files hold (a RecBole dataset's side files' too)."""
+  if files.format == files_lib.CSV:
+    return set(files.header)
+  return {c.name for c in infer.file_columns(files, separator)}
+
+
+def without_absent_labels(files: Files, schema: Schema,
+                          separator: str = readers.LIST_SEPARATOR) -> Schema:
+  """``schema`` with the label columns the files lack ignored (files to score)."""
+  names = column_names(files, separator)
+  for c in schema.columns:
+    if c.role == schema_lib.LABEL and c.name not in names:
+      schema = schema.replace(c.name, role=schema_lib.IGNORE)
+  return schema
+
+
 def check_files(files: Files, schema: Schema, separator: str = readers.LIST_SEPARATOR,
                 *, need_labels: bool = True) -> list[str]:
   """Refuses files whose columns no longer match ``schema``; returns the columns it ignores.
