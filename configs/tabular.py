@@ -116,7 +116,6 @@ def get_config(arg=None):
   smoke, _, path = (arg or "").partition(",")
   if smoke == "smoke":
     config.data.path = path
-    config.batch_size = 64
     parts.set_smoke_schedule(config, batch_size=64)
     config.model.embed_dim = 8
     config.model.bottom_sizes = (8,)

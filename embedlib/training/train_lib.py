@@ -330,7 +330,8 @@ def _plans(model) -> str:
 
 
 def _line(scalars: dict) -> str:
-  return "  ".join(f"{k} {v:.4f}" for k, v in scalars.items())
+  return "  ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}"
+                   for k, v in scalars.items())
 
 
 def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt, run_eval, stop,
