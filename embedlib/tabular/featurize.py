@@ -175,7 +175,8 @@ class Featurizer:
 
   def _dense(self, c: Column, array, locate) -> np.ndarray:
     _check_nulls(array, c, locate)
-    x = np.asarray(pc.fill_null(array, np.nan).to_numpy(zero_copy_only=False), np.float64)
+    # A copy: Arrow's buffer, viewed without one, is read-only.
+    x = np.array(pc.fill_null(array, np.nan).to_numpy(zero_copy_only=False), np.float64)
     missing = np.isnan(x)
     if missing.any():
       x[missing] = self.means[c.name] if c.default is None else float(c.default)
