@@ -100,11 +100,23 @@ def conform(array, column: Column, where: str) -> pa.Array:
   if not accepts(column, t):
     raise DataError(mismatch(column, t, where))
   if value_kind(t) == "time":
-    seconds = pc.cast(pc.cast(array, pa.timestamp("s")), pa.int64())
-    return pc.cast(seconds, pa.float64())
+    return _seconds(array)
   if pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t):
     array = array.cast(pa.list_(t.value_type))
-  return array.cast(arrow_type(column))
+  # Unchecked: a uint64 id past 2**63 keeps its 64 bits (its two's complement, the same
+  # raw id), and an int past 2**53 read as a float rounds; ``accepts`` checked the kinds.
+  return array.cast(arrow_type(column), safe=False)
+
+
+_PER_SECOND = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
+
+
+def _seconds(array: pa.Array) -> pa.Array:
+  """Dates and timestamps (any unit, any zone) as float64 seconds since the epoch (UTC)."""
+  if pa.types.is_date(array.type):
+    array = pc.cast(array, pa.timestamp("ms"))
+  ticks = pc.cast(pc.cast(array, pa.int64()), pa.float64(), safe=False)
+  return pc.divide(ticks, float(_PER_SECOND[array.type.unit]))
 
 
 def mismatch(column: Column, t: pa.DataType, where: str) -> str:
