@@ -203,10 +203,17 @@ def apply_hints(columns: dict[str, Column], hints: Hints, where: str) -> Schema:
   for name in hints.labels:
     _need(columns, name, "label", where)
     columns[name] = Column(name, schema_lib.LABEL, schema_lib.FLOAT, null=schema_lib.NULL_ERROR)
+  # Time-typed columns: the timestamp is the one named (or called "timestamp"), else the
+  # only one; the others are ignored.
+  times = [n for n, c in columns.items() if c.role == schema_lib.TIMESTAMP]
+  for name in times:
+    columns[name] = columns[name].replace(role=schema_lib.IGNORE)
   for role, given, default in ((schema_lib.USER_ID, hints.user_id, "user_id"),
                                (schema_lib.ITEM_ID, hints.item_id, "item_id"),
                                (schema_lib.TIMESTAMP, hints.timestamp, "timestamp")):
     name = given or (default if default in columns else "")
+    if not name and role == schema_lib.TIMESTAMP and len(times) == 1:
+      name = times[0]
     if not name:
       continue
     _need(columns, name, role, where)
