@@ -241,6 +241,8 @@ def apply_hints(columns: dict[str, Column], hints: Hints, where: str) -> Schema:
     fields = dict(fields)
     if name in columns:
       base = columns[name].to_dict()
+      if fields.get("role", base["role"]) != base["role"]:  # the old role's fields go with it
+        base = {k: base[k] for k in ("name", "dtype", "entity") if k in base}
       base.update(fields)
       fields = base
     fields["name"] = name
