@@ -81,7 +81,8 @@ def accepts(column: Column, t: pa.DataType) -> bool:
     return kind in ("int", "float", "time")
   if column.dtype == schema_lib.STRING:
     return kind == "string"
-  return kind in ("int", "bool")
+  # Whole floats too: pandas writes an int column holding a null as float64.
+  return kind in ("int", "bool", "float")
 
 
 def conform(array, column: Column, where: str) -> pa.Array:
@@ -101,6 +102,13 @@ def conform(array, column: Column, where: str) -> pa.Array:
     raise DataError(mismatch(column, t, where))
   if value_kind(t) == "time":
     return _seconds(array)
+  if column.is_id and value_kind(t) == "float":
+    whole = pc.fill_null(pc.equal(pc.floor(array), array), True)
+    if not pc.all(whole).as_py():
+      i = pc.index(whole, False).as_py()
+      raise DataError(f"{where}, its row {i}: column {column.name!r} holds {array[i]}, which "
+                      "is not a whole number, but the schema reads it as int ids; fix the "
+                      f"value, or read the column as dense (config.data.dense).")
   if pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t):
     array = array.cast(pa.list_(t.value_type))
   # Unchecked: a uint64 id past 2**63 keeps its 64 bits (its two's complement, the same
