@@ -178,28 +178,36 @@ def _text_table(raw: bytes, header, delimiter: str) -> pa.Table:
                         convert_options=convert)
 
 
-def _bad_row(chunk: Chunk, strings: pa.Array, ok: np.ndarray) -> tuple[int, str]:
-  """The first row whose non-null value is not ``ok``, and that value."""
-  valid = ~np.asarray(strings.is_null().to_numpy(zero_copy_only=False), bool)
-  i = int(np.flatnonzero(valid & ~ok)[0])
-  return i, strings[i].as_py()
+def _parse(strings: pa.Array, target: pa.DataType, times: bool) -> pa.Array | None:
+  """``strings`` as ``target``, or None: numbers, then ``true`` / ``false`` (a CSV sample's
+  booleans, read as 1 / 0 like Parquet's), then (``times``) ISO 8601 dates and times."""
+  trimmed = pc.utf8_trim_whitespace(strings)
+  parses = [lambda: pc.cast(trimmed, target),
+            lambda: pc.cast(pc.cast(trimmed, pa.bool_()), target)]
+  if times:
+    parses.append(lambda: _seconds(pc.cast(trimmed, pa.timestamp("us"))))
+  for parse in parses:
+    try:
+      return parse()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+      pass
+  return None
 
 
-def _numbers(strings: pa.Array, chunk: Chunk, name: str, integer: bool) -> pa.Array:
+def _numbers(strings: pa.Array, chunk: Chunk, name: str, integer: bool,
+             times: bool = False) -> pa.Array:
   """Text fields as int64 (ids) or float64, naming the first that is neither."""
   target = pa.int64() if integer else pa.float64()
-  try:
-    return pc.cast(pc.utf8_trim_whitespace(strings), target)
-  except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-    pass
-  if integer:
-    ok = np.asarray(pc.match_substring_regex(strings, INT_TEXT.pattern).fill_null(True)
-                    .to_numpy(zero_copy_only=False), bool)
-  else:
-    ok = np.array([is_float(v) for v in strings.to_pylist()])
-  i, value = _bad_row(chunk, strings, ok)
-  what = "an int id" if integer else "a number"
-  raise DataError(f"{chunk.where(i)}: column {name!r} holds {value!r}, which is not {what}; "
+  parsed = _parse(strings, target, times)
+  if parsed is not None:
+    return parsed
+  values = strings.to_pylist()
+  bad = [i for i, v in enumerate(values) if v is not None
+         and _parse(pa.array([v], pa.string()), target, times) is None]
+  i = bad[0] if bad else next(i for i, v in enumerate(values) if v is not None)
+  what = ("an int id" if integer else "a number or an ISO 8601 date / time" if times
+          else "a number") if bad else "of one kind with the column's other values"
+  raise DataError(f"{chunk.where(i)}: column {name!r} holds {values[i]!r}, which is not {what}; "
                   f"fix the value, or set the column's role / dtype in the schema "
                   f"(config.data.columns.{name}).")
 
@@ -231,7 +239,7 @@ def _typed(strings: pa.Array, column: Column, chunk: Chunk, separator: str) -> p
     return out.cast(arrow_type(column))
   if column.is_id and column.dtype == schema_lib.STRING:
     return strings
-  return _numbers(strings, chunk, name, integer=column.is_id)
+  return _numbers(strings, chunk, name, integer=column.is_id, times=role == schema_lib.TIMESTAMP)
 
 
 class _FlatChunk:
