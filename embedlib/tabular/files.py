@@ -191,14 +191,28 @@ def read_header(path: str, delimiter: str) -> tuple[str, ...]:
   return names
 
 
+def _data_end(f, start: int) -> int:
+  """Where a text file's last non-empty line ends (the empty lines after it are no rows)."""
+  end = f.seek(0, os.SEEK_END)
+  while end > start:
+    n = min(end - start, 1 << 16)
+    f.seek(end - n)
+    block = f.read(n).rstrip(b"\r\n")
+    if block:
+      return end - n + len(block)
+    end -= n
+  return start
+
+
 def text_chunks(path: str, first_row: int) -> list[Chunk]:
   """A text file's chunks of ``CHUNK_ROWS`` lines, after its header (one scan)."""
-  size = os.path.getsize(path)
   with open(path, "rb") as f:
     header = f.readline()
     start = len(header)
+    size = _data_end(f, start)
     pos, lines, offsets = start, 0, [start]
-    block = f.read(1 << 24)
+    f.seek(start)
+    block = f.read(min(1 << 24, size - pos))
     while block:
       ends = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
       # The newlines ending line CHUNK_ROWS, 2 * CHUNK_ROWS, ... (counted from 1).
@@ -206,13 +220,8 @@ def text_chunks(path: str, first_row: int) -> list[Chunk]:
       offsets += (pos + ends[first_end::CHUNK_ROWS] + 1).tolist()
       lines += len(ends)
       pos += len(block)
-      block = f.read(1 << 24)
-  with open(path, "rb") as f:
-    f.seek(max(size - 1, 0))
-    last = f.read(1)
-  total = lines + (1 if size > start and last != b"\n" else 0)
-  if offsets[-1] >= size and len(offsets) > 1:
-    offsets.pop()
+      block = f.read(min(1 << 24, size - pos))
+  total = lines + (1 if size > start else 0)  # the last line's newline lies past size
   chunks = []
   for c, begin in enumerate(offsets):
     stop = offsets[c + 1] if c + 1 < len(offsets) else size

@@ -267,6 +267,11 @@ def read_text(chunk: Chunk, schema: Schema, files: Files, separator: str = LIST_
                     f"{chunk.first_line + chunk.rows - 1}: not {len(names)} fields a line as "
                     f"the header says ({_arrow_reason(e)}); fix the file's lines.") from None
   if table.num_rows != chunk.rows:
+    lines = raw.split(b"\n")
+    empty = next((i for i, line in enumerate(lines) if not line.strip(b"\r")), len(lines))
+    if empty < chunk.rows:
+      raise DataError(f"{chunk.path}:{chunk.first_line + empty}: an empty line; each line "
+                      "after the header is a row: remove it.")
     raise DataError(f"{chunk.path}, lines {chunk.first_line} to "
                     f"{chunk.first_line + chunk.rows - 1}: {table.num_rows} rows in "
                     f"{chunk.rows} lines: a quoted field holds a line break, which this "
