@@ -166,9 +166,13 @@ def find(path: str, fmt: str = "auto", delimiter: str = "") -> Files:
   sep = delimiter or ("\t" if paths[0].endswith(".tsv") else ",")
   header = read_header(paths[0], sep)
   for other in paths[1:]:
-    if read_header(other, sep) != header:
-      raise DataError(f"{other}: its header differs from {paths[0]}'s; every file of one "
-                      "path must have the same columns in the same order.")
+    names = read_header(other, sep)
+    if names != header:
+      differ = next((f"no column {n!r}" for n in header if n not in names), None) or next(
+          (f"a column {n!r} more" for n in names if n not in header), None) or (
+              "the same columns in another order")
+      raise DataError(f"{other}: its header differs from {paths[0]}'s ({differ}); every file "
+                      "of one path must have the same columns in the same order.")
   return Files(CSV, tuple(paths), sep, header)
 
 
