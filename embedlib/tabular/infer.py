@@ -137,9 +137,11 @@ def _text_sample(files: Files, separator: str) -> list[Column]:
     table = pacsv.read_csv(io.BytesIO(sample), read_options=options, parse_options=parse,
                            convert_options=convert)
   except pa.ArrowInvalid as e:
-    raise DataError(f"{path}: its first lines do not split into the header's "
-                    f"{len(files.header)} fields ({str(e).splitlines()[0]}); fix the file, or "
-                    "pass config.data.delimiter.") from None
+    line = readers.bad_line(sample, files.delimiter, len(files.header))
+    where = path if line is None else f"{path}:{line + 2}"  # the sample starts at line 2
+    raise DataError(f"{where}: not the header's {len(files.header)} fields "
+                    f"({str(e).splitlines()[0]}); fix the file, or pass "
+                    "config.data.delimiter.") from None
   out = []
   for name in files.header:
     array = table.column(name)

@@ -18,6 +18,7 @@ A value the schema can't read raises ``DataError`` naming the file, the row
 
 from __future__ import annotations
 
+import csv
 import io
 import re
 
@@ -263,9 +264,11 @@ def read_text(chunk: Chunk, schema: Schema, files: Files, separator: str = LIST_
   try:
     table = _text_table(raw, names, files.delimiter)
   except pa.ArrowInvalid as e:
-    raise DataError(f"{chunk.path}, lines {chunk.first_line} to "
-                    f"{chunk.first_line + chunk.rows - 1}: not {len(names)} fields a line as "
-                    f"the header says ({_arrow_reason(e)}); fix the file's lines.") from None
+    line = bad_line(raw, files.delimiter, len(names))
+    where = (f"{chunk.path}:{chunk.first_line + line}" if line is not None else
+             f"{chunk.path}, lines {chunk.first_line} to {chunk.first_line + chunk.rows - 1}")
+    raise DataError(f"{where}: not {len(names)} fields a line as the header says "
+                    f"({_arrow_reason(e)}); fix the file's lines.") from None
   if table.num_rows != chunk.rows:
     lines = raw.split(b"\n")
     empty = next((i for i, line in enumerate(lines) if not line.strip(b"\r")), len(lines))
@@ -279,6 +282,17 @@ def read_text(chunk: Chunk, schema: Schema, files: Files, separator: str = LIST_
   wanted = [n for n in schema.read() if n in names]
   return pa.table({n: _typed(table.column(n).combine_chunks(), schema[n], chunk, separator)
                    for n in wanted})
+
+
+def bad_line(raw: bytes, delimiter: str, fields: int) -> int | None:
+  """The index (from 0) of ``raw``'s first line that does not split into ``fields`` fields."""
+  quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+  lines = csv.reader(io.StringIO(raw.decode("utf-8", "replace"), newline=""),
+                     delimiter=delimiter, quoting=quoting)
+  for row in lines:
+    if row and len(row) != fields:
+      return lines.line_num - 1
+  return None
 
 
 def _arrow_reason(e: Exception) -> str:
