@@ -103,9 +103,10 @@ def recbole_dataset(tmp):
   users += [f"u{u}\t{20 + 3 * u}\t{'MF'[u % 2]}\t{'' if u == 2 else 10000 + u}"
             for u in range(5)]  # u5 has no line
   (folder / "shop.user").write_text("\n".join(users) + "\n")
-  items = ["item_id:token\tgenres:token_seq\tyear:float\tshelf:float_seq"]
+  # rating: the .inter file's column of that name is the one read (Yelp's .item has "stars").
+  items = ["item_id:token\tgenres:token_seq\tyear:float\tshelf:float_seq\trating:float"]
   items += [f"i{i}\t{' '.join(['Drama', 'Comedy', 'Horror'][:i % 3 + 1])}\t"
-            f"{'' if i == 3 else 1990 + i}\t0.5 1" for i in range(5)]
+            f"{'' if i == 3 else 1990 + i}\t0.5 1\t9" for i in range(5)]
   (folder / "shop.item").write_text("\n".join(items) + "\n")
   return folder
 
@@ -115,7 +116,7 @@ def test_recbole_reader_joins_the_side_files_like_a_plain_python_join(tmp_path, 
   folder = recbole_dataset(tmp_path)
   hints = tabular.Hints(labels=("rating",),
                         columns={"zip_code": {"ids": "hashed", "num_embeddings": 11},
-                                 "user_id": {"ids": "dynamic"}})
+                                 "user_id": {"ids": "dynamic"}, "year": {"default": 1995.0}})
   data = tabular.prepare(str(folder / "shop.inter"), hints, label_threshold=4)
   s = data.schema
   assert s.features("user") == ("user_id", "gender", "zip_code")
@@ -131,3 +132,8 @@ def test_recbole_reader_joins_the_side_files_like_a_plain_python_join(tmp_path, 
   want = ref.featurize(plain, s, plain, label_threshold=4)
   ref.assert_equal(got, want, dense_rtol=1e-6)
   assert set(np.unique(got["label"])) == {0.0, 1.0}
+  i3 = [r["item_id"] == "i3" for r in plain]  # i3's year is null: it reads its default
+  mean, std = ref.moments(s["year"], plain)
+  assert any(i3) and mean != 1995.0
+  np.testing.assert_allclose(got["dense"][i3, s.dense().index("year")], (1995.0 - mean) / std,
+                             rtol=1e-6)
