@@ -180,8 +180,8 @@ def read_header(path: str, delimiter: str) -> tuple[str, ...]:
   """A text file's first line, split at ``delimiter`` (``DataError`` if it is empty)."""
   with open(path, "rb") as f:
     first = f.readline()
-  try:
-    text = first.decode("utf-8").rstrip("\r\n")
+  try:  # "-sig": the byte order mark an exported UTF-8 CSV file may begin with is no name
+    text = first.decode("utf-8-sig").rstrip("\r\n")
   except UnicodeDecodeError:
     raise DataError(f"{path}:1: the header is not UTF-8 text; pass a CSV / TSV file with a "
                     "header line.") from None

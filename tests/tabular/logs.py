@@ -91,12 +91,12 @@ def _field(value, separator):
   return repr(value) if isinstance(value, float) else str(value)
 
 
-def write_text(path, rows, *, delimiter: str = ",", separator: str = "|",
-               columns=None) -> str:
+def write_text(path, rows, *, delimiter: str = ",", separator: str = "|", columns=None,
+               encoding: str = "utf-8", end: str = "\n") -> str:
   """The rows as a text file with a header line (Python's ``csv`` writer)."""
   columns = list(columns or rows[0])
-  with open(path, "w", newline="", encoding="utf-8") as f:
-    w = csv.writer(f, delimiter=delimiter, lineterminator="\n")
+  with open(path, "w", newline="", encoding=encoding) as f:
+    w = csv.writer(f, delimiter=delimiter, lineterminator=end)
     w.writerow(columns)
     for r in rows:
       w.writerow([_field(r[c], separator) for c in columns])

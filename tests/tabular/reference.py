@@ -69,7 +69,7 @@ def _typed_text(field, column, separator):
 def text_rows(paths, schema, delimiter=",", separator="|", quoting=csv.QUOTE_MINIMAL):
   """Every row of CSV / TSV files (``csv.reader``), typed by ``schema``; header names split at ':'."""
   for path in paths:
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
       lines = csv.reader(f, delimiter=delimiter, quoting=quoting)
       header = [h.split(":")[0] for h in next(lines)]
       for line in lines:

@@ -30,6 +30,7 @@ def written(tmp_path_factory):
   logs.write_text(tmp / "clicks.csv", rows)
   logs.write_text(tmp / "clicks.tsv", rows, delimiter="\t")
   logs.write_text(tmp / "clicks.txt", rows, delimiter=";", separator=",")
+  logs.write_text(tmp / "excel.csv", rows, encoding="utf-8-sig", end="\r\n")
   return tmp, rows
 
 
@@ -42,6 +43,7 @@ LAYOUTS = {
     "tsv": ("clicks.tsv", {}, {"delimiter": "\t"}),
     "csv_custom": ("clicks.txt", {"delimiter": ";", "separator": ","},
                    {"delimiter": ";", "separator": ","}),
+    "csv_bom_crlf": ("excel.csv", {}, {}),  # as a spreadsheet exports "CSV UTF-8"
 }
 
 
