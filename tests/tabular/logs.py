@@ -1,4 +1,4 @@
-"""Small click logs written as Parquet, CSV / TSV and RecBole atomic files, for the tabular tests."""
+"""Small click logs written as Parquet and CSV / TSV files, for the tabular tests."""
 
 import csv
 import datetime

@@ -67,7 +67,7 @@ def _typed_text(field, column, separator):
 
 
 def text_rows(paths, schema, delimiter=",", separator="|", quoting=csv.QUOTE_MINIMAL):
-  """Every row of CSV / TSV files (``csv.reader``), typed by ``schema``; header names split at ':'."""
+  """Every row of CSV / TSV files (``csv.reader``), typed by ``schema``; names split at ':'."""
   for path in paths:
     with open(path, newline="", encoding="utf-8-sig") as f:
       lines = csv.reader(f, delimiter=delimiter, quoting=quoting)
@@ -79,7 +79,7 @@ def text_rows(paths, schema, delimiter=",", separator="|", quoting=csv.QUOTE_MIN
 
 
 def recbole_rows(inter, user, item, schema):
-  """``.inter`` rows (tab-separated, space-separated sequences) joined with ``.user`` / ``.item``."""
+  """``.inter`` rows (tab-separated, sequences space-separated) joined with ``.user``, ``.item``."""
   def side(path, key):
     rows = list(text_rows([path], schema, "\t", " ", csv.QUOTE_NONE))
     return {r[key]: r for r in rows}

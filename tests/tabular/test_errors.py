@@ -1,4 +1,4 @@
-"""Each bad input gives one DataError / SchemaError naming the file, the row (line) and the column, and the fix."""
+"""Each bad input: one DataError / SchemaError naming the file, the row (line), the column, the fix."""
 
 import dataclasses
 import importlib
@@ -19,7 +19,7 @@ from tests.tabular import logs
 infer_lib = importlib.import_module("embedlib.tabular.infer")  # not the function of that name
 
 ROWS = logs.click_rows(40)
-SAMPLE = 1200  # bytes of CSV typed by inference: its first 22 rows (rows past it hold the bad values)
+SAMPLE = 1200  # bytes of CSV typed by inference: its first 22 rows (the bad values lie past it)
 VALUE_FIX = r"; fix the value, or set the column's role / dtype in the schema"
 NULL_FIX = r"; fill the value, or give the column a default"
 
@@ -198,7 +198,8 @@ def test_a_bad_recbole_header_names_the_field(tmp_path, file, header, bad):
   for name, head in files.items():
     (tmp_path / name).write_text(head + "\n" + "\t".join(["1"] * len(head.split("\t"))) + "\n")
   with pytest.raises(DataError, match=rf"{re.escape(file)}:1: header field '{bad}' is not "
-                     r"'name:type' with type one of \('token', 'token_seq', 'float', 'float_seq'\)"):
+                     r"'name:type' with type one of \('token', 'token_seq', 'float', "
+                     r"'float_seq'\)"):
     tabular.prepare(str(tmp_path / "d.inter"), tabular.Hints(labels=("rating",)))
 
 

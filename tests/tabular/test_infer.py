@@ -246,7 +246,8 @@ def test_a_column_override_with_an_unknown_field_is_refused_by_name(shop):
                      r"unknown key 'vocab_size'"):
     tabular.infer(shop, tabular.Hints(columns={"genre": {"vocab_size": 3}}))
   # A column the files lack is declared outright, and the files are then refused naming it.
-  schema = tabular.infer(shop, tabular.Hints(columns={"extra": {"role": "dense", "dtype": "float"}}))
+  extra = {"extra": {"role": "dense", "dtype": "float"}}
+  schema = tabular.infer(shop, tabular.Hints(columns=extra))
   assert schema["extra"].role == DENSE
   with pytest.raises(tabular.DataError, match=r"shop\.parquet: no column 'extra'"):
     importlib.import_module("embedlib.tabular.saved").check_files(shop, schema)

@@ -1,5 +1,6 @@
-"""TabularSource: exact resume with grain workers, per-process sharding, a padded last batch, flat memory."""
+"""TabularSource: exact resume with grain workers, process shards, a padded last batch, flat memory."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -37,8 +38,7 @@ def source(clicks, part="train", **kw):
   data, readings = clicks
   reading = readings[part]
   share = {k: kw.pop(k) for k in ("shuffle", "seed", "process_index", "process_count") if k in kw}
-  reading = reading.__class__(**{**reading.__dict__, **share})
-  return tabular.TabularSource(reading, data.featurizer, **kw)
+  return tabular.TabularSource(dataclasses.replace(reading, **share), data.featurizer, **kw)
 
 
 def ids(batch) -> list:
@@ -64,7 +64,7 @@ def test_resume_mid_file_with_workers_equals_an_uninterrupted_run(clicks):
   orders = [ids(b) for b in expected]
   assert orders[:len(orders) // 3] != orders[len(orders) // 3:2 * len(orders) // 3]  # reshuffled
   k = 4
-  assert states[k - 1]["row"] not in (0,) and states[k - 1]["chunk"] > 0  # mid-file, mid-chunk
+  assert states[k - 1]["row"] != 0 and states[k - 1]["chunk"] > 0  # mid-file, mid-chunk
 
   workers = source(clicks, workers=2, **kw)
   workers.set_state(states[k - 1])

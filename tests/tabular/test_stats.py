@@ -1,4 +1,4 @@
-"""Training-split statistics: vocabularies, auto id kinds, standardize moments, list lengths, labels."""
+"""Training-split statistics: vocabularies, auto id kinds, standardize moments, lengths, labels."""
 
 import collections
 import json
