@@ -14,7 +14,8 @@ A chunk is a unit a reader loads whole: a Parquet row group, or a byte range
 of ``CHUNK_ROWS`` lines of a text file (found by one scan of the file, which
 counts its lines). Rows are numbered across all files in order: a row's
 number decides its split and its process, the same however it is read.
-Text rows are one a line: a quoted field may not hold a line break.
+Text rows are one a line: a quoted field may not hold a line break, and
+empty lines end a file (one before a row is an error naming it).
 """
 
 from __future__ import annotations

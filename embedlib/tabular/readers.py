@@ -9,7 +9,9 @@ A value the schema can't read raises ``DataError`` naming the file, the row
 - Parquet: one row group, only the schema's columns (``pyarrow.parquet``).
 - CSV / TSV: one byte range of whole lines, every field read as text and
   then typed here, so that a bad value names its line. The empty field is
-  null; a list is its values joined by ``list_separator`` (``|``).
+  null; a list is its values joined by ``list_separator`` (``|``); ``true``
+  / ``false`` read as 1 / 0; a timestamp is a number or an ISO 8601 date /
+  time.
 - RecBole: the same for the ``.inter`` file (a ``token_seq`` or
   ``float_seq`` field is space-separated), its rows joined with the
   ``.user`` and ``.item`` files' on ``user_id`` and ``item_id`` (read once,
