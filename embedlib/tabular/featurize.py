@@ -153,16 +153,7 @@ class Featurizer:
     bags = np.where(keep, ids[index] if ids.size else pad, pad).astype(ids.dtype)
     if not c.weights:
       return bags, None
-    warr = table.column(c.weights).combine_chunks()
-    unweighted = _nulls(warr)  # a row whose weights are null weighs each id 1
-    w_lists = pc.fill_null(warr, pa.scalar([], warr.type)) if warr.null_count else warr
-    w_len = np.asarray(pc.list_value_length(w_lists).to_numpy(zero_copy_only=False), np.int64)
-    full = np.diff(offsets)
-    bad = (w_len != full) & ~unweighted
-    if bad.any():
-      i = int(np.flatnonzero(bad)[0])
-      raise DataError(f"{_where(locate, i)}: column {c.weights!r} holds {w_len[i]} weights "
-                      f"for the {full[i]} ids of {c.name!r}; give one weight per id.")
+    w_lists, w_len, unweighted = _weight_lists(c, np.diff(offsets), table, locate)
     flat_w = np.asarray(pc.fill_null(w_lists.flatten(), 1.0).to_numpy(zero_copy_only=False),
                         np.float32)
     w_offsets = np.concatenate([[0], np.cumsum(w_len)])
@@ -193,6 +184,47 @@ class Featurizer:
     if self.label_threshold is not None:
       y = (y >= self.label_threshold).astype(np.float64)
     return y.astype(np.float32)
+
+
+def _weight_lists(c: Column, lengths: np.ndarray, table: pa.Table, locate):
+  """List column ``c``'s weights (nulls as []), their lengths, and which rows have none.
+
+  Raises:
+    DataError: a row's weights are not one per id (``lengths``).
+  """
+  warr = table.column(c.weights).combine_chunks()
+  unweighted = _nulls(warr)  # a row whose weights are null weighs each id 1
+  w_lists = pc.fill_null(warr, pa.scalar([], warr.type)) if warr.null_count else warr
+  w_len = np.asarray(pc.list_value_length(w_lists).to_numpy(zero_copy_only=False), np.int64)
+  bad = (w_len != lengths) & ~unweighted
+  if bad.any():
+    i = int(np.flatnonzero(bad)[0])
+    raise DataError(f"{_where(locate, i)}: column {c.weights!r} holds {w_len[i]} weights "
+                    f"for the {lengths[i]} ids of {c.name!r}; give one weight per id.")
+  return w_lists, w_len, unweighted
+
+
+def check(table: pa.Table, schema: Schema, locate=None) -> None:
+  """The checks the featurizer makes of each row, which need no statistics.
+
+  A null where the column's policy is ``error`` (a list's elements too), and
+  weights that are not one per id, raise ``DataError`` naming the row
+  (``locate``) and the column.
+  """
+  for name in table.column_names:
+    c = schema[name]
+    array = table.column(name).combine_chunks()
+    _check_nulls(array, c, locate)
+    if c.role != schema_lib.LIST:
+      continue
+    lists = pc.fill_null(array, pa.scalar([], array.type)) if array.null_count else array
+    values = lists.flatten()
+    if values.null_count:
+      _check_nulls(values, c, lambda i, lists=lists: _where(locate, _parent(lists, i)),
+                   " in a list")
+    if c.weights:
+      lengths = np.asarray(pc.list_value_length(lists).to_numpy(zero_copy_only=False), np.int64)
+      _weight_lists(c, lengths, table, locate)
 
 
 def _parent(lists, i: int) -> int:

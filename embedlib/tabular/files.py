@@ -14,7 +14,8 @@ A chunk is a unit a reader loads whole: a Parquet row group, or a byte range
 of ``CHUNK_ROWS`` lines of a text file (found by one scan of the file, which
 counts its lines). Rows are numbered across all files in order: a row's
 number decides its split and its process, the same however it is read.
-Text rows are one a line: a quoted field may not hold a line break.
+Text rows are one a line: a quoted field may not hold a line break, and
+empty lines end a file (one before a row is an error naming it).
 """
 
 from __future__ import annotations
@@ -166,9 +167,13 @@ def find(path: str, fmt: str = "auto", delimiter: str = "") -> Files:
   sep = delimiter or ("\t" if paths[0].endswith(".tsv") else ",")
   header = read_header(paths[0], sep)
   for other in paths[1:]:
-    if read_header(other, sep) != header:
-      raise DataError(f"{other}: its header differs from {paths[0]}'s; every file of one "
-                      "path must have the same columns in the same order.")
+    names = read_header(other, sep)
+    if names != header:
+      differ = next((f"no column {n!r}" for n in header if n not in names), None) or next(
+          (f"a column {n!r} more" for n in names if n not in header), None) or (
+              "the same columns in another order")
+      raise DataError(f"{other}: its header differs from {paths[0]}'s ({differ}); every file "
+                      "of one path must have the same columns in the same order.")
   return Files(CSV, tuple(paths), sep, header)
 
 
@@ -176,8 +181,8 @@ def read_header(path: str, delimiter: str) -> tuple[str, ...]:
   """A text file's first line, split at ``delimiter`` (``DataError`` if it is empty)."""
   with open(path, "rb") as f:
     first = f.readline()
-  try:
-    text = first.decode("utf-8").rstrip("\r\n")
+  try:  # "-sig": the byte order mark an exported UTF-8 CSV file may begin with is no name
+    text = first.decode("utf-8-sig").rstrip("\r\n")
   except UnicodeDecodeError:
     raise DataError(f"{path}:1: the header is not UTF-8 text; pass a CSV / TSV file with a "
                     "header line.") from None
@@ -191,14 +196,28 @@ def read_header(path: str, delimiter: str) -> tuple[str, ...]:
   return names
 
 
+def _data_end(f, start: int) -> int:
+  """Where a text file's last non-empty line ends (the empty lines after it are no rows)."""
+  end = f.seek(0, os.SEEK_END)
+  while end > start:
+    n = min(end - start, 1 << 16)
+    f.seek(end - n)
+    block = f.read(n).rstrip(b"\r\n")
+    if block:
+      return end - n + len(block)
+    end -= n
+  return start
+
+
 def text_chunks(path: str, first_row: int) -> list[Chunk]:
   """A text file's chunks of ``CHUNK_ROWS`` lines, after its header (one scan)."""
-  size = os.path.getsize(path)
   with open(path, "rb") as f:
     header = f.readline()
     start = len(header)
+    size = _data_end(f, start)
     pos, lines, offsets = start, 0, [start]
-    block = f.read(1 << 24)
+    f.seek(start)
+    block = f.read(min(1 << 24, size - pos))
     while block:
       ends = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
       # The newlines ending line CHUNK_ROWS, 2 * CHUNK_ROWS, ... (counted from 1).
@@ -206,13 +225,8 @@ def text_chunks(path: str, first_row: int) -> list[Chunk]:
       offsets += (pos + ends[first_end::CHUNK_ROWS] + 1).tolist()
       lines += len(ends)
       pos += len(block)
-      block = f.read(1 << 24)
-  with open(path, "rb") as f:
-    f.seek(max(size - 1, 0))
-    last = f.read(1)
-  total = lines + (1 if size > start and last != b"\n" else 0)
-  if offsets[-1] >= size and len(offsets) > 1:
-    offsets.pop()
+      block = f.read(min(1 << 24, size - pos))
+  total = lines + (1 if size > start else 0)  # the last line's newline lies past size
   chunks = []
   for c, begin in enumerate(offsets):
     stop = offsets[c + 1] if c + 1 < len(offsets) else size

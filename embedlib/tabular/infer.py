@@ -137,9 +137,11 @@ def _text_sample(files: Files, separator: str) -> list[Column]:
     table = pacsv.read_csv(io.BytesIO(sample), read_options=options, parse_options=parse,
                            convert_options=convert)
   except pa.ArrowInvalid as e:
-    raise DataError(f"{path}: its first lines do not split into the header's "
-                    f"{len(files.header)} fields ({str(e).splitlines()[0]}); fix the file, or "
-                    "pass config.data.delimiter.") from None
+    line = readers.bad_line(sample, files.delimiter, len(files.header))
+    where = path if line is None else f"{path}:{line + 2}"  # the sample starts at line 2
+    raise DataError(f"{where}: not the header's {len(files.header)} fields "
+                    f"({str(e).splitlines()[0]}); fix the file, or pass "
+                    "config.data.delimiter.") from None
   out = []
   for name in files.header:
     array = table.column(name)
@@ -203,10 +205,17 @@ def apply_hints(columns: dict[str, Column], hints: Hints, where: str) -> Schema:
   for name in hints.labels:
     _need(columns, name, "label", where)
     columns[name] = Column(name, schema_lib.LABEL, schema_lib.FLOAT, null=schema_lib.NULL_ERROR)
+  # Time-typed columns: the timestamp is the one named (or called "timestamp"), else the
+  # only one; the others are ignored.
+  times = [n for n, c in columns.items() if c.role == schema_lib.TIMESTAMP]
+  for name in times:
+    columns[name] = columns[name].replace(role=schema_lib.IGNORE)
   for role, given, default in ((schema_lib.USER_ID, hints.user_id, "user_id"),
                                (schema_lib.ITEM_ID, hints.item_id, "item_id"),
                                (schema_lib.TIMESTAMP, hints.timestamp, "timestamp")):
     name = given or (default if default in columns else "")
+    if not name and role == schema_lib.TIMESTAMP and len(times) == 1:
+      name = times[0]
     if not name:
       continue
     _need(columns, name, role, where)
@@ -234,6 +243,8 @@ def apply_hints(columns: dict[str, Column], hints: Hints, where: str) -> Schema:
     fields = dict(fields)
     if name in columns:
       base = columns[name].to_dict()
+      if fields.get("role", base["role"]) != base["role"]:  # the old role's fields go with it
+        base = {k: base[k] for k in ("name", "dtype", "entity") if k in base}
       base.update(fields)
       fields = base
     fields["name"] = name

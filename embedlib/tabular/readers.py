@@ -9,7 +9,9 @@ A value the schema can't read raises ``DataError`` naming the file, the row
 - Parquet: one row group, only the schema's columns (``pyarrow.parquet``).
 - CSV / TSV: one byte range of whole lines, every field read as text and
   then typed here, so that a bad value names its line. The empty field is
-  null; a list is its values joined by ``list_separator`` (``|``).
+  null; a list is its values joined by ``list_separator`` (``|``); ``true``
+  / ``false`` read as 1 / 0; a timestamp is a number or an ISO 8601 date /
+  time.
 - RecBole: the same for the ``.inter`` file (a ``token_seq`` or
   ``float_seq`` field is space-separated), its rows joined with the
   ``.user`` and ``.item`` files' on ``user_id`` and ``item_id`` (read once,
@@ -18,6 +20,7 @@ A value the schema can't read raises ``DataError`` naming the file, the row
 
 from __future__ import annotations
 
+import csv
 import io
 import re
 
@@ -81,7 +84,8 @@ def accepts(column: Column, t: pa.DataType) -> bool:
     return kind in ("int", "float", "time")
   if column.dtype == schema_lib.STRING:
     return kind == "string"
-  return kind in ("int", "bool")
+  # Whole floats too: pandas writes an int column holding a null as float64.
+  return kind in ("int", "bool", "float")
 
 
 def conform(array, column: Column, where: str) -> pa.Array:
@@ -100,11 +104,30 @@ def conform(array, column: Column, where: str) -> pa.Array:
   if not accepts(column, t):
     raise DataError(mismatch(column, t, where))
   if value_kind(t) == "time":
-    seconds = pc.cast(pc.cast(array, pa.timestamp("s")), pa.int64())
-    return pc.cast(seconds, pa.float64())
+    return _seconds(array)
+  if column.is_id and value_kind(t) == "float":
+    whole = pc.fill_null(pc.equal(pc.floor(array), array), True)
+    if not pc.all(whole).as_py():
+      i = pc.index(whole, False).as_py()
+      raise DataError(f"{where}, its row {i}: column {column.name!r} holds {array[i]}, which "
+                      "is not a whole number, but the schema reads it as int ids; fix the "
+                      f"value, or read the column as dense (config.data.dense).")
   if pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t):
     array = array.cast(pa.list_(t.value_type))
-  return array.cast(arrow_type(column))
+  # Unchecked: a uint64 id past 2**63 keeps its 64 bits (its two's complement, the same
+  # raw id), and an int past 2**53 read as a float rounds; ``accepts`` checked the kinds.
+  return array.cast(arrow_type(column), safe=False)
+
+
+_PER_SECOND = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
+
+
+def _seconds(array: pa.Array) -> pa.Array:
+  """Dates and timestamps (any unit, any zone) as float64 seconds since the epoch (UTC)."""
+  if pa.types.is_date(array.type):
+    array = pc.cast(array, pa.timestamp("ms"))
+  ticks = pc.cast(pc.cast(array, pa.int64()), pa.float64(), safe=False)
+  return pc.divide(ticks, float(_PER_SECOND[array.type.unit]))
 
 
 def mismatch(column: Column, t: pa.DataType, where: str) -> str:
@@ -158,28 +181,36 @@ def _text_table(raw: bytes, header, delimiter: str) -> pa.Table:
                         convert_options=convert)
 
 
-def _bad_row(chunk: Chunk, strings: pa.Array, ok: np.ndarray) -> tuple[int, str]:
-  """The first row whose non-null value is not ``ok``, and that value."""
-  valid = ~np.asarray(strings.is_null().to_numpy(zero_copy_only=False), bool)
-  i = int(np.flatnonzero(valid & ~ok)[0])
-  return i, strings[i].as_py()
+def _parse(strings: pa.Array, target: pa.DataType, times: bool) -> pa.Array | None:
+  """``strings`` as ``target``, or None: numbers, then ``true`` / ``false`` (a CSV sample's
+  booleans, read as 1 / 0 like Parquet's), then (``times``) ISO 8601 dates and times."""
+  trimmed = pc.utf8_trim_whitespace(strings)
+  parses = [lambda: pc.cast(trimmed, target),
+            lambda: pc.cast(pc.cast(trimmed, pa.bool_()), target)]
+  if times:
+    parses.append(lambda: _seconds(pc.cast(trimmed, pa.timestamp("us"))))
+  for parse in parses:
+    try:
+      return parse()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+      pass
+  return None
 
 
-def _numbers(strings: pa.Array, chunk: Chunk, name: str, integer: bool) -> pa.Array:
+def _numbers(strings: pa.Array, chunk: Chunk, name: str, integer: bool,
+             times: bool = False) -> pa.Array:
   """Text fields as int64 (ids) or float64, naming the first that is neither."""
   target = pa.int64() if integer else pa.float64()
-  try:
-    return pc.cast(pc.utf8_trim_whitespace(strings), target)
-  except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-    pass
-  if integer:
-    ok = np.asarray(pc.match_substring_regex(strings, INT_TEXT.pattern).fill_null(True)
-                    .to_numpy(zero_copy_only=False), bool)
-  else:
-    ok = np.array([is_float(v) for v in strings.to_pylist()])
-  i, value = _bad_row(chunk, strings, ok)
-  what = "an int id" if integer else "a number"
-  raise DataError(f"{chunk.where(i)}: column {name!r} holds {value!r}, which is not {what}; "
+  parsed = _parse(strings, target, times)
+  if parsed is not None:
+    return parsed
+  values = strings.to_pylist()
+  bad = [i for i, v in enumerate(values) if v is not None
+         and _parse(pa.array([v], pa.string()), target, times) is None]
+  i = bad[0] if bad else next(i for i, v in enumerate(values) if v is not None)
+  what = ("an int id" if integer else "a number or an ISO 8601 date / time" if times
+          else "a number") if bad else "of one kind with the column's other values"
+  raise DataError(f"{chunk.where(i)}: column {name!r} holds {values[i]!r}, which is not {what}; "
                   f"fix the value, or set the column's role / dtype in the schema "
                   f"(config.data.columns.{name}).")
 
@@ -211,7 +242,7 @@ def _typed(strings: pa.Array, column: Column, chunk: Chunk, separator: str) -> p
     return out.cast(arrow_type(column))
   if column.is_id and column.dtype == schema_lib.STRING:
     return strings
-  return _numbers(strings, chunk, name, integer=column.is_id)
+  return _numbers(strings, chunk, name, integer=column.is_id, times=role == schema_lib.TIMESTAMP)
 
 
 class _FlatChunk:
@@ -235,10 +266,17 @@ def read_text(chunk: Chunk, schema: Schema, files: Files, separator: str = LIST_
   try:
     table = _text_table(raw, names, files.delimiter)
   except pa.ArrowInvalid as e:
-    raise DataError(f"{chunk.path}, lines {chunk.first_line} to "
-                    f"{chunk.first_line + chunk.rows - 1}: not {len(names)} fields a line as "
-                    f"the header says ({_arrow_reason(e)}); fix the file's lines.") from None
+    line = bad_line(raw, files.delimiter, len(names))
+    where = (f"{chunk.path}:{chunk.first_line + line}" if line is not None else
+             f"{chunk.path}, lines {chunk.first_line} to {chunk.first_line + chunk.rows - 1}")
+    raise DataError(f"{where}: not {len(names)} fields a line as the header says "
+                    f"({_arrow_reason(e)}); fix the file's lines.") from None
   if table.num_rows != chunk.rows:
+    lines = raw.split(b"\n")
+    empty = next((i for i, line in enumerate(lines) if not line.strip(b"\r")), len(lines))
+    if empty < chunk.rows:
+      raise DataError(f"{chunk.path}:{chunk.first_line + empty}: an empty line; each line "
+                      "after the header is a row: remove it.")
     raise DataError(f"{chunk.path}, lines {chunk.first_line} to "
                     f"{chunk.first_line + chunk.rows - 1}: {table.num_rows} rows in "
                     f"{chunk.rows} lines: a quoted field holds a line break, which this "
@@ -246,6 +284,17 @@ def read_text(chunk: Chunk, schema: Schema, files: Files, separator: str = LIST_
   wanted = [n for n in schema.read() if n in names]
   return pa.table({n: _typed(table.column(n).combine_chunks(), schema[n], chunk, separator)
                    for n in wanted})
+
+
+def bad_line(raw: bytes, delimiter: str, fields: int) -> int | None:
+  """The index (from 0) of ``raw``'s first line that does not split into ``fields`` fields."""
+  quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+  lines = csv.reader(io.StringIO(raw.decode("utf-8", "replace"), newline=""),
+                     delimiter=delimiter, quoting=quoting)
+  for row in lines:
+    if row and len(row) != fields:
+      return lines.line_num - 1
+  return None
 
 
 def _arrow_reason(e: Exception) -> str:

@@ -48,12 +48,16 @@ class Sides:
 
   def __init__(self, files: Files, schema: Schema):
     self.tables = {}
+    # A name the .inter file (or an earlier side file) holds is that file's column, as in
+    # ``infer.recbole_columns``: a side file's column of the same name is not read.
+    taken = {n for n, _ in header_types(files.paths[0], files.header)}
     for entity, path in files.side_paths.items():
       key = schema.role_column(schema_lib.USER_ID if entity == "user" else schema_lib.ITEM_ID)
       header = files_lib.read_header(path, "\t")
       names = [n for n, _ in header_types(path, header)]
       wanted = [n for n in names if n in schema and schema[n].role != schema_lib.IGNORE
-                and n != key]
+                and n != key and n not in taken]
+      taken.update(names)
       if key is None or not wanted:
         continue
       if key not in names:

@@ -121,10 +121,12 @@ def check_files(files: Files, schema: Schema, separator: str = readers.LIST_SEPA
 def _check_arrow(path: str, arrow: pa.Schema, schema: Schema, need_labels: bool) -> None:
   types = {f.name: f.type for f in arrow}
   for c in schema.columns:
-    if c.role == schema_lib.IGNORE or c.name not in types:
+    if c.role == schema_lib.IGNORE or (c.role == schema_lib.LABEL and not need_labels):
       continue
-    if c.role == schema_lib.LABEL and not need_labels:
-      continue
+    if c.name not in types:
+      raise DataError(f"{path}: no column {c.name!r}, which this run's schema reads (as "
+                      f"{c.role}); the file's columns are {sorted(types)}. Pass files with "
+                      "the run's columns, or train a new run on these.")
     if not readers.accepts(c, types[c.name]):
       raise DataError(readers.mismatch(c, types[c.name], path) + " (this run's schema, "
                       "saved in its workdir)")

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from embedlib.data import _hashing
 from embedlib.data import worker_pool
+from embedlib.tabular import featurize
 from embedlib.tabular import files as files_lib
 from embedlib.tabular import readers
 from embedlib.tabular import recbole
@@ -92,8 +93,8 @@ class LoadChunk:
   With a featurizer it gives ``{"epoch", "index", "arrays"}`` (this split's
   and process's rows, featurized, shuffled where the reading shuffles);
   without one, ``{"stats", "rows"}``: the statistics of the training rows
-  (``stats.chunk_stats``), after checking every row's nulls against its
-  column's policy.
+  (``stats.chunk_stats``), after checking every row (``featurize.check``:
+  null policies, weights' lengths).
   """
 
   def __init__(self, reading: Reading, featurizer: Featurizer | None, label_threshold=None):
@@ -114,7 +115,7 @@ class LoadChunk:
     rows = chunk.first_row + np.arange(chunk.rows, dtype=np.int64)
     stamps = _timestamps(table, r.schema) if r.split.kind == split_lib.TIME else None
     if self.featurizer is None:
-      _check_null_policies(table, r.schema, chunk)
+      featurize.check(table, r.schema, chunk.where)
       train = r.split.mask(split_lib.TRAIN, rows, stamps)
       return {"stats": stats_lib.chunk_stats(table.filter(pa.array(train)), r.schema,
                                              self.label_threshold),
@@ -136,17 +137,6 @@ def _timestamps(table: pa.Table, schema: Schema) -> np.ndarray:
                                  "with config.data.timestamp.")
   array = table.column(name).combine_chunks()
   return np.asarray(array.fill_null(np.inf).to_numpy(zero_copy_only=False), np.float64)
-
-
-def _check_null_policies(table: pa.Table, schema: Schema, chunk: Chunk) -> None:
-  for name in table.column_names:
-    c = schema[name]
-    array = table.column(name).combine_chunks()
-    if c.null == schema_lib.NULL_ERROR and array.null_count:
-      i = int(np.flatnonzero(np.asarray(array.is_null().to_numpy(zero_copy_only=False)))[0])
-      raise DataError(f"{chunk.where(i)}: column {name!r} is null, and its null policy is "
-                      f"'error'; fill the value, or give the column a default "
-                      f"(config.data.columns.{name}.null='default').")
 
 
 def _take(tree, index):

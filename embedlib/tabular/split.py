@@ -8,7 +8,7 @@
 - ``time``: rows before ``split_time`` train, the rest evaluate; with
   ``test_time`` (after ``split_time``), rows from ``test_time`` on test.
 - ``files``: the training path's rows all train; an eval path (and a test
-  path) hold the others (``Split.whole``).
+  path) hold the others (every part of a files split is every row).
 
 The sequence tasks' leave-one-out split (each user's last row tests, the
 one before evaluates) groups rows by user, so it is made where their
