@@ -28,10 +28,10 @@ reads its inputs with it.
 from embedlib.tabular.dataset import Prepared, prepare
 from embedlib.tabular.featurize import Featurizer
 from embedlib.tabular.files import DataError, Files, find
-from embedlib.tabular.infer import Hints, infer
+from embedlib.tabular.infer import Hints
 from embedlib.tabular.schema import Column, Schema, SchemaError
 from embedlib.tabular.source import Reading, TabularSource
 from embedlib.tabular.split import Split
 
 __all__ = ["Column", "DataError", "Featurizer", "Files", "Hints", "Prepared", "Reading",
-           "Schema", "SchemaError", "Split", "TabularSource", "find", "infer", "prepare"]
+           "Schema", "SchemaError", "Split", "TabularSource", "find", "prepare"]

@@ -1,7 +1,6 @@
 """Each bad input: one DataError / SchemaError naming the file, the row (line), the column, the fix."""
 
 import dataclasses
-import importlib
 import re
 
 import pyarrow as pa
@@ -16,7 +15,7 @@ from embedlib.tabular.files import DataError
 from embedlib.tabular.schema import SchemaError
 from tests.tabular import logs
 
-infer_lib = importlib.import_module("embedlib.tabular.infer")  # not the function of that name
+from embedlib.tabular import infer as infer_lib
 
 ROWS = logs.click_rows(40)
 SAMPLE = 1200  # bytes of CSV typed by inference: its first 22 rows (the bad values lie past it)
@@ -125,7 +124,7 @@ def test_a_parquet_file_of_several_that_no_longer_fits_is_named_with_its_column(
 def test_a_missing_parquet_column_is_named_when_read(tmp_path):
   folder = _parquet_dir(tmp_path, logs.arrow_table(ROWS[10:]).drop_columns(["hour"]))
   files = tabular.find(str(folder))
-  schema = tabular.infer(tabular.find(str(folder / "a.parquet")), logs.HINTS)
+  schema = infer_lib.infer(tabular.find(str(folder / "a.parquet")), logs.HINTS)
   with pytest.raises(DataError, match=r"b\.parquet: no column 'hour', which the schema reads; "
                      r"the file's columns are \[.*\]\. Write the column, or drop it"):
     readers.read_parquet(files_lib.chunks(files)[-1], schema)
@@ -267,7 +266,7 @@ def test_resume_refuses_a_csv_or_recbole_file_whose_column_changed(tmp_path):
     (folder / "d.user").write_text(f"user_id:token\tzip:{zip_type}\nu\t7\n")
     return tabular.find(str(folder / "d.inter"))
 
-  schema = tabular.infer(recbole("token"), tabular.Hints(labels=("r",)))
+  schema = infer_lib.infer(recbole("token"), tabular.Hints(labels=("r",)))
   with pytest.raises(DataError, match=r"d\.inter: column 'zip' is dense of float there; this "
                      r"run's schema reads it as categorical of string"):
     saved.check_files(recbole("float"), schema)

@@ -2,7 +2,6 @@
 
 import datetime
 import decimal
-import importlib
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,7 +14,7 @@ from embedlib.tabular import readers
 from embedlib.tabular.schema import SchemaError
 
 # ``embedlib.tabular.infer`` is also the name of the package's ``infer`` function.
-infer_lib = importlib.import_module("embedlib.tabular.infer")
+from embedlib.tabular import infer as infer_lib
 
 CAT, LIST, DENSE = "categorical", "categorical_list", "dense"
 TIME, IGNORE, WEIGHTS = "timestamp", "ignore", "weights"
@@ -76,7 +75,7 @@ def test_each_arrow_type_is_inferred_and_read(tmp_path, name):
   path = tmp_path / "t.parquet"
   pq.write_table(pa.table({"c": array}), path)
   files = tabular.find(str(path))
-  schema = tabular.infer(files)
+  schema = infer_lib.infer(files)
   assert (schema["c"].role, schema["c"].dtype) == (role, dtype)
   table = readers.read_parquet(files_lib.chunks(files)[0], schema)
   if read is None:
@@ -91,7 +90,7 @@ def test_an_unsigned_id_past_int64_keeps_its_64_bits(tmp_path):
   path = tmp_path / "u.parquet"
   pq.write_table(pa.table({"c": pa.array([2**64 - 2, 2**63], pa.uint64())}), path)
   files = tabular.find(str(path))
-  table = readers.read_parquet(files_lib.chunks(files)[0], tabular.infer(files))
+  table = readers.read_parquet(files_lib.chunks(files)[0], infer_lib.infer(files))
   assert hashing.raw_ids(table.column("c")).tolist() == [2**64 - 2, 2**63]
 
 
@@ -100,7 +99,7 @@ def test_an_int_column_read_as_dense_or_timestamp_keeps_values_past_2_53(tmp_pat
   ns = 1_700_000_000_123_456_789
   pq.write_table(pa.table({"t": pa.array([ns]), "n": pa.array([2**60])}), path)
   files = tabular.find(str(path))
-  schema = tabular.infer(files, tabular.Hints(timestamp="t", dense=("n",)))
+  schema = infer_lib.infer(files, tabular.Hints(timestamp="t", dense=("n",)))
   table = readers.read_parquet(files_lib.chunks(files)[0], schema)
   assert table.column("t").to_pylist() == [float(ns)] and table.column("n")[0].as_py() == 2.0**60
 
@@ -113,7 +112,7 @@ def test_list_of_floats_weighs_the_list_it_is_named_after(tmp_path):
       "cats": pa.array([[1]]), "cats_weight": pa.array([[2]], pa.list_(pa.float64())),
       "x": pa.array([1]), "x_weight": pa.array([[1.0]], f),
       "scores": pa.array([[1.0]], f)}), path)
-  schema = tabular.infer(tabular.find(str(path)))
+  schema = infer_lib.infer(tabular.find(str(path)))
   assert schema["tags"].weights == "tags_weights" and schema["cats"].weights == "cats_weight"
   assert schema["tags_weights"].role == schema["cats_weight"].role == WEIGHTS
   assert schema["x_weight"].role == schema["scores"].role == IGNORE  # x is no list
@@ -126,14 +125,14 @@ def test_one_time_column_is_the_timestamp_and_the_others_are_ignored(tmp_path):
       "day": pa.array([datetime.date(2024, 1, 1)]), "seen": _ts("ms", [5]),
       "timestamp": pa.array([7])}), path)
   files = tabular.find(str(path))
-  schema = tabular.infer(files)
+  schema = infer_lib.infer(files)
   assert [schema[n].role for n in ("day", "seen", "timestamp")] == [IGNORE, IGNORE, TIME]
-  schema = tabular.infer(files, tabular.Hints(timestamp="seen"))
+  schema = infer_lib.infer(files, tabular.Hints(timestamp="seen"))
   assert [schema[n].role for n in ("day", "seen", "timestamp")] == [IGNORE, TIME, CAT]
   pq.write_table(pa.table({"day": pa.array([datetime.date(2024, 1, 1)]), "v": [1]}), path)
-  assert tabular.infer(tabular.find(str(path)))["day"].role == TIME  # the only one
+  assert infer_lib.infer(tabular.find(str(path)))["day"].role == TIME  # the only one
   pq.write_table(pa.table({"a": _ts("s", [1]), "b": _ts("s", [2])}), path)
-  schema = tabular.infer(tabular.find(str(path)))  # two, none named: neither
+  schema = infer_lib.infer(tabular.find(str(path)))  # two, none named: neither
   assert schema["a"].role == schema["b"].role == IGNORE
 
 
@@ -145,7 +144,7 @@ def test_recbole_header_types(tmp_path):
   (tmp_path / "d.item").write_text("item_id:token\tgenre:token_seq\nx\ta\n")
   files = tabular.find(str(tmp_path / "d.inter"))
   assert files.format == "recbole" and files.side_paths.keys() == {"user", "item"}
-  schema = tabular.infer(files, tabular.Hints(labels=("rating",)))
+  schema = infer_lib.infer(files, tabular.Hints(labels=("rating",)))
   got = {c.name: (c.role, c.dtype, c.entity) for c in schema.columns}
   assert got == {
       "user_id": ("user_id", "string", "user"), "item_id": ("item_id", "string", "item"),
@@ -165,7 +164,7 @@ def test_csv_sample_types(tmp_path):
       "1,0.5,a,1|2,a|b,0.5|1,,true,2024-01-01,1\n"
       "2,,b,3,c,2,,false,2024-01-02,0\n"
       "-3,1e3,,,x|,1|,,,2024-01-03 10:00:00,1\n")
-  schema = tabular.infer(tabular.find(str(path)), tabular.Hints(labels=("y",)))
+  schema = infer_lib.infer(tabular.find(str(path)), tabular.Hints(labels=("y",)))
   got = {c.name: (c.role, c.dtype) for c in schema.columns}
   assert got == {"id": (CAT, "int"), "price": (DENSE, "float"), "name": (CAT, "string"),
                  "cats": (LIST, "int"), "tags": (LIST, "string"), "tags_weight": (WEIGHTS, "float"),
@@ -184,7 +183,7 @@ def test_csv_sample_types(tmp_path):
 def test_csv_sample_reads_a_separator_of_its_own(tmp_path):
   path = tmp_path / "s.csv"
   path.write_text("a;b\n1 2;x\n3;y\n")
-  schema = tabular.infer(tabular.find(str(path), delimiter=";"), separator=" ")
+  schema = infer_lib.infer(tabular.find(str(path), delimiter=";"), separator=" ")
   assert (schema["a"].role, schema["a"].dtype) == (LIST, "int")
 
 
@@ -199,7 +198,7 @@ def shop(tmp_path_factory):
 
 
 def test_hints_name_roles_entities_and_fields(shop):
-  default = tabular.infer(shop)
+  default = infer_lib.infer(shop)
   assert default["user_id"].role == "user_id" and default["item_id"].role == "item_id"
   assert default["timestamp"].role == TIME and default["clicked"].role == CAT
   assert default["sku"].role == DENSE and default.labels() == ()
@@ -210,7 +209,7 @@ def test_hints_name_roles_entities_and_fields(shop):
       columns={"genre": {"ids": "hashed", "num_embeddings": 9},
                "price": {"role": "categorical", "dtype": "int"},
                "when": {"null": "error"}})
-  s = tabular.infer(shop, hints)
+  s = infer_lib.infer(shop, hints)
   got = {c.name: (c.role, c.dtype, c.entity) for c in s.columns}
   assert got == {
       "user_id": (CAT, "string", ""), "item_id": (CAT, "int", ""),
@@ -238,17 +237,17 @@ def test_a_hint_naming_an_unknown_column_is_refused_by_name(shop, hint, key):
   (unknown,) = [v if isinstance(v, str) else v[0] for v in hint.values()]
   with pytest.raises(SchemaError, match=rf"config\.data\.{key}: .*no column '{unknown}'; "
                      r"its columns are \[.*'user_id'"):
-    tabular.infer(shop, tabular.Hints(**hint))
+    infer_lib.infer(shop, tabular.Hints(**hint))
 
 
 def test_a_column_override_with_an_unknown_field_is_refused_by_name(shop):
   with pytest.raises(SchemaError, match=r"config\.data\.columns\.genre: column 'genre' has "
                      r"unknown key 'vocab_size'"):
-    tabular.infer(shop, tabular.Hints(columns={"genre": {"vocab_size": 3}}))
+    infer_lib.infer(shop, tabular.Hints(columns={"genre": {"vocab_size": 3}}))
   # A column the files lack is declared outright, and the files are then refused naming it.
   extra = {"extra": {"role": "dense", "dtype": "float"}}
-  schema = tabular.infer(shop, tabular.Hints(columns=extra))
+  schema = infer_lib.infer(shop, tabular.Hints(columns=extra))
   assert schema["extra"].role == DENSE
   with pytest.raises(tabular.DataError, match=r"shop\.parquet: no column 'extra'"):
-    importlib.import_module("embedlib.tabular.saved").check_files(shop, schema)
+    tabular.saved.check_files(shop, schema)
 
