@@ -269,7 +269,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         stopper.observe(step, scalars, model, optimizer, train_source.get_state())
       if step == loop.num_train_steps or (stopper is not None and stopper.stop):
         if stopper is not None:  # the test rows are scored with the best eval's weights
-          scalars["best_step"] = stopper.restore_best(model, _trained_keys(task, model))
+          scalars["best_step"] = int(stopper.restore_best(model, _trained_keys(task, model)))
           log.info("the best eval was at step %d; its weights are the model's now",
                    scalars["best_step"])
         # The held-out test set, once, at the end.
