@@ -73,6 +73,8 @@ class TabularTask(base.Task):
   model_name: str = "dlrm"
   num_labels: int = 1
   positives_only: bool = False
+  #: The item id column (the two towers' loss reads it); set by ``for_workdir``.
+  item_column: str = ""
   path: str = _host("")
   eval_path: str = _host("")
   test_path: str = _host("")
@@ -134,8 +136,12 @@ class TabularTask(base.Task):
 
   def for_workdir(self, workdir: str) -> TabularTask:
     """Reads the files (or the schema saved in ``workdir``): the schema and statistics."""
-    if self.found.get("workdir") == workdir:
-      return self
+    if self.found.get("workdir") != workdir:
+      self._read(workdir)
+    item = self.prepared.schema.role_column(schema_lib.ITEM_ID) or ""
+    return dataclasses.replace(self, item_column=item)
+
+  def _read(self, workdir: str) -> None:
     saved = workdir if tabular.saved.has(workdir) else None
     try:
       prepared = tabular.prepare(
@@ -145,7 +151,6 @@ class TabularTask(base.Task):
     except (tabular.DataError, tabular.SchemaError) as e:
       raise base.ConfigError(f"config.data.path: {e}") from None
     self.found.update(workdir=workdir, prepared=prepared, corpus=None)
-    return self
 
   @property
   def prepared(self) -> tabular.Prepared:
@@ -221,13 +226,14 @@ class TabularTask(base.Task):
     weight = batch.get("mask")
     if self.positives_only:
       label = batch["label"] if batch["label"].ndim == 1 else batch["label"][:, 0]
-      weight = label if weight is None else weight * label
+      positive = (label > 0).astype(jnp.float32)  # a positive row: its label is not 0
+      weight = positive if weight is None else weight * positive
     return weight
 
   def loss(self, model, batch):
     if self.model_name == models_lib.TWO_TOWER:
       users, items = model.towers(batch["dense"], batch["sparse"], batch["weights"])
-      ids = _item_keys(batch["sparse"][self.prepared.schema.role_column(schema_lib.ITEM_ID)])
+      ids = _item_keys(batch["sparse"][self.item_column])
       return retrieval_lib.in_batch_softmax_loss(
           users, items, ids, temperature=model.temperature(), mesh=model.mesh,
           weights=self._row_weights(batch))
