@@ -261,6 +261,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
       log.info("resumed from the checkpoint at step %d", start)
 
     stopper = _early_stopping(config, task, workdir, start)
+    if stopper is not None and stopper.stop:  # killed after its last save, before the mark
+      if jax.process_index() == 0:
+        early_stop.mark_stopped(workdir, start, stopper)
+      return _last_eval(workdir, start)
 
     def run_eval(step):
       scalars = {**evaluate(model, eval_source, eval_start, mesh, loop.eval_batches, task),
