@@ -1,6 +1,7 @@
 """Imports a script of ``benchmarks/`` by path, for tests of its checks."""
 
 import importlib.util
+import json
 import pathlib
 import sys
 
@@ -17,3 +18,14 @@ def load(name: str):
   finally:
     sys.path[:] = saved
   return module
+
+
+def read_record(path, ratios=()) -> dict:
+  """The ``--json FILE`` record a script wrote, checked for the format's keys
+  (``benchmarks/timing.py``'s ``check_record``) and for ``ratios``' names."""
+  record = json.loads(pathlib.Path(path).read_text())
+  load("timing").check_record(record)
+  missing = sorted(set(ratios) - set(record["ratios"]))
+  assert not missing, f"the record lacks ratios {missing}: it has {sorted(record['ratios'])}"
+  assert len(record["machine"]["copy_gbps"]) >= 2, record["machine"]
+  return record

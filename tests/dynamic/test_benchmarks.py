@@ -43,12 +43,16 @@ def test_dynamic_quality_reads_the_columns_a_line_by_line_parse_reads(tmp_path):
     script.read(path, 1)
 
 
-def test_dynamic_lookup_smoke_checks_the_map_against_the_reference(capsys):
+def test_dynamic_lookup_smoke_checks_the_map_against_the_reference(capsys, tmp_path):
   script = benchmark_scripts.load("dynamic_lookup")
-  assert script.main(["--smoke", "--repeats", "1", "--no-peers"]) == 0
+  path = tmp_path / "run.json"
+  assert script.main(["--smoke", "--repeats", "1", "--no-peers", "--json", str(path)]) == 0
   out = capsys.readouterr().out
   assert "check: ok" in out
   assert "rows shared by distinct ids, batch 4: embedlib 0 (0 ids;" in out
+  record = benchmark_scripts.read_record(path, ["dynamic_over_fixed", "dynamic_eval_over_fixed"])
+  assert record["smoke"] and "vs_torchrec_mch" not in record["ratios"]
+  assert "TorchRec columns left out (--no-peers)." in record["notes"]
 
 
 def test_dynamic_lookup_counts_rows_shared_by_distinct_ids():
