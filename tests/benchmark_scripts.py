@@ -14,6 +14,7 @@ def load(name: str):
   try:
     spec = importlib.util.spec_from_file_location(f"{name}_script", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # dataclasses look their module up there
     spec.loader.exec_module(module)
   finally:
     sys.path[:] = saved
