@@ -411,7 +411,7 @@ def print_record(record: dict) -> None:
   if record["ratios"]:
     print("ratios:" + flag)
     for name, value in record["ratios"].items():
-      print(f"  {name:32s} {value:8.3f}" + ("  (noisy)" if record["noisy"] else ""))
+      print(f"  {name:40s} {value:8.3f}" + ("  (noisy)" if record["noisy"] else ""))
   elif flag:
     print(flag.strip())
   for note in record["notes"]:

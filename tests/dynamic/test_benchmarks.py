@@ -7,12 +7,15 @@ from tests import benchmark_scripts
 
 
 @pytest.mark.slow
-def test_dynamic_quality_smoke_check_passes(capsys):
+def test_dynamic_quality_smoke_check_passes(capsys, tmp_path):
   script = benchmark_scripts.load("dynamic_quality")
-  assert script.main(["--smoke"]) == 0
+  path = tmp_path / "run.json"
+  assert script.main(["--smoke", "--json", str(path)]) == 0
   out = capsys.readouterr().out
   assert "holds every training id in its own row: True" in out
   assert "check: ok" in out
+  record = benchmark_scripts.read_record(path, ["lru_minus_hashed_same_memory"])
+  assert "planted oracle" in {c["name"] for c in record["cases"]}
 
 
 def test_dynamic_quality_hashing_maps_ids_into_the_rows():
@@ -63,7 +66,10 @@ def test_dynamic_lookup_counts_rows_shared_by_distinct_ids():
 
 
 @pytest.mark.slow
-def test_dynamic_memory_smoke_reports_the_ratio(capsys):
+def test_dynamic_memory_smoke_reports_the_ratio(capsys, tmp_path):
   script = benchmark_scripts.load("dynamic_memory")
-  assert script.main(["--quick"]) == 0
+  path = tmp_path / "run.json"
+  assert script.main(["--quick", "--json", str(path)]) == 0
   assert "(peak - constant) / state =" in capsys.readouterr().out
+  record = benchmark_scripts.read_record(path, ["dynamic_peak_over_state"])
+  assert {c["unit"] for c in record["cases"]} == {"MiB"}
