@@ -129,3 +129,14 @@ def test_size_tags_name_the_headline_tables():
   assert [timing.size_tag(*s) for s in ((1_000_000, 64), (10_000_000, 32), (100_000, 64),
                                          (65_536, 16))] == [
       "1M_x_64", "10M_x_32", "100k_x_64", "65536_x_16"]
+
+
+def test_every_benchmark_script_takes_json_and_keeps_a_run():
+  """Each script with a command line (``main``) keeps a ``timing.Run`` and takes ``--json``."""
+  scripts = sorted(p for p in benchmark_scripts.BENCHMARKS.glob("*.py")
+                   if "def main(" in p.read_text() and p.stem != "results_table")
+  assert len(scripts) >= 20, scripts
+  lacking = [p.name for p in scripts
+             if "add_json_argument(parser)" not in p.read_text()
+             or f'Run("{p.stem}"' not in p.read_text()]
+  assert not lacking, f"these benchmarks take no --json (timing.add_json_argument, timing.Run): {lacking}"
