@@ -41,7 +41,7 @@ from flax import nnx
 from benchmarks import timing
 from embedlib.kernels import deviceless
 from embedlib.plan import hlo
-from embedlib.training import pipeline, steps
+from embedlib.training import pipeline, setup, steps
 
 BATCH = 16384
 _PARAMETER = re.compile(r'parameter\(\d+\).*op_name="(?P<arg>[^"]*)"')

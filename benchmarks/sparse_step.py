@@ -8,7 +8,7 @@
     bash benchmarks/install_peers.sh             # first, for the PyTorch columns
 
 One device of jax's default backend (a GPU where there is one: the lookup is
-then embedlib's Pallas gather), one ``ShardedEmbed`` (no mesh), ids drawn
+then ``kernel="auto"``'s, XLA's ``jnp.take`` since ``kernels/gpu_choice.py``), one ``ShardedEmbed`` (no mesh), ids drawn
 from Zipf(1.05) and hashed over the table. Each step is the whole train step, jitted with the
 state donated: lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
 
