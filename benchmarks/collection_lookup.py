@@ -38,7 +38,8 @@ cases (seeded). Without ``.peers/`` the PyTorch columns are skipped with a note.
 Prints min / median / max ms and the ratio of medians to the baseline
 (target <= 1.0), dedup's cost (the collection with dedup over the one
 without, from one interleaving: target <= 1.5) and the named ratios beside the
-machine's state (``record_ratios``; ``--json``'s record, ``benchmarks/timing.py``), then the collection's plan on a simulated 8-device
+machine's state (``record_ratios``; ``--json``'s record, ``benchmarks/timing.py``),
+then the collection's plan on a simulated 8-device
 ``batch`` mesh with the bytes each device receives per step, with and
 without dedup (capacities measured per data shard of this batch). Never
 asserts a time."""
@@ -305,7 +306,7 @@ def main(argv=None):
   for name in workers:
     print(f"{name}: worker peak RSS {rss[name]:.0f} MiB; baseline / it (medians) "
           f"{statistics.median(times[base_name]) / statistics.median(times[name]):.1f}x, "
-          f"collection / it {statistics.median(times[COLLECTION]) / statistics.median(times[name]):.1f}x")
+          f"collection / it {timing.median_ratio(times[COLLECTION], times[name]):.1f}x")
   # Dedup in its own interleaving (a case's cache footprint skews the next
   # one), the collection without dedup beside it: their ratio is dedup's cost.
   dedup_times = interleaved(

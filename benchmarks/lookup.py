@@ -112,11 +112,12 @@ def one_device(vocab, width, n, repeats, record, reference_fn=reference):
 
 
 def record_layouts(record, times, part):
-  """Each layout's median over the first (replicated) one's, as ``<layout>_over_replicated_<part>``."""
+  """Each layout's median over the first (replicated) one's: ``<layout>_over_replicated_<part>``."""
   base = next(iter(times))
   record.add_times(times, prefix=f"{part}: ")
   for name, ts in list(times.items())[1:]:
-    record.ratio(f"{name.split(' ')[0]}_over_replicated_{part}", timing.median_ratio(ts, times[base]))
+    record.ratio(f"{name.split(' ')[0]}_over_replicated_{part}",
+                 timing.median_ratio(ts, times[base]))
 
 
 def mesh_cases(mesh, vocab, width, n, layouts, reference_fn=reference):

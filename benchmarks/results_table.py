@@ -2,7 +2,7 @@
 
     python3 benchmarks/results_table.py                  # rewrite README.md's table from results/
     python3 benchmarks/results_table.py --check          # exit 1 if README.md's table is stale
-    python3 benchmarks/results_table.py --keep run.json  # keep a quiet run in results/, then rewrite
+    python3 benchmarks/results_table.py --keep run.json  # keep a quiet run, then rewrite
 
 A benchmark run with ``--json FILE`` writes its record (``timing.Run``: the
 machine's load, steal time and copy probes beside its cases and named

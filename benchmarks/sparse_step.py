@@ -8,9 +8,10 @@
     bash benchmarks/install_peers.sh             # first, for the PyTorch columns
 
 One device of jax's default backend (a GPU where there is one: the lookup is
-then ``kernel="auto"``'s, XLA's ``jnp.take`` since ``kernels/gpu_choice.py``), one ``ShardedEmbed`` (no mesh), ids drawn
-from Zipf(1.05) and hashed over the table. Each step is the whole train step, jitted with the
-state donated: lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
+then ``kernel="auto"``'s, XLA's ``jnp.take`` since ``kernels/gpu_choice.py``),
+one ``ShardedEmbed`` (no mesh), ids drawn from Zipf(1.05) and hashed over the
+table. Each step is the whole train step, jitted with the state donated:
+lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
 
 - sparse: ``embedlib.optim.value_and_grad`` + ``SparseAwareOptimizer`` with
   ``RowWiseAdagrad`` (row gradients, dedup, update of the touched rows); on

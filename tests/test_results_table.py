@@ -139,4 +139,4 @@ def test_every_benchmark_script_takes_json_and_keeps_a_run():
   lacking = [p.name for p in scripts
              if "add_json_argument(parser)" not in p.read_text()
              or f'Run("{p.stem}"' not in p.read_text()]
-  assert not lacking, f"these benchmarks take no --json (timing.add_json_argument, timing.Run): {lacking}"
+  assert not lacking, f"no --json (timing.add_json_argument, timing.Run) in: {lacking}"
