@@ -32,9 +32,10 @@ and ``--json FILE`` (``add_json_argument``) writes::
 - ``copy_gbps``: the memory-copy probe, one per round: ``np.copyto`` of a
   buffer past the last-level cache (twice its size, 64 to 512 MiB; 8 MiB in
   a smoke run), the median of three copies, in GB/s of bytes read plus
-  written. It is taken when the run starts, after every round of the
-  benchmark's timing loops (``between_rounds``) and, if that made fewer than
-  two, when it finishes. Its ``copy_spread`` is fastest / slowest - 1; over
+  written, in a process of its own that holds the buffers only while it
+  probes (``CopyProbe``). It is taken when the run starts, after every
+  round of the benchmark's timing loops (``between_rounds``) and, if that
+  made fewer than two, when it finishes. Its ``copy_spread`` is fastest / slowest - 1; over
   ``NOISY_SPREAD`` (20%) the run is ``noisy``, and says so beside its ratios.
 - ``commit``: ``git rev-parse --short HEAD`` of this checkout; ``dirty``:
   whether tracked files differ from it (then the commit does not name the
@@ -70,8 +71,6 @@ import statistics
 import subprocess
 import sys
 import time
-
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -206,26 +205,52 @@ def default_probe_bytes() -> int:
   return min(max(2 * last_level_cache_bytes(), low), high)
 
 
+#: The probe's process: per request, two buffers allocated and written (so no
+#: page is first touched while timed), copied ``copies`` times, then freed.
+_PROBE_CHILD = """
+import statistics, sys, time
+import numpy as np
+n, copies = int(sys.argv[1]) // 8, int(sys.argv[2])
+print("ready", flush=True)
+for _ in sys.stdin:
+  src, dst = np.ones(n), np.full(n, 2.0)
+  seconds = []
+  for _ in range(copies):
+    start = time.perf_counter()
+    np.copyto(dst, src)
+    seconds.append(time.perf_counter() - start)
+  del src, dst
+  print(2 * n * 8 / statistics.median(seconds) / 1e9, flush=True)
+"""
+
+
 class CopyProbe:
   """A memory-copy probe: ``probe()`` copies a buffer past the caches, returns GB/s.
 
-  The buffers are allocated and touched once, here, so a probe times the
-  copy alone; GB/s counts the bytes read and written (2x the buffer), the
-  median of ``copies`` copies.
+  GB/s counts the bytes read and written (2x the buffer), the median of
+  ``copies`` copies. The copies run in a process of their own, which holds
+  the buffers only while it probes: the benchmark's own peak RSS, which
+  several scripts print, does not count them, and a table-sized benchmark
+  does not share the machine's memory with them between probes.
   """
 
   def __init__(self, nbytes: int, copies: int = 3):
-    self.src = np.ones(max(nbytes // 8, 1), np.float64)
-    self.dst = np.full_like(self.src, 2.0)   # written, so no page is first touched by a probe
-    self.copies = copies
+    self.nbytes = max(nbytes // 8, 1) * 8
+    self._child = subprocess.Popen(
+        [sys.executable, "-c", _PROBE_CHILD, str(self.nbytes), str(copies)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if self._child.stdout.readline().strip() != "ready":
+      raise RuntimeError("the copy probe's process did not start (it needs numpy)")
 
   def __call__(self) -> float:
-    seconds = []
-    for _ in range(self.copies):
-      start = time.perf_counter()
-      np.copyto(self.dst, self.src)
-      seconds.append(time.perf_counter() - start)
-    return 2 * self.src.nbytes / statistics.median(seconds) / 1e9
+    self._child.stdin.write("probe\n")
+    self._child.stdin.flush()
+    return float(self._child.stdout.readline())
+
+  def close(self) -> None:
+    if self._child.poll() is None:
+      self._child.stdin.close()
+      self._child.wait()
 
 
 def spread(values: list[float]) -> float | None:
@@ -367,7 +392,7 @@ class Run:
         "steal_pct": steal_pct(self._cpu_before, cpu_times()),
         "copy_gbps": gbps,
         "copy_spread": spread(gbps),
-        "probe_mib": self._probe.src.nbytes / (1 << 20),
+        "probe_mib": self._probe.nbytes / (1 << 20),
     }
     out = {"benchmark": self.benchmark, "commit": self.commit, "dirty": self.dirty,
            "date": self.date, "command": self.command, "smoke": self.smoke,
@@ -383,6 +408,7 @@ class Run:
     """Probes once more if needed, prints the machine and the ratios, writes ``path``."""
     if len(self.copy_gbps) < 2:
       self.probe()
+    self._probe.close()
     out = self.record()
     print_record(out)
     if path:
