@@ -85,6 +85,7 @@ class TabularTask(base.Task):
   workers: int = _host(0)
   num_epochs: int = _host(0)
   recall_ks: tuple[int, ...] = _host(RECALL_KS)
+  bucket_size: int = _host(models_lib.BUCKET_SIZE)
   # What reading the files found (``for_workdir``), shared by the task's copies.
   found: dict = _host(None, hash=False)
 
@@ -119,7 +120,8 @@ class TabularTask(base.Task):
                separator=data.list_separator,
                label_threshold=None if threshold is None else float(threshold),
                workers=int(data.workers), num_epochs=int(data.num_epochs),
-               recall_ks=tuple(config.task.get("recall_ks", RECALL_KS)), found={})
+               recall_ks=tuple(config.task.get("recall_ks", RECALL_KS)),
+               bucket_size=models_lib.bucket_size(model), found={})
 
   def check_data(self) -> None:
     for key, path in (("path", self.path), ("eval_path", self.eval_path),
@@ -144,6 +146,9 @@ class TabularTask(base.Task):
           workers=self.workers, saved=saved)
     except (tabular.DataError, tabular.SchemaError) as e:
       raise base.ConfigError(f"config.data.path: {e}") from None
+    if saved is None:  # a new run's dynamic tables, sized on its devices as its workdir keeps them
+      prepared = dataclasses.replace(prepared, schema=models_lib.sized(
+          prepared.schema, self.bucket_size, jax.device_count()))
     self.found.update(workdir=workdir, prepared=prepared, corpus=None)
     return self
 
