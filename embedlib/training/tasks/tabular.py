@@ -145,7 +145,9 @@ class TabularTask(base.Task):
           separator=self.separator, label_threshold=self.label_threshold,
           workers=self.workers, saved=saved)
     except (tabular.DataError, tabular.SchemaError) as e:
-      raise base.ConfigError(f"config.data.path: {e}") from None
+      # A hint's error names its own key (config.data.label, config.data.columns.x).
+      named = str(e) if str(e).startswith("config.") else f"config.data.path: {e}"
+      raise base.ConfigError(named) from None
     if saved is None:  # a new run's dynamic tables, sized on its devices as its workdir keeps them
       prepared = dataclasses.replace(prepared, schema=models_lib.sized(
           prepared.schema, self.bucket_size, jax.device_count()))
