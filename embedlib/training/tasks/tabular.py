@@ -23,6 +23,7 @@ items of the training rows (recall@K).
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +53,28 @@ def _names(value) -> tuple[str, ...]:
   if isinstance(value, str):
     return tuple(v.strip() for v in value.split(",") if v.strip())
   return tuple(value or ())
+
+
+def _columns(value) -> dict:
+  """``config.data.columns``: ``{column: {field: value}}``, given as a mapping or as JSON text."""
+  if isinstance(value, str):
+    try:
+      value = json.loads(value) if value.strip() else {}
+    except ValueError as e:
+      base.fail("data.columns", f"{value!r} is not JSON ({e}); give an object of columns, "
+                """e.g. --config.data.columns='{"price": {"transform": "log1p"}}'.""")
+  if value is None:
+    return {}
+  if not hasattr(value, "items"):
+    base.fail("data.columns", f"{value!r}: give an object of columns, e.g. "
+              """'{"price": {"transform": "log1p"}}'.""")
+  columns = {}
+  for name, fields in value.items():
+    if not hasattr(fields, "items"):
+      base.fail(f"data.columns.{name}", f"{fields!r}: give the column's fields as an object, "
+                """e.g. {"transform": "log1p"}.""")
+    columns[name] = dict(fields)
+  return columns
 
 
 def _split(data) -> split_lib.Split:
@@ -102,9 +125,7 @@ class TabularTask(base.Task):
     if model.name != models_lib.TWO_TOWER and not labels:
       base.fail("data.label", f"config.model.name={model.name!r} predicts a label: name its "
                 "column (--config.data.label=clicked; several: a,b).")
-    columns = {}
-    for name, fields in (data.columns or {}).items():
-      columns[name] = dict(fields)
+    columns = _columns(data.get("columns"))
     hints = tabular.Hints(
         labels=labels, user_id=data.user_id, item_id=data.item_id, timestamp=data.timestamp,
         user_columns=_names(data.user_columns), item_columns=_names(data.item_columns),
