@@ -92,7 +92,7 @@ def test_parquet_run_writes_its_metrics_schema_and_statistics(logs, straight, mo
   assert set(evals[0]) == {"step"} | CTR
   # The test rows, once, at the end, with the best eval's weights (early_stopping=3).
   assert set(evals[-1]) == {"step", "best_step"} | CTR | {f"test_{k}" for k in CTR}
-  assert evals[-1]["best_step"] in (3, 6)
+  assert evals[-1]["best_step"] in (3, 6) and type(evals[-1]["best_step"]) is int
   assert result == evals[-1]
   for e in evals:
     assert 0 <= e["auc"] <= 1 and e["logloss"] > 0 and 0 <= evals[-1]["test_auc"] <= 1
