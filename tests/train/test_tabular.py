@@ -334,6 +334,28 @@ def _item_ids_as_strings(table):
   return table.set_column(at, "item_id", pa.array([f"i{x}" for x in table["item_id"].to_pylist()]))
 
 
+@pytest.mark.parametrize("key", ["eval_path", "test_path"])
+def test_a_bad_value_in_an_eval_or_test_file_fails_before_the_workdir(key, tmp_path):
+  """The training file's rows are read for their statistics; the other files' are read too."""
+  lines = open(tabular_runs.csv_log(tmp_path / "csv"), encoding="utf-8").read().splitlines()
+  header, rows = lines[:1], lines[1:]
+  (tmp_path / "train.csv").write_text("\n".join(header + rows[:400]) + "\n")
+  (tmp_path / "good.csv").write_text("\n".join(header + rows[400:]) + "\n")
+  at = header[0].split(",").index("price")
+  bad = rows[549].split(",")
+  bad[at] = "n/a"
+  rows[549] = ",".join(bad)  # line 151 of the file: past the lines checked up front
+  (tmp_path / "bad.csv").write_text("\n".join(header + rows[400:]) + "\n")
+  files = {"eval_path": tmp_path / "good.csv", "test_path": tmp_path / "good.csv",
+           key: tmp_path / "bad.csv"}
+  config = tabular_runs.config(tmp_path / "train.csv",
+                               **{f"data.{k}": str(v) for k, v in files.items()})
+  with pytest.raises(ConfigError, match=rf"config\.data\.{key}: .*bad\.csv:151: column "
+                     r"'price' holds 'n/a', which is not a number"):
+    train_lib.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
 def _csv(root, logs):
   """The CSV log, and what writes its int item ids as strings ('i7')."""
   del logs

@@ -200,14 +200,14 @@ class TabularTask(base.Task):
   def data_spec(self):
     return self.prepared.schema
 
-  def _part(self, path: str):
-    """The files of ``path`` read with this run's schema and statistics."""
+  def _part(self, key: str):
+    """The files of ``config.data.<key>`` read with this run's schema and statistics."""
     p = self.prepared
     try:
-      files = tabular.find(path, self.fmt, self.delimiter)
+      files = tabular.find(getattr(self, key), self.fmt, self.delimiter)
       tabular.saved.check_files(files, p.schema, self.separator)
     except tabular.DataError as e:
-      raise base.ConfigError(f"{e}") from None
+      base.fail(f"data.{key}", str(e))
     return dataclasses.replace(p, files=files)
 
   def sources(self, spec, *, batch_size: int, seed: int, eval_batches: int):
@@ -218,11 +218,16 @@ class TabularTask(base.Task):
     train = p.source(train_part, batch_size=batch_size, shuffle=True, seed=seed,
                      num_epochs=None, workers=self.workers, **share)
     if self.eval_path:
-      evaluation = self._part(self.eval_path).source(
+      evaluation = self._part("eval_path").source(
           split_lib.ALL, batch_size=batch_size, num_epochs=1, pad_last=True, **share)
+      _read_through(evaluation, "data.eval_path")
     else:
       evaluation = p.source(split_lib.EVAL, batch_size=batch_size, num_epochs=1,
                             pad_last=True, **share)
+    if self.test_path:
+      _read_through(self._part("test_path").source(
+          split_lib.ALL, batch_size=batch_size, num_epochs=1, pad_last=True, **share),
+                    "data.test_path")
     return train, evaluation
 
   def describe_eval(self, *, batch_size: int, eval_batches: int) -> str:
@@ -309,7 +314,7 @@ class TabularTask(base.Task):
     share = dict(process_index=jax.process_index(), process_count=jax.process_count())
     batch_size = eval_source.batch_size
     if self.test_path:
-      source = self._part(self.test_path).source(split_lib.ALL, batch_size=batch_size,
+      source = self._part("test_path").source(split_lib.ALL, batch_size=batch_size,
                                                  num_epochs=1, pad_last=True, **share)
     else:
       source = self.prepared.source(split_lib.TEST, batch_size=batch_size, num_epochs=1,
@@ -326,6 +331,22 @@ class TabularTask(base.Task):
     if self.model_name == models_lib.TWO_TOWER:
       return f"recall@{max(self.recall_ks)}", True
     return "auc", True
+
+
+def _read_through(source, key: str) -> None:
+  """Reads every row of ``source`` once, then rewinds it; a bad value fails naming ``key``.
+
+  The training path's rows are all read for their statistics before a run
+  writes its workdir; an eval or test file's are read here, before it too,
+  rather than at the first eval or at the end.
+  """
+  start = source.get_state()
+  try:
+    for _ in source:
+      pass
+  except (tabular.DataError, tabular.SchemaError) as e:
+    base.fail(key, str(e))
+  source.set_state(start)
 
 
 def _item_keys(ids):
