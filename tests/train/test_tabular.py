@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 from flax import nnx
 
-from embedlib import tabular
+from embedlib import checkpoint, optim, tabular
 from embedlib.tabular import saved as saved_lib
 from embedlib.tabular import schema as schema_lib
 from embedlib.training import early_stop, setup, train_lib
@@ -51,9 +51,20 @@ def straight(logs, tmp_path_factory):
   return workdir, result, messages.lines
 
 
-def _weights(config, workdir) -> dict:
-  """Every array of the model at the workdir's last checkpoint, by its path."""
-  model, _ = setup.restore_model(config, str(workdir))
+def _restored(config, workdir, directory: str = "checkpoints"):
+  """``(model, mesh)`` at the newest checkpoint in ``workdir/directory`` (``best``: the best eval's)."""
+  model, mesh = setup.restore_model(config, str(workdir))
+  ckpt = checkpoint.Checkpointer(str(workdir / directory))
+  try:
+    ckpt.restore_model(model, tuple(k for k, _ in optim.sparse_tables(model)))
+  finally:
+    ckpt.close()
+  return model, mesh
+
+
+def _weights(config, workdir, directory: str = "checkpoints") -> dict:
+  """Every array of the model in the newest checkpoint of ``workdir/directory``, by its path."""
+  model, _ = _restored(config, workdir, directory)
   return {jax.tree_util.keystr(p): np.asarray(x)
           for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(model))}
 
@@ -152,29 +163,41 @@ def test_a_run_stopped_mid_file_resumes_exactly_with_or_without_workers(logs, st
   shutil.copytree(stopped, with_workers)
 
   want = read_jsonl(workdir / "eval.jsonl")
-  weights = _weights(tabular_runs.config(logs), workdir)
+  weights = {d: _weights(tabular_runs.config(logs), workdir, d) for d in ("checkpoints", "best")}
   for run, workers in ((stopped, 0), (with_workers, 2)):
     config = tabular_runs.config(logs, **{"data.workers": workers})
     train_lib.train_and_evaluate(config, str(run))
     assert read_jsonl(run / "eval.jsonl") == want, workers
-    _assert_same_weights(_weights(config, run), weights)
+    for directory, trained in weights.items():
+      _assert_same_weights(_weights(config, run, directory), trained)
     steps = [r["step"] for r in read_jsonl(run / "train.jsonl")]
     assert steps == [2, 4, 6], steps  # nothing lost or repeated
 
 
 @pytest.mark.slow
-def test_a_run_stopped_by_num_train_steps_trains_on_to_the_same_end(logs, straight, tmp_path):
-  """``num_train_steps=3`` finishes (its eval, the test rows); raised to 6, it trains on."""
-  workdir, _, _ = straight
+def test_a_run_stopped_by_num_train_steps_trains_on_to_the_same_end(logs, tmp_path):
+  """A run ended at a step that is not its best eval's, raised to more steps, trains on.
+
+  Its end scored the test rows with the best eval's weights (early_stopping=3);
+  its checkpoint there keeps the trained ones, so the rest of the run is the
+  uninterrupted run's, bit for bit.
+  """
+  config = lambda steps: tabular_runs.config(logs, num_train_steps=steps, eval_every=1)
+  straight = tmp_path / "straight"
+  train_lib.train_and_evaluate(config(6), str(straight))
+  want = read_jsonl(straight / "eval.jsonl")
+  aucs = [e["auc"] for e in want]
+  end = next(k for k in range(2, 6) if aucs[k - 1] < max(aucs[:k - 1]))  # not its best
   run = tmp_path / "run"
-  first = train_lib.train_and_evaluate(tabular_runs.config(logs, num_train_steps=3), str(run))
-  assert first["step"] == 3 and "test_auc" in first
-  train_lib.train_and_evaluate(tabular_runs.config(logs), str(run))
-  want, got = read_jsonl(workdir / "eval.jsonl"), read_jsonl(run / "eval.jsonl")
+  first = train_lib.train_and_evaluate(config(end), str(run))
+  assert first["step"] == end and first["best_step"] < end and "test_auc" in first
+  train_lib.train_and_evaluate(config(6), str(run))
+  got = read_jsonl(run / "eval.jsonl")
   assert got[-1] == want[-1]
-  assert {k: got[0][k] for k in CTR} == {k: want[0][k] for k in CTR}
-  _assert_same_weights(_weights(tabular_runs.config(logs), run),
-                       _weights(tabular_runs.config(logs), workdir))
+  assert [{k: e[k] for k in CTR} for e in got] == [{k: e[k] for k in CTR} for e in want]
+  for directory in ("checkpoints", "best"):
+    _assert_same_weights(_weights(config(6), run, directory),
+                         _weights(config(6), straight, directory))
 
 
 # -- early stopping ------------------------------------------------------------------------
@@ -198,16 +221,18 @@ def test_early_stopping_stops_and_scores_the_test_rows_with_the_best_weights(log
   assert all(not k.startswith("test_") for e in evals[:-1] for k in e)
   assert str(stop_step) in os.listdir(workdir / "checkpoints")
 
-  # The last checkpoint holds the best eval's weights: they score the eval rows as that
-  # eval did, and the test rows as the run reported.
-  model, mesh = setup.restore_model(config, str(workdir))
+  # The run's model (what an export restores) has the best eval's weights: they score
+  # the eval rows as that eval did, and the test rows as the run reported. Its last
+  # checkpoint keeps the weights it stopped with.
   task = setup.task(config).for_workdir(str(workdir))
   _, eval_source = setup.sources(config, task, task.data_spec())
-  scored = train_lib.evaluate(model, eval_source, eval_source.get_state(), mesh,
-                              config.eval_batches, task)
-  assert scored["auc"] == aucs[stop - 1] != aucs[stop]
+  model, mesh = setup.restore_model(config, str(workdir))
+  start = eval_source.get_state()
+  score = lambda m: train_lib.evaluate(m, eval_source, start, mesh, config.eval_batches, task)
+  assert score(model)["auc"] == aucs[stop - 1] != aucs[stop]
   assert task.test(model, eval_source, mesh) == {
       k: v for k, v in evals[-1].items() if k.startswith("test_")}
+  assert score(_restored(config, workdir)[0])["auc"] == aucs[stop]
 
   # Stopped early, it is finished: a rerun returns at once.
   _no_model(monkeypatch)
