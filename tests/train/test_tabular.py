@@ -9,8 +9,8 @@ towers and the ranker), all written by ``tests.tabular_runs``.
 
 The fast tests build no model: bad configs and changed files are refused
 while the data is read, before anything is compiled. The trained runs are
-slow; they share the Parquet run (``straight``), which is also the
-uninterrupted run the resumed ones are compared with, bit for bit.
+slow; the Parquet run (``straight``) is also the uninterrupted run that a
+run stopped mid-file and resumed is compared with, bit for bit.
 """
 
 import json
@@ -21,6 +21,7 @@ import signal
 import jax
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from flax import nnx
 
@@ -288,7 +289,6 @@ def test_recbole_files_train_with_their_side_columns(recbole, model, metrics, tm
 
 def _empty_parquet(root):
   path = root / "empty.parquet"
-  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   pq.write_table(pa.table({"clicked": pa.array([], pa.int64())}), path)
   return path
 
