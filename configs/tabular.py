@@ -24,14 +24,16 @@ get an embedding table each, a vocabulary of the training values if they
 have at most 100,000 distinct ones, else a dynamic table of raw 64-bit ids
 (``embedlib.DynamicEmbed``; string ids hashed, ``embedlib.tabular.hashing``);
 floats are dense inputs, standardized. Change any column with
-``--config.data.columns``, e.g. in a config of your own::
+``config.data.columns``, e.g. in a config of your own::
 
     config.data.columns = {"price": {"role": "dense", "dtype": "float",
                                      "transform": "log1p", "default": 0.0},
                            "device": {"role": "categorical", "dtype": "string",
                                       "ids": "hashed", "num_embeddings": 1000}}
 
-or the shorthands ``--config.data.dense=hour,age``, ``--config.data.ignore=notes``,
+or as JSON on the command line,
+``--config.data.columns='{"price": {"transform": "log1p"}, "user_id": {"ids": "dynamic"}}'``;
+or with the shorthands ``--config.data.dense=hour,age``, ``--config.data.ignore=notes``,
 ``--config.data.user_columns=age,gender``, ``--config.data.item_columns=categories``
 (the two towers' sides; a RecBole dataset's ``.user`` and ``.item`` columns are
 already), ``--config.data.user_id=uid`` and ``--config.data.item_id=sku``
@@ -74,7 +76,9 @@ def get_config(arg=None):
   config.data.item_columns = ""
   config.data.dense = ""
   config.data.ignore = ""
-  config.data.columns = ml_collections.ConfigDict()
+  # {column: {field: value}} or its JSON text: a ConfigDict would take neither JSON's
+  # null nor a column name with a dot.
+  config.data.columns = ml_collections.config_dict.placeholder(object)
   config.data.split = "hash"
   config.data.eval_fraction = 0.1
   config.data.test_fraction = 0.1

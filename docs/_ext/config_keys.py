@@ -113,6 +113,9 @@ EXPLAINED = {
                          "RecBole `.item` file's are. SASRec / HSTU: the `.item` file's "
                          "token columns read beside each item's id.",
     "data.dense": "Tabular: int columns to read as dense numbers rather than ids.",
+    "data.columns": "Tabular: `{column: {field: value}}` over the inferred schema (a "
+                    "column's role, dtype, ids, num_embeddings, min_count, transform, null, "
+                    "default, weights, max_len), a dict or JSON on the command line.",
     "data.ignore": "Tabular: columns no model reads.",
     "data.split": "Tabular: `hash` (a hash of the row number, `data.eval_fraction` and "
                   "`data.test_fraction`) or `time` (`data.split_time`, `data.test_time`).",

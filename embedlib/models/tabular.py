@@ -4,7 +4,7 @@
 column (categorical, list, user / item id) gets its own table, sized as its
 id kind says (a vocabulary's size, a hashed table's rows, or a dynamic
 table's capacity, ``embedlib.DynamicEmbed``, rounded up to whole buckets
-on every device); a list column is pooled with ``config.model.combiner``
+on every device: ``sized``, which a run saves); a list column is pooled with ``config.model.combiner``
 (weighted by its weights column); the dense columns are the dense input.
 Then by ``config.model.name``:
 
@@ -37,10 +37,41 @@ TWO_TOWER = "two_tower"
 NAMES = CTR_NAMES + (TWO_TOWER,)
 
 
-def _capacity(rows: int, bucket_size: int, mesh) -> int:
-  """``rows`` rounded up to whole buckets on every device of ``mesh``."""
-  unit = bucket_size * (1 if mesh is None else mesh.size)
-  return -(-rows // unit) * unit
+#: ``config.model.dynamic.bucket_size`` where the config leaves it out.
+BUCKET_SIZE = 128
+
+
+def bucket_size(model_config) -> int:
+  """The dynamic tables' bucket size of ``config.model``."""
+  return int((model_config.get("dynamic") or {}).get("bucket_size", BUCKET_SIZE))
+
+
+def _capacity(rows: int, bucket: int, devices: int) -> int:
+  """``rows`` rounded up to whole buckets on each of ``devices`` devices."""
+  unit = bucket * devices
+  return -(-max(rows, 1) // unit) * unit
+
+
+def sized(schema: Schema, bucket: int, devices: int) -> Schema:
+  """``schema`` with each dynamic column's capacity the rows of its table on ``devices`` devices.
+
+  Each device owns whole buckets of a dynamic table, so its rows round up to
+  whole buckets on every device. A run sizes its schema on its own devices
+  and saves it: a restore from the saved schema (an export, on one device)
+  then builds the tables its checkpoint holds, where rounding again for its
+  own device count would build smaller ones.
+
+  >>> s = Schema((schema_lib.Column("u", schema_lib.USER_ID, schema_lib.STRING,
+  ...                               ids=schema_lib.DYNAMIC, num_embeddings=128),))
+  >>> sized(s, 128, 8)["u"].num_embeddings, sized(sized(s, 128, 8), 128, 1)["u"].num_embeddings
+  (1024, 1024)
+  """
+  for name in schema.features():
+    c = schema[name]
+    rows = _capacity(c.num_embeddings, bucket, devices)
+    if c.ids == schema_lib.DYNAMIC and rows != c.num_embeddings:
+      schema = schema.replace(name, num_embeddings=rows)
+  return schema
 
 
 def tables_and_features(model_config, schema: Schema, mesh, width: int,
@@ -55,13 +86,14 @@ def tables_and_features(model_config, schema: Schema, mesh, width: int,
   for name in schema.features(entity):
     c = schema[name]
     if c.ids == schema_lib.DYNAMIC:
-      bucket = min(dyn.get("bucket_size", 128), c.num_embeddings)
+      bucket = bucket_size(model_config)
       eviction = dyn.get("eviction", "lru")
       spec = DynamicSpec(admit_after=dyn.get("admit_after", 1), bucket_size=bucket,
                          eviction=None if eviction in ("none", None) else eviction,
                          decay_every=dyn.get("decay_every", 0),
                          default=dyn.get("default", "zero"))
-      tables.append(TableSpec(name, _capacity(c.num_embeddings, bucket, mesh), width,
+      devices = 1 if mesh is None else mesh.size
+      tables.append(TableSpec(name, _capacity(c.num_embeddings, bucket, devices), width,
                               dynamic=spec))
     else:
       tables.append(TableSpec(name, c.num_embeddings, width))
