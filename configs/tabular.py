@@ -45,8 +45,9 @@ hash of the row number), ``'time'`` (``split_time``, ``test_time``, by the
 
 Training length: ``data.num_epochs`` passes over the training rows, an eval
 each epoch (``eval_every=0``), stopping early after ``early_stopping`` evals
-without a better eval AUC (two towers: recall@100); the test rows are then
-scored with the best eval's weights. Expected on ML-100K with every side
+without a better eval AUC (two towers: recall at the least K of
+``task.recall_ks``); the test rows are then scored with the best eval's
+weights. Expected on ML-100K with every side
 column, 2 CPU cores: see docs/guides/your_data.md.
 
 Variants: ``:smoke`` (tiny model and schedule; give ``--config.data.path``).

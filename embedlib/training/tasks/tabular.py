@@ -23,6 +23,7 @@ items of the training rows (recall@K).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import json
 
 import jax
@@ -41,6 +42,7 @@ from embedlib.tabular import split as split_lib
 from embedlib.training.tasks import base
 
 RECALL_KS = (10, 50, 100)
+log = logging.getLogger("embedlib.train")
 
 
 def _host(default=None, **kw):
@@ -166,6 +168,9 @@ class TabularTask(base.Task):
 
   def _read(self, workdir: str) -> None:
     saved = workdir if tabular.saved.has(workdir) else None
+    if saved:
+      log.info("reading %s with the schema and statistics saved in %s (config.data's column "
+               "hints are not read again: a new workdir takes new ones)", self.path, saved)
     try:
       prepared = tabular.prepare(
           self.path, self.hints, split=self.split, fmt=self.fmt, delimiter=self.delimiter,
@@ -335,7 +340,7 @@ class TabularTask(base.Task):
 
   def early_stopping_metric(self) -> tuple[str, bool]:
     if self.model_name == models_lib.TWO_TOWER:
-      return f"recall@{max(self.recall_ks)}", True
+      return f"recall@{min(self.recall_ks)}", True  # the sharpest: a small catalogue fills K
     return "auc", True
 
 
