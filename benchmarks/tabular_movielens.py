@@ -91,7 +91,7 @@ EMBEDLIB_CASES = {
     "two_tower": ("two_tower", True),
     "two_tower-ids": ("two_tower", False),
 }
-RECBOLE_MODELS = "FM,DeepFM,WideDeep,DCNV2,xDeepFM"
+RECBOLE_MODELS = "FM,DeepFM,WideDeep,DCNV2"
 RECALL = "recall@100"
 
 
@@ -412,6 +412,9 @@ def main(argv=None) -> dict:
                       help="override a configs/tabular.py value in embedlib's runs")
   parser.add_argument("--threads", type=int, default=2, help="torch threads for RecBole")
   parser.add_argument("--out", default=None, help="write the results here (JSON)")
+  parser.add_argument("--report", default=None, metavar="FILE[,FILE]",
+                      help="run nothing: report the runs of these --out files together (e.g. "
+                           "one run per seed, made side by side)")
   parser.add_argument("--smoke", action="store_true",
                       help="configs/tabular.py:smoke and a few RecBole batches: a smoke run")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -423,6 +426,8 @@ def main(argv=None) -> dict:
   if args.worker:
     return embedlib_worker(args)
 
+  if args.report:
+    return report(args.report.split(","), args.out)
   seeds = [int(s) for s in args.seeds.split(",")]
   ours = [c for c in args.cases.split(",") if c and c != "none"]
   unknown = set(ours) - set(EMBEDLIB_CASES)
@@ -450,17 +455,42 @@ def main(argv=None) -> dict:
           runs.setdefault(case_name(name), []).append(run_embedlib(name, seed, args, tmp))
         else:
           runs.setdefault(f"RecBole {name}", []).append(run_recbole(name, seed, args, tmp))
-  cases = summarize(runs, expected)
+  results = {"benchmark": "tabular_movielens", "data": args.data, "seeds": seeds,
+             "split": expected, "notes": notes, "overrides": list(args.set or ()),
+             "smoke": args.smoke}
+  return finish(results, runs, args.out)
+
+
+def finish(results: dict, runs: dict, out: str | None) -> dict:
+  """Summarizes ``runs``, prints the table and targets, writes ``out`` (with the runs)."""
+  cases = summarize(runs, results["split"])
   named = ratios(cases)
   print_table(cases)
   print_targets(named)
-  results = {"benchmark": "tabular_movielens", "data": args.data, "seeds": seeds,
-             "split": expected, "cases": cases, "ratios": named, "notes": notes,
-             "overrides": list(args.set or ()), "smoke": args.smoke}
-  if args.out:
-    with open(args.out, "w", encoding="utf-8") as f:
+  results = {**results, "cases": cases, "ratios": named}
+  if out:
+    with open(out, "w", encoding="utf-8") as f:
       json.dump({**results, "runs": runs}, f, indent=1)
   return results
+
+
+def report(paths, out: str | None) -> dict:
+  """The runs of several ``--out`` files reported as one run (their splits must agree)."""
+  runs, results = {}, None
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      saved = json.load(f)
+    if results is not None and saved["split"] != results["split"]:
+      raise SystemExit(f"{path}: its split differs from {paths[0]}'s; report them apart.")
+    if results is None:
+      results = {k: saved[k] for k in ("benchmark", "data", "split", "notes", "overrides",
+                                        "smoke")}
+      results["seeds"] = []
+    results["seeds"] += saved["seeds"]
+    for name, rs in saved["runs"].items():
+      runs.setdefault(name, []).extend(rs)
+  print(f"runs of {', '.join(paths)}: seeds {results['seeds']}")
+  return finish(results, runs, out)
 
 
 if __name__ == "__main__":

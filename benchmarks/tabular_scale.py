@@ -80,6 +80,18 @@ def rss_mib() -> float:
   return float("nan")
 
 
+def peak_of(pid: int) -> float:
+  """Peak RSS (``VmHWM``) of process ``pid``, MiB; NaN if it is gone."""
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) / 1024
+  except OSError:
+    pass
+  return float("nan")
+
+
 # -- the log ----------------------------------------------------------------------------
 
 
@@ -166,9 +178,9 @@ def memory_worker(args) -> None:
 
   the_hints, the_split = hints(), split()  # every import done
   base = peak_rss_mib()
-  tic = time.perf_counter()
+  tic, cpu = time.perf_counter(), time.process_time()
   data = tabular.prepare(args.path, the_hints, split=the_split)
-  prepare_s = time.perf_counter() - tic
+  prepare_s, prepare_cpu_s = time.perf_counter() - tic, time.process_time() - cpu
   after_prepare = peak_rss_mib()
   pool = pa.default_memory_pool()
   arrow_prepare = (pool.max_memory() / 2**20, pool.bytes_allocated() / 2**20)
@@ -176,10 +188,10 @@ def memory_worker(args) -> None:
     tabular.saved.save(args.save, data.schema, data.statistics)
   rows = int(json.loads(data.statistics)["rows"])
   source = data.source("train", batch_size=args.batch_size, shuffle=True, num_epochs=1)
-  tic, read = time.perf_counter(), 0
+  tic, cpu, read = time.perf_counter(), time.process_time(), 0
   for batch in source:
     read += len(batch["label"])
-  read_s = time.perf_counter() - tic
+  read_s, read_cpu_s = time.perf_counter() - tic, time.process_time() - cpu
   print(RESULT + json.dumps({
       "files": len(data.files.paths), "train_rows": rows, "read_examples": read,
       # Arrow's memory (decoded columns, tables, the vocabularies' arrays) in this process:
@@ -187,7 +199,8 @@ def memory_worker(args) -> None:
       # and what stays held after the statistics pass.
       "arrow_peak_prepare_mib": arrow_prepare[0], "arrow_held_after_prepare_mib": arrow_prepare[1],
       "arrow_peak_mib": pool.max_memory() / 2**20, "arrow_pool": pool.backend_name,
-      "prepare_s": prepare_s, "read_s": read_s, "rss_imports_mib": base,
+      "prepare_s": prepare_s, "read_s": read_s, "prepare_cpu_s": prepare_cpu_s,
+      "read_cpu_s": read_cpu_s, "rss_imports_mib": base,
       "peak_after_prepare_mib": after_prepare, "peak_mib": peak_rss_mib(),
       "rss_end_mib": rss_mib(),
   }), flush=True)
@@ -211,13 +224,15 @@ def run_memory(path: str, batch_size: int, save: str | None = None) -> dict:
 def print_memory(runs: list[dict], sizes: dict) -> None:
   print(f"\nMemory: each row a fresh process reading the first N files (statistics pass, then "
         f"one shuffled pass over the training rows, no workers)")
-  print(f"{'files':>5} {'train rows':>11} {'prepare s':>9} {'rows/s':>9} {'read s':>7} "
-        f"{'ex/s':>9} {'RSS MiB: imports':>16} {'after prepare':>13} {'peak':>7} "
+  print(f"{'files':>5} {'train rows':>11} {'prepare s':>9} {'rows/s':>9} {'/ CPU s':>9} "
+        f"{'read s':>7} {'ex/s':>9} {'/ CPU s':>9} {'RSS MiB: imports':>16} {'after prepare':>13} {'peak':>7} "
         f"{'peak - imports':>14} {'Arrow: held':>11} {'peak':>6} {'load':>9}")
   for r in runs:
+    rows = r["train_rows"] / 0.8
     print(f"{r['files']:>5} {r['train_rows']:>11,} {r['prepare_s']:>9.1f} "
-          f"{r['train_rows'] / 0.8 / r['prepare_s']:>9,.0f} {r['read_s']:>7.1f} "
-          f"{r['read_examples'] / r['read_s']:>9,.0f} {r['rss_imports_mib']:>16.0f} "
+          f"{rows / r['prepare_s']:>9,.0f} {rows / r['prepare_cpu_s']:>9,.0f} {r['read_s']:>7.1f} "
+          f"{r['read_examples'] / r['read_s']:>9,.0f} {r['read_examples'] / r['read_cpu_s']:>9,.0f} "
+          f"{r['rss_imports_mib']:>16.0f} "
           f"{r['peak_after_prepare_mib']:>13.0f} {r['peak_mib']:>7.0f} "
           f"{r['peak_mib'] - r['rss_imports_mib']:>14.0f} "
           f"{r['arrow_held_after_prepare_mib']:>11.1f} {r['arrow_peak_mib']:>6.1f} "
@@ -226,18 +241,23 @@ def print_memory(runs: list[dict], sizes: dict) -> None:
         f"one row group: {sizes['row_group_mib']:.1f} MiB ({sizes['row_group_rows']:,} rows). "
         "Arrow: its memory pool "
         f"({runs[0]['arrow_pool'] if runs else '-'}): held after the statistics pass "
-        "(vocabularies), and the most held at once (decoded chunks on top). prepare rows/s "
-        "counts every row read (train rows / 0.8)")
+        "(vocabularies), and the most held at once (decoded chunks on top). rows/s: of "
+        "the statistics pass, every row read (train rows / 0.8); / CPU s: per CPU second of "
+        "the process (what the load leaves out)")
 
 
 # -- 2. rates ----------------------------------------------------------------------------
 
 
 def _cpu(processes) -> float:
+  """CPU seconds of ``processes``: this one's to the clock's resolution, others' by psutil."""
   import psutil  # pylint: disable=g-import-not-at-top
 
   total = 0.0
   for process in processes:
+    if process.pid == os.getpid():
+      total += time.process_time()
+      continue
     try:
       total += sum(process.cpu_times()[:2])
     except psutil.NoSuchProcess:
@@ -283,8 +303,11 @@ def dlrm_step(path: str, saved: str, batch, batch_size: int, quick: bool):
   return run
 
 
-def measure_rates(args, log_dir: str, saved: str, tmp: str) -> dict:
-  """``{case: {"ex_s": [...], "cpu_here": [...], "cpu_all": [...], ...}}`` (module docstring)."""
+def measure_rates(args, log_dir: str, saved: str, tmp: str) -> tuple[dict, dict]:
+  """``({case: {"ex_s", "cpu_here", "cpu_all": [per repeat]}}, {process: [peak RSS MiB]})``.
+
+  The second: each worker case's workers' peak RSS, and this process's (module docstring).
+  """
   import psutil  # pylint: disable=g-import-not-at-top
 
   from embedlib import tabular  # pylint: disable=g-import-not-at-top
@@ -334,7 +357,11 @@ def measure_rates(args, log_dir: str, saved: str, tmp: str) -> dict:
       out[name]["cpu_here"].append((time.process_time() - before[0]) / done * 1e6)
       out[name]["cpu_all"].append((_cpu(processes) - before[1]) / done * 1e6)
       time.sleep(args.settle)  # a case's workers refill before the next case is timed
-  return out
+  peaks = {name: [peak_of(p.pid) for p in processes if p.pid != me.pid]
+           for name, (_, _, _, processes) in cases.items()}
+  peaks = {name: v for name, v in peaks.items() if v}
+  peaks["the reading process (every case, the step's model)"] = [peak_rss_mib()]
+  return out, peaks
 
 
 def spread(values) -> dict:
@@ -345,6 +372,7 @@ def spread(values) -> dict:
 def rate_ratios(rates: dict) -> dict:
   """Named ratios of median examples/s: each tabular case to the Criteo reader and the step."""
   med = {name: statistics.median(r["ex_s"]) for name, r in rates.items()}
+  cpu = {name: statistics.median(r["cpu_all"]) for name, r in rates.items() if "cpu_all" in r}
   out = {}
   for name in med:
     if name.startswith("tabular"):
@@ -356,6 +384,9 @@ def rate_ratios(rates: dict) -> dict:
   for name in med:
     if name.startswith("tabular") and name != base and base in med:
       out[f"{name} / {base}"] = med[name] / med[base]
+  for name in cpu:  # the load shares CPU out; a case's CPU per example it does not
+    if name.startswith("tabular") and STEP in cpu and cpu[name] > 0:
+      out[f"CPU per example: {STEP} / {name}"] = cpu[STEP] / cpu[name]
   return out
 
 
@@ -368,7 +399,8 @@ def print_rates(rates: dict, named: dict, batch_size: int, load: tuple) -> None:
     v = r["ex_s"]
     print(f"{name:30s} {min(v):11,.0f} {statistics.median(v):11,.0f} {max(v):11,.0f}  "
           f"{statistics.median(r['cpu_here']):26.3f}  {statistics.median(r['cpu_all']):6.3f}")
-  print("ratios of medians:")
+  print("ratios of medians (CPU per example: of the CPU time each spends on an example, this "
+        "process and its workers; above 1, the reader costs less than the step):")
   for k, v in named.items():
     print(f"  {k}: {v:.3f}")
 
@@ -441,10 +473,13 @@ def main(argv=None) -> dict:
           flush=True)
     if args.workers or not args.no_step:
       load = os.getloadavg()[0]
-      rates = measure_rates(args, log_dir, saved, tmp)
+      rates, peaks = measure_rates(args, log_dir, saved, tmp)
       load = (load, os.getloadavg()[0])
       named = rate_ratios(rates)
       print_rates(rates, named, args.batch_size, load)
+      print("peak RSS MiB: " + "; ".join(
+          f"{name}: {', '.join(f'{v:.0f}' for v in values)}" for name, values in peaks.items()))
+      results["peak_rss_mib"] = peaks
       results.update(cases={k: {"ex_s": spread(v["ex_s"]),
                                 "cpu_ms_per_1k_here": statistics.median(v["cpu_here"]),
                                 "cpu_ms_per_1k_all": statistics.median(v["cpu_all"])}

@@ -144,3 +144,31 @@ def test_smoke_run_end_to_end(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "Targets (issue 52):" in out
   assert os.path.exists(tmp_path / "r.json")
+
+
+def test_report_joins_the_runs_of_several_out_files(tmp_path, capsys):
+  import json
+
+  bench = benchmark_scripts.load("tabular_movielens")
+  parts = {"train": {"rows": 80, "clicks": 40}, "valid": {"rows": 10, "clicks": 5},
+           "test": {"rows": 10, "clicks": 6}}
+  paths = []
+  for seed, auc in ((0, 0.78), (1, 0.79), (2, 0.77)):
+    path = tmp_path / f"seed{seed}.json"
+    path.write_text(json.dumps({
+        "benchmark": "tabular_movielens", "data": "d", "split": parts, "notes": [],
+        "overrides": [], "smoke": False, "seeds": [seed],
+        "runs": {"embedlib dcn_v2, side columns": _runs(auc, seeds=(seed,), train_rows=80),
+                 "RecBole FM": _runs(0.775, seeds=(seed,), parts=parts)}}))
+    paths.append(str(path))
+  results = bench.main(["--report", ",".join(paths), "--out", str(tmp_path / "all.json")])
+  assert results["seeds"] == [0, 1, 2]
+  dcn = results["cases"]["embedlib dcn_v2, side columns"]
+  assert (dcn["auc"]["min"], dcn["auc"]["median"], dcn["auc"]["max"]) == (0.772, 0.78, 0.791)
+  assert results["ratios"]["best embedlib - best RecBole, test AUC"] == pytest.approx(0.004)
+  assert "[met] test AUC above RecBole's best" in capsys.readouterr().out
+  other = json.loads((tmp_path / "seed0.json").read_text())
+  other["split"]["test"]["rows"] = 11
+  (tmp_path / "seed0.json").write_text(json.dumps(other))
+  with pytest.raises(SystemExit, match="split differs"):
+    bench.main(["--report", ",".join(paths)])

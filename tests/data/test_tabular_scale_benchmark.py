@@ -33,14 +33,16 @@ def test_the_log_is_written_once_and_read_in_subsets(tmp_path):
 
 def test_rate_ratios_are_of_medians():
   bench = benchmark_scripts.load("tabular_scale")
-  rates = {"tabular, in-process": {"ex_s": [90.0, 100.0, 300.0]},
-           "tabular, 2 workers": {"ex_s": [150.0, 200.0, 250.0]},
-           bench.CRITEO: {"ex_s": [1000.0, 1000.0, 1000.0]},
-           bench.STEP: {"ex_s": [40.0, 50.0, 60.0]}}
+  rates = {"tabular, in-process": {"ex_s": [90.0, 100.0, 300.0], "cpu_all": [2.0, 2.0, 9.0]},
+           "tabular, 2 workers": {"ex_s": [150.0, 200.0, 250.0], "cpu_all": [2.5, 2.5, 2.5]},
+           bench.CRITEO: {"ex_s": [1000.0, 1000.0, 1000.0], "cpu_all": [0.1, 0.1, 0.1]},
+           bench.STEP: {"ex_s": [40.0, 50.0, 60.0], "cpu_all": [5.0, 5.0, 5.0]}}
   named = bench.rate_ratios(rates)
   assert named[f"tabular, in-process / {bench.CRITEO}"] == pytest.approx(0.1)
   assert named[f"tabular, 2 workers / {bench.STEP}"] == pytest.approx(4.0)
   assert named["tabular, 2 workers / tabular, in-process"] == pytest.approx(2.0)
+  assert named[f"CPU per example: {bench.STEP} / tabular, in-process"] == pytest.approx(2.5)
+  assert named[f"CPU per example: {bench.STEP} / tabular, 2 workers"] == pytest.approx(2.0)
 
 
 @pytest.mark.slow
@@ -56,4 +58,5 @@ def test_quick_run_measures_every_case_and_file_count(tmp_path, capsys):
                                    bench.STEP}
   assert all(c["ex_s"]["min"] > 0 for c in results["cases"].values())
   assert f"tabular, 1 worker / {bench.STEP}" in results["ratios"]
+  assert len(results["peak_rss_mib"]["tabular, 1 worker"]) == 1
   assert "statistics pass over all 3 files" in capsys.readouterr().out
