@@ -58,5 +58,5 @@ def test_quick_run_measures_every_case_and_file_count(tmp_path, capsys):
                                    bench.STEP}
   assert all(c["ex_s"]["min"] > 0 for c in results["cases"].values())
   assert f"tabular, 1 worker / {bench.STEP}" in results["ratios"]
-  assert len(results["peak_rss_mib"]["tabular, 1 worker"]) == 1
+  assert max(results["peak_rss_mib"]["tabular, 1 worker"]) > 0  # grain's worker (and helpers)
   assert "statistics pass over all 3 files" in capsys.readouterr().out
