@@ -171,6 +171,8 @@ EXPLAINED = {
     "model.name": "The model: `dlrm`, `dcn` (DCN-v2; `dcn_v2` too), `ranker`, "
                   "`two_tower`, or the next-item `sasrec` and `hstu`.",
     "model.embed_dim": "Width of every DLRM / DCN-v2 table.",
+    "model.embed_init_std": "Your own logs: the standard deviation of the tables' normal initial "
+                            "rows (0: the default, variance 1 / `embed_dim`).",
     "model.bottom_sizes": "Widths of the bottom MLP over the dense features.",
     "model.top_sizes": "Widths of the top MLP, ending in 1 (the logit).",
     "model.combiner": "Pooling of a multi-hot bag: `sum`, `mean` or `sqrtn`.",

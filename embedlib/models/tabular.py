@@ -74,6 +74,19 @@ def sized(schema: Schema, bucket: int, devices: int) -> Schema:
   return schema
 
 
+def _embed_init(model_config) -> dict:
+  """``TableSpec``'s initializer from ``embed_init_std`` (0 or absent: the table's default).
+
+  Raises:
+    ValueError: a negative ``embed_init_std``.
+  """
+  std = float(model_config.get("embed_init_std") or 0.0)
+  if std < 0:
+    raise ValueError(f"config.model.embed_init_std={std} must be >= 0 (0: the tables' default "
+                     "initializer, normal with variance 1 / embed_dim).")
+  return {"initializer": jax.nn.initializers.normal(std)} if std else {}
+
+
 def tables_and_features(model_config, schema: Schema, mesh, width: int,
                         entity: str | None = None):
   """``(tables, features)`` of the schema's id columns (of ``entity``, if given).
@@ -82,6 +95,7 @@ def tables_and_features(model_config, schema: Schema, mesh, width: int,
     ValueError: a dynamic table's settings can't work (names the key).
   """
   dyn = model_config.get("dynamic") or {}
+  init = _embed_init(model_config)
   tables, features = [], []
   for name in schema.features(entity):
     c = schema[name]
@@ -96,7 +110,7 @@ def tables_and_features(model_config, schema: Schema, mesh, width: int,
       tables.append(TableSpec(name, _capacity(c.num_embeddings, bucket, devices), width,
                               dynamic=spec))
     else:
-      tables.append(TableSpec(name, c.num_embeddings, width))
+      tables.append(TableSpec(name, c.num_embeddings, width, **init))
     single = c.role != schema_lib.LIST
     features.append(FeatureSpec(name, name, combiner=model_config.combiner,
                                 max_ids_per_sample=1 if single else c.max_len))
@@ -215,7 +229,9 @@ def build_tabular(model_config, schema: Schema, *, mesh=None, batch_size: int = 
   """The model ``config.model.name`` names, its inputs the schema's columns.
 
   Config keys: ``name``; ``embed_dim`` (every table's width; the ranker's
-  is ``width``), ``combiner``, ``kernel``, ``num_unique``,
+  is ``width``), ``embed_init_std`` (the standard deviation of a vocab or
+  hashed table's normal initial rows; 0: ``TableSpec``'s default, variance
+  1 / width), ``combiner``, ``kernel``, ``num_unique``,
   ``replicate_below_bytes``, ``dynamic`` (the dynamic tables' settings but
   their capacity: ``bucket_size``, ``admit_after``, ``eviction``,
   ``decay_every``, ``default``); DLRM and DCN: ``bottom_sizes``,
