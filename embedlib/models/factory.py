@@ -22,7 +22,6 @@ from embedlib.data.sequences import SequenceSpec
 from embedlib.data.spec import DataSpec
 from embedlib.dynamic import DynamicEmbed
 from embedlib.embed import ShardedEmbed
-from embedlib.plan import CollectionLayout, Layout
 from embedlib.models import two_tower as two_tower_lib
 from embedlib.models.dlrm import CROSS, DLRM, DOT
 from embedlib.models.hstu import HSTU
@@ -30,6 +29,7 @@ from embedlib.models.multi_hash_embed import MultiHashEmbed
 from embedlib.models.next_item import ItemColumns
 from embedlib.models.ranker import RankerTrunk, TransformerRanker
 from embedlib.models.sasrec import SASRec
+from embedlib.plan import CollectionLayout, Layout
 
 #: config.model.name -> interaction of the DLRM family.
 _FAMILY = {"dlrm": DOT, "dcn": CROSS}
