@@ -18,9 +18,11 @@ by side and import none of each other):
 8. ``dynamic``, ``quant``, ``optim``, ``export_checks``: raw-id tables,
    quantized tables, sparse optimizers, each built on ``embed``
 9. ``collection``: many features over many tables, dynamic ones included
-10. ``checkpoint``, ``data``, ``metrics``, ``serving``
-11. ``models``
-12. ``training``, ``notebook``: the train loop; the notebooks' first cell
+10. ``checkpoint``, ``data``, ``metrics``
+11. ``tabular``: your own files (Parquet, CSV, RecBole) as typed columns
+12. ``serving``
+13. ``models``
+14. ``training``, ``notebook``: the train loop; the notebooks' first cell
 
 then ``train/``, ``configs/``, ``notebooks/`` and ``benchmarks/``, outside
 the package.
