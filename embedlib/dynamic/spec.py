@@ -70,10 +70,6 @@ class DynamicSpec:
   id_dtype: str | None = None
   route_capacity: int | None = None
 
-  def kwargs(self) -> dict:
-    """The settings as the keyword arguments ``DynamicEmbed`` took before ``dynamic=``."""
-    return dataclasses.asdict(self)
-
   def policy(self, capacity: int, *, group: int = 1, name: str) -> policy_lib.Policy:
     """The ``Policy`` of a table of ``capacity`` rows split over ``group`` devices.
 
