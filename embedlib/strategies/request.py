@@ -72,5 +72,5 @@ class Request:
           "__call__ for unpooled rows.")
     if self.weights is not None and tuple(np.shape(self.weights)) != shape:
       raise ValueError(
-          f"{owner}: bag() weights of shape {tuple(np.shape(self.weights))} must match the "
-          f"ids' shape {shape}.")
+          f"{owner}: weights shape {tuple(np.shape(self.weights))} must equal the ids shape "
+          f"{shape}.")
