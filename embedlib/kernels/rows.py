@@ -194,6 +194,36 @@ class SegmentVariant:
     return cls(**_parse(name, "segment", ("piece", "runs", "unroll", "warps")))
 
 
+def warps_for(rows: int, row_bytes: int) -> int:
+  """Warps for a ``[rows, row_bytes]`` tile: each thread two 16-byte accesses or more, 1 to 8 warps.
+
+  >>> warps_for(32, 512), warps_for(8, 128), warps_for(8, 64)
+  (8, 1, 1)
+  """
+  return max(1, min(8, pow2(-(-rows * row_bytes // 1024))))
+
+
+def default_variant(kind: str, row_bytes: int, count: int = 1 << 16):
+  """The variant of ``kind`` (``gather`` / ``bag`` / ``segment``) for rows of ``row_bytes``.
+
+  ``count``: the ids (gather, segment) or bags (bag) of a call: a bag
+  program takes fewer bags when there are few, so that the grid still
+  holds several programs per SM (132 SMs).
+
+  >>> default_variant("bag", 512, count=4096), default_variant("bag", 512, count=1024)
+  (BagVariant(bags=4, unroll=4, warps=2), BagVariant(bags=1, unroll=4, warps=1))
+  """
+  if kind == "gather":
+    return GatherVariant(32, warps_for(32, row_bytes))
+  if kind == "bag":
+    programs = max(1, count // (4 * 132))      # at least 4 programs an SM
+    bags = min(8, 1 << (programs.bit_length() - 1))
+    return BagVariant(bags, 4, warps_for(bags, row_bytes))
+  if kind == "segment":
+    return SegmentVariant(16, 32, 4, warps_for(32, row_bytes))
+  raise ValueError(f"default_variant: kind={kind!r}; use 'gather', 'bag' or 'segment'.")
+
+
 def parse_variant(name: str):
   """The variant object a ``triton-rows-...`` name stands for.
 
