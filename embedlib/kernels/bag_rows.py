@@ -1,10 +1,13 @@
 """Triton pooled bag with many rows in flight: ``pooled[b] = sum_l coef[b, l] * table[ids[b, l]]``.
 
 One program per ``variant.bags`` bags. Each step of its loop requests
-``variant.unroll`` slots of every bag at once (``bags x unroll`` rows, one
-``[bags, chunk]`` tile per slot and column chunk), then adds them to float32
-accumulators in slot order, so the sum is the reference's, term by term. The
-``[batch, bag, features]`` rows are never written: only the pooled
+``variant.unroll`` slots of every bag at once: one ``[bags x unroll, chunk]``
+tile per column chunk, so that even a few bags of short rows (a bf16 row of
+64 is 128 bytes) spread over every lane of the program with 16-byte loads
+(``bags x unroll`` rows of 128 bytes: 8 lanes a row). The step's slots of
+each bag are then summed across the lanes that hold them and added to the
+bag's float32 accumulator (the reference's terms, summed in another order).
+The ``[batch, bag, features]`` rows are never written: only the pooled
 ``[batch, features]``. A bag's ragged last step and invalid ids are masked
 loads (no memory request).
 
@@ -54,20 +57,27 @@ def _bag_kernel(*refs, batch, bag, num_embeddings, block, unroll, combiner, weig
   bags = rows_lib.iota(block, pl.program_id(0) * block)
   inside = bags < batch
 
+  # One tile per step: ``unroll`` slots of each of the ``block`` bags, bag-major.
+  lane = rows_lib.iota(block * unroll)
+  lane_bag = pl.program_id(0) * block + lane // unroll
+  lane_inside = lane_bag < batch
+
   def step(s, carry):
     accs, wsum, w2sum = carry
-    for u in range(unroll):
-      slot = s * unroll + u
-      flat = bags * bag + jnp.minimum(slot, bag - 1)
-      taken = inside & (slot < bag)
-      ids = rows_lib.load_vector(ids_ref, flat, taken, other=-1)
-      valid = taken & (ids >= 0) & (ids < num_embeddings)
-      w = (rows_lib.load_vector(w_ref, flat, valid, other=0.0) if weighted
-           else valid.astype(jnp.float32))
-      tiles = reader.read(table_refs, ids, valid)
-      accs = [acc + (w[:, None] * vals if weighted else vals) for acc, vals in zip(accs, tiles)]
-      wsum, w2sum = wsum + w, w2sum + w * w
-    return accs, wsum, w2sum
+    slot = s * unroll + lane % unroll
+    flat = lane_bag * bag + jnp.minimum(slot, bag - 1)
+    taken = lane_inside & (slot < bag)
+    ids = rows_lib.load_vector(ids_ref, flat, taken, other=-1)
+    valid = taken & (ids >= 0) & (ids < num_embeddings)
+    w = (rows_lib.load_vector(w_ref, flat, valid, other=0.0) if weighted
+         else valid.astype(jnp.float32))
+    tiles = reader.read(table_refs, ids, valid)
+    # Each bag's slots of the step summed (a reduction across the lanes that
+    # hold them), then added to the bag's accumulator.
+    accs = [acc + (w[:, None] * vals if weighted else vals).reshape(block, unroll, -1).sum(1)
+            for acc, vals in zip(accs, tiles)]
+    w = w.reshape(block, unroll)
+    return accs, wsum + w.sum(1), w2sum + (w * w).sum(1)
 
   zeros = jnp.zeros((block,), jnp.float32)
   carry = ([jnp.zeros((block, width), jnp.float32) for _, width in reader.chunks], zeros, zeros)
@@ -145,7 +155,8 @@ def pooled(reader, tables, ids, weights, *, combiner, num_embeddings, features, 
   block = min(variant.bags, rows_lib.pow2(batch))
   kernel = functools.partial(
       _bag_kernel, batch=batch, bag=bag, num_embeddings=num_embeddings, block=block,
-      unroll=max(1, min(variant.unroll, bag)), combiner=combiner, weighted=weights is not None,
+      unroll=min(rows_lib.pow2(variant.unroll), rows_lib.pow2(bag)), combiner=combiner,
+      weighted=weights is not None,
       reader=reader, tables=len(tables))
   operands = match_varying(*operands, *tables)
   return pl.pallas_call(

@@ -149,7 +149,8 @@ class GatherVariant:
 class BagVariant:
   """A bag program: ``bags`` bags per program, ``unroll`` slots of each read per step.
 
-  A step requests ``bags x unroll`` rows before summing them.
+  A step requests ``bags x unroll`` rows (one tile) before summing them;
+  both powers of two.
 
   >>> BagVariant(8, 4, 4).name
   'triton-rows-bag-b8-u4-w4'
@@ -211,16 +212,16 @@ def default_variant(kind: str, row_bytes: int, count: int = 1 << 16):
   holds several programs per SM (132 SMs).
 
   >>> default_variant("bag", 512, count=4096), default_variant("bag", 512, count=1024)
-  (BagVariant(bags=4, unroll=4, warps=2), BagVariant(bags=1, unroll=4, warps=1))
+  (BagVariant(bags=4, unroll=4, warps=8), BagVariant(bags=1, unroll=4, warps=2))
   """
   if kind == "gather":
     return GatherVariant(32, warps_for(32, row_bytes))
   if kind == "bag":
     programs = max(1, count // (4 * 132))      # at least 4 programs an SM
     bags = min(8, 1 << (programs.bit_length() - 1))
-    return BagVariant(bags, 4, warps_for(bags, row_bytes))
+    return BagVariant(bags, 4, warps_for(4 * bags, row_bytes))
   if kind == "segment":
-    return SegmentVariant(16, 32, 4, warps_for(32, row_bytes))
+    return SegmentVariant(16, 32, 2, warps_for(32, row_bytes))
   raise ValueError(f"default_variant: kind={kind!r}; use 'gather', 'bag' or 'segment'.")
 
 
