@@ -1,14 +1,18 @@
 """The GPU benchmark scripts: their checks can fail, and without a GPU they measure nothing.
 
-``gpu_session.sh --smoke`` runs the whole session (``gpu_lookup.py`` and
-``gpu_steps.py``, each ``--smoke --check``) at tiny sizes with the kernels
-interpreted, so that a GPU session does not spend its device time on a
-script error: every check must pass and every timing run (exit 0); with a
-wrong gather or bag reference the lookup check must fail and the script
-exit 1 before timing anything. The runs share a compilation cache. Every
-run uses this checkout's embedlib. No time is asserted.
+``gpu_session.sh --smoke --json FILE`` runs the whole session
+(``gpu_sweep.py --smoke``: every kernel's variants, the backward, the
+updates and both steps) at tiny sizes with the kernels interpreted, so that
+a GPU session does not spend its device time on a script error: every check
+must pass, every case be timed and written with the keys ``gpu_table.py``
+reads (exit 0). ``gpu_sweep.py --smoke`` on the gather alone is the fast
+test of the same keys. With a wrong gather or bag reference
+``gpu_lookup.py``'s check must fail and the script exit 1 before timing
+anything. The runs share a compilation cache. Every run uses this
+checkout's embedlib. No time is asserted.
 """
 
+import json
 import os
 import pathlib
 import subprocess
@@ -30,7 +34,7 @@ def env(tmp_path_factory):
 
 
 @pytest.mark.parametrize("script,flags", [("gpu_lookup.py", []), ("gpu_lookup.py", ["--check"]),
-                                          ("gpu_steps.py", ["--check"])])
+                                          ("gpu_steps.py", ["--check"]), ("gpu_sweep.py", [])])
 def test_gpu_scripts_measure_nothing_on_cpu(script, flags, env):
   result = subprocess.run(
       [sys.executable, str(SCRIPT.parent / script), *flags], env=env, capture_output=True,
@@ -40,26 +44,52 @@ def test_gpu_scripts_measure_nothing_on_cpu(script, flags, env):
   assert "GB/s" not in result.stdout  # no table was printed
 
 
+#: The keys of every case of a sweep's results (``gpu_table.py`` reads them).
+KEYS = {"kernel", "variant", "shape", "dtype", "ids", "median_us"}
+
+
+def assert_cases(cases, kernels):
+  for c in cases:
+    assert KEYS <= set(c), c
+    assert c["check"] is True and c["median_us"] > 0, c
+  assert {c["kernel"] for c in cases} == set(kernels)
+
+
+def test_smoke_sweep_of_the_gather_writes_every_key(tmp_path, env):
+  out = tmp_path / "sweep.json"
+  result = subprocess.run(
+      [sys.executable, str(SCRIPT.parent / "gpu_sweep.py"), "--smoke", "--kernels", "gather",
+       "--no-steps", "--json", str(out)], env=env, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+  cases = json.loads(out.read_text())
+  assert_cases(cases, ["gather"])
+  variants = {c["variant"] for c in cases}
+  assert "xla" in variants and "triton-tile" in variants
+  assert any(v.startswith("triton-rows-gather-") for v in variants)
+  assert {c["dtype"] for c in cases} == {"float32", "int8"}
+
+
 @pytest.mark.slow
 def test_smoke_session_passes_its_checks_and_times_every_case(tmp_path, env):
   session = SCRIPT.parent / "gpu_session.sh"
   env = dict(env, PYTHON=sys.executable, OUT=str(tmp_path))
-  result = subprocess.run(["bash", str(session), "--smoke"], env=env, capture_output=True,
-                          text=True, timeout=1200)
+  out = tmp_path / "sweep.json"
+  result = subprocess.run(["bash", str(session), "--smoke", "--json", str(out)], env=env,
+                          capture_output=True, text=True, timeout=3000)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
   log = (tmp_path / "gpu_session.txt").read_text()
-  assert "MISMATCH" not in log and "DIFFERS" not in log
-  # Every backend's lookups, the backward, the update and both steps were timed.
-  for backend in ("mosaic", "triton", "xla"):
-    assert f"gather 1000x100 f32 zipf {backend} " in log, backend
-  assert "backward 1000x100 f32 zipf sorted-scan" in log
-  for case in ("sparse update, SGD", "sparse update, row-wise AdaGrad", "sparse update, LazyAdam",
-               "sparse train step", "DLRM train step"):
-    assert case in log, case
-  # The targets' verdicts: the lookups' and each update's.
-  assert "target gather mosaic:" in log and "target bag mosaic:" in log
-  assert log.count("target sparse update") == 3
-  assert "gpu_session: done" in log
+  assert "DIFFER" not in log and "gpu_session: done" in log
+  cases = json.loads(out.read_text())
+  assert_cases(cases, ["gather", "bag16", "bag64", "backward", "update-sgd", "update-adagrad",
+                       "update-adam", "step-sparse", "step-dlrm"])
+  variants = {c["variant"] for c in cases}
+  for family in ("xla", "xla-slots", "xla-sorted", "xla-ops", "triton-tile", "auto",
+                 "triton-rows-gather-", "triton-rows-bag-", "triton-rows-segment-"):
+    assert any(v.startswith(family) for v in variants), family
+  # The table a GPU run's file would give: one choice per measured lookup.
+  from embedlib.kernels import gpu_choice
+  assert {c.kind for c in gpu_choice.table_from_results(cases)} == {
+      "gather", "bag", "backward", "update-sgd", "update-adagrad", "update-adam"}
 
 
 # The script's main with a wrong reference; reaching the timings exits 3.

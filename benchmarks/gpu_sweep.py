@@ -1,0 +1,249 @@
+"""The GPU sweep: every lookup kernel's variants beside XLA's ops and torch, each checked, then timed.
+
+Run on one NVIDIA GPU (``gpu_session.sh`` runs it)::
+
+  python benchmarks/gpu_sweep.py --json benchmarks/results/gpu_$(date +%F).json
+  python benchmarks/gpu_sweep.py --smoke --json /tmp/sweep.json   # any backend, tiny: tests the script
+
+For 1M x 128 and 10M x 64 tables, float32 and bfloat16 (and the int8 / int4
+rows of ``embedlib.quantize``), uniform and Zipf(1.05) ids, 65,536 ids a
+call, it times each kernel's variants (``kernels/rows.py``: rows, bags,
+pieces per program, unroll, warps) beside the baselines measured in the same
+run:
+
+- ``gather``: ``xla`` (``jnp.take``), the Triton rows kernels
+  (``triton-rows-gather-...``), the Mosaic GPU and first Triton kernels
+  (``mosaic-tma``, ``triton-tile``), ``torch.nn.functional.embedding``;
+- ``bag16`` / ``bag64`` (sum bags of 16 and 64 ids): ``xla`` (take +
+  segment_sum), ``xla-slots`` (``kernel="xla"``'s bag), the rows kernels,
+  ``mosaic-tma``, ``triton-tile``, ``torch.nn.functional.embedding_bag``;
+- ``backward`` (one summed row per distinct id): ``xla`` (a scatter-add,
+  indices colliding), ``xla-sorted`` (the sorted update's scan), the rows
+  segment kernels, ``mosaic-tma``;
+- ``update-sgd`` / ``-adagrad`` / ``-adam`` (float32): ``xla-ops``
+  (``apply.py``), ``xla-sorted`` (the sorted update, the default), the fused
+  rows kernels, ``mosaic-tma`` (the fused Mosaic kernel).
+
+Every variant is first run once and compared with its reference (a lookup
+with the pure-jnp reference on the float32 table, the update with the XLA
+ops): a variant that disagrees is reported, kept out of the timings and
+marked ``"check": false``. Each variant is one program, compiled ahead of
+time (a group's in parallel), that the check runs once and the timing
+``--inner`` times (a lookup: calls in one jitted loop; an update: donated
+steps), ``--repeats`` times, min / median / max. Then the sparse train step
+(``gpu_steps.py``'s, 10M x 64) and the quickstart DLRM step (batch 65,536)
+run with ``kernel="auto"`` on the table this run's cases give
+(``gpu_choice.table_from_results``) against ``kernel="xla"`` with the XLA
+update, checked against each other first.
+
+``--json FILE`` writes every case: ``kernel``, ``variant``, ``shape``,
+``dtype``, ``ids``, ``median_us`` (and ``min_us``, ``max_us``, ``check``,
+``device``). Keep a GPU run's file as ``benchmarks/results/gpu_<date>.json``
+and run ``python benchmarks/gpu_table.py``: ``auto`` then runs what it
+measured fastest. Never asserts a time; without a GPU (and without
+``--smoke``) it measures nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import gpu_cases  # noqa: E402
+from gpu_lookup import make_ids, torch_ops  # noqa: E402
+
+TABLES = ((1_000_000, 128), (10_000_000, 64))
+DTYPES = ("float32", "bfloat16", "int8", "int4")
+DISTRIBUTIONS = ("uniform", "zipf")
+NUM_IDS = 65_536
+LOOKUPS = ("gather", "bag16", "bag64", "backward", "update-sgd", "update-adagrad", "update-adam")
+
+
+def compile_all(programs: dict, workers: int) -> dict:
+  """``name -> compiled`` for ``name -> (jitted fn, args, context)``, compiled in parallel threads.
+
+  Tracing and lowering run in this thread, inside each program's context
+  (the switches that choose a kernel); XLA's compiles, the slow part, in
+  the pool. A program that fails to compile maps to its exception.
+  """
+  lowered = {}
+  for name, (fn, args, context) in programs.items():
+    try:
+      with context():
+        lowered[name] = fn.lower(*args)
+    except Exception as e:  # reported as a failed check, the sweep goes on
+      lowered[name] = e
+  with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+    futures = {n: pool.submit(lambda l: l.compile(), l) for n, l in lowered.items()
+               if not isinstance(l, Exception)}
+  out = {}
+  for name, low in lowered.items():
+    if isinstance(low, Exception):
+      out[name] = low
+      continue
+    try:
+      out[name] = futures[name].result()
+    except Exception as e:
+      out[name] = e
+  return out
+
+
+def seconds(compiled, case, distribution, inner: int, repeats: int) -> np.ndarray:
+  """Seconds per call: a `gpu_cases.timed_loop` of ``inner`` calls, or ``inner`` donated steps."""
+  args = case.make(distribution)
+  if case.donated:
+    state, rest = args[0], args[1:]
+    state = compiled(state, *rest)
+    jax.block_until_ready(state)
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      for _ in range(inner):
+        state = compiled(state, *rest)
+      jax.block_until_ready(state)
+      times.append((time.perf_counter() - start) / inner)
+    return np.array(times)
+  args = (*args[:-1], jnp.int32(inner))
+  jax.block_until_ready(compiled(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append((time.perf_counter() - start) / inner)
+  return np.array(times)
+
+
+def one_call(compiled, case):
+  """The output of one call on the first distribution's ids (what the check compares)."""
+  out = compiled(*case.make(None))
+  return out if case.donated else out[1]
+
+
+def run_group(group: gpu_cases.Group, args, torch_timer, record) -> None:
+  """Checks, then times, one (kernel, table, dtype)'s variants on both id distributions."""
+  started = time.monotonic()
+  programs = compile_all({v: (c.fn, c.abstract, c.context) for v, c in group.variants.items()},
+                         args.workers)
+  print(f"  ({len(programs)} programs compiled in {time.monotonic() - started:.1f} s)")
+  reference = group.reference()
+  for variant, case in group.variants.items():
+    compiled = programs[variant]
+    ok, err = False, f"did not compile: {compiled}"
+    if not isinstance(compiled, Exception):
+      ok, err = group.check(one_call(compiled, case), reference)
+    print(f"check {group.kernel} {group.label} {variant}: {err if not ok else 'ok'}", flush=True)
+    for dist in group.distributions:
+      base = dict(kernel=group.kernel, variant=variant, shape=list(group.shape), dtype=group.dtype,
+                  ids=dist, device=args.device, check=ok)
+      if not ok:
+        record(dict(base, median_us=None, min_us=None, max_us=None, error=str(err)[:300]))
+        continue
+      secs = seconds(compiled, case, dist, args.inner, args.repeats)
+      record(dict(base, median_us=float(np.median(secs)) * 1e6, min_us=float(secs.min()) * 1e6,
+                  max_us=float(secs.max()) * 1e6))
+  if torch_timer and group.torch:
+    for dist in group.distributions:
+      secs = torch_timer(group.torch, group.shape, group.dtype, group.ids_np[dist], group.bag,
+                         args.inner, args.repeats)
+      record(dict(kernel=group.kernel, variant="torch", shape=list(group.shape),
+                  dtype=group.dtype, ids=dist, device=args.device, check=True,
+                  median_us=float(np.median(secs)) * 1e6, min_us=float(secs.min()) * 1e6,
+                  max_us=float(secs.max()) * 1e6))
+
+
+def print_group(cases, kernel, shape, dtype) -> None:
+  rows = [c for c in cases if c["kernel"] == kernel and c["shape"] == list(shape)
+          and c["dtype"] == dtype]
+  for dist in sorted({c["ids"] for c in rows}):
+    here = [c for c in rows if c["ids"] == dist and c["median_us"] is not None]
+    base = min((c["median_us"] for c in here if c["variant"].startswith("xla")), default=None)
+    for c in sorted(here, key=lambda c: c["median_us"]):
+      ratio = f"{base / c['median_us']:6.2f}x" if base else "     -"
+      print(f"  {kernel:<15}{shape[0]}x{shape[1]:<6}{dtype:<9}{dist:<8}{c['variant']:<38}"
+            f"{c['min_us']:9.1f}{c['median_us']:9.1f}{c['max_us']:9.1f} {ratio}")
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--json", default=None, help="write the cases to this file")
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--inner", type=int, default=20)
+  parser.add_argument("--budget", type=float, default=None,
+                      help="seconds after which no new lookup group starts (the steps still run)")
+  parser.add_argument("--kernels", default=",".join(LOOKUPS), help="comma-separated subset")
+  parser.add_argument("--no-steps", action="store_true", help="the lookups alone")
+  parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                      help="threads compiling programs in parallel")
+  parser.add_argument("--smoke", action="store_true",
+                      help="tiny sizes on any backend (kernels interpreted on a CPU): tests the "
+                      "script; its numbers mean nothing")
+  args = parser.parse_args(argv)
+  backend = jax.default_backend()
+  tables, dtypes, dists, num_ids = TABLES, DTYPES, DISTRIBUTIONS, NUM_IDS
+  if args.smoke:
+    tables, dtypes, dists, num_ids = ((300, 64),), ("float32", "int8"), ("zipf",), 128
+    args.inner, args.repeats = 2, 2
+    print("gpu_sweep --smoke: tiny sizes to exercise the script; the numbers are not measurements.")
+  elif backend != "gpu":
+    print(f"gpu_sweep: the default jax backend is {backend!r}, not a GPU; this sweep measures "
+          "GPU kernels only, so it measures nothing here.")
+    return 0
+  args.device = jax.devices()[0].device_kind
+  print(f"device: {args.device}, jax {jax.__version__}")
+  torch_timer = None if args.smoke else torch_ops()
+  cases, started = [], time.monotonic()
+  record = cases.append
+  kernels = args.kernels.split(",")
+  for rows, features in tables:
+    ids_np = {d: make_ids(rows, num_ids, d) for d in dists}
+    for dtype in dtypes:
+      for kernel in kernels:
+        if args.budget is not None and time.monotonic() - started > args.budget:
+          print(f"gpu_sweep: --budget {args.budget:g} s reached; {kernel} {rows}x{features} "
+                f"{dtype} not measured")
+          continue
+        group = gpu_cases.group(kernel, rows, features, dtype, ids_np, smoke=args.smoke)
+        if group is None:
+          continue
+        run_group(group, args, torch_timer, record)
+        print_group(cases, kernel, (rows, features), dtype)
+        del group
+  if not args.no_steps:
+    from embedlib.kernels import gpu_choice
+    table = gpu_choice.table_from_results(cases)
+    print("\nauto on this run's cases (gpu_choice.table_from_results):")
+    for choice in table:
+      print(f"  {choice}")
+    with gpu_choice.using(table):
+      for step in gpu_cases.steps(smoke=args.smoke):
+        ok, times = step.run(args.repeats)
+        for variant, secs in times.items():
+          record(dict(kernel=step.kernel, variant=variant, shape=list(step.shape),
+                      dtype="float32", ids=step.ids, device=args.device, check=ok,
+                      median_us=float(np.median(secs)) * 1e6, min_us=float(secs.min()) * 1e6,
+                      max_us=float(secs.max()) * 1e6))
+          print(f"  {step.kernel:<15}{variant:<8}{1e3 * secs.min():9.3f}"
+                f"{1e3 * np.median(secs):9.3f}{1e3 * secs.max():9.3f} ms")
+  failed = [c for c in cases if not c["check"]]
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(cases, f, indent=1)
+    print(f"gpu_sweep: {len(cases)} cases written to {args.json}")
+  print(f"gpu_sweep: {len(cases)} cases, {len(failed)} failed their check, in "
+        f"{time.monotonic() - started:.0f} s")
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
