@@ -53,18 +53,19 @@ def timed_loop(op, rows: int):
   return jax.jit(run)
 
 
-def rows_variants(kind: str, row_bytes: int, count: int, smoke: bool) -> list[str]:
+def rows_variants(kind: str, row_bytes: int, count: int, smoke: bool,
+                  itemsize: int = 4) -> list[str]:
   """The Triton rows variants swept for ``kind`` (``gather``, ``bag``, ``segment``): names."""
   from embedlib.kernels import rows
 
-  default = rows.default_variant(kind, row_bytes, count)
+  default = rows.default_variant(kind, row_bytes, count, itemsize=itemsize)
   if smoke:
     return [default.name]
   if kind == "gather":
     shapes = [rows.GatherVariant(r, rows.warps_for(r, row_bytes)) for r in (16, 64, 128)]
   elif kind == "bag":
     shapes = [rows.BagVariant(b, u, rows.warps_for(b * u, row_bytes))
-              for b, u in ((1, 8), (2, 8), (8, 4))]
+              for b, u in ((1, 8), (1, 16), (2, 8), (8, 4))]
   else:
     shapes = [rows.SegmentVariant(p, r, u, rows.warps_for(r, row_bytes))
               for p, r, u in ((8, 32, 2), (32, 64, 2))]
@@ -226,7 +227,8 @@ def backward_group(rows, features, dtype, ids_np, *, smoke):
   ops = {"xla": xla_sums, "xla-sorted": sorted_sums}
   if not interpret or mosaic.has_interpreter():
     ops["mosaic-tma"] = lambda g, i: backward_mosaic.row_sums(g, i, rows, interpret=interpret)
-  for name in rows_variants("segment", _row_bytes(dtype, features), n, smoke):
+  for name in rows_variants("segment", _row_bytes(dtype, features), n, smoke,
+                            jnp.dtype(dtype).itemsize):
     v = rows_lib.parse_variant(name)
     ops[name] = lambda g, i, v=v: segment_rows.row_sums(g, i, rows, variant=v,
                                                          interpret=interpret)

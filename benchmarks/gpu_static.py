@@ -20,6 +20,11 @@ code (``embedlib.kernels.ptx``):
 - ``occ``: theoretical occupancy (resident warps / 64, from registers,
   shared memory and threads against a Hopper SM's limits), and ``waves``:
   the grid over what the 132 SMs hold at once;
+- ``flight``: kilobytes the resident programs request at once, if each
+  issues one step's loads before it uses them (`ptx.Kernel.in_flight`:
+  the loads a thread's code holds, times threads, times the programs
+  resident on the 132 SMs). Little's law: moving ``B`` bytes a second at
+  a loaded memory latency ``L`` needs ``B x L`` bytes in flight;
 - ``MB``: the fewest bytes the call must move (each input read once, each
   output written once: table rows read, output written, ids; for the
   backward and the update the distinct rows of uniform / Zipf(1.05) ids);
@@ -116,7 +121,7 @@ def program(kernel: str, dtype: str, rows: int, features: int, mesh):
 
     return update, (table, slots, per_run, S((n, features), jnp.float32), vec, vec, vec, vec)
   if kernel == "backward":
-    variant = rows_lib.default_variant("segment", rb, n)
+    variant = rows_lib.default_variant("segment", rb, n, itemsize=jnp.dtype(dtype).itemsize)
     fn = lambda g, i: segment_rows.row_sums(g, i, rows, variant=variant)
     return fn, (S((n, features), dtype), S((n,), jnp.int32))
   bag = int(kernel[3:]) if kernel.startswith("bag") else 1
@@ -157,8 +162,8 @@ def main(argv=None) -> int:
   mesh = deviceless.gpu_mesh((1,), ("x",), target="H100")
   print(f"jax {jax.__version__}, compiled for sm_90a (H100 / H200), {NUM_IDS:,} ids; default "
         "variants (kernels/rows.default_variant)")
-  header = (f"{'kernel':<15}{'dtype':<9}{'table':<9}{'name':<29}{'loads':<13}{'regs':>5}"
-            f"{'spill':>6}{'smem':>7}{'thr':>5}{'grid':>7}{'occ':>6}{'waves':>6}"
+  header = (f"{'kernel':<15}{'dtype':<9}{'table':<9}{'name':<29}{'loads':<17}{'regs':>5}"
+            f"{'spill':>6}{'smem':>7}{'thr':>5}{'grid':>7}{'occ':>6}{'waves':>6}{'flight':>8}"
             f"{'MB':>14}{'H100 us':>14}{'H200 us':>14}")
   print(header)
   records = []
@@ -175,8 +180,9 @@ def main(argv=None) -> int:
         table = f"{rows // 10**6}Mx{features}"
         for name, k in sorted(found.items()):
           line = (f"{kernel:<15}{dtype:<9}{table:<9}{name.removeprefix('embedlib_'):<29}"
-                  f"{widths(k.loads):<13}{k.registers:>5}{k.spill_stores + k.spill_loads:>6}"
+                  f"{widths(k.loads):<17}{k.registers:>5}{k.spill_stores + k.spill_loads:>6}"
                   f"{k.shared:>7}{k.threads:>5}{k.grid:>7}{k.occupancy():>6.0%}{k.waves():>6.1f}"
+                  f"{k.in_flight() // 1024:>7}K"
                   f"{fmt_pair(lambda b: b / 1e6):>14}"
                   f"{fmt_pair(lambda b: ptx.roofline_us(b, 'H100')):>14}"
                   f"{fmt_pair(lambda b: ptx.roofline_us(b, 'H200')):>14}")
@@ -185,13 +191,16 @@ def main(argv=None) -> int:
                               loads={str(b): c for b, c in k.loads.items()},
                               registers=k.registers, spills=k.spill_stores + k.spill_loads,
                               shared=k.shared, threads=k.threads, grid=k.grid,
-                              occupancy=k.occupancy(), waves=k.waves(), moved_bytes=moved,
+                              occupancy=k.occupancy(), waves=k.waves(),
+                              in_flight_bytes=k.in_flight(), moved_bytes=moved,
                               roofline_us={t: {d: ptx.roofline_us(b, t) for d, b in moved.items()}
                                            for t in ptx.HBM}))
   if args.json:
     with open(args.json, "w") as f:
       json.dump(records, f, indent=1)
-  print("\nloads: global load width x count a thread (PTX); MB and us: uniform/zipf ids where "
+  spilled = [f"{r['kernel']} {r['dtype']} {r['name']}" for r in records if r["spills"]]
+  print(f"\nspills: {', '.join(spilled) if spilled else 'none'}")
+  print("loads: global load width x count a thread (PTX); MB and us: uniform/zipf ids where "
         "they differ (distinct rows). The us columns are the bandwidth floor, not a timing.")
   return 0
 

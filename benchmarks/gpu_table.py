@@ -2,15 +2,18 @@
 
 Run after a GPU session has kept its results as
 ``benchmarks/results/gpu_<date>.json`` (``bash benchmarks/gpu_session.sh
---json benchmarks/results/gpu_$(date +%F).json``)::
+--confirm --json benchmarks/results/gpu_$(date +%F).json``, which also
+writes the second sweep's ``gpu_<date>_confirm.json``)::
 
   python benchmarks/gpu_table.py            # rewrite the table from the newest results file
   python benchmarks/gpu_table.py --check    # exit 1 if the table is not what that file gives
 
 `embedlib.kernels.gpu_choice.table_from_results` picks, for each measured
 kernel, dtype, width and bag size, the variant with the best worst-case
-speed-up over XLA's ops, or XLA's ops; the table file says which results
-file it came from. With no results file the table is empty: XLA's ops
+speed-up over XLA's ops, or XLA's ops. The files of the newest date are
+read together, each a separate run (``"run"``): a variant must win in every
+run that measured its case, so a second sweep confirms the first. The
+table file says which results files it came from. With no results file the table is empty: XLA's ops
 everywhere. ``tests/kernels/test_gpu_choice.py`` runs ``--check``.
 """
 
@@ -38,15 +41,28 @@ def newest_results(directory: pathlib.Path = RESULTS) -> pathlib.Path | None:
   return max(files, key=lambda p: (_NAME.fullmatch(p.name).group(1), p.name), default=None)
 
 
+def newest_runs(directory: pathlib.Path = RESULTS) -> list[pathlib.Path]:
+  """Every results file of the newest date (a sweep and its confirming rerun), by name."""
+  newest = newest_results(directory)
+  if newest is None:
+    return []
+  date = _NAME.fullmatch(newest.name).group(1)
+  return sorted(p for p in directory.glob(f"gpu_{date}*.json") if _NAME.fullmatch(p.name))
+
+
 def table_text(directory: pathlib.Path = RESULTS) -> str:
-  """The ``gpu_measured.py`` the newest results file in ``directory`` gives."""
-  path = newest_results(directory)
-  if path is None:
+  """The ``gpu_measured.py`` the newest date's results files in ``directory`` give."""
+  paths = newest_runs(directory)
+  if not paths:
     return gpu_choice.module_text((), None)
-  cases = json.loads(path.read_text())
-  if isinstance(cases, dict):   # a file written with its run's details beside the cases
-    cases = cases["cases"]
-  source = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+  cases = []
+  for run, path in enumerate(paths):
+    these = json.loads(path.read_text())
+    if isinstance(these, dict):   # a file written with its run's details beside the cases
+      these = these["cases"]
+    cases += [dict(c, run=run) for c in these]
+  source = ", ".join(p.relative_to(ROOT).as_posix() if p.is_relative_to(ROOT) else p.name
+                     for p in paths)
   return gpu_choice.module_text(gpu_choice.table_from_results(cases), source)
 
 
@@ -62,10 +78,11 @@ def main(argv=None) -> int:
   if args.check:
     same = args.out.exists() and args.out.read_text() == text
     print(f"gpu_table: {args.out} {'matches' if same else 'DIFFERS from'} "
-          f"{newest_results(args.results) or 'no results file'}")
+          f"{[p.name for p in newest_runs(args.results)] or 'no results file'}")
     return 0 if same else 1
   args.out.write_text(text)
-  print(f"gpu_table: wrote {args.out} from {newest_results(args.results) or 'no results file'}")
+  print(f"gpu_table: wrote {args.out} from "
+        f"{[p.name for p in newest_runs(args.results)] or 'no results file'}")
   return 0
 
 

@@ -1,17 +1,17 @@
 """What ``kernel="auto"`` runs on a GPU: the fastest variant the newest GPU sweep measured.
 
-``bash benchmarks/gpu_session.sh --json FILE`` times, on one GPU, every
-kernel's variants beside XLA's ops (``benchmarks/gpu_sweep.py``) and keeps
-its cases as ``benchmarks/results/gpu_<date>.json``; ``python
-benchmarks/gpu_table.py`` turns the newest such file into
-``gpu_measured.py`` by `table_from_results`, and `choose` reads that table.
-No figure is copied by hand. For each kernel, dtype, row width and bag size
-the sweep measured, the chosen variant is the one whose *worst* speed-up
-over the best XLA path (across the id distributions: uniform and Zipf, and
-the tables) is largest, when that is above 1; else XLA's ops. A lookup
-matches a measured width within a factor of two (and the nearer of two
-measured ones), a bag size likewise; anything the sweep did not measure
-runs `FALLBACK`, XLA's ops.
+``bash benchmarks/gpu_session.sh --confirm --json FILE`` times, on one GPU,
+every kernel's variants beside XLA's ops (``benchmarks/gpu_sweep.py``),
+twice, and keeps its cases as ``benchmarks/results/gpu_<date>.json`` and
+``gpu_<date>_confirm.json``; ``python benchmarks/gpu_table.py`` turns the
+newest date's files into ``gpu_measured.py`` by `table_from_results`, and
+`choose` reads that table. No figure is copied by hand. For each kernel,
+dtype, row width and bag size the sweep measured, the chosen variant is the
+one whose *worst* speed-up over the best XLA path (across the id
+distributions, uniform and Zipf, the tables and the two runs) is largest,
+when that is above 1; else XLA's ops. A lookup matches a measured width
+within a factor of two (and the nearer of two measured ones), a bag size
+likewise; anything the sweep did not measure runs `FALLBACK`, XLA's ops.
 
 With no results file, the table is empty and every GPU lookup runs XLA's
 ops: the first H200 run (``benchmarks/README.md``, "The first GPU run")
@@ -158,7 +158,10 @@ def table_from_results(cases: list[dict]) -> tuple[Choice, ...]:
   Args:
     cases: the results file's list; each case has ``kernel`` (``gather``,
       ``bag16``, ``backward``, ``update-sgd``, ...), ``variant``, ``shape``
-      (``[rows, features]``), ``dtype``, ``ids`` and ``median_us``.
+      (``[rows, features]``), ``dtype``, ``ids`` and ``median_us``, and
+      ``run`` where several sweeps' cases are given (a confirming rerun:
+      each run's measurements are cases apart, so a variant must win in
+      every run that measured it).
       Cases with ``"check": false`` (a variant that failed its check) are
       left out.
 
@@ -180,7 +183,7 @@ def table_from_results(cases: list[dict]) -> tuple[Choice, ...]:
     if kind not in KINDS:
       continue
     key = (kind, case["dtype"], int(case["shape"][1]), bag)
-    where = (tuple(case["shape"]), case["ids"])
+    where = (tuple(case["shape"]), case["ids"], case.get("run", 0))
     groups.setdefault(key, {}).setdefault(where, {})[case["variant"]] = float(case["median_us"])
   widths, bags = {}, {}
   for kind, dtype, features, bag in groups:

@@ -79,6 +79,20 @@ class Kernel:
     """Theoretical occupancy: resident warps over the SM's 64."""
     return self.blocks_per_sm() * max(1, math.ceil(self.threads / 32)) / SM["warps"]
 
+  def load_bytes_per_thread(self) -> int:
+    """Bytes of every global load in the code, per thread (a loop's body counted once: one step)."""
+    return sum(width * count for width, count in self.loads.items())
+
+  def in_flight(self) -> int:
+    """Bytes the resident programs request at once, if each issues one step's loads before using them.
+
+    To move ``B`` bytes a second at a memory latency of ``L`` seconds, ``B x
+    L`` bytes must be in flight (Little's law): that, not occupancy alone,
+    is what a gather of rows needs.
+    """
+    resident = min(self.grid, SM["count"] * self.blocks_per_sm())
+    return self.load_bytes_per_thread() * self.threads * resident
+
   def waves(self) -> float:
     """Grid over what all SMs hold at once (below 1: some SMs idle)."""
     return self.grid / max(1, SM["count"] * self.blocks_per_sm())

@@ -204,24 +204,33 @@ def warps_for(rows: int, row_bytes: int) -> int:
   return max(1, min(8, pow2(-(-rows * row_bytes // 1024))))
 
 
-def default_variant(kind: str, row_bytes: int, count: int = 1 << 16):
+def default_variant(kind: str, row_bytes: int, count: int = 1 << 16, *, itemsize: int = 4):
   """The variant of ``kind`` (``gather`` / ``bag`` / ``segment``) for rows of ``row_bytes``.
 
   ``count``: the ids (gather, segment) or bags (bag) of a call: a bag
   program takes fewer bags when there are few, so that the grid still
-  holds several programs per SM (132 SMs).
+  holds several programs per SM (132 SMs), and then reads more slots of
+  each a step, so that the whole grid still keeps megabytes of rows in
+  flight (HBM bandwidth times its latency: `ptx.Kernel.in_flight`).
+  ``itemsize``: bytes of a gradient element (segment): two-byte rows take
+  half the runs a program, since converting a 2-byte tile to the float32
+  sums on eight warps spills (ptxas, sm_90a).
 
   >>> default_variant("bag", 512, count=4096), default_variant("bag", 512, count=1024)
-  (BagVariant(bags=4, unroll=4, warps=8), BagVariant(bags=1, unroll=4, warps=2))
+  (BagVariant(bags=4, unroll=4, warps=8), BagVariant(bags=1, unroll=8, warps=4))
+  >>> default_variant("segment", 256, itemsize=2)
+  SegmentVariant(piece=16, runs=16, unroll=2, warps=4)
   """
   if kind == "gather":
     return GatherVariant(32, warps_for(32, row_bytes))
   if kind == "bag":
     programs = max(1, count // (4 * 132))      # at least 4 programs an SM
     bags = min(8, 1 << (programs.bit_length() - 1))
-    return BagVariant(bags, 4, warps_for(4 * bags, row_bytes))
+    unroll = min(16, max(4, pow2(-(-4096 // (bags * row_bytes)))))   # 4 KB a step or more
+    return BagVariant(bags, unroll, warps_for(unroll * bags, row_bytes))
   if kind == "segment":
-    return SegmentVariant(16, 32, 2, warps_for(32, row_bytes))
+    runs = 32 if itemsize >= 4 else 16
+    return SegmentVariant(16, runs, 2, warps_for(runs, row_bytes))
   raise ValueError(f"default_variant: kind={kind!r}; use 'gather', 'bag' or 'segment'.")
 
 

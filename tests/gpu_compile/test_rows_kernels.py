@@ -43,7 +43,7 @@ def lookups(dtype, width):
   row_bytes = width * jnp.dtype(dtype).itemsize
   gather = rows.default_variant("gather", row_bytes).name
   bag = rows.default_variant("bag", row_bytes, 64).name
-  segment = rows.default_variant("segment", row_bytes).name
+  segment = rows.default_variant("segment", row_bytes, itemsize=jnp.dtype(dtype).itemsize).name
 
   def loss(table, ids, bag_ids, weights):
     got = rows_ad.gather(table, ids, gather, segment, False)

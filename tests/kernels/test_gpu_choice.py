@@ -97,6 +97,27 @@ def test_generated_from_the_newest_file_of_a_results_folder(tmp_path):
   assert check.returncode == 0
 
 
+def test_a_confirming_rerun_of_the_same_date_must_agree(tmp_path):
+  """The newest date's files are runs apart: a variant that lost in the rerun is not chosen."""
+  results = tmp_path / "results"
+  results.mkdir()
+  first = fabricated()
+  rerun = [dict(c, median_us=60.0) if c["variant"] == GATHER and c["dtype"] == "float32" else c
+           for c in first if c["kernel"] == "gather"]   # the rerun measured the gathers alone
+  (results / "gpu_2099-12-31.json").write_text(json.dumps(first))
+  (results / "gpu_2099-12-31_confirm.json").write_text(json.dumps(rerun))
+  out = tmp_path / "gpu_measured.py"
+  subprocess.run([sys.executable, str(TABLE_SCRIPT), "--results", str(results), "--out", str(out)],
+                 check=True, capture_output=True, timeout=120)
+  namespace = {}
+  exec(out.read_text(), namespace)   # pylint: disable=exec-used
+  assert namespace["SOURCE"] == "gpu_2099-12-31.json, gpu_2099-12-31_confirm.json"
+  rows = {(c[0], c[1], c[3]): c[4] for c in namespace["CHOICES"]}
+  assert rows[("gather", "float32", (0, 0))] == "xla"      # 2x slower than XLA in the rerun
+  assert rows[("gather", "int8", (0, 0))] == GATHER         # won in both runs
+  assert rows[("backward", "float32", (0, 0))] == SEGMENT   # measured in the first run alone
+
+
 def test_a_variant_is_chosen_by_its_worst_speedup_over_the_best_xla_path(table):
   choice = {(c.kind, c.dtype, c.features, c.bag): c for c in table}
   gather = choice["gather", "float32", (91, 256), (0, 0)]

@@ -1,8 +1,8 @@
 """The GPU benchmark scripts: their checks can fail, and without a GPU they measure nothing.
 
-``gpu_session.sh --smoke --json FILE`` runs the whole session
+``gpu_session.sh --smoke --confirm --json FILE`` runs the whole session
 (``gpu_sweep.py --smoke``: every kernel's variants, the backward, the
-updates and both steps) at tiny sizes with the kernels interpreted, so that
+updates and both steps, then the lookups' confirming rerun) at tiny sizes with the kernels interpreted, so that
 a GPU session does not spend its device time on a script error: every check
 must pass, every case be timed and written with the keys ``gpu_table.py``
 reads (exit 0). ``gpu_sweep.py --smoke`` on the gather alone is the fast
@@ -74,8 +74,8 @@ def test_smoke_session_passes_its_checks_and_times_every_case(tmp_path, env):
   session = SCRIPT.parent / "gpu_session.sh"
   env = dict(env, PYTHON=sys.executable, OUT=str(tmp_path))
   out = tmp_path / "sweep.json"
-  result = subprocess.run(["bash", str(session), "--smoke", "--json", str(out)], env=env,
-                          capture_output=True, text=True, timeout=3000)
+  result = subprocess.run(["bash", str(session), "--smoke", "--confirm", "--json", str(out)],
+                          env=env, capture_output=True, text=True, timeout=3000)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
   log = (tmp_path / "gpu_session.txt").read_text()
   assert "DIFFER" not in log and "gpu_session: done" in log
@@ -90,6 +90,10 @@ def test_smoke_session_passes_its_checks_and_times_every_case(tmp_path, env):
   from embedlib.kernels import gpu_choice
   assert {c.kind for c in gpu_choice.table_from_results(cases)} == {
       "gather", "bag", "backward", "update-sgd", "update-adagrad", "update-adam"}
+  # --confirm: the lookups swept once more, into the file gpu_table.py reads beside the first.
+  again = json.loads((tmp_path / "sweep_confirm.json").read_text())
+  assert_cases(again, ["gather", "bag16", "bag64", "backward", "update-sgd", "update-adagrad",
+                       "update-adam"])
 
 
 # The script's main with a wrong reference; reaching the timings exits 3.
