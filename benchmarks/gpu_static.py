@@ -29,8 +29,8 @@ code (``embedlib.kernels.ptx``):
   output written once: table rows read, output written, ids; for the
   backward and the update the distinct rows of uniform / Zipf(1.05) ids);
 - ``H100 us`` / ``H200 us``: those bytes at 3.35 and 4.8 TB/s (the
-  datasheets'; a device-to-device copy measured about 3.0 and 4.3 TB/s
-  here, ``benchmarks/README.md``), the time no kernel can beat.
+  datasheets'), the time no kernel can beat (``benchmarks/README.md`` adds
+  the rate a device-to-device copy reached, which the targets count in).
 
 Nothing is timed. ``benchmarks/README.md`` ("Triton rows kernels: compiled
 code and roofline") keeps the table.
