@@ -17,14 +17,15 @@
 #   bash benchmarks/gpu_session.sh --confirm --json benchmarks/results/gpu_$(date +%F).json
 #   bash benchmarks/gpu_session.sh --smoke --json /tmp/smoke.json   # any backend, tiny: tests the script
 #
-# --json FILE: the sweep's cases (kernel, variant, shape, dtype, ids,
-# median_us, ...); kept as benchmarks/results/gpu_<date>.json, it is what
+# --json FILE: the sweep's record (timing.Run), its cases with kernel, variant,
+# shape, dtype, ids, median_us...; kept as benchmarks/results/gpu_<date>.json, it is what
 # `python benchmarks/gpu_table.py` turns into kernel="auto"'s table.
 # --confirm: then the lookups' sweep once more (compiles cached), into
 # FILE's name with _confirm before .json: gpu_table.py reads a date's files
 # together and picks a kernel only where it won in both runs. The whole
 # stays under 9 minutes (the device tool's command limit is 10). The
-# output is also in $OUT/gpu_session.txt when $OUT is set.
+# output is also in $OUT/gpu_session.txt when $OUT is set, and each other
+# script's --json record in $OUT/<script>.json.
 #
 # Without a GPU (and without --smoke) it says so and exits 0, having measured
 # nothing. Exits 1 if a check fails (the rest still runs: the failing
@@ -66,7 +67,12 @@ fi
 status=0
 run() {
   echo "== $* (at $((SECONDS - start)) s)" | tee -a "$log"
-  "$python" "$@" 2>&1 | tee -a "$log"
+  # Each script's --json record: the one asked for, else $OUT/<script>.json when $OUT is set.
+  local record=()
+  if [ -n "${OUT:-}" ] && [[ " $* " != *" --json "* ]]; then
+    record=(--json "$OUT/$(basename "$1" .py).json")
+  fi
+  "$python" "$@" "${record[@]}" 2>&1 | tee -a "$log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
 # The lookups get 210 s (no new group starts after that); the two steps

@@ -39,7 +39,6 @@ code and roofline") keeps the table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -47,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
+import timing  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated; "
                       f"of {','.join(KERNELS)}")
-  parser.add_argument("--json", default=None, help="also write the lines to this file")
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
   from embedlib.kernels import deviceless, ptx
 
@@ -159,6 +159,7 @@ def main(argv=None) -> int:
   if reason:
     print(f"gpu_static: deviceless GPU compiles unavailable: {reason}")
     return 0
+  record = timing.Run("gpu_static", argv)
   mesh = deviceless.gpu_mesh((1,), ("x",), target="H100")
   print(f"jax {jax.__version__}, compiled for sm_90a (H100 / H200), {NUM_IDS:,} ids; default "
         "variants (kernels/rows.default_variant)")
@@ -187,21 +188,23 @@ def main(argv=None) -> int:
                   f"{fmt_pair(lambda b: ptx.roofline_us(b, 'H100')):>14}"
                   f"{fmt_pair(lambda b: ptx.roofline_us(b, 'H200')):>14}")
           print(line, flush=True)
-          records.append(dict(kernel=kernel, dtype=dtype, shape=[rows, features], name=name,
-                              loads={str(b): c for b, c in k.loads.items()},
-                              registers=k.registers, spills=k.spill_stores + k.spill_loads,
-                              shared=k.shared, threads=k.threads, grid=k.grid,
-                              occupancy=k.occupancy(), waves=k.waves(),
-                              in_flight_bytes=k.in_flight(), moved_bytes=moved,
-                              roofline_us={t: {d: ptx.roofline_us(b, t) for d, b in moved.items()}
-                                           for t in ptx.HBM}))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(records, f, indent=1)
-  spilled = [f"{r['kernel']} {r['dtype']} {r['name']}" for r in records if r["spills"]]
+          record.add_case(f"{kernel} {dtype} {table} {name.removeprefix('embedlib_')} H200 floor",
+                          [ptx.roofline_us(b, "H200") for b in moved.values()], "us")
+          record.cases[-1].update(
+              kernel=kernel, dtype=dtype, shape=[rows, features], kernel_name=name,
+              loads={str(b): c for b, c in k.loads.items()}, registers=k.registers,
+              spills=k.spill_stores + k.spill_loads, shared=k.shared, threads=k.threads,
+              grid=k.grid, occupancy=k.occupancy(), waves=k.waves(),
+              in_flight_bytes=k.in_flight(), moved_bytes=moved,
+              roofline_us={t: {d: ptx.roofline_us(b, t) for d, b in moved.items()}
+                           for t in ptx.HBM})
+          records.append(record.cases[-1])
+  spilled = [f"{r['kernel']} {r['dtype']} {r['kernel_name']}" for r in records
+             if r["spills"]]
   print(f"\nspills: {', '.join(spilled) if spilled else 'none'}")
   print("loads: global load width x count a thread (PTX); MB and us: uniform/zipf ids where "
         "they differ (distinct rows). The us columns are the bandwidth floor, not a timing.")
+  record.finish(args.json)
   return 0
 
 

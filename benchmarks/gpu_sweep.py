@@ -36,19 +36,23 @@ run with ``kernel="auto"`` on the table this run's cases give
 (``gpu_choice.table_from_results``) against ``kernel="xla"`` with the XLA
 update, checked against each other first.
 
-``--json FILE`` writes every case: ``kernel``, ``variant``, ``shape``,
-``dtype``, ``ids``, ``median_us`` (and ``min_us``, ``max_us``, ``check``,
-``device``). Keep a GPU run's file as ``benchmarks/results/gpu_<date>.json``
-and run ``python benchmarks/gpu_table.py``: ``auto`` then runs what it
-measured fastest. Never asserts a time; without a GPU (and without
-``--smoke``) it measures nothing.
+``--json FILE`` writes the run's record (``timing.Run``: the machine beside
+the figures) whose ``cases`` are the sweep's, each with ``kernel``,
+``variant``, ``shape``, ``dtype``, ``ids``, ``median_us`` (and ``min_us``,
+``max_us``, ``check``, ``device``, and the record's ``name``, ``min``,
+``median``, ``max``, ``unit``), and whose ``ratios`` are each group's best
+rows kernel over its best XLA path (``rows_vs_xla_<kernel>_<table>_<dtype>_<ids>``)
+and each step's ``auto`` over ``xla``. Keep a GPU run's file as
+``benchmarks/results/gpu_<date>.json`` and run ``python
+benchmarks/gpu_table.py``: ``auto`` then runs what it measured fastest.
+Never asserts a time; without a GPU (and without ``--smoke``) it measures
+nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import os
 import sys
 import time
@@ -61,6 +65,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import gpu_cases  # noqa: E402
+import timing  # noqa: E402
 from gpu_lookup import make_ids, torch_ops  # noqa: E402
 
 TABLES = ((1_000_000, 128), (10_000_000, 64))
@@ -130,6 +135,35 @@ def one_call(compiled, case):
   return out if case.donated else out[1]
 
 
+def keep(record: timing.Run, case: dict, secs=None) -> None:
+  """A sweep case in the run's record: its figures in µs, under the record's keys and its own."""
+  if secs is not None:
+    us = [float(x) * 1e6 for x in secs]
+    case = dict(case, median_us=float(np.median(us)), min_us=min(us), max_us=max(us))
+  name = " ".join([case["kernel"], "x".join(map(str, case["shape"])), case["dtype"], case["ids"],
+                   case["variant"]])
+  record.cases.append(dict(case, name=name, min=case["min_us"], median=case["median_us"],
+                           max=case["max_us"], unit="us", n=0 if secs is None else len(secs)))
+
+
+def ratios(record: timing.Run) -> None:
+  """Each measured group's best rows kernel over its best XLA path, and each step's auto / xla."""
+  groups: dict[tuple, dict[str, float]] = {}
+  for c in record.cases:
+    if c["median_us"] is not None:
+      key = (c["kernel"], "x".join(map(str, c["shape"])), c["dtype"], c["ids"])
+      groups.setdefault(key, {})[c["variant"]] = c["median_us"]
+  for (kernel, shape, dtype, ids), times in groups.items():
+    if kernel.startswith("step-") and {"auto", "xla"} <= set(times):
+      record.ratio(f"auto_vs_xla_{kernel}", times["xla"] / times["auto"])
+      continue
+    base = min((t for v, t in times.items() if v in ("xla", "xla-slots", "xla-sorted",
+                                                      "xla-ops")), default=None)
+    rows = min((t for v, t in times.items() if v.startswith("triton-rows-")), default=None)
+    if base and rows:
+      record.ratio(f"rows_vs_xla_{kernel}_{shape}_{dtype}_{ids}", base / rows)
+
+
 def run_group(group: gpu_cases.Group, args, torch_timer, record) -> None:
   """Checks, then times, one (kernel, table, dtype)'s variants on both id distributions."""
   started = time.monotonic()
@@ -147,19 +181,15 @@ def run_group(group: gpu_cases.Group, args, torch_timer, record) -> None:
       base = dict(kernel=group.kernel, variant=variant, shape=list(group.shape), dtype=group.dtype,
                   ids=dist, device=args.device, check=ok)
       if not ok:
-        record(dict(base, median_us=None, min_us=None, max_us=None, error=str(err)[:300]))
+        keep(record, dict(base, median_us=None, min_us=None, max_us=None, error=str(err)[:300]))
         continue
-      secs = seconds(compiled, case, dist, args.inner, args.repeats)
-      record(dict(base, median_us=float(np.median(secs)) * 1e6, min_us=float(secs.min()) * 1e6,
-                  max_us=float(secs.max()) * 1e6))
+      keep(record, base, seconds(compiled, case, dist, args.inner, args.repeats))
   if torch_timer and group.torch:
     for dist in group.distributions:
       secs = torch_timer(group.torch, group.shape, group.dtype, group.ids_np[dist], group.bag,
                          args.inner, args.repeats)
-      record(dict(kernel=group.kernel, variant="torch", shape=list(group.shape),
-                  dtype=group.dtype, ids=dist, device=args.device, check=True,
-                  median_us=float(np.median(secs)) * 1e6, min_us=float(secs.min()) * 1e6,
-                  max_us=float(secs.max()) * 1e6))
+      keep(record, dict(kernel=group.kernel, variant="torch", shape=list(group.shape),
+                        dtype=group.dtype, ids=dist, device=args.device, check=True), secs)
 
 
 def print_group(cases, kernel, shape, dtype) -> None:
@@ -176,7 +206,6 @@ def print_group(cases, kernel, shape, dtype) -> None:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--json", default=None, help="write the cases to this file")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--inner", type=int, default=20)
   parser.add_argument("--budget", type=float, default=None,
@@ -188,6 +217,7 @@ def main(argv=None) -> int:
   parser.add_argument("--smoke", action="store_true",
                       help="tiny sizes on any backend (kernels interpreted on a CPU): tests the "
                       "script; its numbers mean nothing")
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
   backend = jax.default_backend()
   tables, dtypes, dists, num_ids = TABLES, DTYPES, DISTRIBUTIONS, NUM_IDS
@@ -199,11 +229,11 @@ def main(argv=None) -> int:
     print(f"gpu_sweep: the default jax backend is {backend!r}, not a GPU; this sweep measures "
           "GPU kernels only, so it measures nothing here.")
     return 0
+  record = timing.Run("gpu_sweep", argv, smoke=args.smoke)
   args.device = jax.devices()[0].device_kind
   print(f"device: {args.device}, jax {jax.__version__}")
   torch_timer = None if args.smoke else torch_ops()
-  cases, started = [], time.monotonic()
-  record = cases.append
+  cases, started = record.cases, time.monotonic()
   kernels = args.kernels.split(",")
   for rows, features in tables:
     ids_np = {d: make_ids(rows, num_ids, d) for d in dists}
@@ -219,6 +249,7 @@ def main(argv=None) -> int:
         run_group(group, args, torch_timer, record)
         print_group(cases, kernel, (rows, features), dtype)
         del group
+    record.probe()   # the host's state between tables
   if not args.no_steps:
     from embedlib.kernels import gpu_choice
     table = gpu_choice.table_from_results(cases)
@@ -229,17 +260,13 @@ def main(argv=None) -> int:
       for step in gpu_cases.steps(smoke=args.smoke):
         ok, times = step.run(args.repeats)
         for variant, secs in times.items():
-          record(dict(kernel=step.kernel, variant=variant, shape=list(step.shape),
-                      dtype="float32", ids=step.ids, device=args.device, check=ok,
-                      median_us=float(np.median(secs)) * 1e6, min_us=float(secs.min()) * 1e6,
-                      max_us=float(secs.max()) * 1e6))
+          keep(record, dict(kernel=step.kernel, variant=variant, shape=list(step.shape),
+                            dtype="float32", ids=step.ids, device=args.device, check=ok), secs)
           print(f"  {step.kernel:<15}{variant:<8}{1e3 * secs.min():9.3f}"
                 f"{1e3 * np.median(secs):9.3f}{1e3 * secs.max():9.3f} ms")
   failed = [c for c in cases if not c["check"]]
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(cases, f, indent=1)
-    print(f"gpu_sweep: {len(cases)} cases written to {args.json}")
+  ratios(record)
+  record.finish(args.json)
   print(f"gpu_sweep: {len(cases)} cases, {len(failed)} failed their check, in "
         f"{time.monotonic() - started:.0f} s")
   return 1 if failed else 0

@@ -2,23 +2,26 @@
 
 ``gpu_session.sh --smoke --confirm --json FILE`` runs the whole session
 (``gpu_sweep.py --smoke``: every kernel's variants, the backward, the
-updates and both steps, then the lookups' confirming rerun) at tiny sizes with the kernels interpreted, so that
-a GPU session does not spend its device time on a script error: every check
-must pass, every case be timed and written with the keys ``gpu_table.py``
-reads (exit 0). ``gpu_sweep.py --smoke`` on the gather alone is the fast
-test of the same keys. With a wrong gather or bag reference
-``gpu_lookup.py``'s check must fail and the script exit 1 before timing
-anything. The runs share a compilation cache. Every run uses this
-checkout's embedlib. No time is asserted.
-"""
+updates and both steps, then the lookups' confirming rerun) at tiny sizes
+with the kernels interpreted, so that a GPU session does not spend its
+device time on a script error: every check must pass, and every case be
+timed and written in the run's record (``timing.Run``) with the keys
+``gpu_table.py`` reads (exit 0). ``gpu_sweep.py --smoke`` on the gather
+alone is the fast test of the same keys. The scripts the session ran before
+(``gpu_lookup.py``, ``gpu_steps.py``) still check and write their records
+(slow). With a wrong gather or bag reference ``gpu_lookup.py``'s check must
+fail and the script exit 1 before timing anything. The runs share a
+compilation cache. Every run uses this checkout's embedlib. No time is
+asserted."""
 
-import json
 import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
+
+from tests import benchmark_scripts
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_lookup.py"
@@ -61,7 +64,7 @@ def test_smoke_sweep_of_the_gather_writes_every_key(tmp_path, env):
       [sys.executable, str(SCRIPT.parent / "gpu_sweep.py"), "--smoke", "--kernels", "gather",
        "--no-steps", "--json", str(out)], env=env, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-  cases = json.loads(out.read_text())
+  cases = benchmark_scripts.read_record(out)["cases"]
   assert_cases(cases, ["gather"])
   variants = {c["variant"] for c in cases}
   assert "xla" in variants and "triton-tile" in variants
@@ -79,7 +82,8 @@ def test_smoke_session_passes_its_checks_and_times_every_case(tmp_path, env):
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
   log = (tmp_path / "gpu_session.txt").read_text()
   assert "DIFFER" not in log and "gpu_session: done" in log
-  cases = json.loads(out.read_text())
+  cases = benchmark_scripts.read_record(out, ["auto_vs_xla_step-sparse",
+                                              "rows_vs_xla_gather_300x64_float32_zipf"])["cases"]
   assert_cases(cases, ["gather", "bag16", "bag64", "backward", "update-sgd", "update-adagrad",
                        "update-adam", "step-sparse", "step-dlrm"])
   variants = {c["variant"] for c in cases}
@@ -91,9 +95,24 @@ def test_smoke_session_passes_its_checks_and_times_every_case(tmp_path, env):
   assert {c.kind for c in gpu_choice.table_from_results(cases)} == {
       "gather", "bag", "backward", "update-sgd", "update-adagrad", "update-adam"}
   # --confirm: the lookups swept once more, into the file gpu_table.py reads beside the first.
-  again = json.loads((tmp_path / "sweep_confirm.json").read_text())
+  again = benchmark_scripts.read_record(tmp_path / "sweep_confirm.json")["cases"]
   assert_cases(again, ["gather", "bag16", "bag64", "backward", "update-sgd", "update-adagrad",
                        "update-adam"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script,ratios", [
+    ("gpu_steps", ["embedlib_vs_xla_ops_update_lazyadam", "update_share_of_copy_sgd"]),
+    ("gpu_lookup", ["mosaic_vs_xla_gather_1000x100_f32_zipf"])])
+def test_the_scripts_the_session_ran_before_the_sweep_still_check_and_record(script, ratios,
+                                                                            tmp_path, env):
+  out = tmp_path / f"{script}.json"
+  result = subprocess.run([sys.executable, str(SCRIPT.parent / f"{script}.py"), "--smoke",
+                           "--check", "--json", str(out)], env=env, capture_output=True,
+                          text=True, timeout=1800)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+  assert "MISMATCH" not in result.stdout and "DIFFERS" not in result.stdout
+  benchmark_scripts.read_record(out, ratios)
 
 
 # The script's main with a wrong reference; reaching the timings exits 3.
