@@ -21,6 +21,8 @@ import numpy as np
 from gpu_lookup import xla_bag
 
 QUANTIZED = ("int8", "int4")
+#: The sweep's lookup kernels (a case's ``kernel``): the steps' are ``step-...``.
+LOOKUPS = ("gather", "bag16", "bag64", "backward", "update-sgd", "update-adagrad", "update-adam")
 
 
 def _row_bytes(dtype, features):

@@ -80,9 +80,10 @@ def row_bytes(dtype: str, features: int) -> int:
   return features * jnp.dtype(dtype).itemsize
 
 
-def moved_bytes(kernel: str, dtype: str, rows: int, features: int, uniq: int) -> int:
-  """The fewest bytes the call moves (see the module docstring)."""
-  n, rb = NUM_IDS, row_bytes(dtype, features)
+def moved_bytes(kernel: str, dtype: str, rows: int, features: int, uniq: int,
+                n: int = NUM_IDS) -> int:
+  """The fewest bytes a call of ``n`` ids moves (see the module docstring)."""
+  rb = row_bytes(dtype, features)
   out_item = 4 if dtype in ("int8", "int4") else jnp.dtype(dtype).itemsize
   if kernel == "gather":
     return n * rb + n * features * out_item + 4 * n

@@ -66,13 +66,14 @@ import numpy as np  # noqa: E402
 
 import gpu_cases  # noqa: E402
 import timing  # noqa: E402
-from gpu_lookup import make_ids, torch_ops  # noqa: E402
+from gpu_lookup import COPY_BYTES, copy_bandwidth, make_ids, torch_ops  # noqa: E402
+from gpu_static import moved_bytes  # noqa: E402
 
 TABLES = ((1_000_000, 128), (10_000_000, 64))
 DTYPES = ("float32", "bfloat16", "int8", "int4")
 DISTRIBUTIONS = ("uniform", "zipf")
 NUM_IDS = 65_536
-LOOKUPS = ("gather", "bag16", "bag64", "backward", "update-sgd", "update-adagrad", "update-adam")
+LOOKUPS = gpu_cases.LOOKUPS
 
 
 def compile_all(programs: dict, workers: int) -> dict:
@@ -164,6 +165,51 @@ def ratios(record: timing.Run) -> None:
       record.ratio(f"rows_vs_xla_{kernel}_{shape}_{dtype}_{ids}", base / rows)
 
 
+XLA_PATHS = ("xla", "xla-slots", "xla-sorted", "xla-ops")
+
+
+def targets(record: timing.Run, copy_bps: float, num_ids: int) -> None:
+  """Issue 54's targets against each measured group's best rows kernel, printed and kept as ratios.
+
+  The share of the copy is the fewest bytes the call moves
+  (``gpu_static.moved_bytes``) per second over the copy's bytes (read +
+  write) per second. Targets: gather 80% of the copy, and 1.2x XLA where
+  XLA is below 70%; bags 1.5x the best XLA path; the update 30% of the
+  copy and faster than the sorted XLA update.
+  """
+  groups: dict[tuple, dict[str, float]] = {}
+  for c in record.cases:
+    if c["median_us"] is not None and c["kernel"] in gpu_cases.LOOKUPS:
+      key = (c["kernel"], tuple(c["shape"]), c["dtype"], c["ids"])
+      groups.setdefault(key, {})[c["variant"]] = c["median_us"] * 1e-6
+  print(f"\ntargets (issue 54), copy {copy_bps / 1e9:.1f} GB/s read + write:")
+  for (kernel, (rows, features), dtype, ids), times in sorted(groups.items()):
+    rows_times = {v: t for v, t in times.items() if v.startswith("triton-rows-")}
+    xla = {v: t for v, t in times.items() if v in XLA_PATHS}
+    if not rows_times or not xla:
+      continue
+    variant, t = min(rows_times.items(), key=lambda kv: kv[1])
+    base = min(xla.values())
+    uniq = len(np.unique(make_ids(rows, num_ids, ids)))
+    share = moved_bytes(kernel, dtype, rows, features, uniq, n=num_ids) / t / copy_bps
+    tag = f"{kernel}_{rows}x{features}_{dtype}_{ids}"
+    record.ratio(f"share_of_copy_{tag}", share)
+    if kernel == "gather":
+      xla_share = share * t / base
+      met = share >= 0.8 and (xla_share >= 0.7 or base / t >= 1.2)
+      goal = "80% of copy, 1.2x XLA where XLA < 70%"
+    elif kernel.startswith("bag"):
+      met, goal = base / t >= 1.5, "1.5x the best XLA path"
+    elif kernel.startswith("update-"):
+      met = share >= 0.3 and t < xla.get("xla-sorted", float("inf"))
+      goal = "30% of copy and faster than xla-sorted"
+    else:
+      met, goal = None, "none (backward)"
+    verdict = {True: "MET", False: "not met", None: "-"}[met]
+    print(f"  {kernel:<15}{rows}x{features:<6}{dtype:<9}{ids:<8}{variant:<38}{share:6.1%} of copy "
+          f"{base / t:5.2f}x best XLA  target {goal}: {verdict}")
+
+
 def run_group(group: gpu_cases.Group, args, torch_timer, record) -> None:
   """Checks, then times, one (kernel, table, dtype)'s variants on both id distributions."""
   started = time.monotonic()
@@ -233,6 +279,11 @@ def main(argv=None) -> int:
   args.device = jax.devices()[0].device_kind
   print(f"device: {args.device}, jax {jax.__version__}")
   torch_timer = None if args.smoke else torch_ops()
+  copy_bytes = 1 << 20 if args.smoke else COPY_BYTES
+  copy_bps = copy_bandwidth(copy_bytes, args.inner, args.repeats)
+  # The copy's time for its bytes read and written: what "% of copy" counts against.
+  keep(record, dict(kernel="copy", variant="copy", shape=[copy_bytes], dtype="float32", ids="-",
+                    device=args.device, check=True), [2 * copy_bytes / copy_bps])
   cases, started = record.cases, time.monotonic()
   kernels = args.kernels.split(",")
   for rows, features in tables:
@@ -266,6 +317,7 @@ def main(argv=None) -> int:
                 f"{1e3 * np.median(secs):9.3f}{1e3 * secs.max():9.3f} ms")
   failed = [c for c in cases if not c["check"]]
   ratios(record)
+  targets(record, copy_bps, num_ids)
   record.finish(args.json)
   print(f"gpu_sweep: {len(cases)} cases, {len(failed)} failed their check, in "
         f"{time.monotonic() - started:.0f} s")

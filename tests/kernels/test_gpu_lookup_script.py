@@ -64,8 +64,9 @@ def test_smoke_sweep_of_the_gather_writes_every_key(tmp_path, env):
       [sys.executable, str(SCRIPT.parent / "gpu_sweep.py"), "--smoke", "--kernels", "gather",
        "--no-steps", "--json", str(out)], env=env, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-  cases = benchmark_scripts.read_record(out)["cases"]
-  assert_cases(cases, ["gather"])
+  cases = benchmark_scripts.read_record(out, ["share_of_copy_gather_300x64_float32_zipf",
+                                              "rows_vs_xla_gather_300x64_int8_zipf"])["cases"]
+  assert_cases(cases, ["copy", "gather"])
   variants = {c["variant"] for c in cases}
   assert "xla" in variants and "triton-tile" in variants
   assert any(v.startswith("triton-rows-gather-") for v in variants)
@@ -83,9 +84,11 @@ def test_smoke_session_passes_its_checks_and_times_every_case(tmp_path, env):
   log = (tmp_path / "gpu_session.txt").read_text()
   assert "DIFFER" not in log and "gpu_session: done" in log
   cases = benchmark_scripts.read_record(out, ["auto_vs_xla_step-sparse",
-                                              "rows_vs_xla_gather_300x64_float32_zipf"])["cases"]
-  assert_cases(cases, ["gather", "bag16", "bag64", "backward", "update-sgd", "update-adagrad",
-                       "update-adam", "step-sparse", "step-dlrm"])
+                                              "rows_vs_xla_gather_300x64_float32_zipf",
+                                              "share_of_copy_update-adam_300x64_float32_zipf"]
+                                        )["cases"]
+  assert_cases(cases, ["copy", "gather", "bag16", "bag64", "backward", "update-sgd",
+                       "update-adagrad", "update-adam", "step-sparse", "step-dlrm"])
   variants = {c["variant"] for c in cases}
   for family in ("xla", "xla-slots", "xla-sorted", "xla-ops", "triton-tile", "auto",
                  "triton-rows-gather-", "triton-rows-bag-", "triton-rows-segment-"):
@@ -96,8 +99,8 @@ def test_smoke_session_passes_its_checks_and_times_every_case(tmp_path, env):
       "gather", "bag", "backward", "update-sgd", "update-adagrad", "update-adam"}
   # --confirm: the lookups swept once more, into the file gpu_table.py reads beside the first.
   again = benchmark_scripts.read_record(tmp_path / "sweep_confirm.json")["cases"]
-  assert_cases(again, ["gather", "bag16", "bag64", "backward", "update-sgd", "update-adagrad",
-                       "update-adam"])
+  assert_cases(again, ["copy", "gather", "bag16", "bag64", "backward", "update-sgd",
+                       "update-adagrad", "update-adam"])
 
 
 @pytest.mark.slow
