@@ -24,6 +24,11 @@ run:
   (``apply.py``), ``xla-sorted`` (the sorted update, the default), the fused
   rows kernels, ``mosaic-tma`` (the fused Mosaic kernel).
 
+A 1 GiB device-to-device copy is timed first (the ``copy`` case): after
+the lookups, each group's fastest rows kernel is judged against issue 54's
+targets by its share of that copy and its speed-up over the best XLA path
+(`targets`).
+
 Every variant is first run once and compared with its reference (a lookup
 with the pure-jnp reference on the float32 table, the update with the XLA
 ops): a variant that disagrees is reported, kept out of the timings and
