@@ -42,6 +42,15 @@ from embedlib.kernels import platforms
 from embedlib.strategies import unique as unique_lib
 
 
+#: ``placed_at`` of a row that still holds the value the table was created
+#: with. A table is created with every row at its initial value
+#: (``initial_table``), so a row's first placement draws nothing; a row
+#: placed again (after an eviction) is drawn again. ``reset_slots`` marks the
+#: unplaced rows of a table it trains densely as placed at 0 before the first
+#: dense update, so that they are drawn when they are placed.
+NEVER_PLACED = -1
+
+
 def _own(flat, policy, index, group):
   hi, lo = flat[:, 0], flat[:, 1]
   pad = (hi == jnp.uint32(ids_lib.PAD_WORD)) & (lo == jnp.uint32(ids_lib.PAD_WORD))
@@ -59,9 +68,12 @@ def _local(state, extra, clock, flat, *, policy, train, index, group, init):
         state, hi, lo, own, bucket, clock, policy=policy)
     # The rows placed here start again: their first value and a fresh clock mark.
     put = jnp.where(placed, rows, rows_per)
+    # A row placed for the first time holds its initial value already.
+    again = placed_at[jnp.clip(rows, 0, rows_per - 1)] != NEVER_PLACED
+    drawn = jnp.where(placed & again, rows, rows_per)
     placed_at = placed_at.at[put].set(clock + 1, mode="drop")
     if table is not None:
-      table = _place_rows(init, key_data, table, put, index * rows_per)
+      table = _place_rows(init, key_data, table, drawn, index * rows_per)
   else:
     rows = step_lib.lookup(state, hi, lo, own, bucket, bucket_size=policy.bucket_size)
     placed = jnp.zeros(rows.shape, bool)
@@ -116,6 +128,27 @@ def _place_rows(init, key_data, table, put, offset):
   return lax.fori_loop(0, (count + chunk - 1) // chunk, place, table)
 
 
+def initial_table(init, key, shape, dtype):
+  """Every row's initial value, ``init_rows`` of rows ``0 .. shape[0] - 1``: a
+  ``DynamicEmbed``'s table as it is created (``ShardedEmbed``'s initializer).
+
+  The same on any device count. A row drawn again in a step (``_place_rows``)
+  gets the same value up to the last bit: XLA:CPU may round the
+  initializer's float transform of narrow rows (under 16 values) differently
+  in the two programs.
+
+  >>> from flax.nnx.nn.linear import default_embed_init
+  >>> key = jax.random.key(0)
+  >>> table = initial_table(default_embed_init, key, (6, 3), jnp.float32)
+  >>> rows = init_rows(default_embed_init, jax.random.key_data(key), jnp.array([4]), 3,
+  ...                  jnp.float32)
+  >>> bool(jnp.array_equal(table[4], rows[0]))
+  True
+  """
+  rows = jnp.arange(shape[0], dtype=jnp.int32)
+  return init_rows(init, jax.random.key_data(key), rows, shape[1], dtype)
+
+
 def init_rows(init, key_data, rows, features, dtype):
   """Each row's initial value: ``init`` drawn with the key folded with its row number.
 
@@ -159,7 +192,8 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
 
   Args:
     state: the whole table's ``MapState``, split over ``table_axes``.
-    placed_at: int32 ``[capacity]``, the clock at which each row was placed.
+    placed_at: int32 ``[capacity]``, the clock at which each row was placed
+      (``NEVER_PLACED``: not yet).
     table: the rows, ``[capacity, features]`` laid out by ``table_spec``; None
       leaves the rows alone (a pipelined step places them later: ``place``).
     key_data: the init key's data.
@@ -248,34 +282,38 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "table_axes", "init", "table_spec", "bound"))
-def place(table, placed_at, clock, key_data, *, mesh, table_axes: tuple, init, table_spec,
-          bound: int):
+def place(table, placed_at, before, clock, key_data, *, mesh, table_axes: tuple, init,
+          table_spec, bound: int):
   """``table`` with every row placed at ``clock`` set to its initial value.
 
   What ``run`` does to the rows it places, done apart: a pipelined step
   runs the map a step ahead (``run`` with no table) and places the rows in
   the step that looks them up, after the previous step's update, as the
-  in-line step does. The values are ``init_rows``', the same bit for bit.
+  in-line step does. The values are ``init_rows``', the same bit for bit,
+  and a row placed for the first time (``before`` is ``NEVER_PLACED``) is
+  left as it is, as ``run`` leaves it.
 
   Args:
     table: the rows, ``[capacity, features]`` laid out by ``table_spec``.
     placed_at: int32 ``[capacity]``, as ``run`` returned it.
+    before: int32 ``[capacity]``, ``placed_at`` before that step.
     clock: int32 scalar, the clock after the step that placed them.
     key_data: the init key's data.
     bound: at most this many rows were placed (the step's ids).
   """
-  def body(table, placed_at, key_data, clock, index):
+  def body(table, placed_at, before, key_data, clock, index):
     n = placed_at.shape[0]
-    (put,) = jnp.nonzero(placed_at == clock, size=max(1, min(n, bound)), fill_value=n)
+    drawn = (placed_at == clock) & (before != NEVER_PLACED)
+    (put,) = jnp.nonzero(drawn, size=max(1, min(n, bound)), fill_value=n)
     return _place_rows(init, key_data, table, put.astype(jnp.int32), index * n)
 
   if mesh is None:
-    return body(table, placed_at, key_data, clock, 0)
+    return body(table, placed_at, before, key_data, clock, 0)
   split, tspec = P(table_axes or None), P(*table_spec)
   table = sharding_lib.place(table, mesh, tspec)
-  placed_at = sharding_lib.place(placed_at, mesh, split)
+  placed_at, before = (sharding_lib.place(v, mesh, split) for v in (placed_at, before))
   key_data, clock = (sharding_lib.place(v, mesh, P()) for v in (key_data, clock))
   return jax.shard_map(
       lambda *a: body(*a, lax.axis_index(table_axes) if table_axes else 0), mesh=mesh,
-      in_specs=(tspec, split, P(), P()), out_specs=tspec, check_vma=False,
-  )(table, placed_at, key_data, clock)
+      in_specs=(tspec, split, split, P(), P()), out_specs=tspec, check_vma=False,
+  )(table, placed_at, before, key_data, clock)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import typing as tp
 
@@ -62,7 +63,11 @@ class DynamicEmbed(nnx.Module):
   (``default="learned"``); its gradient reaches no resident row. The
   padding id (``-1``, ``2**64 - 1``) reads zeros and is never admitted. A
   placed row starts from ``embedding_init`` drawn with the init key folded
-  with its row number, the same on any device count.
+  with its row number, the same on any device count: the table is created
+  with every row at that value, so a row's first placement draws nothing,
+  and a row placed again after an eviction is drawn again. (A table trained
+  densely changes its unplaced rows too; ``dynamic.reset_slots``, called
+  each step, then has their first placement drawn as well.)
 
   In training mode (nnx's default) a lookup updates the map; after
   ``eval()`` it only reads it. Each training-mode call (``__call__``,
@@ -149,10 +154,14 @@ class DynamicEmbed(nnx.Module):
     self.route_capacity = route_capacity
     self.embedding_init = embedding_init
     self.deterministic = False
+    # Two keys, as when the table was made of zeros with a key of its own:
+    # every module made after this one keeps its initial values.
+    _, key = rngs.params(), rngs.params()
+    # Every row starts at its initial value, so a first placement draws nothing.
     self.rows = ShardedEmbed(
         capacity, features, mesh=mesh, sharding=sharding, table_axes=table_axes,
         data_axes=data_axes, name=name, dtype=dtype, param_dtype=param_dtype,
-        embedding_init=nnx.initializers.zeros, rngs=rngs)
+        embedding_init=_ByRow(embedding_init), rngs=_GivenKey(key))
     plan = self.rows.plan
     self.mesh = self.rows.mesh
     self.table_axes = tuple(plan.table_axes) if plan.strategy != "replicated" else ()
@@ -166,7 +175,6 @@ class DynamicEmbed(nnx.Module):
           "smaller bucket_size.")
     self.group = group
     self.features = features
-    key = rngs.params()
     split_spec = P(self.table_axes or None)
     split, every = self._place(split_spec), self._place(P())
     n, nb = capacity, self.policy.num_buckets
@@ -177,7 +185,8 @@ class DynamicEmbed(nnx.Module):
     self.sketch = (as_map(jnp.zeros((nb, sketch_depth, self.policy.width), jnp.uint8,
                                     device=split), split_spec)
                    if self.policy.uses_sketch else None)
-    self.placed_at = as_map(jnp.zeros((n,), jnp.int32, device=split), split_spec)
+    self.placed_at = as_map(jnp.full((n,), mapping.NEVER_PLACED, jnp.int32, device=split),
+                            split_spec)
     self.clock = as_map(jnp.zeros((), jnp.int32, device=every), P())
     self.slots_clock = as_map(jnp.zeros((), jnp.int32, device=every), P())
     self.init_key = as_map(jax.device_put(jax.random.key_data(key), every), P())
@@ -274,10 +283,11 @@ class DynamicEmbed(nnx.Module):
       scope.add(key, MapAhead(state, placed_at, before.clock + 1, stats, rows))
       return rows
     ahead = scope.take(key)
+    before = self.placed_at[...]
     self._commit(ahead.state, ahead.placed_at, ahead.clock, ahead.stats)
     table = self.rows.embedding[...]
     self.rows.embedding[...] = _placed(table, mapping.place(
-        jax.lax.stop_gradient(table), ahead.placed_at, ahead.clock, self.init_key[...],
+        jax.lax.stop_gradient(table), ahead.placed_at, before, ahead.clock, self.init_key[...],
         mesh=self.mesh, table_axes=self.table_axes, init=self.embedding_init,
         table_spec=tuple(self.rows.plan.table_spec), bound=flat.shape[0]))
     return ahead.rows
@@ -365,6 +375,29 @@ class DynamicEmbed(nnx.Module):
       share = jnp.sum(jnp.where(member & (rows < 0), coef, 0.0), axis=1)
       out = out + share[:, None].astype(out.dtype) * self.default_row[...].astype(out.dtype)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _ByRow:
+  """``ShardedEmbed``'s initializer for a dynamic table: ``mapping.initial_table``.
+
+  Hashable by its initializer, so tables alike share one compiled draw.
+  """
+
+  init: tp.Callable
+
+  def __call__(self, key, shape, dtype):
+    return mapping.initial_table(self.init, key, shape, dtype)
+
+
+class _GivenKey:
+  """Hands ``ShardedEmbed`` the table's init key as its ``rngs.params()``."""
+
+  def __init__(self, key):
+    self.key = key
+
+  def params(self):
+    return self.key
 
 
 class MapAhead(tp.NamedTuple):

@@ -34,11 +34,12 @@ def draw_batches(seed: int, steps: int, size: int, pool=POOL) -> list[np.ndarray
 
 
 class ReferenceTable:
-  """The reference's rows: zeros until placed, ``init_rows`` when placed, plain SGD."""
+  """The reference's rows: ``init_rows`` when created and when placed, plain SGD."""
 
   def __init__(self, capacity, features, key_data, init=default_embed_init):
-    self.table = np.zeros((capacity, features), np.float32)
     self.key, self.init, self.features = key_data, init, features
+    self.table = np.zeros((capacity, features), np.float32)
+    self.place(list(range(capacity)))
 
   def place(self, rows):
     if rows:
