@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 from embedlib import sharding as sharding_lib
 from embedlib.dynamic import draws
 from embedlib.dynamic import ids as ids_lib
+from embedlib.dynamic import initializers
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
 from embedlib.kernels import cpu_library
@@ -128,20 +129,27 @@ def _place_rows(init, key_data, table, put, offset):
   return lax.fori_loop(0, (count + chunk - 1) // chunk, place, table)
 
 
+@functools.partial(jax.jit, static_argnames=("init", "shape", "dtype"))
 def initial_table(init, key, shape, dtype):
   """Every row's initial value, ``init_rows`` of rows ``0 .. shape[0] - 1``: a
   ``DynamicEmbed``'s table as it is created (``ShardedEmbed``'s initializer).
 
-  The same on any device count. A row drawn again in a step (``_place_rows``)
-  gets the same value up to the last bit: XLA:CPU may round the
-  initializer's float transform of narrow rows (under 16 values) differently
-  in the two programs.
+  The same on any device count, and the values a step gives a row it
+  places again (``_place_rows``), bit for bit with the default
+  ``HashedUniform``, whose values are exact. Another initializer's float
+  transform is rounded as the program that runs it rounds: this one is
+  compiled (never run one primitive at a time, as ``nnx.Embed``'s eager
+  draw is) with XLA's default passes, as a step is; jax 0.10's XLA:CPU
+  folds a normal draw's two scales into one constant there (see
+  ``_compat.init_compiler_options``). On jax >= 0.11 XLA:CPU may still
+  round the tail of a vectorized loop differently in the two programs, an
+  ulp or two on a few entries.
 
   >>> from flax.nnx.nn.linear import default_embed_init
   >>> key = jax.random.key(0)
   >>> table = initial_table(default_embed_init, key, (6, 3), jnp.float32)
-  >>> rows = init_rows(default_embed_init, jax.random.key_data(key), jnp.array([4]), 3,
-  ...                  jnp.float32)
+  >>> place = jax.jit(init_rows, static_argnums=(0, 3, 4))
+  >>> rows = place(default_embed_init, jax.random.key_data(key), jnp.array([4]), 3, jnp.float32)
   >>> bool(jnp.array_equal(table[4], rows[0]))
   True
   """
@@ -152,10 +160,15 @@ def initial_table(init, key, shape, dtype):
 def init_rows(init, key_data, rows, features, dtype):
   """Each row's initial value: ``init`` drawn with the key folded with its row number.
 
-  The key is ``jax.random.wrap_key_data(key_data)``. With jax's default
-  (partitionable threefry) it is drawn through ``draws.UNROLLED``, the same
-  bits with the hash unrolled, which XLA:CPU fuses with the values' math.
+  A row initializer (``initializers.HashedUniform``, the default) draws the
+  rows by number itself. Any other ``init`` is drawn with the key
+  ``jax.random.wrap_key_data(key_data)`` folded with each row's number; with
+  jax's default (partitionable threefry) it is drawn through
+  ``draws.UNROLLED``, the same bits with the hash unrolled, which XLA:CPU
+  fuses with the values' math.
   """
+  if initializers.is_row_init(init):
+    return init.rows(key_data, rows, features, dtype)
   key = jax.random.wrap_key_data(key_data, impl=draws.impl_for(key_data))
   draw = lambda r: init(jax.random.fold_in(key, r), (1, features), dtype)[0]
   return jax.vmap(draw)(rows)

@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from flax.nnx.nn.linear import default_embed_init
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -19,6 +18,7 @@ from embedlib import lookahead
 from embedlib import options
 from embedlib import sharding as sharding_lib
 from embedlib.dynamic import ids as ids_lib
+from embedlib.dynamic import initializers
 from embedlib.dynamic import mapping
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
@@ -62,12 +62,18 @@ class DynamicEmbed(nnx.Module):
   full bucket) reads the default row: zeros, or one learned row
   (``default="learned"``); its gradient reaches no resident row. The
   padding id (``-1``, ``2**64 - 1``) reads zeros and is never admitted. A
-  placed row starts from ``embedding_init`` drawn with the init key folded
-  with its row number, the same on any device count: the table is created
-  with every row at that value, so a row's first placement draws nothing,
-  and a row placed again after an eviction is drawn again. (A table trained
+  placed row starts from ``embedding_init`` drawn for its row number with
+  the init key, the same on any device count: the table is created with
+  every row at that value, so a row's first placement draws nothing, and a
+  row placed again after an eviction is drawn again. (A table trained
   densely changes its unplaced rows too; ``dynamic.reset_slots``, called
-  each step, then has their first placement drawn as well.)
+  each step, then has their first placement drawn as well.) The default
+  initializer, ``dynamic.HashedUniform()``, is uniform with the variance of
+  ``nnx.Embed``'s default (``1 / features``), each value a hash of (key,
+  row, column): cheap to draw, the same bits in every program. Any flax
+  initializer may be given instead (``nnx.Embed``'s normal one:
+  ``flax.nnx.nn.linear.default_embed_init``); it is drawn with the init key
+  folded with the row number.
 
   In training mode (nnx's default) a lookup updates the map; after
   ``eval()`` it only reads it. Each training-mode call (``__call__``,
@@ -106,7 +112,9 @@ class DynamicEmbed(nnx.Module):
       (``embedlib.dynamic.mapping``); None: twice the even share. A step
       needing more takes the all-gather path, with the same result.
     name: the table's name in errors and statistics.
-    dtype, param_dtype, embedding_init: as ``nnx.Embed``'s.
+    dtype, param_dtype: as ``nnx.Embed``'s.
+    embedding_init: a placed row's initial value; default
+      ``dynamic.HashedUniform()`` (see above).
     rngs: ``rngs.params()`` draws the init key.
   """
 
@@ -131,7 +139,7 @@ class DynamicEmbed(nnx.Module):
       name: str = "dynamic",
       dtype: tp.Any = None,
       param_dtype: tp.Any = jnp.float32,
-      embedding_init: tp.Callable = default_embed_init,
+      embedding_init: tp.Callable = initializers.HashedUniform(),
       rngs: nnx.Rngs,
   ):
     self.policy = policy_lib.Policy(
@@ -382,9 +390,12 @@ class _ByRow:
   """``ShardedEmbed``'s initializer for a dynamic table: ``mapping.initial_table``.
 
   Hashable by its initializer, so tables alike share one compiled draw.
+  Compiled with XLA's default passes (``compiler_options``, read by
+  ``embedlib.table``), as the steps that draw rows again are.
   """
 
   init: tp.Callable
+  compiler_options: tp.ClassVar[dict] = {}
 
   def __call__(self, key, shape, dtype):
     return mapping.initial_table(self.init, key, shape, dtype)
