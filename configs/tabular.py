@@ -24,14 +24,16 @@ get an embedding table each, a vocabulary of the training values if they
 have at most 100,000 distinct ones, else a dynamic table of raw 64-bit ids
 (``embedlib.DynamicEmbed``; string ids hashed, ``embedlib.tabular.hashing``);
 floats are dense inputs, standardized. Change any column with
-``--config.data.columns``, e.g. in a config of your own::
+``config.data.columns``, e.g. in a config of your own::
 
     config.data.columns = {"price": {"role": "dense", "dtype": "float",
                                      "transform": "log1p", "default": 0.0},
                            "device": {"role": "categorical", "dtype": "string",
                                       "ids": "hashed", "num_embeddings": 1000}}
 
-or the shorthands ``--config.data.dense=hour,age``, ``--config.data.ignore=notes``,
+or as JSON on the command line,
+``--config.data.columns='{"price": {"transform": "log1p"}, "user_id": {"ids": "dynamic"}}'``;
+or with the shorthands ``--config.data.dense=hour,age``, ``--config.data.ignore=notes``,
 ``--config.data.user_columns=age,gender``, ``--config.data.item_columns=categories``
 (the two towers' sides; a RecBole dataset's ``.user`` and ``.item`` columns are
 already), ``--config.data.user_id=uid`` and ``--config.data.item_id=sku``
@@ -43,8 +45,9 @@ hash of the row number), ``'time'`` (``split_time``, ``test_time``, by the
 
 Training length: ``data.num_epochs`` passes over the training rows, an eval
 each epoch (``eval_every=0``), stopping early after ``early_stopping`` evals
-without a better eval AUC (two towers: recall@100); the test rows are then
-scored with the best eval's weights. Expected on ML-100K with every side
+without a better eval AUC (two towers: recall at the least K of
+``task.recall_ks``); the test rows are then scored with the best eval's
+weights. Expected on ML-100K with every side
 column, 2 CPU cores: see docs/guides/your_data.md.
 
 Variants: ``:smoke`` (tiny model and schedule; give ``--config.data.path``).
@@ -74,7 +77,9 @@ def get_config(arg=None):
   config.data.item_columns = ""
   config.data.dense = ""
   config.data.ignore = ""
-  config.data.columns = ml_collections.ConfigDict()
+  # {column: {field: value}} or its JSON text: a ConfigDict would take neither JSON's
+  # null nor a column name with a dot.
+  config.data.columns = ml_collections.config_dict.placeholder(object)
   config.data.split = "hash"
   config.data.eval_fraction = 0.1
   config.data.test_fraction = 0.1
@@ -87,7 +92,10 @@ def get_config(arg=None):
 
   config.model = ml_collections.ConfigDict()
   config.model.name = "dlrm"
-  config.model.embed_dim = 16
+  config.model.embed_dim = 32
+  # Small initial rows: with the tables' default (variance 1 / embed_dim) the
+  # many rarely seen ids start as noise the model then fits.
+  config.model.embed_init_std = 0.01
   config.model.combiner = "mean"
   config.model.bottom_sizes = (64,)
   config.model.top_sizes = (128, 64, 1)

@@ -113,6 +113,9 @@ EXPLAINED = {
                          "RecBole `.item` file's are. SASRec / HSTU: the `.item` file's "
                          "token columns read beside each item's id.",
     "data.dense": "Tabular: int columns to read as dense numbers rather than ids.",
+    "data.columns": "Tabular: `{column: {field: value}}` over the inferred schema (a "
+                    "column's role, dtype, ids, num_embeddings, min_count, transform, null, "
+                    "default, weights, max_len), a dict or JSON on the command line.",
     "data.ignore": "Tabular: columns no model reads.",
     "data.split": "Tabular: `hash` (a hash of the row number, `data.eval_fraction` and "
                   "`data.test_fraction`) or `time` (`data.split_time`, `data.test_time`).",
@@ -168,6 +171,8 @@ EXPLAINED = {
     "model.name": "The model: `dlrm`, `dcn` (DCN-v2; `dcn_v2` too), `ranker`, "
                   "`two_tower`, or the next-item `sasrec` and `hstu`.",
     "model.embed_dim": "Width of every DLRM / DCN-v2 table.",
+    "model.embed_init_std": "Your own logs: the standard deviation of the tables' normal initial "
+                            "rows (0: the default, variance 1 / `embed_dim`).",
     "model.bottom_sizes": "Widths of the bottom MLP over the dense features.",
     "model.top_sizes": "Widths of the top MLP, ending in 1 (the logit).",
     "model.combiner": "Pooling of a multi-hot bag: `sum`, `mean` or `sqrtn`.",

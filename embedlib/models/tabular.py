@@ -4,7 +4,7 @@
 column (categorical, list, user / item id) gets its own table, sized as its
 id kind says (a vocabulary's size, a hashed table's rows, or a dynamic
 table's capacity, ``embedlib.DynamicEmbed``, rounded up to whole buckets
-on every device); a list column is pooled with ``config.model.combiner``
+on every device: ``sized``, which a run saves); a list column is pooled with ``config.model.combiner``
 (weighted by its weights column); the dense columns are the dense input.
 Then by ``config.model.name``:
 
@@ -37,10 +37,54 @@ TWO_TOWER = "two_tower"
 NAMES = CTR_NAMES + (TWO_TOWER,)
 
 
-def _capacity(rows: int, bucket_size: int, mesh) -> int:
-  """``rows`` rounded up to whole buckets on every device of ``mesh``."""
-  unit = bucket_size * (1 if mesh is None else mesh.size)
-  return -(-rows // unit) * unit
+#: ``config.model.dynamic.bucket_size`` where the config leaves it out.
+BUCKET_SIZE = 128
+
+
+def bucket_size(model_config) -> int:
+  """The dynamic tables' bucket size of ``config.model``."""
+  return int((model_config.get("dynamic") or {}).get("bucket_size", BUCKET_SIZE))
+
+
+def _capacity(rows: int, bucket: int, devices: int) -> int:
+  """``rows`` rounded up to whole buckets on each of ``devices`` devices."""
+  unit = bucket * devices
+  return -(-max(rows, 1) // unit) * unit
+
+
+def sized(schema: Schema, bucket: int, devices: int) -> Schema:
+  """``schema`` with each dynamic column's capacity the rows of its table on ``devices`` devices.
+
+  Each device owns whole buckets of a dynamic table, so its rows round up to
+  whole buckets on every device. A run sizes its schema on its own devices
+  and saves it: a restore from the saved schema (an export, on one device)
+  then builds the tables its checkpoint holds, where rounding again for its
+  own device count would build smaller ones.
+
+  >>> s = Schema((schema_lib.Column("u", schema_lib.USER_ID, schema_lib.STRING,
+  ...                               ids=schema_lib.DYNAMIC, num_embeddings=128),))
+  >>> sized(s, 128, 8)["u"].num_embeddings, sized(sized(s, 128, 8), 128, 1)["u"].num_embeddings
+  (1024, 1024)
+  """
+  for name in schema.features():
+    c = schema[name]
+    rows = _capacity(c.num_embeddings, bucket, devices)
+    if c.ids == schema_lib.DYNAMIC and rows != c.num_embeddings:
+      schema = schema.replace(name, num_embeddings=rows)
+  return schema
+
+
+def _embed_init(model_config) -> dict:
+  """``TableSpec``'s initializer from ``embed_init_std`` (0 or absent: the table's default).
+
+  Raises:
+    ValueError: a negative ``embed_init_std``.
+  """
+  std = float(model_config.get("embed_init_std") or 0.0)
+  if std < 0:
+    raise ValueError(f"config.model.embed_init_std={std} must be >= 0 (0: the tables' default "
+                     "initializer, normal with variance 1 / embed_dim).")
+  return {"initializer": jax.nn.initializers.normal(std)} if std else {}
 
 
 def tables_and_features(model_config, schema: Schema, mesh, width: int,
@@ -51,20 +95,22 @@ def tables_and_features(model_config, schema: Schema, mesh, width: int,
     ValueError: a dynamic table's settings can't work (names the key).
   """
   dyn = model_config.get("dynamic") or {}
+  init = _embed_init(model_config)
   tables, features = [], []
   for name in schema.features(entity):
     c = schema[name]
     if c.ids == schema_lib.DYNAMIC:
-      bucket = min(dyn.get("bucket_size", 128), c.num_embeddings)
+      bucket = bucket_size(model_config)
       eviction = dyn.get("eviction", "lru")
       spec = DynamicSpec(admit_after=dyn.get("admit_after", 1), bucket_size=bucket,
                          eviction=None if eviction in ("none", None) else eviction,
                          decay_every=dyn.get("decay_every", 0),
                          default=dyn.get("default", "zero"))
-      tables.append(TableSpec(name, _capacity(c.num_embeddings, bucket, mesh), width,
+      devices = 1 if mesh is None else mesh.size
+      tables.append(TableSpec(name, _capacity(c.num_embeddings, bucket, devices), width,
                               dynamic=spec))
     else:
-      tables.append(TableSpec(name, c.num_embeddings, width))
+      tables.append(TableSpec(name, c.num_embeddings, width, **init))
     single = c.role != schema_lib.LIST
     features.append(FeatureSpec(name, name, combiner=model_config.combiner,
                                 max_ids_per_sample=1 if single else c.max_len))
@@ -183,7 +229,9 @@ def build_tabular(model_config, schema: Schema, *, mesh=None, batch_size: int = 
   """The model ``config.model.name`` names, its inputs the schema's columns.
 
   Config keys: ``name``; ``embed_dim`` (every table's width; the ranker's
-  is ``width``), ``combiner``, ``kernel``, ``num_unique``,
+  is ``width``), ``embed_init_std`` (the standard deviation of a vocab or
+  hashed table's normal initial rows; 0: ``TableSpec``'s default, variance
+  1 / width), ``combiner``, ``kernel``, ``num_unique``,
   ``replicate_below_bytes``, ``dynamic`` (the dynamic tables' settings but
   their capacity: ``bucket_size``, ``admit_after``, ``eviction``,
   ``decay_every``, ``default``); DLRM and DCN: ``bottom_sizes``,

@@ -103,7 +103,7 @@ def prepare(path: str, hints: infer_lib.Hints = infer_lib.Hints(), *,
                        need_labels=need_labels)
   files = files_lib.find(path, fmt, delimiter)
   schema = infer_lib.infer(files, hints, separator)
-  ignored = saved_lib.check_files(files, schema, separator)
+  ignored = saved_lib.check_files(files, schema, separator, saved=False)
   reading = Reading(files, tuple(files_lib.chunks(files)), schema, split, split_lib.TRAIN,
                     separator)
   log.info("reading %s once for its statistics (%d chunk(s)) ...", path, len(reading.chunks))

@@ -58,7 +58,8 @@ class Hints:
     dense: int columns to read as dense numbers, not ids.
     ignore: columns no model reads.
     columns: ``{name: {field: value}}``: any column's fields set outright
-      (``Column``'s fields; a column not in the files is added).
+      (``Column``'s fields; a column the files lack is an error, as a misspelt
+      name would read nothing).
   """
 
   labels: tuple[str, ...] = ()
@@ -130,6 +131,9 @@ def _text_sample(files: Files, separator: str) -> list[Column]:
     sample = f.read(SAMPLE_BYTES)
   if len(sample) == SAMPLE_BYTES:  # whole lines only
     sample = sample[:sample.rfind(b"\n") + 1]
+  if not sample.strip():
+    raise DataError(f"{path} holds no rows; remove the empty file from the path, or write "
+                    "its rows.")
   options = pacsv.ReadOptions(column_names=list(files.header), use_threads=False)
   parse = pacsv.ParseOptions(delimiter=files.delimiter)
   convert = pacsv.ConvertOptions(strings_can_be_null=True, null_values=[""])
@@ -204,6 +208,10 @@ def apply_hints(columns: dict[str, Column], hints: Hints, where: str) -> Schema:
   columns = dict(columns)
   for name in hints.labels:
     _need(columns, name, "label", where)
+    if columns[name].dtype == schema_lib.STRING:
+      raise SchemaError(f"config.data.label: column {name!r} of {where} holds strings; a label "
+                        "is a number (0/1, or a rating with config.data.label_threshold). Name "
+                        "a numeric column.")
     columns[name] = Column(name, schema_lib.LABEL, schema_lib.FLOAT, null=schema_lib.NULL_ERROR)
   # Time-typed columns: the timestamp is the one named (or called "timestamp"), else the
   # only one; the others are ignored.
@@ -240,14 +248,11 @@ def apply_hints(columns: dict[str, Column], hints: Hints, where: str) -> Schema:
     _need(columns, name, "ignore", where)
     columns[name] = columns[name].replace(role=schema_lib.IGNORE)
   for name, fields in hints.columns.items():
-    fields = dict(fields)
-    if name in columns:
-      base = columns[name].to_dict()
-      if fields.get("role", base["role"]) != base["role"]:  # the old role's fields go with it
-        base = {k: base[k] for k in ("name", "dtype", "entity") if k in base}
-      base.update(fields)
-      fields = base
-    fields["name"] = name
+    _need(columns, name, f"columns.{name}", where)
+    base = columns[name].to_dict()
+    if dict(fields).get("role", base["role"]) != base["role"]:  # the old role's fields go
+      base = {k: base[k] for k in ("name", "dtype", "entity") if k in base}
+    fields = {**base, **dict(fields), "name": name}
     columns[name] = schema_lib.column_from_dict(fields, f"config.data.columns.{name}")
   _pair_weights(columns)
   return Schema(tuple(columns.values()))

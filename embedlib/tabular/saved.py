@@ -78,21 +78,28 @@ def without_absent_labels(files: Files, schema: Schema,
   return schema
 
 
+#: Lines of each CSV file read as the schema says when the files are checked against it.
+CHECK_LINES = 100
+
+
 def check_files(files: Files, schema: Schema, separator: str = readers.LIST_SEPARATOR,
-                *, need_labels: bool = True) -> list[str]:
+                *, need_labels: bool = True, saved: bool = True) -> list[str]:
   """Refuses files whose columns no longer match ``schema``; returns the columns it ignores.
 
   Every column the schema reads must be in the files with a type it can
-  read (the files' own types: Parquet's and RecBole's; a CSV file's header).
+  read (the files' own types: Parquet's and RecBole's; a CSV file's header,
+  and its first ``CHECK_LINES`` lines read as the schema says).
 
   Args:
     need_labels: False to accept files without the label columns (scoring).
+    saved: the schema is a run's, saved in its workdir (said in the errors).
 
   Raises:
     DataError: naming the first file and column that don't match, and the fix.
   """
   if files.format == files_lib.CSV:
     found = {n: None for n in files.header}
+    _check_text(files, schema, separator)
   else:
     found = {c.name: c for c in infer.file_columns(files, separator)}
     if files.format == files_lib.PARQUET:
@@ -100,7 +107,7 @@ def check_files(files: Files, schema: Schema, separator: str = readers.LIST_SEPA
 
       for path in files.paths:
         arrow = pq.read_schema(path)
-        _check_arrow(path, arrow, schema, need_labels)
+        _check_arrow(path, arrow, schema, need_labels, saved)
   for c in schema.columns:
     if c.role == schema_lib.IGNORE or (c.role == schema_lib.LABEL and not need_labels):
       continue
@@ -118,7 +125,26 @@ def check_files(files: Files, schema: Schema, separator: str = readers.LIST_SEPA
   return sorted(set(found) - set(schema.names()))
 
 
-def _check_arrow(path: str, arrow: pa.Schema, schema: Schema, need_labels: bool) -> None:
+def _check_text(files: Files, schema: Schema, separator: str) -> None:
+  """Reads each text file's first lines as ``schema`` says (a retyped column names its line).
+
+  A CSV header carries no types: an int id column that now holds strings
+  would otherwise be found only when a run (or a resumed one) reads it.
+  """
+  for path in files.paths:
+    with open(path, "rb") as f:
+      start = len(f.readline())
+      lines = [line for line in (f.readline() for _ in range(CHECK_LINES)) if line]
+    while lines and not lines[-1].strip():  # blank lines at a file's end hold no row
+      lines.pop()
+    if lines:  # an empty file is files.chunks' error
+      chunk = files_lib.Chunk(path, 0, len(lines), start=start,
+                              stop=start + sum(map(len, lines)), first_line=2)
+      readers.read_text(chunk, schema, files, separator)
+
+
+def _check_arrow(path: str, arrow: pa.Schema, schema: Schema, need_labels: bool,
+                 saved: bool) -> None:
   types = {f.name: f.type for f in arrow}
   for c in schema.columns:
     if c.role == schema_lib.IGNORE or (c.role == schema_lib.LABEL and not need_labels):
@@ -128,5 +154,5 @@ def _check_arrow(path: str, arrow: pa.Schema, schema: Schema, need_labels: bool)
                       f"{c.role}); the file's columns are {sorted(types)}. Pass files with "
                       "the run's columns, or train a new run on these.")
     if not readers.accepts(c, types[c.name]):
-      raise DataError(readers.mismatch(c, types[c.name], path) + " (this run's schema, "
-                      "saved in its workdir)")
+      whose = " (this run's schema, saved in its workdir)" if saved else ""
+      raise DataError(readers.mismatch(c, types[c.name], path) + whose)

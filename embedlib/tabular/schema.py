@@ -326,4 +326,7 @@ def column_from_dict(raw: tp.Mapping, where: str = "the schema") -> Column:
   missing = [k for k in ("role", "dtype") if k not in raw]
   if missing:
     raise SchemaError(f"{where}: column {raw['name']!r} lacks {missing[0]!r}.")
-  return Column(**{k: raw[k] for k in raw.keys()})
+  try:
+    return Column(**{k: raw[k] for k in raw.keys()})
+  except SchemaError as e:  # a value it can't take: said where it was given
+    raise SchemaError(f"{where}: {e}") from None

@@ -6,9 +6,11 @@ saves the model into ``<workdir>/best`` (a checkpoint of its own, one
 kept), so the weights of the best eval outlive the rolling checkpoints and
 a restart; at the end of the run (by the patience or at the last step) the
 model is restored from there before the test rows are scored, as RecBole
-scores its test split with its best validation model. The history is read
-back from ``eval.jsonl`` on a resume, so a resumed run stops where an
-uninterrupted one does.
+scores its test split with its best validation model; the run's last
+checkpoint, saved before that, keeps the trained weights (a run raised to
+more steps trains on from them), and ``setup.restore_model`` (an export)
+reads the best. The history is read back from ``eval.jsonl`` on a resume,
+so a resumed run stops where an uninterrupted one does.
 """
 
 from __future__ import annotations
@@ -77,6 +79,18 @@ class EarlyStopping:
 
   def close(self) -> None:
     self.ckpt.close()
+
+
+def has_best(workdir: str) -> bool:
+  """Whether ``workdir`` holds a best eval's weights (a run with early stopping that evaluated)."""
+  path = os.path.join(workdir, BEST_DIR)
+  if not os.path.isdir(path):
+    return False
+  ckpt = checkpoint.Checkpointer(path)
+  try:
+    return ckpt.latest_step() is not None
+  finally:
+    ckpt.close()
 
 
 def mark_stopped(workdir: str, step: int, stopper: EarlyStopping) -> None:

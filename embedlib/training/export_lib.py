@@ -53,7 +53,8 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
                       "--workdir a run trained in.")
   try:
     with open(path, encoding="utf-8") as f:
-      return ml_collections.ConfigDict(json.load(f))
+      # Dotted keys: a tabular run's config.data.columns may name a column "stats.count".
+      return ml_collections.ConfigDict(json.load(f), allow_dotted_keys=True)
   except ValueError as e:
     raise ExportError(f"{path} is not a run's config ({e}); pass the --workdir of a "
                       "python -m train run.") from None

@@ -26,6 +26,7 @@ from embedlib.collection import FeatureSpec, TableSpec, budget, fit_id_skews
 from embedlib.data.spec import DataSpec
 from embedlib.plan import memory as plan_memory
 from embedlib.plan.report import human_bytes
+from embedlib.training import early_stop
 from embedlib.training import loop as loop_lib
 from embedlib.training import tasks
 from embedlib.training.loop import Loop
@@ -321,11 +322,14 @@ def describe_eval(config, task_) -> str:
 
 
 def restore_model(config, workdir: str, mesh=None):
-  """A ``train_and_evaluate`` run's model at its last checkpoint: ``(model, mesh)``.
+  """A ``train_and_evaluate`` run's model: ``(model, mesh)``.
 
-  ``config`` is the run's; ``mesh`` defaults to ``make_mesh(config)`` and may
-  hold another device count than the run trained on (the checkpoint is
-  logical). Only the model is built and read: no optimizer state.
+  Its weights are those the run scored its test rows with: its best eval's,
+  where early stopping kept them (``early_stop.BEST_DIR``), else its last
+  checkpoint's. ``config`` is the run's; ``mesh`` defaults to
+  ``make_mesh(config)`` and may hold another device count than the run
+  trained on (the checkpoint is logical). Only the model is built and
+  read: no optimizer state.
   """
   mesh = make_mesh(config) if mesh is None else mesh
   made = task(config).for_workdir(workdir)
@@ -341,7 +345,9 @@ def restore_model(config, workdir: str, mesh=None):
   _on_mesh(model, mesh)
   # The tables a row-wise rule trained are stored apart (model_and_optimizer's rule).
   keys = tuple(k for k, _ in optim.sparse_tables(model)) if made.sparse_tables else ()
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
+  best = early_stop.has_best(workdir)
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, early_stop.BEST_DIR if best else
+                                              "checkpoints"))
   try:
     ckpt.restore_model(model, keys)
   finally:

@@ -156,6 +156,8 @@ def _finished(config, loop: Loop, workdir: str) -> dict | None:
   stopped = early_stop.stopped_at(workdir)
   if step is None or (step < loop.num_train_steps and stopped != step):
     return None
+  if _last_eval(workdir, step).get("step") != step:
+    return None  # killed after its last checkpoint, before its last eval: _loop runs it
   differences = _config_differences(config, workdir)
   if differences is not None:
     raise setup.WorkdirError(
@@ -261,26 +263,33 @@ def train_and_evaluate(config, workdir: str) -> dict:
       log.info("resumed from the checkpoint at step %d", start)
 
     stopper = _early_stopping(config, task, workdir, start)
+    if stopper is not None and stopper.stop:  # killed after its last save, before the mark
+      if jax.process_index() == 0:
+        early_stop.mark_stopped(workdir, start, stopper)
+      return _last_eval(workdir, start)
 
     def run_eval(step):
+      """The eval at ``step``, counted by early stopping (which keeps the best's weights)."""
       scalars = {**evaluate(model, eval_source, eval_start, mesh, loop.eval_batches, task),
                  **oracle}
       if stopper is not None:
         stopper.observe(step, scalars, model, optimizer, train_source.get_state())
-      if step == loop.num_train_steps or (stopper is not None and stopper.stop):
-        if stopper is not None:  # the test rows are scored with the best eval's weights
-          scalars["best_step"] = int(stopper.restore_best(model, _trained_keys(task, model)))
-          log.info("the best eval was at step %d; its weights are the model's now",
-                   scalars["best_step"])
-        # The held-out test set, once, at the end.
-        with dynamic.frozen_maps(model):  # nor are the test set's
-          scalars.update(task.test(model, eval_source, mesh))
-      log.info("eval at step %d: %s", step, _line(scalars))
       return {"step": step, **scalars}
+
+    def finish(result):
+      """The last eval, with the held-out test set's metrics: once, at the end."""
+      result = dict(result)
+      if stopper is not None:  # the test rows are scored with the best eval's weights
+        result["best_step"] = int(stopper.restore_best(model, _trained_keys(task, model)))
+        log.info("the best eval was at step %d; its weights are the model's now",
+                 result["best_step"])
+      with dynamic.frozen_maps(model):  # nor are the test set's
+        result.update(task.test(model, eval_source, mesh))
+      return result
 
     with StopSignals() as stop:
       return _loop(loop, workdir, start, model, optimizer, train_source, mesh, ckpt,
-                   run_eval, stop, task, stopper)
+                   (run_eval, finish), stop, task, stopper)
   finally:
     ckpt.close()
     if stopper is not None:
@@ -334,11 +343,22 @@ def _line(scalars: dict) -> str:
                    for k, v in scalars.items())
 
 
-def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt, run_eval, stop,
+def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt, evals, stop,
           task, stopper=None):
-  """Steps ``start + 1 .. num_train_steps``; returns the last eval."""
+  """Steps ``start + 1 .. num_train_steps``; returns the last eval.
+
+  ``evals``: ``(run_eval, finish)``: ``run_eval(step)`` gives an eval's
+  record, and ``finish(record)`` the last one's, with the test metrics.
+  """
+  run_eval, finish = evals
   train_writer = MetricWriter(workdir, "train", resume_step=start)
   eval_writer = MetricWriter(workdir, "eval", resume_step=start)
+
+  def write_eval(result):
+    scalars = {k: v for k, v in result.items() if k != "step"}
+    log.info("eval at step %d: %s", result["step"], _line(scalars))
+    eval_writer.write(result["step"], scalars)
+
   # Batches are put on the mesh in the prefetch thread, ahead of the step.
   prefetch = data_lib.Prefetcher(
       train_source, buffer_size=loop.prefetch,
@@ -368,6 +388,10 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
   saved, step = start, start
   losses, timed, paused, tic = [], 0, 0.0, time.perf_counter()
   try:
+    if start == loop.num_train_steps and result.get("step") != start:
+      # The last checkpoint of a run whose last eval was not written (_finished).
+      result = finish(run_eval(start))
+      write_eval(result)
     for step in range(start + 1, loop.num_train_steps + 1):
       if step == start + 1:
         log.info("compiling train_step (step %d waits for it) ...", step)
@@ -405,10 +429,16 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
         pause = time.perf_counter()
         if is_eval:
           result = run_eval(step)
-          eval_writer.write(step, {k: v for k, v in result.items() if k != "step"})
-          # Stopped early: the last checkpoint holds the best eval's weights.
-          is_save = is_save or (stopper is not None and stopper.stop)
-        if is_save:
+          if step == loop.num_train_steps or (stopper is not None and stopper.stop):
+            if stopper is not None:
+              # The trained weights first, which the best eval's replace for the test
+              # rows: a run raised to more steps trains on from these, as if never stopped.
+              with stop.deferred():
+                ckpt.save(step, model, optimizer, data_state())
+              saved = step
+            result = finish(result)
+          write_eval(result)
+        if is_save and saved < step:
           with stop.deferred():
             ckpt.save(step, model, optimizer, data_state())
           saved = step

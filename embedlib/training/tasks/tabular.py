@@ -23,6 +23,8 @@ items of the training rows (recall@K).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import json
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +42,7 @@ from embedlib.tabular import split as split_lib
 from embedlib.training.tasks import base
 
 RECALL_KS = (10, 50, 100)
+log = logging.getLogger("embedlib.train")
 
 
 def _host(default=None, **kw):
@@ -52,6 +55,28 @@ def _names(value) -> tuple[str, ...]:
   if isinstance(value, str):
     return tuple(v.strip() for v in value.split(",") if v.strip())
   return tuple(value or ())
+
+
+def _columns(value) -> dict:
+  """``config.data.columns``: ``{column: {field: value}}``, given as a mapping or as JSON text."""
+  if isinstance(value, str):
+    try:
+      value = json.loads(value) if value.strip() else {}
+    except ValueError as e:
+      base.fail("data.columns", f"{value!r} is not JSON ({e}); give an object of columns, "
+                """e.g. --config.data.columns='{"price": {"transform": "log1p"}}'.""")
+  if value is None:
+    return {}
+  if not hasattr(value, "items"):
+    base.fail("data.columns", f"{value!r}: give an object of columns, e.g. "
+              """'{"price": {"transform": "log1p"}}'.""")
+  columns = {}
+  for name, fields in value.items():
+    if not hasattr(fields, "items"):
+      base.fail(f"data.columns.{name}", f"{fields!r}: give the column's fields as an object, "
+                """e.g. {"transform": "log1p"}.""")
+    columns[name] = dict(fields)
+  return columns
 
 
 def _split(data) -> split_lib.Split:
@@ -73,6 +98,8 @@ class TabularTask(base.Task):
   model_name: str = "dlrm"
   num_labels: int = 1
   positives_only: bool = False
+  #: The item id column (the two towers' loss reads it); set by ``for_workdir``.
+  item_column: str = ""
   path: str = _host("")
   eval_path: str = _host("")
   test_path: str = _host("")
@@ -85,6 +112,7 @@ class TabularTask(base.Task):
   workers: int = _host(0)
   num_epochs: int = _host(0)
   recall_ks: tuple[int, ...] = _host(RECALL_KS)
+  bucket_size: int = _host(models_lib.BUCKET_SIZE)
   # What reading the files found (``for_workdir``), shared by the task's copies.
   found: dict = _host(None, hash=False)
 
@@ -101,9 +129,7 @@ class TabularTask(base.Task):
     if model.name != models_lib.TWO_TOWER and not labels:
       base.fail("data.label", f"config.model.name={model.name!r} predicts a label: name its "
                 "column (--config.data.label=clicked; several: a,b).")
-    columns = {}
-    for name, fields in (data.columns or {}).items():
-      columns[name] = dict(fields)
+    columns = _columns(data.get("columns"))
     hints = tabular.Hints(
         labels=labels, user_id=data.user_id, item_id=data.item_id, timestamp=data.timestamp,
         user_columns=_names(data.user_columns), item_columns=_names(data.item_columns),
@@ -119,7 +145,8 @@ class TabularTask(base.Task):
                separator=data.list_separator,
                label_threshold=None if threshold is None else float(threshold),
                workers=int(data.workers), num_epochs=int(data.num_epochs),
-               recall_ks=tuple(config.task.get("recall_ks", RECALL_KS)), found={})
+               recall_ks=tuple(config.task.get("recall_ks", RECALL_KS)),
+               bucket_size=models_lib.bucket_size(model), found={})
 
   def check_data(self) -> None:
     for key, path in (("path", self.path), ("eval_path", self.eval_path),
@@ -134,18 +161,29 @@ class TabularTask(base.Task):
 
   def for_workdir(self, workdir: str) -> TabularTask:
     """Reads the files (or the schema saved in ``workdir``): the schema and statistics."""
-    if self.found.get("workdir") == workdir:
-      return self
+    if self.found.get("workdir") != workdir:
+      self._read(workdir)
+    item = self.prepared.schema.role_column(schema_lib.ITEM_ID) or ""
+    return dataclasses.replace(self, item_column=item)
+
+  def _read(self, workdir: str) -> None:
     saved = workdir if tabular.saved.has(workdir) else None
+    if saved:
+      log.info("reading %s with the schema and statistics saved in %s (config.data's column "
+               "hints are not read again: a new workdir takes new ones)", self.path, saved)
     try:
       prepared = tabular.prepare(
           self.path, self.hints, split=self.split, fmt=self.fmt, delimiter=self.delimiter,
           separator=self.separator, label_threshold=self.label_threshold,
           workers=self.workers, saved=saved)
     except (tabular.DataError, tabular.SchemaError) as e:
-      raise base.ConfigError(f"config.data.path: {e}") from None
+      # A hint's error names its own key (config.data.label, config.data.columns.x).
+      named = str(e) if str(e).startswith("config.") else f"config.data.path: {e}"
+      raise base.ConfigError(named) from None
+    if saved is None:  # a new run's dynamic tables, sized on its devices as its workdir keeps them
+      prepared = dataclasses.replace(prepared, schema=models_lib.sized(
+          prepared.schema, self.bucket_size, jax.device_count()))
     self.found.update(workdir=workdir, prepared=prepared, corpus=None)
-    return self
 
   @property
   def prepared(self) -> tabular.Prepared:
@@ -172,14 +210,14 @@ class TabularTask(base.Task):
   def data_spec(self):
     return self.prepared.schema
 
-  def _part(self, path: str):
-    """The files of ``path`` read with this run's schema and statistics."""
+  def _part(self, key: str):
+    """The files of ``config.data.<key>`` read with this run's schema and statistics."""
     p = self.prepared
     try:
-      files = tabular.find(path, self.fmt, self.delimiter)
+      files = tabular.find(getattr(self, key), self.fmt, self.delimiter)
       tabular.saved.check_files(files, p.schema, self.separator)
     except tabular.DataError as e:
-      raise base.ConfigError(f"{e}") from None
+      base.fail(f"data.{key}", str(e))
     return dataclasses.replace(p, files=files)
 
   def sources(self, spec, *, batch_size: int, seed: int, eval_batches: int):
@@ -190,11 +228,16 @@ class TabularTask(base.Task):
     train = p.source(train_part, batch_size=batch_size, shuffle=True, seed=seed,
                      num_epochs=None, workers=self.workers, **share)
     if self.eval_path:
-      evaluation = self._part(self.eval_path).source(
+      evaluation = self._part("eval_path").source(
           split_lib.ALL, batch_size=batch_size, num_epochs=1, pad_last=True, **share)
+      _read_through(evaluation, "data.eval_path")
     else:
       evaluation = p.source(split_lib.EVAL, batch_size=batch_size, num_epochs=1,
                             pad_last=True, **share)
+    if self.test_path:
+      _read_through(self._part("test_path").source(
+          split_lib.ALL, batch_size=batch_size, num_epochs=1, pad_last=True, **share),
+                    "data.test_path")
     return train, evaluation
 
   def describe_eval(self, *, batch_size: int, eval_batches: int) -> str:
@@ -221,13 +264,14 @@ class TabularTask(base.Task):
     weight = batch.get("mask")
     if self.positives_only:
       label = batch["label"] if batch["label"].ndim == 1 else batch["label"][:, 0]
-      weight = label if weight is None else weight * label
+      positive = (label > 0).astype(jnp.float32)  # a positive row: its label is not 0
+      weight = positive if weight is None else weight * positive
     return weight
 
   def loss(self, model, batch):
     if self.model_name == models_lib.TWO_TOWER:
       users, items = model.towers(batch["dense"], batch["sparse"], batch["weights"])
-      ids = _item_keys(batch["sparse"][self.prepared.schema.role_column(schema_lib.ITEM_ID)])
+      ids = _item_keys(batch["sparse"][self.item_column])
       return retrieval_lib.in_batch_softmax_loss(
           users, items, ids, temperature=model.temperature(), mesh=model.mesh,
           weights=self._row_weights(batch))
@@ -281,7 +325,7 @@ class TabularTask(base.Task):
     share = dict(process_index=jax.process_index(), process_count=jax.process_count())
     batch_size = eval_source.batch_size
     if self.test_path:
-      source = self._part(self.test_path).source(split_lib.ALL, batch_size=batch_size,
+      source = self._part("test_path").source(split_lib.ALL, batch_size=batch_size,
                                                  num_epochs=1, pad_last=True, **share)
     else:
       source = self.prepared.source(split_lib.TEST, batch_size=batch_size, num_epochs=1,
@@ -296,8 +340,24 @@ class TabularTask(base.Task):
 
   def early_stopping_metric(self) -> tuple[str, bool]:
     if self.model_name == models_lib.TWO_TOWER:
-      return f"recall@{max(self.recall_ks)}", True
+      return f"recall@{min(self.recall_ks)}", True  # the sharpest: a small catalogue fills K
     return "auc", True
+
+
+def _read_through(source, key: str) -> None:
+  """Reads every row of ``source`` once, then rewinds it; a bad value fails naming ``key``.
+
+  The training path's rows are all read for their statistics before a run
+  writes its workdir; an eval or test file's are read here, before it too,
+  rather than at the first eval or at the end.
+  """
+  start = source.get_state()
+  try:
+    for _ in source:
+      pass
+  except (tabular.DataError, tabular.SchemaError) as e:
+    base.fail(key, str(e))
+  source.set_state(start)
 
 
 def _item_keys(ids):

@@ -114,7 +114,7 @@ def recall(task, model, batches, mesh) -> dict:
     weight = _gather(batch["mask"])
     if task.positives_only:
       label = _gather(batch["label"])
-      weight = weight * (label if label.ndim == 1 else label[:, 0])
+      weight = weight * ((label if label.ndim == 1 else label[:, 0]) > 0)
     target = _corpus_index(sorted_keys, order, _keys(ids))
     queries = np.flatnonzero(weight > 0)
     ranks.append(_ranks(users[queries], vectors, target[queries]))
