@@ -109,6 +109,14 @@ def _place_rows(init, key_data, table, put, offset):
   the values one draw of them all would. The table is the loop's carry,
   updated in place, and no ``[ids, features]`` block of draws is built.
   """
+  # A step that places only rows never placed before (a table not yet
+  # full) draws nothing: it skips the packing too.
+  return lax.cond(jnp.any(put < table.shape[0]),
+                  functools.partial(_draw_rows, init, key_data, put=put, offset=offset),
+                  lambda t: t, table)
+
+
+def _draw_rows(init, key_data, table, *, put, offset):
   n, m = table.shape[0], put.shape[0]
   count = jnp.sum(put < n)
   (where,) = jnp.nonzero(put < n, size=m, fill_value=0)
