@@ -281,6 +281,8 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
     std::vector<Distinct> ids;
     std::vector<int32_t> which;                       // each occurrence's distinct id
     Scratch scratch;
+    // Counted here, written once: the threads' totals share cache lines.
+    Counts counts;
     int64_t resident = 0, defaults = 0;
     for (int64_t k = first; k < last; ++k) {
       // A bucket's step waits on the first lines of its slots' scores and
@@ -314,7 +316,7 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
         ++ids.back().count;
         which[j] = static_cast<int32_t>(ids.size() - 1);
       }
-      resident += StepBucket(p, k, ids, scratch, khi, klo, score, sketch, cl, part[t]);
+      resident += StepBucket(p, k, ids, scratch, khi, klo, score, sketch, cl, counts);
       for (int64_t j = 0; j < n; ++j) {
         const Distinct& d = ids[which[j]];
         const int32_t i = occ[j].second;
@@ -323,6 +325,7 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
         defaults += d.row < 0;
       }
     }
+    part[t] = counts;
     resident_part[t] = resident;
     default_part[t] = defaults;
   });
