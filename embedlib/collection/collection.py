@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax.nnx.nn.linear import default_embed_init
 
 from embedlib import kernels
 from embedlib import options
@@ -215,7 +216,7 @@ class EmbeddingCollection(nnx.Module):
           ids_per_device=p.ids_per_device, route_capacity=p.route_capacity,
           devices_per_node=p.devices_per_node, node_capacity=p.node_capacity,
           on_overflow=on_overflow, name=spec.name, dtype=dtype, param_dtype=param_dtype,
-          embedding_init=spec.initializer, rngs=rngs,
+          embedding_init=_fixed_init(spec), rngs=rngs,
       )
       assert embeds[spec.name].plan.padded_shape == p.padded_shape, spec.name
       assert embeds[spec.name].plan.node_route == p.node_route, spec.name
@@ -414,10 +415,12 @@ def _dynamic_table(spec, route_capacity, mesh, table_axes, data_axes, dtype, par
   if kw["route_capacity"] is None and route_capacity is not None:
     kw["route_capacity"] = (route_capacity.get(spec.name) if isinstance(route_capacity, Mapping)
                             else route_capacity)
+  if spec.initializer is not None:   # else DynamicEmbed's own default
+    kw["embedding_init"] = spec.initializer
   return dynamic_module.DynamicEmbed(
       spec.num_embeddings, spec.features, mesh=mesh, sharding=spec.sharding,
       table_axes=table_axes, data_axes=data_axes, name=spec.name, dtype=dtype,
-      param_dtype=param_dtype, embedding_init=spec.initializer, rngs=rngs, **kw)
+      param_dtype=param_dtype, rngs=rngs, **kw)
 
 
 def _empty_plan(mesh, batch_size):
@@ -446,9 +449,14 @@ def _stacked_init(specs):
   def init(key, shape, dtype):
     keys = jax.random.split(key, len(specs))
     return jnp.concatenate(
-        [s.initializer(k, (s.num_embeddings, shape[1]), dtype) for k, s in zip(keys, specs)])
+        [_fixed_init(s)(k, (s.num_embeddings, shape[1]), dtype) for k, s in zip(keys, specs)])
 
   return init
+
+
+def _fixed_init(spec):
+  """A fixed table's initializer: the spec's, or ``nnx.Embed``'s default."""
+  return default_embed_init if spec.initializer is None else spec.initializer
 
 
 def _devices_per_host(mesh) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import typing as tp
 
@@ -9,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from flax.nnx.nn.linear import default_embed_init
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -18,6 +18,7 @@ from embedlib import lookahead
 from embedlib import options
 from embedlib import sharding as sharding_lib
 from embedlib.dynamic import ids as ids_lib
+from embedlib.dynamic import initializers
 from embedlib.dynamic import mapping
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
@@ -61,8 +62,18 @@ class DynamicEmbed(nnx.Module):
   full bucket) reads the default row: zeros, or one learned row
   (``default="learned"``); its gradient reaches no resident row. The
   padding id (``-1``, ``2**64 - 1``) reads zeros and is never admitted. A
-  placed row starts from ``embedding_init`` drawn with the init key folded
-  with its row number, the same on any device count.
+  placed row starts from ``embedding_init`` drawn for its row number with
+  the init key, the same on any device count: the table is created with
+  every row at that value, so a row's first placement draws nothing, and a
+  row placed again after an eviction is drawn again. (A table trained
+  densely changes its unplaced rows too; ``dynamic.reset_slots``, called
+  each step, then has their first placement drawn as well.) The default
+  initializer, ``dynamic.HashedUniform()``, is uniform with the variance of
+  ``nnx.Embed``'s default (``1 / features``), each value a hash of (key,
+  row, column): cheap to draw, the same bits in every program. Any flax
+  initializer may be given instead (``nnx.Embed``'s normal one:
+  ``flax.nnx.nn.linear.default_embed_init``); it is drawn with the init key
+  folded with the row number.
 
   In training mode (nnx's default) a lookup updates the map; after
   ``eval()`` it only reads it. Each training-mode call (``__call__``,
@@ -101,7 +112,9 @@ class DynamicEmbed(nnx.Module):
       (``embedlib.dynamic.mapping``); None: twice the even share. A step
       needing more takes the all-gather path, with the same result.
     name: the table's name in errors and statistics.
-    dtype, param_dtype, embedding_init: as ``nnx.Embed``'s.
+    dtype, param_dtype: as ``nnx.Embed``'s.
+    embedding_init: a placed row's initial value; default
+      ``dynamic.HashedUniform()`` (see above).
     rngs: ``rngs.params()`` draws the init key.
   """
 
@@ -126,7 +139,7 @@ class DynamicEmbed(nnx.Module):
       name: str = "dynamic",
       dtype: tp.Any = None,
       param_dtype: tp.Any = jnp.float32,
-      embedding_init: tp.Callable = default_embed_init,
+      embedding_init: tp.Callable = initializers.HashedUniform(),
       rngs: nnx.Rngs,
   ):
     self.policy = policy_lib.Policy(
@@ -149,10 +162,14 @@ class DynamicEmbed(nnx.Module):
     self.route_capacity = route_capacity
     self.embedding_init = embedding_init
     self.deterministic = False
+    # Two keys, as when the table was made of zeros with a key of its own:
+    # every module made after this one keeps its initial values.
+    _, key = rngs.params(), rngs.params()
+    # Every row starts at its initial value, so a first placement draws nothing.
     self.rows = ShardedEmbed(
         capacity, features, mesh=mesh, sharding=sharding, table_axes=table_axes,
         data_axes=data_axes, name=name, dtype=dtype, param_dtype=param_dtype,
-        embedding_init=nnx.initializers.zeros, rngs=rngs)
+        embedding_init=_ByRow(embedding_init), rngs=_GivenKey(key))
     plan = self.rows.plan
     self.mesh = self.rows.mesh
     self.table_axes = tuple(plan.table_axes) if plan.strategy != "replicated" else ()
@@ -166,7 +183,6 @@ class DynamicEmbed(nnx.Module):
           "smaller bucket_size.")
     self.group = group
     self.features = features
-    key = rngs.params()
     split_spec = P(self.table_axes or None)
     split, every = self._place(split_spec), self._place(P())
     n, nb = capacity, self.policy.num_buckets
@@ -177,7 +193,8 @@ class DynamicEmbed(nnx.Module):
     self.sketch = (as_map(jnp.zeros((nb, sketch_depth, self.policy.width), jnp.uint8,
                                     device=split), split_spec)
                    if self.policy.uses_sketch else None)
-    self.placed_at = as_map(jnp.zeros((n,), jnp.int32, device=split), split_spec)
+    self.placed_at = as_map(jnp.full((n,), mapping.NEVER_PLACED, jnp.int32, device=split),
+                            split_spec)
     self.clock = as_map(jnp.zeros((), jnp.int32, device=every), P())
     self.slots_clock = as_map(jnp.zeros((), jnp.int32, device=every), P())
     self.init_key = as_map(jax.device_put(jax.random.key_data(key), every), P())
@@ -274,10 +291,11 @@ class DynamicEmbed(nnx.Module):
       scope.add(key, MapAhead(state, placed_at, before.clock + 1, stats, rows))
       return rows
     ahead = scope.take(key)
+    before = self.placed_at[...]
     self._commit(ahead.state, ahead.placed_at, ahead.clock, ahead.stats)
     table = self.rows.embedding[...]
     self.rows.embedding[...] = _placed(table, mapping.place(
-        jax.lax.stop_gradient(table), ahead.placed_at, ahead.clock, self.init_key[...],
+        jax.lax.stop_gradient(table), ahead.placed_at, before, ahead.clock, self.init_key[...],
         mesh=self.mesh, table_axes=self.table_axes, init=self.embedding_init,
         table_spec=tuple(self.rows.plan.table_spec), bound=flat.shape[0]))
     return ahead.rows
@@ -365,6 +383,32 @@ class DynamicEmbed(nnx.Module):
       share = jnp.sum(jnp.where(member & (rows < 0), coef, 0.0), axis=1)
       out = out + share[:, None].astype(out.dtype) * self.default_row[...].astype(out.dtype)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _ByRow:
+  """``ShardedEmbed``'s initializer for a dynamic table: ``mapping.initial_table``.
+
+  Hashable by its initializer, so tables alike share one compiled draw.
+  Compiled with XLA's default passes (``compiler_options``, read by
+  ``embedlib.table``), as the steps that draw rows again are.
+  """
+
+  init: tp.Callable
+  compiler_options: tp.ClassVar[dict] = {}
+
+  def __call__(self, key, shape, dtype):
+    return mapping.initial_table(self.init, key, shape, dtype)
+
+
+class _GivenKey:
+  """Hands ``ShardedEmbed`` the table's init key as its ``rngs.params()``."""
+
+  def __init__(self, key):
+    self.key = key
+
+  def params(self):
+    return self.key
 
 
 class MapAhead(tp.NamedTuple):
