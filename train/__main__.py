@@ -77,6 +77,9 @@ def main(argv):
       "XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={_CPU_DEVICES.value}")
+  from embedlib import cpu_pool  # pylint: disable=g-import-not-at-top  (no jax yet)
+
+  cpu_pool.configure()  # before the backend starts, which sizes its pool once
   import jax  # pylint: disable=g-import-not-at-top  (after XLA_FLAGS)
 
   from embedlib import training  # pylint: disable=g-import-not-at-top
@@ -87,6 +90,10 @@ def main(argv):
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   log.info("jax %s, %d processes, %d devices", jax.__version__, jax.process_count(),
            jax.device_count())
+  if jax.default_backend() == "cpu":
+    small = cpu_pool.check(jax.local_device_count())
+    if small:
+      log.warning("%s", small)
   try:
     result = training.train_and_evaluate(config, _WORKDIR.value)
   except console.EXPECTED_ERRORS as e:
