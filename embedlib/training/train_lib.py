@@ -285,13 +285,7 @@ def _plans(model) -> str:
   """The plan of every table: the collection's table, or one line per ``ShardedEmbed``."""
   embeddings = getattr(model, "embeddings", None)
   if embeddings is not None and hasattr(embeddings, "plan"):
-    lines = [str(embeddings.plan)]
-    for name, emb in getattr(embeddings, "dynamic", {}).items():
-      p = emb.policy
-      lines.append(f"dynamic table {name}: {p.capacity} x {emb.features} in {p.num_buckets} "
-                   f"buckets of {p.bucket_size}, {emb.rows.plan.strategy} over {emb.group} "
-                   f"devices; admit_after={p.admit_after}, eviction={p.eviction}")
-    return "\n".join(lines)
+    return str(embeddings.plan)  # its dynamic tables included, with their rows, slots and map
   return "\n".join(f"{key}: {emb.plan}" for key, emb in optim.sparse_tables(model))
 
 
