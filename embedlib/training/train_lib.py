@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 
 from embedlib import checkpoint, dynamic, optim
 from embedlib import data as data_lib
-from embedlib.training import pipeline, setup
+from embedlib.training import pipeline, setup, watchdog
 from embedlib.training.loop import Loop
 # eval_step and loss_fn are re-exported: callers of the single-task loop import them here.
 from embedlib.training.steps import eval_step, loss_fn, train_step  # noqa: F401
@@ -30,7 +30,7 @@ from embedlib.training.writers import MetricWriter, read_jsonl
 log = logging.getLogger("embedlib.train")
 
 
-def evaluate(model, source, start_state, mesh, max_batches, task) -> dict:
+def evaluate(model, source, start_state, mesh, max_batches, task, beat=None) -> dict:
   """``task``'s eval metrics (AUC and log-loss for a ``CTRTask``) over every process's rows.
 
   Args:
@@ -41,6 +41,8 @@ def evaluate(model, source, start_state, mesh, max_batches, task) -> dict:
     mesh: the mesh each global batch is laid out on.
     max_batches: batches read (fewer when any process's source ends first).
     task: the run's ``Task``.
+    beat: called before each batch after the first (the previous one got
+      on: ``watchdog.Watchdog.beat``), or None.
 
   Returns:
     ``{metric name: float}``, the same on every process.
@@ -48,8 +50,18 @@ def evaluate(model, source, start_state, mesh, max_batches, task) -> dict:
   source.set_state(start_state)
   local = _while_every_process_has_one(itertools.islice(source, max_batches))
   batches = (data_lib.to_global_batch(task.featurize(b), mesh) for b in local)
+  if beat is not None:
+    batches = _beating(batches, beat)
   with dynamic.frozen_maps(model):  # eval ids are looked up, never admitted
     return task.evaluate(model, batches, mesh, source)
+
+
+def _beating(batches, beat):
+  """``batches``, calling ``beat`` before each one after the first."""
+  for i, batch in enumerate(batches):
+    if i:
+      beat()
+    yield batch
 
 
 def _while_every_process_has_one(batches):
@@ -177,7 +189,7 @@ def _stop_agreed(stop: StopSignals, step: int, log_every: int) -> bool:
   return bool(multihost_utils.process_allgather(wanted).any())
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
+def train_and_evaluate(config, workdir: str, *, stuck_after: float = 600.0) -> dict:
   """Trains ``config``'s model on its task, evaluating and checkpointing in ``workdir``.
 
   The task (``config.task.name``: ``ctr``, ``ranking``, ``retrieval`` or
@@ -197,9 +209,17 @@ def train_and_evaluate(config, workdir: str) -> dict:
   appears once in each. SIGTERM or SIGINT stops after the current step with
   a checkpoint (it returns normally).
 
+  A program that makes no progress (``watchdog.Watchdog``: ``stuck_after``
+  seconds without, or a collective XLA reports stuck) ends the process
+  with exit status ``watchdog.STUCK``, naming the program, the step and the
+  collective; SIGTERM or SIGINT during a wait that does not end within
+  seconds ends it at once, saying so. The checkpoints are left as they are.
+
   Args:
     config: a ``ConfigDict`` from one of ``configs/*.py``.
     workdir: the run's directory (created if missing).
+    stuck_after: seconds a program the loop waits on may go without
+      progress (its first call, which compiles it, aside); 0: no limit.
 
   Returns:
     The last eval's metrics (``{}`` if none ran).
@@ -251,18 +271,19 @@ def train_and_evaluate(config, workdir: str) -> dict:
       train_source.set_state(data_state)
       log.info("resumed from the checkpoint at step %d", start)
 
-    def run_eval(step):
-      scalars = {**evaluate(model, eval_source, eval_start, mesh, loop.eval_batches, task),
-                 **oracle}
+    def run_eval(step, beat=None):
+      scalars = {**evaluate(model, eval_source, eval_start, mesh, loop.eval_batches, task,
+                            beat), **oracle}
       if step == loop.num_train_steps:  # the held-out test set, once, at the end
         with dynamic.frozen_maps(model):  # nor are the test set's
           scalars.update(task.test(model, eval_source, mesh))
       log.info("eval at step %d: %s", step, _line(scalars))
       return {"step": step, **scalars}
 
-    with StopSignals() as stop:
+    newest = lambda: _newest_checkpoint(ckpt.directory)
+    with StopSignals() as stop, watchdog.Watchdog(limit_s=stuck_after, newest=newest) as dog:
       return _loop(loop, workdir, start, model, optimizer, train_source, mesh, ckpt,
-                   run_eval, stop, task)
+                   run_eval, stop, task, dog)
   finally:
     ckpt.close()
 
@@ -289,12 +310,21 @@ def _plans(model) -> str:
   return "\n".join(f"{key}: {emb.plan}" for key, emb in optim.sparse_tables(model))
 
 
+def _newest_checkpoint(directory: str) -> str:
+  """The newest finished checkpoint in ``directory``, in words (a listing: safe while stuck)."""
+  try:
+    steps = [int(n) for n in os.listdir(directory) if n.isdigit()]
+  except OSError:
+    steps = []
+  return f"step {max(steps)}, in {directory}" if steps else f"none yet in {directory}"
+
+
 def _line(scalars: dict) -> str:
   return "  ".join(f"{k} {v:.4f}" for k, v in scalars.items())
 
 
 def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt, run_eval, stop,
-          task):
+          task, dog):
   """Steps ``start + 1 .. num_train_steps``; returns the last eval."""
   train_writer = MetricWriter(workdir, "train", resume_step=start)
   eval_writer = MetricWriter(workdir, "eval", resume_step=start)
@@ -313,6 +343,7 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
                                early_fetch=loop.early_fetch)
     take_step, data_state = runner.step, runner.get_state
     first_step = take_step
+    program = "pipelined_train_step"
   else:
     take_step = lambda: step_fn(next(prefetch), task=task)
     data_state = prefetch.get_state
@@ -322,6 +353,7 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
       # The compile this reads the memory of is the one the step then runs.
       log.info("%s", setup.describe_step_memory(train_step, model, optimizer, batch, task=task))
       return step_fn(batch, task=task)
+    program = "train_step"
   sync = one_step_in_flight()
   result = _last_eval(workdir, start)
   saved, step = start, start
@@ -330,12 +362,12 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
     for step in range(start + 1, loop.num_train_steps + 1):
       if step == start + 1:
         log.info("compiling train_step (step %d waits for it) ...", step)
-      loss = first_step() if step == start + 1 else take_step()
-      if sync:
-        jax.block_until_ready(loss)
+      with dog.waiting(program, step):
+        loss = first_step() if step == start + 1 else take_step()
+        if sync or step == start + 1:
+          jax.block_until_ready(loss)
       losses.append(loss)
       if step == start + 1:
-        jax.block_until_ready(loss)
         log.info("step %d took %.1fs, compiling train_step included; examples/s leave "
                  "it out", step, time.perf_counter() - tic)
         tic = time.perf_counter()
@@ -345,7 +377,8 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
         bar.update(1)
       if loop.logs(step):
         # On the host: a device program here would run beside the steps in flight.
-        mean_loss = float(np.mean(jax.device_get(losses)))
+        with dog.waiting(program, step):
+          mean_loss = float(np.mean(jax.device_get(losses)))
         # Dynamic tables' occupancy and their last step's admitted, evicted, default_share.
         scalars = {"loss": mean_loss, **task.log_scalars(model), **dynamic.step_stats(model)}
         if timed:
@@ -360,13 +393,15 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
         losses, timed, paused, tic = [], 0, 0.0, time.perf_counter()
       is_eval, is_save = loop.evaluates(step), loop.saves(step)
       if is_eval or is_save:
-        jax.block_until_ready(loss)  # the steps' own time stays out of `paused`
+        with dog.waiting(program, step):
+          jax.block_until_ready(loss)  # the steps' own time stays out of `paused`
         pause = time.perf_counter()
         if is_eval:
-          result = run_eval(step)
+          with dog.waiting("the eval (eval_step)", step):
+            result = run_eval(step, dog.beat)
           eval_writer.write(step, {k: v for k, v in result.items() if k != "step"})
         if is_save:
-          with stop.deferred():
+          with stop.deferred(), dog.waiting("a checkpoint save", step):
             ckpt.save(step, model, optimizer, data_state())
           saved = step
         paused += time.perf_counter() - pause
@@ -375,7 +410,7 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
       if _stop_agreed(stop, step, loop.log_every):
         break
     if stop.requested is not None and step < loop.num_train_steps:
-      with stop.deferred():
+      with stop.deferred(), dog.waiting("a checkpoint save", step):
         if saved < step:
           ckpt.save(step, model, optimizer, data_state())
         ckpt.wait()
