@@ -3,6 +3,7 @@
     python3 benchmarks/collection_lookup.py             # --scale 0.05, batch 4096
     python3 benchmarks/collection_lookup.py --quick     # small sizes, a smoke run
     python3 benchmarks/collection_lookup.py --scale 1   # the full 10M-row table (7.1 GiB of tables)
+    python3 benchmarks/collection_lookup.py --json run.json  # also the run's record (timing.Run)
     bash benchmarks/install_peers.sh                    # first, for the PyTorch columns
 
 26 tables of 10 to 10M rows (times ``--scale``, at least 10 rows), widths 16
@@ -36,7 +37,9 @@ cases (seeded). Without ``.peers/`` the PyTorch columns are skipped with a note.
 
 Prints min / median / max ms and the ratio of medians to the baseline
 (target <= 1.0), dedup's cost (the collection with dedup over the one
-without, from one interleaving: target <= 1.5), then the collection's plan on a simulated 8-device
+without, from one interleaving: target <= 1.5) and the named ratios beside the
+machine's state (``record_ratios``; ``--json``'s record, ``benchmarks/timing.py``),
+then the collection's plan on a simulated 8-device
 ``batch`` mesh with the bytes each device receives per step, with and
 without dedup (capacities measured per data shard of this batch). Never
 asserts a time."""
@@ -67,6 +70,7 @@ from embedlib import EmbeddingCollection, FeatureSpec, TableSpec  # noqa: E402
 from embedlib.collection import plan_collection  # noqa: E402
 from embedlib.plan import cost  # noqa: E402
 from embedlib.plan.report import human_bytes  # noqa: E402
+import timing  # noqa: E402
 from timing import interleaved, print_table, time_once  # noqa: E402
 from worker_protocol import default_env, missing_note, start_or_note  # noqa: E402
 
@@ -81,10 +85,9 @@ BAGS = (1, 32, 1, 8, 16, 1, 4, 2, 24, 1, 12, 1)
 PLAN_DEVICES = 8
 PEER_PYTHON = os.path.join(ROOT, ".peers", "bin", "python")
 TORCH_SCRIPT = os.path.join(HERE, "peers", "torchrec_collection.py")
-PEERS = {  # column -> worker --variant
-    "torchrec EmbeddingBagCollection (CPU)": "ebc",
-    "fbgemm table-batched (CPU)": "fbgemm",
-}
+EBC, TBE = "torchrec EmbeddingBagCollection (CPU)", "fbgemm table-batched (CPU)"
+PEERS = {EBC: "ebc", TBE: "fbgemm"}  # column -> worker --variant
+BASE, COLLECTION, DEDUP = "take + segment_sum (loop of 26)", "collection", "collection, dedup"
 TOLERANCE = 1e-5
 
 
@@ -192,12 +195,13 @@ def start_peers(args, tmp, features, logical, ids_np, want):
   return workers, notes
 
 
-def interleaved_with_workers(cases, workers, repeats):
+def interleaved_with_workers(cases, workers, repeats, between_rounds=None):
   """``timing.interleaved`` plus worker cases, the order shuffled each round.
 
   JAX cases are timed here (``time_once``); a worker times its own forward.
   A seeded shuffle, not a rotation: rotating a cyclic order keeps every
   case behind the same predecessor, whose cache footprint it inherits.
+  ``between_rounds`` is called after every round (the run's copy probe).
   """
   for fn, a in cases.values():
     jax.block_until_ready(fn(*a))
@@ -213,10 +217,27 @@ def interleaved_with_workers(cases, workers, repeats):
         times[name].append(time_once(fn, *a))
       else:
         times[name].append(workers[name].run(1)["seconds"] * 1e3)
+    if between_rounds is not None:
+      between_rounds()
   return times
 
 
-def main():
+def record_ratios(record, times, dedup_times):
+  """The named ratios, by medians: ``vs_fbgemm_tbe`` and ``vs_torchrec_ebc``
+  (the peer's forward time over the collection's), ``collection_over_take``
+  (the collection's over the baseline's, target <= 1) and
+  ``dedup_over_collection`` (dedup's cost, its own interleaving, target <= 1.5)."""
+  for name, col in (("vs_fbgemm_tbe", TBE), ("vs_torchrec_ebc", EBC)):
+    if col in times:
+      record.ratio(name, timing.median_ratio(times[col], times[COLLECTION]))
+    else:
+      record.note(f"no {col} column, so no {name}")
+  record.ratio("collection_over_take", timing.median_ratio(times[COLLECTION], times[BASE]))
+  record.ratio("dedup_over_collection",
+               timing.median_ratio(dedup_times[DEDUP], dedup_times[COLLECTION]))
+
+
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--scale", type=float, default=0.05,
                       help="rows of each table times this (1 = up to 10M rows)")
@@ -229,7 +250,9 @@ def main():
                       help="leave out the FBGEMM table-batched column")
   parser.add_argument("--peer-python", default=PEER_PYTHON,
                       help="python of the peer venv (default .peers/bin/python)")
-  args = parser.parse_args()
+  timing.add_json_argument(parser)
+  args = parser.parse_args(argv)
+  record = timing.Run("collection_lookup", argv, smoke=args.quick)
   scale, batch = (0.001, 256) if args.quick else (args.scale, args.batch)
   repeats = args.repeats or (3 if args.quick else 15)
   tables, features = specs(scale)
@@ -237,9 +260,7 @@ def main():
   print(f"jax {jax.__version__}, {jax.default_backend()}, {len(jax.devices())} device(s); "
         f"26 tables, {human_bytes(total)} f32, largest {tables[0].num_embeddings} rows; "
         f"batch {batch}, {sum(f.max_ids_per_sample for f in features)} id slots per sample")
-  load = os.getloadavg()
-  print(f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
-        f"at start; XLA_FLAGS={os.environ.get('XLA_FLAGS', '(unset)')!r}")
+  print(f"{os.cpu_count()} CPUs; XLA_FLAGS={os.environ.get('XLA_FLAGS', '(unset)')!r}")
 
   start = time.perf_counter()
   coll = EmbeddingCollection(tables, features, rngs=nnx.Rngs(0))
@@ -263,10 +284,10 @@ def main():
   err_dedup = max(float(jnp.max(jnp.abs(got_dedup[k] - want[k]))) for k in want)
   print(f"max |collection - baseline| = {err:.2e}, with dedup {err_dedup:.2e}")
 
-  base_name = "take + segment_sum (loop of 26)"
+  base_name = BASE
   cases = {
       base_name: (base, (logical, ids)),
-      "collection": (run_coll, (state, ids)),
+      COLLECTION: (run_coll, (state, ids)),
   }
   with tempfile.TemporaryDirectory(prefix="collection_lookup_") as tmp:
     start = time.perf_counter()
@@ -274,7 +295,7 @@ def main():
     if workers:
       print(f"PyTorch workers built and warmed up in {time.perf_counter() - start:.0f} s")
     try:
-      times = interleaved_with_workers(cases, workers, repeats)
+      times = interleaved_with_workers(cases, workers, repeats, between_rounds=record.probe)
       rss = {name: w.close()["peak_rss_mib"] for name, w in workers.items()}
     finally:
       for w in workers.values():
@@ -285,16 +306,19 @@ def main():
   for name in workers:
     print(f"{name}: worker peak RSS {rss[name]:.0f} MiB; baseline / it (medians) "
           f"{statistics.median(times[base_name]) / statistics.median(times[name]):.1f}x, "
-          f"collection / it {statistics.median(times['collection']) / statistics.median(times[name]):.1f}x")
+          f"collection / it {timing.median_ratio(times[COLLECTION], times[name]):.1f}x")
   # Dedup in its own interleaving (a case's cache footprint skews the next
   # one), the collection without dedup beside it: their ratio is dedup's cost.
   dedup_times = interleaved(
-      {base_name: cases[base_name], "collection": cases["collection"],
-       "collection, dedup": (run_dedup, (dedup_state, ids))},
-      repeats,
+      {base_name: cases[base_name], COLLECTION: cases[COLLECTION],
+       DEDUP: (run_dedup, (dedup_state, ids))},
+      repeats, between_rounds=record.probe,
   )
+  record.add_times(times)
+  record.add_times(dedup_times, prefix="dedup interleaving: ")
+  record_ratios(record, times, dedup_times)
   print_table(dedup_times, base_name, f"dedup, {repeats} interleaved repeats, ms")
-  plain, deduped = dedup_times["collection"], dedup_times["collection, dedup"]
+  plain, deduped = dedup_times[COLLECTION], dedup_times[DEDUP]
   print(f"dedup / collection (this interleaving): median "
         f"{statistics.median(deduped) / statistics.median(plain):.2f}, min "
         f"{min(deduped) / min(plain):.2f}  (target <= 1.5)")
@@ -316,14 +340,13 @@ def main():
         f"dedup only where it moves less, {human_bytes(with_paying)} with dedup only where the "
         f"bytes it saves pay for its work (cost.dedup_pays, {cost.DEDUP_BYTES_PER_ID} bytes an "
         f"id: {', '.join(t.name for t in pays) or 'no table'})")
-  for name, ts in (("collection", times), ("collection, dedup", dedup_times)):
+  for name, ts in ((COLLECTION, times), (DEDUP, dedup_times)):
     print(f"{name} / baseline: median "
           f"{statistics.median(ts[name]) / statistics.median(ts[base_name]):.2f}, "
           f"min {min(ts[name]) / min(ts[base_name]):.2f}")
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-  load = os.getloadavg()
-  print(f"peak RSS {human_bytes(peak)}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
-        "at the end")
+  print(f"peak RSS {human_bytes(peak)}")
+  record.finish(args.json)
 
 
 if __name__ == "__main__":

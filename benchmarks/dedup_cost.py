@@ -3,6 +3,7 @@
     python3 benchmarks/dedup_cost.py                 # 15 interleaved repeats, about a minute
     python3 benchmarks/dedup_cost.py --repeats 5
     python3 benchmarks/dedup_cost.py --collection    # the 26-table collection, --scale 0.05
+    python3 benchmarks/dedup_cost.py --json run.json # also the run's record (timing.Run)
 
 The calibration of ``embedlib.plan.cost.DEDUP_BYTES_PER_ID``: a collection
 of one ``sharding="routed"`` table (64 wide) read by one pooled feature
@@ -37,7 +38,12 @@ plans for uniform ids instead), as
 
 Each case prints, for the tables it dedups, the bytes dedup saves an id at
 its capacity and which of them ``cost.dedup_pays`` accepts; the shards'
-measured distinct ids are printed beside the planned capacities.
+measured distinct ids are printed beside the planned capacities. Named
+ratios (medians; printed beside the machine's state and kept by ``--json``,
+``benchmarks/timing.py``): ``dedup_over_none_<ids>_<forward|backward>`` for
+the one-table sets (``uniform_100k``, ``zipf_100k``, ...), and
+``<variant>_over_plan_<forward|backward>`` for ``--collection``
+(``control``, ``other_choice``, ``dedup_all``, ``dedup_none``).
 Their pooled outputs are checked equal (to 1e-5), then one interleaving
 times the forwards and another the forwards + backwards (the pooled
 outputs' sum through ``optim.value_and_grad``: gradients for the rows
@@ -67,6 +73,7 @@ from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, options  # noq
 from embedlib.collection import fit_id_skews  # noqa: E402
 from embedlib import optim  # noqa: E402
 from embedlib.plan import cost  # noqa: E402
+import timing  # noqa: E402
 from timing import interleaved, print_table  # noqa: E402
 import collection_lookup  # noqa: E402
 
@@ -79,6 +86,9 @@ CONTROL = "plan's choice again (noise control)"
 OTHER_CHOICE = "the other choice, table by table"
 DEDUP_ALL = "dedup on every sharded table"
 DEDUP_NONE = "dedup on none"
+#: Each variant's short name in the record's ratios (``<tag>_over_plan_<part>``).
+TAGS = {CONTROL: "control", OTHER_CHOICE: "other_choice", DEDUP_ALL: "dedup_all",
+        DEDUP_NONE: "dedup_none"}
 
 
 def make_ids(rows, kind, rng):
@@ -87,13 +97,12 @@ def make_ids(rows, kind, rng):
   return (((rng.zipf(1.05, (BATCH, BAG)) - 1) * 2654435761) % rows).astype(np.int32)
 
 
-def one_table(args):
+def one_table(args, record):
   mesh = jax.make_mesh((DEVICES,), ("batch",))
   split = jax.NamedSharding(mesh, jax.P("batch"))
   rng = np.random.default_rng(0)
   forwards, steps, choices = {}, {}, []
-  print(f"{DEVICES} simulated devices, batch {BATCH}, bags of {BAG}, width {WIDTH}; "
-        f"load average {os.getloadavg()[0]:.1f} at start")
+  print(f"{DEVICES} simulated devices, batch {BATCH}, bags of {BAG}, width {WIDTH}")
   for rows, kind in SETS:
     ids = make_ids(rows, kind, rng)
     need = max(len(np.unique(s)) for s in np.array_split(ids, DEVICES))
@@ -109,23 +118,25 @@ def one_table(args):
     t = coll.plan.tables[0]
     per_id = (t.bytes_moved - t.bytes_moved_dedup) / (BATCH // DEVICES * BAG)
     pays = cost.dedup_pays(t.bytes_moved, t.bytes_moved_dedup, BATCH // DEVICES * BAG)
-    choices.append((list(forwards)[-2], list(forwards)[-1], pays))
+    choices.append((list(forwards)[-2], list(forwards)[-1], pays,
+                    f"{kind}_{timing.size_tag(rows, WIDTH).split('_x_')[0]}"))
     print(f"{kind} over {rows:,} rows: {need} distinct ids a shard; received per device "
           f"{t.bytes_moved:,} B without dedup, {t.bytes_moved_dedup:,} B with: {per_id:.0f} B "
           f"saved an id; dedup_pays: {pays}")
   runs = [("forward", forwards)] + ([("forward + backward", steps)] if args.backward else [])
   for label, cases in runs:
-    times = interleaved(cases, args.repeats)
+    times = interleaved(cases, args.repeats, between_rounds=record.probe)
     print_table(times, next(iter(cases)), f"{label}, {DEVICES} simulated devices, "
                 f"{args.repeats} interleaved repeats, ms")
-    for plain, dedup, pays in choices:
+    record.add_times(times, prefix=f"{label}: ")
+    for plain, dedup, pays, tag in choices:
       ratio = statistics.median(times[dedup]) / statistics.median(times[plain])
+      record.ratio(f"dedup_over_none_{tag}_{label.split(' ')[-1]}", ratio)
       low = min(times[dedup]) / min(times[plain])
       chosen = "dedup" if pays else "no dedup"
       faster = "dedup" if ratio < 1 else "no dedup"
       print(f"{label}: {plain.rsplit(',', 1)[0]}: dedup / no dedup medians {ratio:.2f} "
             f"(min {low:.2f}); cost.dedup_pays chooses {chosen}, measured faster: {faster}")
-  print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 def pooled_sum(coll, x):
@@ -211,9 +222,11 @@ def check_equal(outputs):
       raise SystemExit(f"{name}: pooled outputs differ from the plan's choice by {err:.2e}")
 
 
-def time_and_compare(cases, repeats, label):
-  """One shuffled interleaving of ``cases``; prints it and the ratios to the plan's choice."""
-  times = interleaved(cases, repeats, shuffle_seed=0)
+def time_and_compare(cases, repeats, label, record):
+  """One shuffled interleaving of ``cases``; prints it and the ratios to the plan's choice,
+  which ``record`` keeps as ``<variant>_over_plan_<forward|backward>``."""
+  times = interleaved(cases, repeats, shuffle_seed=0, between_rounds=record.probe)
+  record.add_times(times, prefix=f"{label}: ")
   print_table(times, PLANS_CHOICE, f"{label}, {DEVICES} simulated devices, {repeats} "
               "interleaved repeats (order shuffled each round), ms")
   chosen = times[PLANS_CHOICE]
@@ -222,9 +235,11 @@ def time_and_compare(cases, repeats, label):
       print(f"{label}: {name} / plan's choice: median "
             f"{statistics.median(ts) / statistics.median(chosen):.2f}, "
             f"min {min(ts) / min(chosen):.2f}")
+      record.ratio(f"{TAGS[name]}_over_plan_{label.split(' ')[-1]}",
+                   timing.median_ratio(ts, chosen))
 
 
-def whole_collection(args):
+def whole_collection(args, record):
   """The plan's dedup choice on the 26-table collection against dedup everywhere and nowhere."""
   mesh = jax.make_mesh((DEVICES,), ("batch",))
   split = jax.NamedSharding(mesh, jax.P("batch"))
@@ -239,8 +254,7 @@ def whole_collection(args):
   x = {k: jax.device_put(v, split) for k, v in ids_np.items()}
   needs = collection_lookup.shard_needs(features, ids_np, DEVICES)
   print(f"{DEVICES} simulated devices, 26 tables (--scale {args.scale}, largest "
-        f"{tables[0].num_embeddings:,} rows), batch {args.batch}; load average "
-        f"{os.getloadavg()[0]:.1f} at start")
+        f"{tables[0].num_embeddings:,} rows), batch {args.batch}")
   print("most distinct ids on a shard, measured: " + ", ".join(
       f"{t.name} {needs[t.name]}" for t in tables[:10]))
   forwards, steps, outputs = {}, {}, {}
@@ -253,13 +267,12 @@ def whole_collection(args):
     forwards[name], steps[name] = (forward, (params, x)), (step, (params, x))
   check_equal(outputs)
   # Apart: a backward's buffers, freed, would weigh on the forward after it.
-  time_and_compare(forwards, args.repeats, "forward")
+  time_and_compare(forwards, args.repeats, "forward", record)
   if args.backward:
-    time_and_compare(steps, args.repeats, "forward + backward")
-  print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    time_and_compare(steps, args.repeats, "forward + backward", record)
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=15)
   parser.add_argument("--collection", action="store_true",
@@ -271,8 +284,11 @@ def main():
                       help="--collection: plan for uniform ids (id_skew 0), not the fitted skews")
   parser.add_argument("--no-backward", dest="backward", action="store_false",
                       help="time the forward only")
-  args = parser.parse_args()
-  (whole_collection if args.collection else one_table)(args)
+  timing.add_json_argument(parser)
+  args = parser.parse_args(argv)
+  record = timing.Run("dedup_cost", argv)
+  (whole_collection if args.collection else one_table)(args, record)
+  record.finish(args.json)
 
 
 if __name__ == "__main__":

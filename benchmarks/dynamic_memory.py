@@ -3,6 +3,7 @@
     python3 benchmarks/dynamic_memory.py               # 1M x 64 f32, 65,536 Zipf ids a step
     python3 benchmarks/dynamic_memory.py --rows 65536  # full after two steps: every step evicts
     python3 benchmarks/dynamic_memory.py --quick       # small, a smoke run
+    python3 benchmarks/dynamic_memory.py --json run.json   # also the run's record (timing.Run)
 
 Each run is its own process (this script with ``--worker``): one CPU device,
 a ``DynamicEmbed(rows, 64)`` (LRU, buckets of 128, admitted on first
@@ -16,6 +17,10 @@ map (``Policy.map_bytes_per_row``: 16 bytes a row): ``rows * (64 * 4 + 4 +
 16)`` bytes. Target: ``(peak - constant) / state <= 1.3``. With
 ``--fixed`` a ``ShardedEmbed`` of the same size runs the same steps on the
 ids hashed mod its rows (state without the map), for comparison.
+``--json FILE`` keeps the run's record (``benchmarks/timing.py``): each
+kind's state, constant and peak in MiB, and the ratio
+``<kind>_peak_over_state`` ((peak - constant) / state), beside the
+machine's state (a copy probe between the runs).
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import timing  # noqa: E402
+
 TINY = 1024
 WIDTH = 64
 MiB = 1 << 20
@@ -94,10 +103,12 @@ def main(argv=None) -> int:
   parser.add_argument("--fixed", action="store_true", help="also the fixed table's run")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--kind", default="dynamic", help=argparse.SUPPRESS)
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
   if args.worker:
     worker(args)
     return 0
+  record = timing.Run("dynamic_memory", argv, smoke=args.quick)
   if args.quick:
     args.rows, args.ids, args.steps = 16_384, 4_096, 4
   kinds = ["dynamic"] + (["fixed"] if args.fixed else [])
@@ -109,12 +120,19 @@ def main(argv=None) -> int:
     state = args.rows * per_row
     constant, _, _ = run(kind, TINY, args)
     constant -= TINY * per_row
+    record.probe()
     peak, built, note = run(kind, args.rows, args)
+    record.probe()
     ratio = (peak - constant) / state
     worst = max(worst, ratio) if kind == "dynamic" else worst
     print(f"{kind:8s} state {state / MiB:7.1f} MiB ({per_row} B a row); process constant "
           f"{constant / MiB:7.1f} MiB; built {built / MiB:7.1f} MiB; peak {peak / MiB:7.1f} MiB; "
           f"(peak - constant) / state = {ratio:.2f} (target <= 1.3){';' if note else ''}{note}")
+    for what, value in (("state", state), ("process constant", constant), ("built", built),
+                        ("peak", peak)):
+      record.add_case(f"{kind}: {what}", value / MiB, "MiB")
+    record.ratio(f"{kind}_peak_over_state", ratio)
+  record.finish(args.json)
   return 0
 
 

@@ -3,6 +3,7 @@
     python3 benchmarks/dynamic_quality.py            # 3 seeds x 160k lines, 16,384 rows, ~185k ids
     python3 benchmarks/dynamic_quality.py --smoke    # 12k lines, 2,048 rows: the check only
     python3 benchmarks/dynamic_quality.py --large    # 1 seed x 20.5M lines, 2**20 rows, ~10M ids
+    python3 benchmarks/dynamic_quality.py --json run.json  # also the run's record (timing.Run)
 
 The data is a Criteo-format file written by ``embedlib.data.criteo_synth``
 (``vocab_scale`` widens every feature's vocabulary) and read back as raw
@@ -31,6 +32,12 @@ than for tens of millions of Python lists.
 The check (exit 1 if it fails): the unlimited table ends holding exactly
 the distinct ids of the training lines, each in its own row, having
 evicted none; every AUC lies between 0.5 and the oracle's (+0.01).
+
+``--json FILE`` keeps the run's record (``benchmarks/timing.py``): each
+case's AUC over the seeds (unit ``AUC``), and as its named figures the AUC
+differences ``lru_minus_hashed_same_memory`` and
+``lfu_minus_hashed_same_memory`` (medians over the seeds), beside the
+machine's state (a copy probe after each seed).
 """
 
 import argparse
@@ -40,6 +47,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -51,6 +59,7 @@ import embedlib  # noqa: E402
 from embedlib import dynamic, optim  # noqa: E402
 from embedlib.data import _hashing, criteo_synth  # noqa: E402
 from embedlib.metrics import StreamingMetrics  # noqa: E402
+import timing  # noqa: E402
 
 SIGNAL = criteo_synth.SIGNAL_SPARSE
 FIRST_SPARSE = 14                     # label, 13 integers, then the categoricals
@@ -204,7 +213,9 @@ def main(argv=None) -> int:
   parser.add_argument("--batch", type=int, default=1024)
   parser.add_argument("--lr", type=float, default=0.1)
   parser.add_argument("--seeds", type=int, default=None, help="data seeds")
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  record = timing.Run("dynamic_quality", argv, smoke=args.smoke)
   preset = PRESETS["smoke" if args.smoke else "large" if args.large else "default"]
   for name, value in preset.items():
     if getattr(args, name) is None:
@@ -221,10 +232,20 @@ def main(argv=None) -> int:
   results, ok = {}, True
   for seed in range(args.seeds):
     ok &= trial(seed, same_memory, args, results)
+    record.probe()
   print(f"\nAUC on the held-out lines over {args.seeds} data seed(s): min / median / max")
   for name, aucs in results.items():
     print(f"  {name:40s} {min(aucs):.4f} / {np.median(aucs):.4f} / {max(aucs):.4f}")
   print("check:", "ok" if ok else "FAILED")
+  record.add_times(results, unit="AUC")
+  same = next(aucs for name, aucs in results.items() if name.startswith("hashed, same memory"))
+  for kind in ("LRU", "LFU"):
+    aucs = next(a for name, a in results.items() if name.startswith(f"dynamic {kind}"))
+    record.ratio(f"{kind.lower()}_minus_hashed_same_memory",
+                 float(np.median(aucs) - np.median(same)))
+  if not ok:
+    record.note("the check FAILED")
+  record.finish(args.json)
   return 0 if ok else 1
 
 

@@ -21,20 +21,28 @@ short one is not swamped by dispatch) and reports min / median / max per
 call over ``--repeats`` runs. It never asserts a time. On a machine without
 a GPU it says so, measures nothing and exits 0; ``--smoke`` runs the whole
 script at tiny sizes on any backend (the kernels interpreted on a CPU).
+``--json FILE`` keeps every timed row (µs per call) in
+``benchmarks/timing.py``'s record, the device copy's GB/s, and each row's
+speed-up over XLA as ``<backend>_vs_xla_<op>_<table>_<ids>``
+(``xla_slots_vs_xla_bag64_1Mx128_f32_zipf``), beside the host's state.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+import timing  # noqa: E402
 
 TABLES = ((1_000_000, 128), (10_000_000, 64))
 DTYPES = ("float32", "bfloat16")
@@ -215,6 +223,15 @@ def xla_bag(table, ids):
   return jax.ops.segment_sum(rows, segments, num_segments=batch, indices_are_sorted=True)
 
 
+def keep_row(record, label, name, secs, base) -> None:
+  """A timed row in ``record``: its µs per call, and its speed-up over XLA's median."""
+  record.add_case(f"{label} {name}", [float(x) * 1e6 for x in secs], "us")
+  if name != "xla" and base:
+    what, rest = label.split(" ", 1)
+    tag = re.sub(r"[^A-Za-z0-9]+", "_", f"{name}_vs_xla_{what}_{rest}").strip("_")
+    record.ratio(tag, base / float(np.median(secs)))
+
+
 def fmt_row(label, secs, rows_bytes, moved_bytes, copy_bw, base):
   lo, med, hi = (float(np.min(secs)), float(np.median(secs)), float(np.max(secs)))
   ratio = f"{base / med:5.2f}x" if base else "   - "
@@ -233,6 +250,7 @@ def main(argv=None, references=None) -> int:
   parser.add_argument("--smoke", action="store_true",
                       help="tiny sizes on any backend (Pallas interpreted on CPU): tests the "
                       "script itself; its numbers mean nothing")
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
 
   backend = jax.default_backend()
@@ -247,6 +265,7 @@ def main(argv=None, references=None) -> int:
     return 0
   from embedlib import kernels
 
+  record = timing.Run("gpu_lookup", argv, smoke=args.smoke)
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
   size = dict(rows=100, batch=33) if args.smoke else {}
   if args.check and not check(**size, references=references):
@@ -255,6 +274,7 @@ def main(argv=None, references=None) -> int:
 
   copy_bw = copy_bandwidth(copy_bytes, args.inner, args.repeats)
   print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write), the bandwidth limit")
+  record.add_case("device-to-device copy", copy_bw / 1e9, "GB/s")
   torch_timer = torch_ops()
   print("torch: " + ("CUDA embedding / embedding_bag measured" if torch_timer else "not importable or no CUDA; skipped"))
   print(f"\n{'case':<44} {'min us':>8} {'med us':>8} {'max us':>8} {'rowGB/s':>8} {'%copy':>7} {'vs xla':>6}")
@@ -295,17 +315,21 @@ def main(argv=None, references=None) -> int:
           base = float(np.median(results["xla"]))
           for name, secs in results.items():
             print(fmt_row(f"{label} {name}", secs, rows_bytes, moved, copy_bw, base))
+            keep_row(record, label, name, secs, base)
             med = float(np.median(secs))
             measured.append((what, label, name, moved / med / copy_bw, base / med))
         backward(table, make_ids(rows, num_ids, dist), f"{shape_label(rows, features, dtype)} {dist}",
-                 copy_bw, args)
+                 copy_bw, args, record)
       del table
+      record.probe()
   if skipped:
     print(f"\n--budget {args.budget:g} s reached: {skipped} table(s) not measured.")
+    record.note(f"--budget {args.budget:g} s reached: {skipped} table(s) not measured")
   print_targets(measured)
   print("\nrowGB/s: bytes of table rows read per second (backward: gradient rows read). %copy: "
         "(rows read + output written) per second over the copy's (read + write). vs xla: XLA "
         "median time / this median time.")
+  record.finish(args.json)
   return 0
 
 
@@ -346,7 +370,7 @@ def shape_label(rows, features, dtype) -> str:
   return f"{size}x{features} {'f32' if dtype == 'float32' else 'bf16'}"
 
 
-def backward(table, ids_np, label, copy_bw, args):
+def backward(table, ids_np, label, copy_bw, args, record):
   """Times the backward's reduction: one summed row per distinct id of ``ids_np``.
 
   ``mosaic``: the Mosaic GPU kernel (`backward_mosaic.row_sums`); ``xla``:
@@ -383,6 +407,7 @@ def backward(table, ids_np, label, copy_bw, args):
   for name, secs in results.items():
     print(fmt_row(f"backward {label} {name}", secs, grads.size * grads.dtype.itemsize, moved,
                   copy_bw, base))
+    keep_row(record, f"backward {label}", name, secs, base)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     JAX_PLATFORMS=cpu python benchmarks/gpu_plan.py            # every part
     JAX_PLATFORMS=cpu python benchmarks/gpu_plan.py --only llm
     JAX_PLATFORMS=cpu python benchmarks/gpu_plan.py --only memory --configs quickstart,ranker
+    JAX_PLATFORMS=cpu python benchmarks/gpu_plan.py --json run.json   # also the run's record
 
 Needs the CUDA plugin (``pip install -e '.[gpu-compile]'``, Python >= 3.12);
 nothing runs on a GPU: every figure is XLA's ``memory_analysis()`` of a
@@ -39,6 +40,11 @@ and the batch beside it.
    two sizes, the bytes per row between them, extrapolated to the HBM, then
    compiled at that size to check.
 
+``--json FILE`` keeps every program's compiled total (and the plan's, where
+there is one) in MiB in ``benchmarks/timing.py``'s record, with the ratio
+``plan_over_compiled_<program>`` for each planned one, and each layout's
+largest table (``largest``, M rows); nothing is timed.
+
 The pipelined step's schedule (which compute XLA places between the next
 batch's all-to-all start and done): ``benchmarks/pipeline_schedule.py``.
 """
@@ -49,6 +55,7 @@ import argparse
 import importlib
 import os
 import pathlib
+import re
 import sys
 import time
 
@@ -62,6 +69,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from benchmarks import timing
 import embedlib
 from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim
 from embedlib.kernels import deviceless
@@ -89,6 +97,16 @@ def row(name, memory, planned=None, seconds=None) -> str:
   return (f"  {name:34s} {memory.argument_size_in_bytes / GIB:9.2f} "
           f"{memory.temp_size_in_bytes / GIB:9.2f} {total_bytes(memory) / GIB:9.2f} "
           f"{planned_s}  {took}")
+
+
+def keep(record, name, compiled_memory, planned=None) -> None:
+  """``name``'s compiled total (and the plan's, with their ratio) in ``record``."""
+  total = total_bytes(compiled_memory)
+  record.add_case(f"{name}: compiled total", total / 2**20, "MiB")
+  if planned is not None:
+    record.add_case(f"{name}: planned total", planned / 2**20, "MiB")
+    tag = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    record.ratio(f"plan_over_compiled_{tag}", planned / total)
 
 
 HEADER = (f"  {'program':34s} {'args GiB':>9s} {'temp GiB':>9s} {'total GiB':>9s} "
@@ -127,7 +145,7 @@ def planned_bytes(coll) -> int:
 MEMORY_CONFIGS = ("quickstart", "dlrm_criteo", "ranker", "two_tower")
 
 
-def plan_memory(names) -> None:
+def plan_memory(names, record) -> None:
   """Each config's embedding step alone, compiled, beside the plan's memory of it."""
   from tests.gpu_compile import embedding_steps, train_steps  # pylint: disable=g-import-not-at-top
 
@@ -143,16 +161,17 @@ def plan_memory(names) -> None:
     configs += [(f"{name}:smoke", module.get_config("smoke")), (name, module.get_config(None))]
   for label, config in configs:
     if label == "grid":
-      grid_memory()
+      grid_memory(record)
       continue
     mesh = train_steps.mesh_for(config, TARGET)
     step, state, inputs, plans = embedding_steps.embedding_step(config, mesh)
     start = time.perf_counter()
     compiled = deviceless.gpu_compile(step, state, inputs, mesh=mesh, donate_argnums=0,
                                       compiler_options={"xla_gpu_autotune_level": 0})
-    print(memory_row(label, compiled.memory_analysis(),
-                     memory.device_memory(plans, config.optim.sparse.name),
-                     time.perf_counter() - start), flush=True)
+    planned = memory.device_memory(plans, config.optim.sparse.name)
+    print(memory_row(label, compiled.memory_analysis(), planned, time.perf_counter() - start),
+          flush=True)
+    keep(record, f"memory {label}", compiled.memory_analysis(), planned.total)
 
 
 def memory_row(label, m, planned, seconds) -> str:
@@ -168,7 +187,7 @@ def memory_row(label, m, planned, seconds) -> str:
 GRID_ROWS, GRID_WIDTH, GRID_IDS = 200_000, 64, 4096
 
 
-def grid_memory() -> None:
+def grid_memory(record) -> None:
   """One table alone on a 2 x 4 data x model mesh, its ids replicated over its group.
 
   A grid (rows over ``model``, columns over ``data``), vocab and hidden;
@@ -199,6 +218,7 @@ def grid_memory() -> None:
     planned = memory.device_memory([(emb.plan, GRID_IDS, None, GRID_IDS)], "rowwise_adagrad")
     print(memory_row(f"2 x 4, {layout}", compiled.memory_analysis(), planned,
                      time.perf_counter() - start), flush=True)
+    keep(record, f"memory 2 x 4 {layout}", compiled.memory_analysis(), planned.total)
 
 
 def dlrm_config():
@@ -212,7 +232,7 @@ def dlrm_config():
   return config
 
 
-def dlrm(mesh) -> None:
+def dlrm(mesh, record) -> None:
   from tests.gpu_compile import train_steps  # pylint: disable=g-import-not-at-top
 
   config = dlrm_config()
@@ -231,6 +251,7 @@ def dlrm(mesh) -> None:
         mesh=mesh, kernel="auto", replicate_below_bytes=0, batch_size=BATCH, rngs=nnx.Rngs(0)))
   print(row("train step (planner's layouts)", compiled.memory_analysis(), planned_bytes(coll),
             seconds))
+  keep(record, "dlrm train step", compiled.memory_analysis(), planned_bytes(coll))
   for layout in ("vocab", "routed", "table"):
     tables = [TableSpec(t.name, t.num_embeddings, WIDTH, sharding=layout) for t in spec_tables]
     features = [FeatureSpec(t.name, t.name, max_ids_per_sample=1) for t in tables]
@@ -251,12 +272,14 @@ def dlrm(mesh) -> None:
     compiled, seconds = sparse_step(graphdef, state, ids, loss, mesh)
     print(row(f"tables' sparse step, {layout}", compiled.memory_analysis(), planned_bytes(coll),
               seconds))
+    keep(record, f"dlrm tables' sparse step {layout}", compiled.memory_analysis(),
+         planned_bytes(coll))
 
 
 LLM_VOCAB, LLM_WIDTH, LLM_TOKENS = 262_144, 1024, 8192
 
 
-def llm(target) -> None:
+def llm(target, record) -> None:
   print(f"LLM tied embedding {LLM_VOCAB:,} x {LLM_WIDTH} float32, vocab-parallel loss, "
         f"{LLM_TOKENS} tokens a device, 8 x {target}")
   print(HEADER)
@@ -287,13 +310,15 @@ def llm(target) -> None:
     compiled = deviceless.gpu_compile(step, state, ids, labels, mesh=mesh)
     print(row(f"vocab, {data} x {model} data x model", compiled.memory_analysis(),
               emb.plan.bytes_per_device, time.perf_counter() - start))
+    keep(record, f"llm vocab {data} x {model}", compiled.memory_analysis(),
+         emb.plan.bytes_per_device)
 
 
 ID_LIMIT = (2**31 - 1) // 1_000_000 * 1_000_000
 LARGEST_LAYOUTS = ("replicated", "vocab", "hidden", "routed", "table")
 
 
-def largest(mesh) -> None:
+def largest(mesh, record) -> None:
   hbm = deviceless.device_memory_bytes(TARGET)
   print(f"Largest {WIDTH}-wide float32 table a layout trains (row-wise AdaGrad, {BATCH} ids a "
         f"step) on 8 x {TARGET} ({hbm / GIB:.1f} GiB each)")
@@ -330,6 +355,7 @@ def largest(mesh) -> None:
           f"({rows * WIDTH * 4 / GIB:7.1f} GiB of table{'; int32 ids limit' if capped else ''}); "
           f"compiled there: {fits / GIB:6.1f} GiB a device "
           f"{'fits' if fits <= hbm else 'DOES NOT FIT'}")
+    record.add_case(f"largest {layout}: rows", rows / 1e6, "M rows")
 
 
 def main(argv=None) -> int:
@@ -338,22 +364,25 @@ def main(argv=None) -> int:
   parser.add_argument("--configs", default=",".join(MEMORY_CONFIGS + ("grid", "mlperf")),
                       help="memory: configs/ modules (and mlperf; grid: one table on a "
                            "2 x 4 mesh in a grid, vocab and hidden), comma-separated")
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
   reason = deviceless.unavailable_reason()
   if reason:
     print(f"gpu_plan: {reason}")
     return 1
+  record = timing.Run("gpu_plan", argv)
   parts = args.only or ["memory", "dlrm", "llm", "largest"]
   if "memory" in parts:
-    plan_memory(args.configs.split(","))
+    plan_memory(args.configs.split(","), record)
   mesh = deviceless.gpu_mesh((8,), ("batch",), target=TARGET,
                              axis_types=(jax.sharding.AxisType.Auto,))
   if "llm" in parts:
-    llm(TARGET)
+    llm(TARGET, record)
   if "largest" in parts:
-    largest(mesh)
+    largest(mesh, record)
   if "dlrm" in parts:
-    dlrm(mesh)
+    dlrm(mesh, record)
+  record.finish(args.json)
   return 0
 
 

@@ -18,7 +18,8 @@
 #   4. sparse_step.py --check --quick --no-peers: the sparse step against the
 #      dense optax step, if time is left.
 #
-#   bash benchmarks/gpu_session.sh            # output also in $OUT/gpu_session.txt when $OUT is set
+#   bash benchmarks/gpu_session.sh            # output also in $OUT/gpu_session.txt when $OUT is set,
+#                                             # each script's --json record in $OUT/<script>.json
 #   bash benchmarks/gpu_session.sh --smoke    # any backend, tiny sizes: tests the script itself
 #
 # Without a GPU (and without --smoke) it says so and exits 0, having measured
@@ -45,7 +46,11 @@ if [ "$backend" = "gpu" ]; then
 fi
 run() {
   echo "== $* (at $((SECONDS - start)) s)" | tee -a "$log"
-  "$python" "$@" 2>&1 | tee -a "$log"
+  local record=()
+  if [ -n "${OUT:-}" ]; then
+    record=(--json "$OUT/$(basename "$1" .py).json")
+  fi
+  "$python" "$@" "${record[@]}" 2>&1 | tee -a "$log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
 }
 # The steps first: the first GPU run (benchmarks/README.md) measured the

@@ -28,7 +28,12 @@ batch and compares losses and new parameters (relative 1e-4, absolute 1e-4:
 timing. Times are min / median / max per step over ``--repeats`` samples
 of ``--inner`` steps dispatched back to back; never asserted. Without a GPU
 it says so and measures nothing, unless ``--smoke`` (tiny sizes, any
-backend: tests the script; its numbers mean nothing).
+backend: tests the script; its numbers mean nothing). ``--json FILE``
+keeps every timed case (ms per step) in ``benchmarks/timing.py``'s record,
+the device copy's GB/s, each version's speed-up over the XLA ops as
+``<version>_vs_xla_ops_<case>`` (``embedlib_vs_xla_ops_update_lazyadam``,
+``pallas_fused_vs_xla_ops_dlrm_step``) and the update's
+``update_share_of_copy_<rule>``, beside the host's state.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from embedlib.models import build_model  # noqa: E402
 from embedlib.optim import fused_cpu, fused_gpu, sorted_update  # noqa: E402
 from embedlib.plan import plan_embedding  # noqa: E402
 from gpu_lookup import copy_bandwidth, make_ids  # noqa: E402
+import timing  # noqa: E402
 
 EMBEDLIB, XLA_OPS = "embedlib (kernel='auto', sorted update)", "XLA ops (before issue 18)"
 
@@ -116,6 +122,18 @@ def time_steps(step, state, batch, inner, repeats):
   return np.array(times)
 
 
+#: Each version's name in the record's ratios.
+TAGS = {EMBEDLIB: "embedlib", XLA_OPS: "xla_ops", FUSED: "fused", PALLAS_FUSED: "pallas_fused"}
+
+
+def keep(record, case, results, base) -> None:
+  """``results`` (version -> ms) of ``case`` in ``record``, with each version's speed-up."""
+  for name, ms in results.items():
+    record.add_case(f"{case}: {name}", [float(x) for x in ms], "ms")
+    if name != XLA_OPS:
+      record.ratio(f"{TAGS[name]}_vs_xla_ops_{case}", base / float(np.median(ms)))
+
+
 def show(label, ms, base_ms, gbytes=None, copy_bw=None):
   med = float(np.median(ms))
   rate = "" if gbytes is None else (f" {gbytes / med * 1e3:8.1f} GB/s "
@@ -156,7 +174,7 @@ def update_bytes(rule, features, num_ids, uniq) -> int:
   return num_ids * features * 4 + 2 * uniq * per_row
 
 
-def update_case(label, rule, rows, features, num_ids, args, copy_bw) -> bool:
+def update_case(label, rule, rows, features, num_ids, args, copy_bw, record) -> bool:
   """Checks, then times, ``apply_row_grads`` with ``rule`` every way; False on a mismatch."""
   plan = plan_embedding(rows, features)
   ids = jnp.asarray(make_ids(rows, num_ids, "zipf"))
@@ -184,7 +202,10 @@ def update_case(label, rule, rows, features, num_ids, args, copy_bw) -> bool:
   base = float(np.median(results[XLA_OPS]))
   for name, ms in results.items():
     show(name, ms, base, gbytes, copy_bw)
+  tag = label.lower().replace("row-wise ", "rowwise_").replace(" ", "_")
+  keep(record, f"update_{tag}", results, base)
   share = gbytes * 1e9 / (float(np.median(results[EMBEDLIB])) * 1e-3) / copy_bw
+  record.ratio(f"update_share_of_copy_{tag}", share)
   print(f"target sparse update {label}: {100 * share:.1f}% of copy, target >= "
         f"{UPDATE_TARGET:.0%} (FBGEMM's fused backward: about 27%): "
         f"{'met' if share >= UPDATE_TARGET else 'NOT met'}")
@@ -228,7 +249,7 @@ def dlrm_loss(model, batch):
   return optax.sigmoid_binary_cross_entropy(logits, batch["label"]).mean()
 
 
-def step_case(title, build, loss_fn, batch, args) -> bool:
+def step_case(title, build, loss_fn, batch, args, record, case) -> bool:
   """Checks one step of each version against the other, then times both; False on a mismatch."""
   steps, firsts = {}, {}
   for name, (kernel, context) in step_versions().items():
@@ -256,6 +277,7 @@ def step_case(title, build, loss_fn, batch, args) -> bool:
   base = float(np.median(results[XLA_OPS]))
   for name, ms in results.items():
     show(name, ms, base)
+  keep(record, case, results, base)
   return True
 
 
@@ -283,6 +305,7 @@ def main(argv=None) -> int:
                       help="tiny sizes on any backend: tests the script; its numbers mean nothing")
   parser.add_argument("--steps-only", action="store_true",
                       help="the two train steps alone, not the update cases")
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
   rows, features, num_ids, batch_size, copy_bytes = 10_000_000, 64, 65_536, 4096, 1 << 30
   if args.smoke:
@@ -293,9 +316,11 @@ def main(argv=None) -> int:
     print(f"gpu_steps: the default jax backend is {jax.default_backend()!r}, not a GPU; it "
           "measures nothing here.")
     return 0
+  record = timing.Run("gpu_steps", argv, smoke=args.smoke)
   print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
   copy_bw = copy_bandwidth(copy_bytes, args.inner, args.repeats)
   print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)")
+  record.add_case("device-to-device copy", copy_bw / 1e9, "GB/s")
   print(f"{'case':<58} {'min':>8} {'median':>8} {'max':>8}     vs XLA ops")
 
   ids = jnp.asarray(make_ids(rows, num_ids, "zipf").reshape(-1, 16))
@@ -305,12 +330,12 @@ def main(argv=None) -> int:
   cases = [
       lambda: step_case(f"sparse train step, {rows:,} x {features} table, {ids.shape[0]:,} bags "
                         "of 16", lambda k: sparse_model(rows, features, k), sparse_loss,
-                        sparse_batch, args),
+                        sparse_batch, args, record, "sparse_step"),
       lambda: step_case(f"DLRM train step, 8 tables of {rows // 10:,} x {features}, batch "
                         f"{batch_size:,}", lambda k: dlrm_model(rows // 10, features, k, batch_size),
-                        dlrm_loss, dlrm_data, args),
+                        dlrm_loss, dlrm_data, args, record, "dlrm_step"),
       *[lambda label=label, rule=rule: update_case(label, rule, rows, features, num_ids, args,
-                                                   copy_bw)
+                                                   copy_bw, record)
         for label, rule in UPDATE_RULES.items() if not args.steps_only],
   ]
   started, skipped = time.monotonic(), 0
@@ -321,11 +346,14 @@ def main(argv=None) -> int:
     if not case():
       print("gpu_steps --check: a version disagrees with its XLA-op version; stopping.")
       return 1
+    record.probe()
   if skipped:
     print(f"\n--budget {args.budget:g} s reached: {skipped} case(s) not measured.")
+    record.note(f"--budget {args.budget:g} s reached: {skipped} case(s) not measured")
   print("\nvs XLA ops: the XLA-op version's median / this median (> 1: faster). GB/s and %copy: "
         "the update's bytes (gradient rows read, distinct rows and their slots read and "
         "written) per second, and over the copy's.")
+  record.finish(args.json)
   return 0
 
 

@@ -4,6 +4,7 @@
     python3 benchmarks/init_memory.py --sizes 0.25 1  # without the 4 GiB case (~6 GiB of RSS)
     python3 benchmarks/init_memory.py --dlrm          # configs/dlrm_criteo.py's start-up only
     python3 benchmarks/init_memory.py --quick         # tiny tables, a smoke run
+    python3 benchmarks/init_memory.py --json run.json # also the run's record (timing.Run)
 
 Each build runs in a fresh process on 8 simulated CPU devices, whose buffers
 are this machine's memory: the process's peak resident set (``VmHWM``) above
@@ -35,6 +36,13 @@ is named and the script exits 1 without printing figures.
 ``embedlib.training.setup.model_and_optimizer`` does (26 tables of 1M x
 64, row-wise AdaGrad) up to printing its plan, and reports the peak RSS against
 the tables' bytes, and the constant: the RSS after imports.
+
+``--json FILE`` keeps the run's record (``benchmarks/timing.py``): each
+case's (peak - post-import RSS) / table bytes (unit ``x table``), the named
+ratios ``sharded_over_plain_<size>_<layout>`` (medians) and
+``worst_sharded_over_plain``, or with ``--dlrm`` ``dlrm_peak_over_tables``
+and ``dlrm_peak_less_imports_over_tables``, beside the machine's state (a
+copy probe after each size and layout's builds).
 """
 
 from __future__ import annotations
@@ -48,6 +56,10 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import timing  # noqa: E402
+
 FEATURES = 64
 GiB = 1 << 30
 CASES = ("plain", "ShardedEmbed", "EmbeddingCollection")
@@ -211,8 +223,8 @@ def _summary(values):
   return f"{min(values):6.2f} {statistics.median(values):6.2f} {max(values):6.2f}"
 
 
-def tables(sizes, repeats, layouts=LAYOUTS, wrong_seed=None) -> bool:
-  """Builds, checks, then prints every case; False if a build differs."""
+def tables(sizes, repeats, layouts=LAYOUTS, wrong_seed=None, record=None) -> bool:
+  """Builds, checks, then prints every case (kept by ``record``); False if a build differs."""
   results, skipped = {}, []
   for size in sizes:
     rows = _rows_for(size)
@@ -227,6 +239,8 @@ def tables(sizes, repeats, layouts=LAYOUTS, wrong_seed=None) -> bool:
         seed = 1 if case == wrong_seed else 0
         results[(size, layout, case)] = [
             _run(["--worker", case, layout, str(rows), str(seed)]) for _ in range(runs)]
+      if record is not None:
+        record.probe()
   if not agree(results):
     print("init_memory: a build differs from the plain init; no figures printed.")
     return False
@@ -246,13 +260,21 @@ def tables(sizes, repeats, layouts=LAYOUTS, wrong_seed=None) -> bool:
     if case == "ShardedEmbed":
       worst = max(worst, rel)
     print(f"{_label(size):>9s} {layout:7s} {case:20s} {_summary(ratios)}  {rel:6.2f}")
+    if record is not None:
+      record.add_case(f"{_label(size)} {layout}: {case}", ratios, "x table")
+      if case == "ShardedEmbed":
+        record.ratio(f"sharded_over_plain_{_label(size).replace(' ', '')}_{layout}", rel)
   for line in skipped:
     print(line)
   print(f"ShardedEmbed / plain, worst median: {worst:.2f} (target <= 1.25)")
+  if record is not None:
+    for line in skipped:
+      record.note(line)
+    record.ratio("worst_sharded_over_plain", worst)
   return True
 
 
-def dlrm() -> None:
+def dlrm(record) -> None:
   r = _run(["--dlrm-worker"])
   t = r["tables"]
   print(f"\nconfigs/dlrm_criteo.py start-up to its plan ({r['num_tables']} tables, "
@@ -261,6 +283,11 @@ def dlrm() -> None:
         f"RSS after imports {r['baseline'] / 1e9:.2f} GB; "
         f"(peak - that) / tables = {(r['peak'] - r['baseline']) / t:.2f} "
         f"(target: peak < 1.5 x tables + the RSS after imports)")
+  record.add_case("dlrm: peak RSS", r["peak"] / GiB, "GiB")
+  record.add_case("dlrm: RSS after imports", r["baseline"] / GiB, "GiB")
+  record.add_case("dlrm: tables", t / GiB, "GiB")
+  record.ratio("dlrm_peak_over_tables", r["peak"] / t)
+  record.ratio("dlrm_peak_less_imports_over_tables", (r["peak"] - r["baseline"]) / t)
 
 
 def main(argv=None) -> int:
@@ -274,17 +301,23 @@ def main(argv=None) -> int:
   parser.add_argument("--wrong-seed", choices=CASES, help=argparse.SUPPRESS)  # tests the check
   parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
   parser.add_argument("--dlrm-worker", action="store_true", help=argparse.SUPPRESS)
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
   if args.worker or args.dlrm_worker:
     case, layout, rows, seed = args.worker or (None,) * 4
     out = dlrm_worker() if args.dlrm_worker else build_worker(case, layout, int(rows), int(seed))
     print("@@" + json.dumps(out), flush=True)
     return 0
+  record = timing.Run("init_memory", argv, smoke=args.quick)
   if args.dlrm:
-    dlrm()
+    dlrm(record)
+    record.finish(args.json)
     return 0
   sizes, repeats = ([1 / 1024], 1) if args.quick else (args.sizes, args.repeats)
-  return 0 if tables(sizes, repeats, args.layouts, args.wrong_seed) else 1
+  if not tables(sizes, repeats, args.layouts, args.wrong_seed, record):
+    return 1
+  record.finish(args.json)
+  return 0
 
 
 if __name__ == "__main__":

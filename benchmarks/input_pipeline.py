@@ -3,6 +3,7 @@
     python benchmarks/input_pipeline.py                    # 100,352 lines; workers 0, 1, 2
     python benchmarks/input_pipeline.py --workers 0,1,2,4  # more worker counts
     python benchmarks/input_pipeline.py --quick            # a smoke run
+    python benchmarks/input_pipeline.py --json run.json    # also the run's record (timing.Run)
 
 One ``criteo_synth`` file (its lines have the real files' layout and empty
 fields), converted once to the binary format (``embedlib.data.criteo_binary``,
@@ -26,8 +27,12 @@ medians to the in-process TSV reader, and the CPU time each case spends per
 own workers. After each window the run waits ``--settle`` seconds, so that
 the workers refilling their buffers don't run in the next case's window. On a shared machine the wall-clock rates depend on what
 else runs; the CPU times show what the cases cost wherever they run: with
-W workers on W free cores the rate is bound by the busiest process. Never
-asserts a time.
+W workers on W free cores the rate is bound by the busiest process.
+``--json FILE`` keeps the run's record (``benchmarks/timing.py``): each
+case's examples/s, and its ratio of medians to the in-process reader as
+``<case>_over_in_process`` (``tsv_2_workers_over_in_process``,
+``binary_batch_2048_over_in_process``), beside the machine's state (a copy
+probe after each round). Never asserts a time.
 """
 
 from __future__ import annotations
@@ -42,10 +47,12 @@ import time
 import psutil  # installed with grain
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 
 from embedlib.data import criteo_binary, criteo_chunks, criteo_spec  # noqa: E402
 from embedlib.data.criteo import CriteoReader  # noqa: E402
 from embedlib.data.criteo_synth import CriteoSynth  # noqa: E402
+import timing  # noqa: E402
 
 
 def _read(reader, examples: int, batch_size: int) -> None:
@@ -75,7 +82,9 @@ def main(argv=None) -> int:
   parser.add_argument("--settle", type=float, default=0.5,
                       help="seconds between windows, for the last case's workers to refill")
   parser.add_argument("--quick", action="store_true")
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  record = timing.Run("input_pipeline", argv, smoke=args.quick)
   if args.quick:
     # A smoke run: windows this short are within reach of the buffers' noise.
     args.lines, args.window, args.repeats, args.big_batch = 30_000, 16_384, 2, 8_192
@@ -93,7 +102,7 @@ def main(argv=None) -> int:
                           workers=max(counts))
     print(f"file: {args.lines:,} lines, {size / 2**20:.1f} MiB; binary written in "
           f"{time.perf_counter() - tic:.1f} s with {max(counts)} workers; batch {batch}; "
-          f"cpus: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
+          f"cpus: {os.cpu_count()}")
 
     me = psutil.Process()
     cases = {}  # name -> (reader, examples per window, batch size, examples to read first)
@@ -133,6 +142,7 @@ def main(argv=None) -> int:
         cpu_all[name].append((_cpu(processes[name]) - before[1]) / done * 1e6)
         # The case's workers fill their buffers again before the next case is timed.
         time.sleep(args.settle)
+      record.probe()
     for reader, *_ in cases.values():
       reader.close()
 
@@ -145,6 +155,12 @@ def main(argv=None) -> int:
           f"  {statistics.median(cpu_here[name]):26.2f}  {statistics.median(cpu_all[name]):6.2f}")
   print("examples/s: min / median / max over the repeats; ratio: of medians, to the "
         "in-process TSV reader")
+  record.add_times(rates, unit="examples/s")
+  first = next(iter(rates))
+  for name, values in list(rates.items())[1:]:
+    tag = name.replace(",", "").replace(" ", "_")
+    record.ratio(f"{tag}_over_in_process", timing.median_ratio(values, rates[first]))
+  record.finish(args.json)
   return 0
 
 

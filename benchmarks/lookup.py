@@ -2,6 +2,7 @@
 
     python benchmarks/lookup.py            # 1M x 64 f32 table, 65,536 ids
     python benchmarks/lookup.py --quick    # small sizes, a smoke run
+    python benchmarks/lookup.py --json run.json   # also the run's record (timing.Run)
 
 Part 1, one device: ShardedEmbed (replicated, no mesh) vs raw ``jnp.take``
 on the same table and ids (target: median ratio <= 1.10), with its default
@@ -19,6 +20,12 @@ Before timing, every case's output is compared with ``reference`` (``jnp.take``
 on the case's logical table, on the host): it must be equal, exactly, since
 every kernel and strategy copies rows. A case that differs is named and the
 script exits 1 before timing that part.
+
+Named ratios (medians; printed beside the machine's state and kept by
+``--json FILE``, ``benchmarks/timing.py``): ``sharded_over_take`` (part 1,
+the default kernel's time over ``jnp.take``'s, target <= 1.10), and per
+layout of parts 2 and 3 its time over the replicated table's
+(``<layout>_over_replicated_8dev``, ``<layout>_over_replicated_fsdp_tensor``).
 """
 
 import argparse
@@ -39,6 +46,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 import embedlib  # noqa: E402
 from embedlib import axes  # noqa: E402
 from embedlib import options  # noqa: E402
+import timing  # noqa: E402
 from timing import interleaved, print_table  # noqa: E402
 
 
@@ -74,7 +82,7 @@ def agree(cases, wants, reference_fn=reference) -> bool:
   return ok
 
 
-def one_device(vocab, width, n, repeats, reference_fn=reference):
+def one_device(vocab, width, n, repeats, record, reference_fn=reference):
   emb = embedlib.ShardedEmbed(vocab, width, rngs=nnx.Rngs(0))
   table = emb.embedding[...]
   ids = zipf_ids(n, vocab)
@@ -96,9 +104,20 @@ def one_device(vocab, width, n, repeats, reference_fn=reference):
     wants[name] = (xla.logical_table(), ids)
   if not agree(cases, wants, reference_fn):
     return False
-  times = interleaved(cases, repeats)
+  times = interleaved(cases, repeats, between_rounds=record.probe)
   print_table(times, "jnp.take", f"one device: {vocab} x {width} f32, {n} Zipf ids, ms")
+  record.add_times(times, prefix="one device: ")
+  record.ratio("sharded_over_take", timing.median_ratio(times[list(cases)[1]], times["jnp.take"]))
   return True
+
+
+def record_layouts(record, times, part):
+  """Each layout's median over the first (replicated) one's: ``<layout>_over_replicated_<part>``."""
+  base = next(iter(times))
+  record.add_times(times, prefix=f"{part}: ")
+  for name, ts in list(times.items())[1:]:
+    record.ratio(f"{name.split(' ')[0]}_over_replicated_{part}",
+                 timing.median_ratio(ts, times[base]))
 
 
 def mesh_cases(mesh, vocab, width, n, layouts, reference_fn=reference):
@@ -124,20 +143,21 @@ def mesh_cases(mesh, vocab, width, n, layouts, reference_fn=reference):
   return cases if agree(cases, wants, reference_fn) else None
 
 
-def eight_devices(vocab, width, n, repeats, reference_fn=reference):
+def eight_devices(vocab, width, n, repeats, record, reference_fn=reference):
   mesh = jax.make_mesh((8,), (axes.BATCH,))
   # A grid needs a second axis for its columns: part 3.
   layouts = {s: {} for s in options.STRATEGIES if s != options.GRID}
   cases = mesh_cases(mesh, vocab, width, n, layouts, reference_fn)
   if cases is None:
     return False
-  times = interleaved(cases, repeats)
+  times = interleaved(cases, repeats, between_rounds=record.probe)
   print_table(times, next(iter(cases)), f"8 simulated devices: {vocab} x {width} f32, {n} Zipf "
               "ids split over 'batch', ms")
+  record_layouts(record, times, "8dev")
   return True
 
 
-def fsdp_by_tensor(vocab, width, n, repeats, reference_fn=reference):
+def fsdp_by_tensor(vocab, width, n, repeats, record, reference_fn=reference):
   mesh = jax.make_mesh((2, 4), (axes.FSDP, axes.TENSOR))
   rows = dict(table_axes=(axes.TENSOR,))
   layouts = {options.REPLICATED: {}, options.VOCAB: rows, options.HIDDEN: rows,
@@ -145,10 +165,11 @@ def fsdp_by_tensor(vocab, width, n, repeats, reference_fn=reference):
   cases = mesh_cases(mesh, vocab, width, n, layouts, reference_fn)
   if cases is None:
     return False
-  times = interleaved(cases, repeats)
+  times = interleaved(cases, repeats, between_rounds=record.probe)
   print_table(times, next(iter(cases)), f"fsdp=2 x tensor=4 simulated devices: {vocab} x "
               f"{width} f32, {n} Zipf ids split over 'fsdp', tables over 'tensor' (grid: "
               "columns over 'fsdp'), ms")
+  record_layouts(record, times, "fsdp_tensor")
   return True
 
 
@@ -157,14 +178,17 @@ def main(argv=None, reference_fn=reference) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
   parser.add_argument("--repeats", type=int, default=None)
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  record = timing.Run("lookup", argv, smoke=args.quick)
   vocab, width, n = (10_000, 64, 4096) if args.quick else (1_000_000, 64, 65_536)
   repeats = args.repeats or (3 if args.quick else 30)
   print(f"jax {jax.__version__}, {jax.default_backend()}, {len(jax.devices())} devices")
   for part in (one_device, eight_devices, fsdp_by_tensor):
-    if not part(vocab, width, n, repeats, reference_fn):
+    if not part(vocab, width, n, repeats, record, reference_fn):
       print("lookup: a case differs from the reference; not timing it.")
       return 1
+  record.finish(args.json)
   return 0
 
 

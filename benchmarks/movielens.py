@@ -9,6 +9,7 @@
     python3 benchmarks/movielens.py --data ... --models sasrec,hstu --label plain \
         --set model.repeat_bias=False ...   # without the repeat bias, as sasrec-plain
     python3 benchmarks/movielens.py --data ... --reuse DIR --report-only   # report DIR's runs
+    python3 benchmarks/movielens.py --data ... --json run.json  # also the run's record (timing.Run)
 
 ``--data`` is RecBole's ML-100K atomic files (``ml-100k.inter`` and
 ``ml-100k.item``), e.g. unzipped from its wheel::
@@ -44,8 +45,14 @@ Each run is its own process (its own peak RSS), one after the other:
 Per model: test metrics as mean ± standard deviation over ``--seeds``, epochs, wall seconds (training and evaluation, after the data is
 loaded), seconds per epoch (training steps only), peak RSS. Then the issue's
 targets, each marked met or not, and embedlib's SASRec at RecBole SASRec's
-budget. Without ``.peers/`` the RecBole rows are skipped with a note. Never
-asserts a time.
+budget. Without ``.peers/`` the RecBole rows are skipped with a note.
+``--json FILE`` keeps the run's record (``benchmarks/timing.py``): each
+model's test metrics and seconds per epoch over the seeds, and the named
+ratios ``sasrec_ndcg_over_bpr`` (embedlib SASRec's mean test NDCG@10 over
+RecBole BPR's), ``hstu_ndcg_over_sasrec`` and
+``recbole_sasrec_epoch_over_ours`` (RecBole SASRec's seconds per epoch
+over embedlib's), where the run has both sides, beside the machine's state
+(a copy probe after each run). Never asserts a time.
 """
 
 from __future__ import annotations
@@ -66,7 +73,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "peers"))
 sys.path.insert(1, ROOT)
+sys.path.insert(2, HERE)
 
+import timing  # noqa: E402
 from worker_protocol import peak_rss_mib  # noqa: E402
 
 PEER_PYTHON = os.path.join(ROOT, ".peers", "bin", "python")
@@ -297,7 +306,29 @@ def print_targets(summary: dict, runs: dict, budget: float) -> None:
               for name in plain))
 
 
-def main():
+def record_figures(record, summary: dict, runs: dict) -> None:
+  """Each model's test metrics and s / epoch over the seeds, and the named ratios of means."""
+  for name, rs in runs.items():
+    for m in METRICS:
+      record.add_case(f"{name}: test {m}", [r["test"][m] for r in rs], m)
+    epochs = [r["s_per_epoch"] for r in rs if r.get("s_per_epoch") is not None]
+    if epochs:
+      record.add_case(f"{name}: s per epoch", epochs, "s")
+
+  def mean(name, key="ndcg@10"):
+    return summary[name][key][0] if key in METRICS else summary[name][key]
+
+  pairs = (("sasrec_ndcg_over_bpr", "embedlib sasrec", "RecBole BPR", "ndcg@10"),
+           ("hstu_ndcg_over_sasrec", "embedlib hstu", "embedlib sasrec", "ndcg@10"))
+  for ratio, a, b, key in pairs:
+    if a in summary and b in summary:
+      record.ratio(ratio, mean(a, key) / mean(b, key))
+  if "embedlib sasrec" in summary and "RecBole SASRec" in summary:
+    record.ratio("recbole_sasrec_epoch_over_ours", mean("RecBole SASRec", "s_per_epoch")
+                 / mean("embedlib sasrec", "s_per_epoch"))
+
+
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--data", required=True, help="RecBole's ML-100K folder (module docstring)")
   parser.add_argument("--seeds", default="2020,2021,2022")
@@ -324,9 +355,11 @@ def main():
   parser.add_argument("--variant", help=argparse.SUPPRESS)
   parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
   parser.add_argument("--workdir", help=argparse.SUPPRESS)
-  args = parser.parse_args()
+  timing.add_json_argument(parser)
+  args = parser.parse_args(argv)
   if args.worker:
     return embedlib_worker(args)
+  record = timing.Run("movielens", argv)
 
   seeds = [int(s) for s in args.seeds.split(",")]
   models = args.models.split(",")
@@ -367,6 +400,7 @@ def main():
         runs.setdefault(name, []).append(result)
         with open(os.path.join(out, file), "w", encoding="utf-8") as f:
           json.dump(result, f)
+        record.probe()
   print(f"\nMovieLens-100K, leave-one-out, full ranking over all items; results in {out}")
   if os.path.exists(split_file):
     differ, users = compare_splits(args.data, split_file)
@@ -379,6 +413,10 @@ def main():
   summary = {name: summarize(name, rs) for name, rs in runs.items()}
   print_table(list(summary.values()))
   print_targets(summary, runs, args.recbole_budget_s)
+  record_figures(record, summary, runs)
+  if args.reuse:
+    record.note(f"runs read from {args.reuse} where it held them: their machine is not this one")
+  record.finish(args.json)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python -m train --config configs/movielens.py:/work/data/ml-100k --workdir DIR --cpu_devices=1
     python3 benchmarks/movielens_top10.py DIR
+    python3 benchmarks/movielens_top10.py DIR --json run.json   # also the run's record (timing.Run)
 
 Restores ``DIR``'s last checkpoint (``configs/movielens.py``'s SASRec or
 HSTU), ranks every user's test movie among all movies with seen movies
@@ -16,6 +17,10 @@ ranked (RecBole's protocol for sequential models), and prints:
 
 A MovieLens user never rates a movie twice, so every seen movie in a top ten
 is a wasted place. Runs on CPU (``--cpu_devices`` as trained: one device).
+``--json FILE`` keeps these figures (``benchmarks/timing.py``'s record, no
+timing: the machine's state is recorded all the same), with the named
+ratios ``input_left_out_over_ranked`` and ``history_left_out_over_ranked``
+(NDCG@10 with those movies left out over NDCG@10 as ranked).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(1, HERE)
 
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
@@ -37,6 +43,7 @@ from embedlib import data as data_lib  # noqa: E402
 from embedlib.data.next_item import TEST, NextItemSource  # noqa: E402
 from embedlib.metrics import full_ranking  # noqa: E402
 from embedlib.training import setup  # noqa: E402
+import timing  # noqa: E402
 
 
 def load_config(workdir: str):
@@ -97,10 +104,12 @@ def measure(workdir: str) -> dict:
   }
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("workdir", help="a finished `python -m train` run of configs/movielens.py")
-  args = parser.parse_args()
+  timing.add_json_argument(parser)
+  args = parser.parse_args(argv)
+  record = timing.Run("movielens_top10", argv)
   jax.config.update("jax_platforms", "cpu")
   m = measure(args.workdir)
   bias = "off" if m["repeat_logit"] is None else f"{m['repeat_logit']:+.2f} (logit)"
@@ -110,6 +119,15 @@ def main():
         f"movies), {100 * m['in_history']:.1f}% from the user's history")
   print("  test NDCG@10 %.4f  HR@10 %.4f  (the input's movies left out)" % m["input_left_out"])
   print("  test NDCG@10 %.4f  HR@10 %.4f  (the whole history left out)" % m["history_left_out"])
+  for key in ("ranked", "input_left_out", "history_left_out"):
+    record.add_case(f"test ndcg@10, {key.replace('_', ' ')}", m[key][0], "ndcg@10")
+    record.add_case(f"test hr@10, {key.replace('_', ' ')}", m[key][1], "hr@10")
+  record.add_case("top ten share in the input", m["in_input"], "share")
+  record.add_case("top ten share in the history", m["in_history"], "share")
+  for key in ("input_left_out", "history_left_out"):
+    record.ratio(f"{key}_over_ranked", m[key][0] / m["ranked"][0])
+  record.note(f"{m['model']} from {args.workdir}, {m['users']} users")
+  record.finish(args.json)
 
 
 if __name__ == "__main__":

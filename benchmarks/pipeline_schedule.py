@@ -2,6 +2,7 @@
 
     JAX_PLATFORMS=cpu python benchmarks/pipeline_schedule.py
     JAX_PLATFORMS=cpu python benchmarks/pipeline_schedule.py --overlap-limit 8
+    JAX_PLATFORMS=cpu python benchmarks/pipeline_schedule.py --json run.json  # also the record
 
 Compiles the quickstart DLRM's train step (``configs/quickstart.py``, its
 planner's layouts, batch ``BATCH``) for 8 H100s without a device
@@ -15,7 +16,10 @@ step's batch (in line). Nothing is run or timed. ``--overlap-limit N``
 lets XLA's scheduler keep N collectives in flight at once
 (``xla_gpu_experimental_parallel_collective_overlap_limit``; XLA's default
 is 1, which keeps step N's lookups, themselves holding all-to-alls, out
-from under the next batch's exchange).
+from under the next batch's exchange). ``--json FILE`` keeps, per
+program and asynchronous exchange, the count of this step's ops under it
+(unit ``ops``) in ``benchmarks/timing.py``'s record (no ratios: nothing is
+timed).
 """
 
 from __future__ import annotations
@@ -34,9 +38,10 @@ if __name__ == "__main__":
 import jax
 from flax import nnx
 
+from benchmarks import timing
 from embedlib.kernels import deviceless
 from embedlib.plan import hlo
-from embedlib.training import pipeline, steps
+from embedlib.training import pipeline, setup, steps
 
 BATCH = 16384
 _PARAMETER = re.compile(r'parameter\(\d+\).*op_name="(?P<arg>[^"]*)"')
@@ -128,7 +133,10 @@ def collective_counts(text: str) -> collections.Counter:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--overlap-limit", type=int, default=None)
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  record = timing.Run("pipeline_schedule", argv)
+  json_path = args.json
   options = ({} if args.overlap_limit is None else
              {"xla_gpu_experimental_parallel_collective_overlap_limit": args.overlap_limit})
   reason = deviceless.unavailable_reason()
@@ -182,6 +190,9 @@ def main(argv=None) -> int:
       ops = ", ".join(f"{op} x{n}" for op, n in own.most_common(6)) or "none"
       print(f"  {start} ({whose}): {count} ops under it, {sum(own.values())} of them this "
             f"step's: {ops}")
+      record.add_case(f"{name}: {start} ({whose}), this step's ops under it",
+                      sum(own.values()), "ops")
+  record.finish(json_path)
   return 0
 
 

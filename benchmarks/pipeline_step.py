@@ -2,6 +2,7 @@
 
     python benchmarks/pipeline_step.py --check            # on a GPU (gpu_session.sh runs it)
     python benchmarks/pipeline_step.py --check --smoke    # any backend, tiny: tests the script
+    python benchmarks/pipeline_step.py --check --json run.json  # also the run's record (timing.Run)
 
 ``--check`` first trains a few steps both ways from the same start and
 requires the losses to be equal bit for bit; then both steps are timed,
@@ -9,7 +10,10 @@ interleaved (``timing.interleaved``): the pipelined step
 (``embedlib.training.pipelined_train_step``, with ``--early-fetch`` the
 early-fetch mode too) distributes the next batch's ids inside each step.
 On one device nothing is distributed and the figure is the pipeline's
-overhead; the overlap it buys needs several.
+overhead; the overlap it buys needs several. ``--json FILE`` keeps the run's
+record (``benchmarks/timing.py``): the cases and the named ratios
+``pipelined_over_in_line`` and ``early_fetch_over_in_line`` (medians),
+beside the machine's state.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ def main(argv=None) -> int:
   parser.add_argument("--early-fetch", type=float, default=0.25)
   parser.add_argument("--check", action="store_true")
   parser.add_argument("--smoke", action="store_true", help="tiny sizes, 2 repeats")
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  record = timing.Run("pipeline_step", argv, smoke=args.smoke)
   config = quickstart.get_config("smoke" if args.smoke else None)
   config.batch_size = 64 if args.smoke else args.batch
   repeats = 2 if args.smoke else args.repeats
@@ -80,8 +86,13 @@ def main(argv=None) -> int:
       return loss
 
     cases[name] = (step, ())
-  timing.print_table(timing.interleaved(cases, repeats), "in line",
-                     "train step, ms (min / median / max)")
+  times = timing.interleaved(cases, repeats, between_rounds=record.probe)
+  timing.print_table(times, "in line", "train step, ms (min / median / max)")
+  record.add_times(times)
+  names = list(times)
+  record.ratio("pipelined_over_in_line", timing.median_ratio(times[names[1]], times[names[0]]))
+  record.ratio("early_fetch_over_in_line", timing.median_ratio(times[names[2]], times[names[0]]))
+  record.finish(args.json)
   return 0
 
 

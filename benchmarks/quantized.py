@@ -5,6 +5,7 @@
     python benchmarks/quantized.py --model two_tower     # configs/two_tower.py, recall@100
     python benchmarks/quantized.py --model sasrec        # configs/movielens.py, NDCG@10
     python benchmarks/quantized.py --model criteo --smoke   # a few steps (tests)
+    python benchmarks/quantized.py --json run.json       # also the run's record (timing.Run)
 
 Trains the model with ``train_and_evaluate`` into a temporary workdir for
 ``--steps`` (shorter than the config's schedule; the defaults keep a run to
@@ -29,6 +30,12 @@ without it writes a ``u.data`` whose users walk a planted ring of items
 SASRec ties its item table to its output layer: quantized, the table serves
 both its lookups and the logits over every item (``QuantizedEmbed.attend``,
 which scores each shard from its codes), as an exported artifact does.
+
+``--json FILE`` keeps each format's metric (unit: the metric's name) and
+table bytes (MiB) in ``benchmarks/timing.py``'s record, with the named
+figures ``<format>_metric_diff`` (the format's metric less float32's) and
+``<format>_bytes_over_float32``; nothing is timed, the machine's state is
+recorded all the same.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -49,6 +57,7 @@ import embedlib  # noqa: E402
 from configs import dlrm_criteo, movielens, quickstart, two_tower  # noqa: E402
 from embedlib.data import criteo_synth  # noqa: E402
 from embedlib.training import setup, train_lib  # noqa: E402
+import timing  # noqa: E402
 
 FORMATS = ("bf16", "fp8", 8, 4)
 #: The metric each model's row shows (a key of the task's eval dict).
@@ -159,13 +168,19 @@ def measure(model_name: str, args) -> list[tuple[str, dict, int]]:
   return rows
 
 
-def report(model_name: str, rows) -> None:
+def report(model_name: str, rows, record=None) -> None:
   metric = METRIC[model_name]
   base, base_bytes = rows[0][1][metric], rows[0][2]
   print(f"{'tables':>8} {metric:>10} {'diff':>9} {'bytes':>14} {'ratio':>6}")
   for name, metrics, size in rows:
     print(f"{name:>8} {metrics[metric]:10.5f} {metrics[metric] - base:+9.5f} {size:14,d} "
           f"{size / base_bytes:6.3f}")
+    if record is not None:
+      record.add_case(f"{name}: {metric}", float(metrics[metric]), metric)
+      record.add_case(f"{name}: table bytes", size / 2**20, "MiB")
+      if name != "float32":
+        record.ratio(f"{name}_metric_diff", float(metrics[metric] - base))
+        record.ratio(f"{name}_bytes_over_float32", size / base_bytes)
 
 
 def main(argv=None) -> None:
@@ -181,12 +196,15 @@ def main(argv=None) -> None:
   parser.add_argument("--users", type=int, default=1_000, help="sasrec: planted users")
   parser.add_argument("--items", type=int, default=2_000, help="sasrec: planted items")
   parser.add_argument("--smoke", action="store_true", help="the config's smoke variant")
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  record = timing.Run("quantized", argv, smoke=args.smoke)
   if args.steps is None:
     args.steps = STEPS[args.model]
   if args.model == "quickstart" and args.eval_batches is None and not args.smoke:
     args.eval_batches = 16
-  report(args.model, measure(args.model, args))
+  report(args.model, measure(args.model, args), record)
+  record.finish(args.json)
 
 
 if __name__ == "__main__":

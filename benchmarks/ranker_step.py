@@ -3,6 +3,7 @@
     python3 benchmarks/ranker_step.py              # item vocab 1M and 10M, on 1 and 8 devices
     python3 benchmarks/ranker_step.py --quick      # small vocabularies, a smoke run
     python3 benchmarks/ranker_step.py --check      # first: both steps give the same loss
+    python3 benchmarks/ranker_step.py --json run.json  # also the run's record (timing.Run)
 
 The model is ``configs/ranker.py``'s (width 32, 2 layers, 32 history events,
 16 candidates, 5 actions, item rows of 32 floats), on a batch of 256 planted
@@ -25,7 +26,10 @@ order, each case one untimed step before its timed one
 the ratio of medians (nnx.Embed / embedlib), and per device, from XLA's
 memory analysis of each compiled step: its arguments (the state and the
 batch), temporaries, and peak (arguments + outputs not aliased to a donated
-input + temporaries). Never asserts a time.
+input + temporaries). ``--json FILE`` keeps the run's record
+(``benchmarks/timing.py``): the cases and, per vocabulary and device count,
+the named ratio ``vs_nnx_embed_<vocab>_<devices>dev`` (the dense step's
+median over embedlib's), beside the machine's state. Never asserts a time.
 """
 
 import argparse
@@ -55,6 +59,7 @@ from embedlib import data as data_lib  # noqa: E402
 from embedlib.models import MultiHashEmbed, RankerTrunk, TransformerRanker, hashers  # noqa: E402
 from embedlib.training.tasks import RankingTask  # noqa: E402
 from sparse_step import Stepper, settled_rounds  # noqa: E402
+import timing  # noqa: E402
 from timing import print_table  # noqa: E402
 
 EMBEDLIB, DENSE = "embedlib, row-wise AdaGrad", "nnx.Embed, dense optax.adam"
@@ -169,7 +174,7 @@ def check(vocab=5000) -> bool:
   return ok
 
 
-def run(vocab, devices, repeats, quick):
+def run(vocab, devices, repeats, quick, record):
   cfg, spec, task, host_batch = setting(vocab, quick)
   mesh = mesh_of(devices)
   batch = data_lib.to_global_batch(host_batch, mesh)
@@ -184,10 +189,13 @@ def run(vocab, devices, repeats, quick):
   print(f"\nitem vocab {vocab:,} ({table / MiB:,.0f} MiB of item rows), {devices} device(s), "
         f"batch {cfg.batch_size} requests")
   times = settled_rounds({k: (lambda s=s: s.timed(batch)) for k, s in steppers.items()},
-                         repeats)
+                         repeats, between_rounds=record.probe)
+  tag = f"{timing.size_tag(vocab, cfg.model.item_features).split('_x_')[0]}_{devices}dev"
+  record.add_times(times, prefix=f"{tag}: ")
   print_table(times, EMBEDLIB, f"train step, ms ({repeats} rounds)")
   ratio = statistics.median(times[DENSE]) / statistics.median(times[EMBEDLIB])
   print(f"ratio of medians ({DENSE} / {EMBEDLIB}): {ratio:.1f}x")
+  record.ratio(f"vs_nnx_embed_{tag}", ratio)
   for kind, mem in memory.items():
     peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
             + mem.temp_size_in_bytes)
@@ -205,7 +213,9 @@ def main(argv=None) -> int:
                       help="first check both versions give the same loss; exit 1 if not")
   parser.add_argument("--vocab", type=int, nargs="*", default=None)
   parser.add_argument("--devices", type=int, nargs="*", default=None)
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  record = timing.Run("ranker_step", argv, smoke=args.quick)
   print(f"jax {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} devices")
   if args.check and not check():
     return 1
@@ -213,7 +223,8 @@ def main(argv=None) -> int:
   devices = args.devices or [1, min(8, jax.device_count())]
   for vocab in vocabs:
     for n in devices:
-      run(vocab, n, args.repeats or (2 if args.quick else 5), args.quick)
+      run(vocab, n, args.repeats or (2 if args.quick else 5), args.quick, record)
+  record.finish(args.json)
   return 0
 
 

@@ -4,6 +4,7 @@
     python3 benchmarks/scale.py --quick           # 8 and 16 devices, fewer repeats
     python3 benchmarks/scale.py --devices 8 32    # some device counts
     python3 benchmarks/scale.py --nodes           # flat vs node-aware routes, 16 to 64 devices
+    python3 benchmarks/scale.py --json run.json   # also the run's record (timing.Run)
 
 Weak scaling: the batch per device is fixed, so each device needs the same
 rows at every device count. Two workloads on a ``batch`` mesh (data axes =
@@ -71,6 +72,12 @@ two-level route would not pay keeps the flat one (``EmbeddingPlan.node_pays``:
 "plan: flat" in the table). Target: at 64
 devices the node route sends at most 1/4 of the flat route's inter-node
 bytes per lookup, for ``zipf`` ids; ``uniform``'s ratio is printed beside it.
+
+``--json FILE`` keeps every row in ``benchmarks/timing.py``'s record: its
+bytes (``needed``, ``moved``, ``step_moved``, ...) and its lookup's and
+step's min / median / max ms, with the named ratio
+``moved_over_needed_<workload>_<n>dev_<layout or route>``, beside the
+machine's state (a copy probe after each device count's subprocess).
 """
 
 import argparse
@@ -83,6 +90,9 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import timing  # noqa: E402
 
 #: Criteo's 26 categorical cardinalities (the Kaggle set), divided by 50.
 CRITEO_ROWS = tuple(max(12, n // 50) for n in (
@@ -468,6 +478,26 @@ def report(rows):
   return failed
 
 
+#: A row's figures kept in the record, and their units.
+ROW_FIGURES = {"needed": "bytes", "planned": "bytes", "moved": "bytes", "step_moved": "bytes",
+               "inter": "bytes", "planned_inter": "bytes", "step_inter": "bytes",
+               "lookup_ms": "ms", "step_ms": "ms"}
+
+
+def record_rows(record, rows) -> None:
+  """Each row's figures as cases, and its bytes moved over the bytes needed as a ratio."""
+  for r in rows:
+    tag = f"{r['workload']}_{r['devices']}dev_{r.get('layout') or r.get('route')}"
+    tag = tag.replace(",", "").replace(" ", "_")
+    for key, unit in ROW_FIGURES.items():
+      if r.get(key) is not None:
+        record.add_case(f"{tag}: {key}", r[key], unit)
+    if r.get("moved") is not None and r.get("needed"):
+      record.ratio(f"moved_over_needed_{tag}", r["moved"] / r["needed"])
+    if r.get("skipped"):
+      record.note(f"{tag}: {r['skipped']}")
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--devices", type=int, nargs="+", default=None)
@@ -485,6 +515,7 @@ def main(argv=None):
   parser.add_argument("--node-workloads", nargs="+", default=["uniform", "zipf"],
                       choices=["uniform", "zipf"])
   parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
   args.repeats = args.repeats or (2 if args.quick else 5)
   if args.worker is not None:
@@ -494,9 +525,9 @@ def main(argv=None):
     devices = args.devices or ([16] if args.quick else [16, 32, 64])
   else:
     devices = args.devices or ([8, 16] if args.quick else [8, 16, 32, 64])
+  record = timing.Run("scale", argv, smoke=args.quick)
   import jax  # only for the versions
-  print(f"jax {jax.__version__}; {os.cpu_count()} CPU cores shared by every simulated device; "
-        f"load average {os.getloadavg()[0]:.1f}")
+  print(f"jax {jax.__version__}; {os.cpu_count()} CPU cores shared by every simulated device")
   rows = []
   for n in devices:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -523,12 +554,17 @@ def main(argv=None):
       log.seek(0)
       stderr = log.read()
     rows += got
+    record.probe()
     print(f"{n} devices: {len(got)} layouts measured", flush=True)
     if worker.returncode != 0:
       print(stderr[-3000:])
       return 1
   failed = report_nodes(rows) if args.nodes else report(rows)
   print("all targets met" if not failed else f"targets failed: {failed}")
+  record_rows(record, rows)
+  if failed:
+    record.note(f"targets failed: {failed}")
+  record.finish(args.json)
   return 1 if failed else 0
 
 

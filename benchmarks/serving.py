@@ -3,6 +3,7 @@
     python benchmarks/serving.py                      # 26 tables of 100,000 rows
     python benchmarks/serving.py --rows 1000000       # the config's size (6.7 GB of float32)
     python benchmarks/serving.py --smoke              # tiny, seconds of work (tests)
+    python benchmarks/serving.py --json run.json      # also the run's record (timing.Run)
 
 One run, each step in a fresh process:
 
@@ -26,6 +27,13 @@ One run, each step in a fresh process:
 
 The ids are drawn per table from a Zipf(1.2) law over its rows (a hashed
 Criteo column's skew), the dense features as ``log1p`` of counts.
+
+``--json FILE`` keeps the run's record (``benchmarks/timing.py``): the
+memory figures (MiB), each side's examples/s, and the named ratios
+``vs_torchrec_quant`` (embedlib's median examples/s over TorchRec's, i.e.
+TorchRec's time over ours), ``vs_torchrec_quant_best`` (the best runs') and
+``load_peak_over_disk``, beside the machine's state (a copy probe after
+each round).
 """
 
 from __future__ import annotations
@@ -42,9 +50,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "peers"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import numpy as np  # noqa: E402
 
+import timing  # noqa: E402
 import worker_protocol  # noqa: E402
 
 PEER_PYTHON = os.path.join(ROOT, ".peers", "bin", "python")
@@ -195,6 +205,7 @@ def main(argv=None) -> None:
   parser.add_argument("--smoke", action="store_true", help="configs/dlrm_criteo.py:smoke")
   parser.add_argument("--train-into", help=argparse.SUPPRESS)
   parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
   if args.smoke:
     args.rows, args.steps, args.batch_size, args.batches, args.rounds = 1_000, 2, 32, 2, 2
@@ -205,6 +216,7 @@ def main(argv=None) -> None:
   if args.serve:
     return jax_worker(*args.serve)
 
+  record = timing.Run("serving", argv, smoke=args.smoke)
   python = sys.executable
   tmp = tempfile.mkdtemp(prefix="serving_bench_", dir=args.tmp)
   try:
@@ -234,12 +246,20 @@ def main(argv=None) -> None:
           f"peak {load['peak']:,.0f} MiB")
     print(f"peak / disk {load['peak'] * mib / on_disk:.2f}; (peak - after import) / disk "
           f"{(load['peak'] - load['after_import']) * mib / on_disk:.2f}")
-    throughput(args, python, artifact, data)
+    for name, value in (("training peak RSS", train_peak), ("export peak RSS", export_peak),
+                        ("artifact on disk", on_disk / mib), ("RSS after import",
+                                                              load["after_import"]),
+                        ("RSS after load", load["after_load"]), ("load + score peak RSS",
+                                                                 load["peak"])):
+      record.add_case(name, value, "MiB")
+    record.ratio("load_peak_over_disk", load["peak"] * mib / on_disk)
+    throughput(args, python, artifact, data, record)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
+  record.finish(args.json)
 
 
-def throughput(args, python, artifact, data) -> None:
+def throughput(args, python, artifact, data, record) -> None:
   notes = []
   workers = []
   env = worker_protocol.default_env(OMP_WAIT_POLICY="PASSIVE")
@@ -268,6 +288,7 @@ def throughput(args, python, artifact, data) -> None:
       for w, _ in workers:
         seconds = w.run(args.batches)["seconds"]
         rates[w.name].append(args.batches * args.batch_size / seconds)
+      record.probe()
   finally:
     peaks = {w.name: w.close()["peak_rss_mib"] for w, _ in workers}
   print(f"\nscoring {args.batches} batches of {args.batch_size} per run, {args.rounds} runs "
@@ -283,12 +304,16 @@ def throughput(args, python, artifact, data) -> None:
     # On a shared machine the best run is the one least slowed by others.
     print(f"embedlib / TorchRec, medians: {medians[0] / medians[1]:.2f}; best runs: "
           f"{best[0] / best[1]:.2f}")
+    record.ratio("vs_torchrec_quant", medians[0] / medians[1])
+    record.ratio("vs_torchrec_quant_best", best[0] / best[1])
+  record.add_times(rates, unit="examples/s")
   if all(os.path.exists(d) for d in dumps):
     diff = np.abs(np.load(dumps[0]) - np.load(dumps[1]))
     print(f"the two sides' probabilities on the first batch: max |diff| {diff.max():.2e}, "
           f"mean {diff.mean():.2e}")
   for note in notes:
     print(note)
+    record.note(note)
 
 
 if __name__ == "__main__":

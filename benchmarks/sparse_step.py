@@ -4,12 +4,14 @@
     python3 benchmarks/sparse_step.py --quick    # small sizes, a smoke run
     python3 benchmarks/sparse_step.py --check    # first: the sparse step vs a dense reference
     python3 benchmarks/sparse_step.py --layouts  # the 2-D layout: 8 simulated devices
+    python3 benchmarks/sparse_step.py --json run.json   # also the run's record (timing.Run)
     bash benchmarks/install_peers.sh             # first, for the PyTorch columns
 
 One device of jax's default backend (a GPU where there is one: the lookup is
-then embedlib's Pallas gather), one ``ShardedEmbed`` (no mesh), ids drawn
-from Zipf(1.05) and hashed over the table. Each step is the whole train step, jitted with the
-state donated: lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
+then ``kernel="auto"``'s, XLA's ``jnp.take`` since ``kernels/gpu_choice.py``),
+one ``ShardedEmbed`` (no mesh), ids drawn from Zipf(1.05) and hashed over the
+table. Each step is the whole train step, jitted with the state donated:
+lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
 
 - sparse: ``embedlib.optim.value_and_grad`` + ``SparseAwareOptimizer`` with
   ``RowWiseAdagrad`` (row gradients, dedup, update of the touched rows); on
@@ -65,6 +67,13 @@ are ready. On a GPU one timed sample is ``--inner`` consecutive steps
 (default 20, dispatched without waiting, so a sub-millisecond step is not
 timed as Python's dispatch), reported per step; on CPU one step (default 1).
 
+Named ratios (printed beside the machine's state, and in ``--json``'s
+record, ``benchmarks/timing.py``), by medians, ``<size>`` as ``1M_x_64``:
+``vs_fbgemm_<size>`` FBGEMM fused's step time over the sparse step's (with
+the peers), ``copy_distance_<size>`` the sparse step's time over the copy
+of its bytes, ``dense_over_sparse_<size>`` the dense step's over the sparse
+step's; with ``--layouts``, ``hidden_over_vocab`` and ``grid_over_vocab``.
+
 Every case starts from the same table (``initial_table``, the PyTorch
 workers' too) and takes the same ids every step, the same number of steps;
 each prints its loss at its last step, which must agree among the cases of
@@ -116,14 +125,16 @@ from embedlib import optim  # noqa: E402
 from embedlib.optim import fused_cpu, sorted_update  # noqa: E402
 from embedlib.plan import hlo  # noqa: E402
 import bandwidth  # noqa: E402
+import timing  # noqa: E402
 from timing import print_table  # noqa: E402
 from worker_protocol import default_env, missing_note, peak_rss_mib, start_or_note  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER_PYTHON = os.path.join(os.path.dirname(HERE), ".peers", "bin", "python")
 TORCH_SCRIPT = os.path.join(HERE, "peers", "torch_sparse_step.py")
+FBGEMM = "PyTorch FBGEMM fused row-wise AdaGrad"
 PEERS = {  # column -> worker --variant
-    "PyTorch FBGEMM fused row-wise AdaGrad": "fused",
+    FBGEMM: "fused",
     "PyTorch Embedding(sparse=True) + Adagrad": "sparse",
     "PyTorch dense Embedding + Adagrad": "dense",
 }
@@ -314,7 +325,7 @@ def update_path(path):
 
 #: Cases with the sparse step's rule (row-wise AdaGrad, lr, eps 1e-8,
 #: accumulators from 0) from the same table and ids: the same loss.
-SAME_RULE = (SPARSE_XLA, SPARSE_SORTED, "PyTorch FBGEMM fused row-wise AdaGrad")
+SAME_RULE = (SPARSE_XLA, SPARSE_SORTED, FBGEMM)
 #: PyTorch's element-wise Adagrad cases (one formula): the same loss as
 #: each other, another than row-wise AdaGrad's. The JAX dense step is
 #: element-wise too, but optax adds eps under the square root: this loss's
@@ -350,12 +361,13 @@ def print_losses(jax_losses, peer_losses):
           f"{(loss - ours) / abs(ours):+.1e}; {what})")
 
 
-def settled_rounds(runs, repeats, seed=0):
+def settled_rounds(runs, repeats, seed=0, between_rounds=None):
   """Times every case once per round, shuffled, each after one untimed call.
 
   Args:
     runs: name -> ``run()``, which performs one step and returns its ms.
     repeats: rounds.
+    between_rounds: called after every round (the run's copy probe), or None.
 
   Returns:
     name -> list of milliseconds.
@@ -368,6 +380,8 @@ def settled_rounds(runs, repeats, seed=0):
     for name in order:
       runs[name]()   # untimed: absorbs what the previous case left behind
       times[name].append(runs[name]())
+    if between_rounds is not None:
+      between_rounds()
   return times
 
 
@@ -398,7 +412,20 @@ def start_peers(args, tmp, ids, vocab, width):
   return workers, notes
 
 
-def run(vocab, width, n, repeats, args):
+def record_ratios(record, times, vocab, width):
+  """The table's named ratios, by medians: ``vs_fbgemm_<size>`` (FBGEMM fused's
+  time over ours), ``copy_distance_<size>`` (ours over the copy of the step's
+  bytes), ``dense_over_sparse_<size>`` (the speed-up over the dense step)."""
+  tag = timing.size_tag(vocab, width)
+  if FBGEMM in times:
+    record.ratio(f"vs_fbgemm_{tag}", timing.median_ratio(times[FBGEMM], times[SPARSE]))
+  else:
+    record.note(f"{tag}: no FBGEMM column, so no vs_fbgemm_{tag}")
+  record.ratio(f"copy_distance_{tag}", timing.median_ratio(times[SPARSE], times[COPY]))
+  record.ratio(f"dense_over_sparse_{tag}", timing.median_ratio(times[DENSE], times[SPARSE]))
+
+
+def run(vocab, width, n, repeats, args, record):
   """Times the cases on one table and prints their figures; returns name -> ms per round."""
   ids = zipf_ids(n, vocab)
   table_bytes = vocab * width * 4
@@ -441,10 +468,12 @@ def run(vocab, width, n, repeats, args):
     try:
       for col, w in workers.items():
         runs[col] = lambda col=col, w=w: peer_run(col, w)
-      times = settled_rounds(runs, repeats)
+      times = settled_rounds(runs, repeats, between_rounds=record.probe)
     finally:
       for w in workers.values():
         w.close()
+  record.add_times(times, prefix=f"{timing.size_tag(vocab, width)}: ")
+  record_ratios(record, times, vocab, width)
   per = f", {args.inner} steps per sample" if args.inner > 1 else ""
   print_table(times, SPARSE, f"train step, ms ({repeats} rounds{per})")
   for note in notes:
@@ -486,7 +515,7 @@ def copy_steppers(step_bytes, ids, dram_bytes):
   return copiers
 
 
-def layouts(vocab, width, n, repeats):
+def layouts(vocab, width, n, repeats, record=None):
   """``--layouts``: the sparse step of vocab, hidden and grid on fsdp=2 x tensor=4."""
   mesh = jax.make_mesh((2, 4), (axes.FSDP, axes.TENSOR))
   rows = dict(mesh=mesh, table_axes=(axes.TENSOR,))
@@ -504,11 +533,16 @@ def layouts(vocab, width, n, repeats):
                  f"(shard {plan.shard_shape[0]:,} x {plan.shard_shape[1]}), receives "
                  f"{hlo.bytes_moved(compiled.as_text()) / MiB:8.2f} MiB per step")
   runs = {name: (lambda s=s: s.timed(ids)) for name, s in steppers.items()}
-  times = settled_rounds(runs, repeats)
+  times = settled_rounds(runs, repeats, between_rounds=record and record.probe)
   print_table(times, options.VOCAB, f"fsdp=2 x tensor=4 simulated devices: {vocab:,} x "
               f"{width} f32, {n:,} Zipf ids split over 'fsdp', sparse row-wise AdaGrad "
               f"step, ms ({repeats} rounds)")
   print("\n".join(lines))
+  if record is not None:
+    record.add_times(times, prefix="fsdp=2 x tensor=4: ")
+    for strategy in (options.HIDDEN, options.GRID):
+      record.ratio(f"{strategy}_over_vocab", timing.median_ratio(times[strategy],
+                                                                  times[options.VOCAB]))
   return times
 
 
@@ -528,7 +562,9 @@ def main(argv=None, reference=dense_adagrad_step) -> int:
   parser.add_argument("--torch-threads", type=int, default=2)
   parser.add_argument("--peer-python", default=PEER_PYTHON,
                       help="python of the peer venv (default .peers/bin/python)")
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  record = timing.Run("sparse_step", argv, smoke=args.quick)
   sizes = [(100_000, 64), (1_000_000, 32)] if args.quick else [(1_000_000, 64), (10_000_000, 32)]
   n = 8192 if args.quick else 65_536
   repeats = args.repeats or (3 if args.quick else 10)
@@ -538,7 +574,8 @@ def main(argv=None, reference=dense_adagrad_step) -> int:
   print(f"jax {jax.__version__}, backend {backend} ({jax.devices()[0].device_kind}), "
         f"{jax.device_count()} device(s)")
   if args.layouts:
-    layouts(*sizes[0], n, repeats)
+    layouts(*sizes[0], n, repeats, record)
+    record.finish(args.json)
     return 0
   if args.check:
     # The platform's own update, then the others it can trace.
@@ -551,7 +588,8 @@ def main(argv=None, reference=dense_adagrad_step) -> int:
         if not check(label=labels[path], reference=reference):
           return 1
   for vocab, width in sizes:
-    run(vocab, width, n, repeats, args)
+    run(vocab, width, n, repeats, args, record)
+  record.finish(args.json)
   return 0
 
 

@@ -3,6 +3,7 @@
     python3 benchmarks/train_dlrm.py              # full run
     python3 benchmarks/train_dlrm.py --quick      # small tables and batch: a smoke run
     python3 benchmarks/train_dlrm.py --full       # configs/dlrm_criteo.py's 26 x 1M x 64
+    python3 benchmarks/train_dlrm.py --json run.json  # also the run's record (timing.Run)
     bash benchmarks/install_peers.sh              # first, for the TorchRec columns
 
 The Criteo-like DLRM of issue 6: 13 dense features, 26 single-hot tables of
@@ -63,8 +64,11 @@ TorchRec fused only, one worker at a time (built, warmed up, timed for every
 round, closed, then the next): two full-size workers side by side would not
 fit a 24 GB machine, and the dense JAX variant (a table-sized gradient and
 Adagrad slot) would not fit alone.
-Without ``.peers/`` the peer columns are skipped with a note. Never asserts
-a time.
+Without ``.peers/`` the peer columns are skipped with a note. The named
+ratios (``record_ratios``: ``vs_torchrec_fused`` and others) are printed
+beside the machine's state and kept in ``--json``'s record
+(``benchmarks/timing.py``); at ``--full`` the record notes that the run was
+not interleaved. Never asserts a time.
 """
 
 from __future__ import annotations
@@ -84,7 +88,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "peers"))
 sys.path.insert(1, ROOT)
+sys.path.insert(2, HERE)
 
+import timing  # noqa: E402
 from worker_protocol import Worker, WorkerError, default_env, serve  # noqa: E402
 
 #: Criteo Kaggle (display advertising challenge) cardinalities of C1..C26,
@@ -112,6 +118,8 @@ PEER_PYTHON = os.path.join(ROOT, ".peers", "bin", "python")
 TORCH_SCRIPT = os.path.join(HERE, "peers", "torchrec_dlrm.py")
 EMBEDLIB = "embedlib, 1 device"
 TORCHREC = "TorchRec fused"
+JAX_DENSE = "JAX dense: nnx.Embed + optax.adagrad"
+JAX_FROZEN = "JAX frozen tables (MLPs only)"
 
 
 # -- the data -------------------------------------------------------------
@@ -300,9 +308,8 @@ def _workers(args, data, sizes):
   if args.eight_devices and not args.full:
     out["embedlib, 8 simulated devices"] = (me + ["--worker", "embedlib"] + common, jax_env(8))
   if not args.full:
-    out["JAX dense: nnx.Embed + optax.adagrad"] = (me + ["--worker", "dense"] + common,
-                                                   jax_env(1))
-    out["JAX frozen tables (MLPs only)"] = (me + ["--worker", "frozen"] + common, jax_env(1))
+    out[JAX_DENSE] = (me + ["--worker", "dense"] + common, jax_env(1))
+    out[JAX_FROZEN] = (me + ["--worker", "frozen"] + common, jax_env(1))
   if os.path.exists(args.peer_python):
     torch_env = env(OMP_WAIT_POLICY="PASSIVE")
     torch = [args.peer_python, TORCH_SCRIPT, "--threads", str(args.torch_threads),
@@ -345,7 +352,7 @@ def _print_results(rates, rss, losses, batch, rounds="interleaved rounds"):
           f"{batch / med * 1e3:8.1f} {rss[name]:13.0f} {losses[name]:7.4f}")
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="small tables, batch 256: a smoke run")
   parser.add_argument("--full", action="store_true",
@@ -366,10 +373,12 @@ def main():
   parser.add_argument("--worker", choices=("embedlib", "frozen", "dense"), help=argparse.SUPPRESS)
   parser.add_argument("--data", help=argparse.SUPPRESS)
   parser.add_argument("--tables", help=argparse.SUPPRESS)
-  args = parser.parse_args()
+  timing.add_json_argument(parser)
+  args = parser.parse_args(argv)
   if args.worker:
     jax_worker(args)
     return
+  record = timing.Run("train_dlrm", argv, smoke=args.quick)
 
   sizes = [max(2, n // 100) for n in TABLE_SIZES] if args.quick else list(TABLE_SIZES)
   if args.full:
@@ -378,37 +387,52 @@ def main():
   repeats = args.repeats or (2 if args.quick else 7)
   steps = args.steps or (3 if args.quick else 16)
   with tempfile.TemporaryDirectory(prefix="train_dlrm_") as tmp:
-    run(args, sizes, batch, repeats, steps, os.path.join(tmp, "batches.npz"))
+    run(args, sizes, batch, repeats, steps, os.path.join(tmp, "batches.npz"), record)
+  record.finish(args.json)
 
 
-def run(args, sizes, batch, repeats, steps, data):
+def record_ratios(record, rates) -> None:
+  """The named ratios, by median examples/s: ``vs_torchrec_fused`` (embedlib's
+  over TorchRec fused's, i.e. TorchRec's step time over ours), ``vs_jax_dense``
+  (over the dense JAX variant's) and ``share_of_frozen`` (embedlib's over the
+  frozen-table JAX ceiling's)."""
+  for name, other in (("vs_torchrec_fused", TORCHREC), ("vs_jax_dense", JAX_DENSE)):
+    if other in rates:
+      record.ratio(name, timing.median_ratio(rates[EMBEDLIB], rates[other]))
+  if JAX_FROZEN in rates:
+    record.ratio("share_of_frozen", timing.median_ratio(rates[EMBEDLIB], rates[JAX_FROZEN]))
+
+
+def run(args, sizes, batch, repeats, steps, data, record):
   num_batches = min(steps, 16)
   distinct = make_batches(data, sizes, batch, num_batches)
-  load = os.getloadavg()
   print(f"DLRM: {NUM_DENSE} dense, {len(sizes)} tables of {sum(sizes):,} rows x {DIM} "
         f"(f32 {sum(sizes) * DIM * 4 / 2**20:.0f} MiB), bottom {NUM_DENSE}-"
         f"{'-'.join(map(str, BOTTOM + (DIM,)))}, dot, top {'-'.join(map(str, TOP))}, "
         f"batch {batch}; {num_batches} synthetic batches (Zipf {ZIPF}), "
         f"{distinct:,.0f} distinct ids per batch of {batch * len(sizes):,}")
   print(f"rows: {','.join(map(str, sizes))}")
-  print(f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at start")
   malloc = " ".join(f"{k}={v}" for k, v in KEEP_FREED_MALLOC.items())
   print(f"every worker: {malloc}" if args.keep_freed else "every worker: glibc's default malloc")
   specs = _workers(args, data, sizes)
   if TORCHREC not in specs:
     print(f"TorchRec columns skipped: {args.peer_python} not found; install the peers "
           "with `bash benchmarks/install_peers.sh` (the recipe of ../shared/PEERS.md).")
+    record.note("no TorchRec columns (.peers/ not installed), so no vs_torchrec_fused")
+  if args.full:
+    record.note("--full: one worker at a time, not interleaved: the sides did not share "
+                "the machine's noise")
   rates, rss, losses = {}, {}, {}
   # At --full one worker at a time (the module docstring says why).
   groups = [{n: spec} for n, spec in specs.items()] if args.full else [specs]
   for group in groups:
-    r, m, l = _time_workers(group, repeats, steps, batch)
+    r, m, l = _time_workers(group, repeats, steps, batch, record.probe)
     rates.update(r), rss.update(m), losses.update(l)
-  load = os.getloadavg()
   _print_results(rates, rss, losses, batch,
                  "rounds, one worker at a time" if args.full else "interleaved rounds")
-  print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end")
   _print_agreement(losses)
+  record.add_times(rates, unit="examples/s")
+  record_ratios(record, rates)
   if TORCHREC in rates:
     ratio = statistics.median(rates[EMBEDLIB]) / statistics.median(rates[TORCHREC])
     print(f"embedlib / TorchRec fused (medians): {ratio:.2f}x  (target >= 0.95x)")
@@ -436,8 +460,11 @@ def _print_agreement(losses):
           f"({what})")
 
 
-def _time_workers(specs, repeats, steps, batch):
-  """Builds ``specs``' workers, times them in shuffled rounds; ``(rates, rss, losses)``."""
+def _time_workers(specs, repeats, steps, batch, between_rounds=None):
+  """Builds ``specs``' workers, times them in shuffled rounds; ``(rates, rss, losses)``.
+
+  ``between_rounds`` is called after every round (the run's copy probe).
+  """
   start = time.perf_counter()
   workers, info = _start(specs)
   for name, i in info.items():
@@ -461,6 +488,8 @@ def _time_workers(specs, repeats, steps, batch):
         out = workers[name].run(steps)
         rates[name].append(steps * batch / out["seconds"])
         losses[name] = out["loss"]
+      if between_rounds is not None:
+        between_rounds()
     rss = {name: w.close()["peak_rss_mib"] for name, w in workers.items()}
   finally:
     for w in workers.values():

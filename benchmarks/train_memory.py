@@ -4,6 +4,7 @@
     python3 benchmarks/train_memory.py --rows 1000000     # the config's size (6.7 GB; ~9 GB RSS)
     python3 benchmarks/train_memory.py --quick            # tiny tables, a smoke run
     python3 benchmarks/train_memory.py --raw-ids          # dynamic tables read raw ids
+    python3 benchmarks/train_memory.py --json run.json    # also the run's record (timing.Run)
 
 Writes a Criteo-format file (``embedlib.data.criteo_synth``), then runs
 ``python -m train --config configs/dlrm_criteo.py:FILE`` on 8 simulated CPU
@@ -27,6 +28,12 @@ is printed).
 ``embedlib.DynamicEmbed`` of ``--rows`` rows each, LRU): the file's raw
 values, unhashed, are admitted and evicted, and the state adds each table's
 id -> row map (``Policy.map_bytes_per_row``) to its rows and slots.
+
+``--json FILE`` keeps the run's record (``benchmarks/timing.py``): each
+run's RSS after imports, peak and per-stretch highs (GB), and the named
+ratios ``<run>_peak_less_constant_over_state`` (the target's) and
+``<run>_peak_less_imports_over_state`` (``training`` and ``rerun``),
+beside the machine's state (a copy probe after each trainer run).
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import timing  # noqa: E402
 NUM_TABLES, FEATURES = 26, 64
 #: Rows of the baseline's tables: small enough that what it holds is the process constant.
 BASELINE_ROWS = 1_000
@@ -120,11 +130,20 @@ def _highs(run) -> list[tuple[str, int]]:
   return out
 
 
-def report(name: str, run: dict, state_bytes: int, constant: int | None = None) -> dict:
-  """Prints a run's figures; ``constant``: the tiny-table baseline's process constant."""
+def report(name: str, run: dict, state_bytes: int, constant: int | None = None,
+           record=None, tag: str = "") -> dict:
+  """Prints a run's figures (kept by ``record`` under ``tag``); ``constant``: the
+  tiny-table baseline's process constant."""
   peak = max(r for _, r in run["samples"])
   base = run["base"] or 0
   g = 1e9
+  if record is not None:
+    record.add_case(f"{tag}: RSS after imports", base / g, "GB")
+    record.add_case(f"{tag}: peak RSS", peak / g, "GB")
+    record.add_case(f"{tag}: highest RSS per stretch", [h / g for _, h in _highs(run)], "GB")
+    record.ratio(f"{tag}_peak_less_imports_over_state", (peak - base) / state_bytes)
+    if constant is not None:
+      record.ratio(f"{tag}_peak_less_constant_over_state", (peak - constant) / state_bytes)
   print(f"{name}: RSS after imports {base / g:.2f} GB; peak {peak / g:.2f} GB; "
         f"(peak - after imports) / state = {(peak - base) / state_bytes:.2f}")
   if constant is not None:
@@ -153,7 +172,9 @@ def main(argv=None) -> int:
                       help="dynamic tables of --rows rows read the file's raw ids")
   parser.add_argument("--keep", help="a directory to keep the data and workdir in")
   parser.add_argument("--trace", help="write every RSS sample (seconds, bytes, phase) here")
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  record = timing.Run("train_memory", argv, smoke=args.quick)
   if args.quick:
     args.rows, args.lines, args.steps, args.every, args.batch = 2_000, 3_000, 8, 4, 64
     args.eval_batches = 2
@@ -187,7 +208,9 @@ def main(argv=None) -> int:
     tiny = argparse.Namespace(**{**vars(args), "rows": rows})
     shutil.rmtree(workdir, ignore_errors=True)  # a fresh run, then its rerun
     first = run_trainer(data, workdir, tiny, args.steps)
+    record.probe()
     second = run_trainer(data, workdir, tiny, args.steps + args.every)
+    record.probe()
     if not any("resumed from" in line for _, line in second["log"]):
       raise RuntimeError("the rerun did not restore a checkpoint:\n" +
                          "".join(l for _, l in second["log"]))
@@ -197,14 +220,18 @@ def main(argv=None) -> int:
       # pipeline; what the same schedule holds beside tables too small to count.
       constant = max(max(r for _, r in run["samples"]) for run in (first, second)) - state(rows)
       print(f"baseline, 26 tables of {rows:,} rows: process constant {constant / 1e9:.2f} GB")
+      record.add_case("process constant", constant / 1e9, "GB")
       continue
-    report("training run", first, state(rows), constant)
-    report("rerun that restores, trains, evaluates and saves", second, state(rows), constant)
+    record.add_case("state", state(rows) / 1e9, "GB")
+    report("training run", first, state(rows), constant, record, "training")
+    report("rerun that restores, trains, evaluates and saves", second, state(rows), constant,
+           record, "rerun")
   if args.trace:
     with open(args.trace, "w") as f:
       for i, run in enumerate(runs):
         f.writelines(f"{i} {t:.2f} {rss}\n" for t, rss in run["samples"])
         f.writelines(f"# {i} {t:.2f} {line}" for t, line in run["log"])
+  record.finish(args.json)
   return 0
 
 

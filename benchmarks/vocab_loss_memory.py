@@ -19,7 +19,9 @@ compiled, never run: nothing of the logits' size is allocated. The figure is
 XLA's ``memory_analysis().temp_size_in_bytes`` of each compiled step (per
 device), and the ratio vocab-parallel / dense (issue 14's target at 8
 tensor-parallel devices: at most 1/4; ``tests/embed/test_vocab_loss_memory.py``
-asserts it).
+asserts it). ``--json FILE`` keeps each path's temporary MiB per device and
+the ratio ``vocab_parallel_over_dense`` in ``benchmarks/timing.py``'s
+record; nothing is timed.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from benchmarks import timing
 import embedlib
 
 DATA, MODEL = "data", "model"
@@ -117,7 +120,9 @@ def main(argv=None) -> int:
   parser.add_argument("--devices", type=int, default=8)
   parser.add_argument("--data", type=int, default=1, help="devices splitting the tokens")
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  record = timing.Run("vocab_loss_memory", argv)
   dtype = jnp.dtype(args.dtype)
   measured = temp_bytes(args.vocab, args.tokens, args.features, args.devices, args.data, dtype)
   logits = args.tokens * args.vocab * dtype.itemsize
@@ -132,6 +137,10 @@ def main(argv=None) -> int:
   print(f"  ratio vocab-parallel / dense: {ratio:.4f} (1/{model} = {1 / model:.4f}: "
         f"the logits split over {model} model ranks; issue 14's target at 8 "
         f"tensor-parallel devices: <= 0.25)")
+  for path in PATHS:
+    record.add_case(f"{path}: temporaries per device", measured[path] / 2**20, "MiB")
+  record.ratio("vocab_parallel_over_dense", ratio)
+  record.finish(args.json)
   return 0
 
 if __name__ == "__main__":

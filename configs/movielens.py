@@ -106,7 +106,10 @@ def get_config(arg=None):
       stride=50, prefetch=2,
       # The file's movie ids as they are, into the dynamic item table of
       # config.model.dynamic.item.
-      raw_ids=False))
+      raw_ids=False,
+      # SASRec and HSTU: the .item file's columns read beside each movie's id
+      # (RecBole's atomic files), e.g. "class,release_year".
+      item_columns=""))
   config.model = ml_collections.ConfigDict(dict(
       name=model,
       width=64,

@@ -119,7 +119,8 @@ def _last_eval_line(result: dict, num_train_steps: int) -> str:
   """The run's last eval, labelled with its step; not "final" when the run stopped early."""
   if not result:
     return "no eval ran."
-  metrics = "  ".join(f"{k} {v:.4f}" for k, v in result.items() if k != "step")
+  metrics = "  ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}"
+                     for k, v in result.items() if k != "step")
   if result["step"] >= num_train_steps:
     return f"final eval, at step {result['step']}: {metrics}"
   return (f"the run stopped before num_train_steps={num_train_steps}; its last eval, at "

@@ -53,7 +53,7 @@ def main(argv):
     manifest = export_lib.export(
         config, model, mesh, _OUT.value, batch_size=_BATCH.value,
         platforms=tuple(_PLATFORMS.value), bits=_bits(_BITS.value),
-        top_k=_TOP_K.value, exclude_input=_EXCLUDE.value)
+        top_k=_TOP_K.value, exclude_input=_EXCLUDE.value, workdir=_WORKDIR.value)
   except (export_lib.ExportError, NotImplementedError, *console.EXPECTED_ERRORS) as e:
     log.error("error: %s", e)
     sys.exit(1)

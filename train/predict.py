@@ -9,6 +9,12 @@
   a run with raw ids (dynamic tables), read as they are and looked up in
   the artifact's id -> row maps. A malformed line stops the run naming its
   line number.
+- A ``tabular`` artifact (a run of configs/tabular.py): reads the same kinds
+  of files its run did (Parquet files, directories and globs, CSV / TSV with
+  a header, RecBole atomic files), by the run's schema, the label columns
+  optional, and writes one line per input row, in input order: the click
+  probability (several labels: one per label, tab-separated), or the two
+  towers' score. String ids are hashed as in training.
 - A ``sequential`` artifact (SASRec, HSTU): reads a MovieLens release or
   RecBole files (``embedlib.data.movielens``) and writes, per user, the
   file's user id, a tab, and the top k next items (the file's item ids,
@@ -30,7 +36,8 @@ import time
 from absl import app, flags
 
 _MODEL = flags.DEFINE_string("model", None, "An artifact directory of python -m train.export.")
-_DATA = flags.DEFINE_string("data", None, "The file to score: Criteo TSV (plain or .gz), or MovieLens.")
+_DATA = flags.DEFINE_string("data", None, "The file to score: Criteo TSV (plain or .gz), "
+                            "MovieLens, or a tabular run's kind of files.")
 _OUT = flags.DEFINE_string("out", None, "Where to write the scores (text, one a line).")
 _BATCH = flags.DEFINE_integer("batch_size", 4096, "Lines scored per call.")
 _EVERY = flags.DEFINE_integer("log_every", 100_000, "Log progress every this many lines.")
@@ -150,6 +157,23 @@ def predict_next_items(model, path: str, out, batch_size: int) -> int:
   return users
 
 
+def predict_rows(model, path: str, out, log_every: int) -> int:
+  """Writes one line per row of a tabular run's files (module docstring); returns the rows."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from embedlib.serving import tabular as served_tabular  # pylint: disable=g-import-not-at-top
+
+  done, start = 0, time.perf_counter()
+  for outputs in served_tabular.score_file(model, path):
+    values = np.asarray(next(iter(outputs.values())), np.float32)
+    values = values.reshape(len(values), -1)
+    out.write("".join("\t".join(f"{v:.9g}" for v in row) + "\n" for row in values.tolist()))
+    before, done = done, done + len(values)
+    if done // log_every > before // log_every:
+      log.info("%d rows, %.0f rows/s", done, done / (time.perf_counter() - start))
+  return done
+
+
 def _devices_wanted(directory: str) -> int:
   """The artifact's device count, read before jax starts (0: unreadable; load says why)."""
   import json  # pylint: disable=g-import-not-at-top
@@ -188,13 +212,16 @@ def main(argv):
     if model.task == "sequential":
       with open(partial, "w", encoding="utf-8") as out:
         count = predict_next_items(model, _DATA.value, out, _BATCH.value)
+    elif model.task == "tabular":
+      with open(partial, "w", encoding="ascii") as out:
+        count = predict_rows(model, _DATA.value, out, _EVERY.value)
     else:
       reader = _criteo_reader(model.manifest, _DATA.value)
       with open(partial, "w", encoding="ascii") as out:
         count = predict(model, reader, _DATA.value, out, _BATCH.value, _EVERY.value)
     os.replace(partial, _OUT.value)
   except (PredictError, serving.ArtifactError, serving.PlatformError, criteo.CriteoFormatError,
-          OSError, ValueError) as e:
+          OSError, ValueError) as e:  # the tabular readers' DataError and SchemaError too
     if os.path.exists(partial):
       os.remove(partial)
     sys.exit(f"error: {e}")

@@ -30,6 +30,8 @@ EXPLAINED = {
     "eval_batches": "Batches in each eval.",
     "checkpoint_every": "Steps between checkpoints; the last step and a stop by signal "
                         "save one too.",
+    "early_stopping": "Evals without a better eval metric before the run stops (0: off); "
+                      "the test rows are then scored with the best eval's weights.",
     "max_checkpoints": "Checkpoints kept; older ones are deleted.",
     "pipeline": "Pipelined train step: step N's program also distributes batch N+1's "
                 "ids (bucketing, dedup, their all_to_all or all_gather), so the exchange "
@@ -43,8 +45,9 @@ EXPLAINED = {
     # The task: batch layout, loss, metrics
     "task.name": "`ctr` (one click label per example), `ranking` (several actions per "
                  "candidate), `retrieval` (one engaged item per request, in-batch "
-                 "negatives) or `sequential` (each user's next item, a softmax over every "
-                 "item): the batch layout, the loss and the eval metrics.",
+                 "negatives), `sequential` (each user's next item, a softmax over every "
+                 "item) or `tabular` (your own files, by their schema): the batch layout, "
+                 "the loss and the eval metrics.",
     "task.mask_seen": "MovieLens, full ranking (sequential models, two towers): leave the "
                       "items a user has already rated out of the eval's ranking (RecBole "
                       "does for BPR, not for sequential models).",
@@ -69,7 +72,9 @@ EXPLAINED = {
                    "(TSV files), `planted_ranking`, `planted_retrieval` or `movielens` "
                    "(a MovieLens release or RecBole's atomic files).",
     "data.path": "MovieLens: the release's folder or ratings file (any GroupLens format, "
-                 "or RecBole's `.inter`).",
+                 "or RecBole's `.inter`). Tabular: a Parquet file, directory or glob, a "
+                 "CSV / TSV file with a header, or a RecBole `.inter` file (with its "
+                 "`.user` / `.item`).",
     "data.max_len": "Sequential: the most history items a row holds (SASRec's window).",
     "data.stride": "Sequential: targets per training window (at most `data.max_len`); the "
                    "window's earlier items are context only.",
@@ -85,11 +90,42 @@ EXPLAINED = {
                        "`data.format='binary'` its binary directory.",
     "data.format": "Criteo: `tsv` (the text files) or `binary` (a directory written once "
                    "from them by `python -m embedlib.data.criteo_binary`, read "
-                   "memory-mapped).",
-    "data.workers": "Criteo TSV: grain worker processes parsing the training lines (plain "
-                    "TSV); 0 parses in the trainer's process. Batches and checkpoints are "
-                    "the same for every count.",
-    "data.eval_path": "Criteo: the eval TSV; set this or `data.eval_holdout`, not both.",
+                   "memory-mapped). Tabular: `auto` (by the files' suffixes), `parquet`, "
+                   "`csv` or `recbole`.",
+    "data.workers": "Criteo TSV and tabular files: grain worker processes parsing the "
+                    "training lines (plain TSV) or chunks; 0 parses in the trainer's "
+                    "process. Batches and checkpoints are the same for every count.",
+    "data.eval_path": "Criteo: the eval TSV; set this or `data.eval_holdout`, not both. "
+                      "Tabular: files of their own to evaluate on (the split is then by "
+                      "file).",
+    "data.test_path": "Tabular: files of their own scored once at the end (`test_*`).",
+    "data.delimiter": "Tabular CSV: the field separator (empty: `,`, or a tab for `.tsv`).",
+    "data.list_separator": "Tabular CSV: the separator of a list column's values.",
+    "data.label": "Tabular: the label column, or several (`a,b`: one output and AUC each).",
+    "data.label_threshold": "Tabular: a label `>=` this reads 1, below it 0 (RecBole's "
+                            "`threshold`); None keeps the values (0 / 1).",
+    "data.user_id": "Tabular: the user id column (empty: the column named `user_id`, if any).",
+    "data.item_id": "Tabular: the item id column (empty: the column named `item_id`, if any).",
+    "data.timestamp": "Tabular: the timestamp column (empty: the one named `timestamp`).",
+    "data.user_columns": "Tabular: columns describing the user (the two towers' user "
+                         "side); a RecBole `.user` file's are.",
+    "data.item_columns": "Tabular: columns describing the item (the item tower's); a "
+                         "RecBole `.item` file's are. SASRec / HSTU: the `.item` file's "
+                         "token columns read beside each item's id.",
+    "data.dense": "Tabular: int columns to read as dense numbers rather than ids.",
+    "data.columns": "Tabular: `{column: {field: value}}` over the inferred schema (a "
+                    "column's role, dtype, ids, num_embeddings, min_count, transform, null, "
+                    "default, weights, max_len), a dict or JSON on the command line.",
+    "data.ignore": "Tabular: columns no model reads.",
+    "data.split": "Tabular: `hash` (a hash of the row number, `data.eval_fraction` and "
+                  "`data.test_fraction`) or `time` (`data.split_time`, `data.test_time`).",
+    "data.eval_fraction": "Tabular hash split: the share of rows evaluated on.",
+    "data.test_fraction": "Tabular hash split: the share of rows tested on at the end.",
+    "data.split_time": "Tabular time split: rows before it train, the rest evaluate.",
+    "data.test_time": "Tabular time split: rows from it on test (0: none).",
+    "data.split_seed": "Tabular hash split: the seed of the rows' hash.",
+    "data.num_epochs": "Tabular: passes over the training rows when `num_train_steps` is 0 "
+                       "(then `eval_every` and `checkpoint_every` 0 mean once an epoch).",
     "data.eval_holdout": "Criteo: fraction of the training lines held out of training "
                          "for eval, instead of `data.eval_path`.",
     "data.max_bad_lines": "Criteo: malformed lines skipped (each logged) before the run "
@@ -132,9 +168,11 @@ EXPLAINED = {
                         "(every rating is a `rated` one).",
     "data.actions": "Names of the actions, in label order.",
     # Model
-    "model.name": "The model: `dlrm`, `dcn` (DCN-v2), `ranker`, `two_tower`, or the "
-                  "next-item `sasrec` and `hstu`.",
+    "model.name": "The model: `dlrm`, `dcn` (DCN-v2; `dcn_v2` too), `ranker`, "
+                  "`two_tower`, or the next-item `sasrec` and `hstu`.",
     "model.embed_dim": "Width of every DLRM / DCN-v2 table.",
+    "model.embed_init_std": "Your own logs: the standard deviation of the tables' normal initial "
+                            "rows (0: the default, variance 1 / `embed_dim`).",
     "model.bottom_sizes": "Widths of the bottom MLP over the dense features.",
     "model.top_sizes": "Widths of the top MLP, ending in 1 (the logit).",
     "model.combiner": "Pooling of a multi-hot bag: `sum`, `mean` or `sqrtn`.",

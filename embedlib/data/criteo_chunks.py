@@ -28,6 +28,7 @@ import zlib
 import numpy as np
 
 from embedlib.data import criteo_format as fmt
+from embedlib.data import worker_pool
 
 #: Lines per chunk: parsing one takes a worker milliseconds, so handing
 #: chunks between processes costs little beside it.
@@ -219,25 +220,7 @@ def _first_chunk(refs: list[ChunkRef], line: int) -> int:
 def grain_stream(refs: list[ChunkRef], settings: Settings, *, epoch: int, skip_before: int,
                  num_epochs: int | None, workers: int):
   """Chunks parsed by ``workers`` grain worker processes, in order; an iterator with close()."""
-  import grain  # pylint: disable=g-import-not-at-top
-  from absl import flags  # pylint: disable=g-import-not-at-top
-
-  # grain reads its absl flags when it starts workers; a program that never
-  # parsed flags (a notebook, a test) would fail there.
-  if not flags.FLAGS.is_parsed():
-    flags.FLAGS.mark_as_parsed()
   first = epoch * len(refs) + _first_chunk(refs, skip_before)
   stop = sys.maxsize // 2 if num_epochs is None else num_epochs * len(refs)
-  dataset = grain.MapDataset.range(first, max(stop, first)).map(
-      LoadChunk(refs, settings, epoch, skip_before))
-  # Parsing holds the GIL: threads inside a worker would only add chunks
-  # parsed ahead (grain's default reads 500 ahead with 16 threads).
-  read = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
-  options = grain.MultiprocessingOptions(num_workers=workers,
-                                         per_worker_buffer_size=BUFFER_CHUNKS)
-  # Chunks come back pickled through grain's queues rather than in shared
-  # memory: a copy costs little beside the parse, and shared blocks still
-  # queued when a program ends are reported as leaked.
-  pickled = grain.experimental.DatasetOptions(min_shm_size=1 << 62)
-  ordered = grain.experimental.WithOptionsIterDataset(dataset.to_iter_dataset(read), pickled)
-  return iter(ordered.mp_prefetch(options))
+  return worker_pool.ordered_map(LoadChunk(refs, settings, epoch, skip_before), first, stop,
+                                 workers=workers, buffer=BUFFER_CHUNKS)

@@ -43,7 +43,8 @@ class DLRM(nnx.Module):
     features: the categorical features (pooled; sequence features are not
       part of DLRM).
     bottom_sizes: bottom MLP layer widths.
-    top_sizes: top MLP layer widths; the last must be 1.
+    top_sizes: top MLP layer widths; the last is the number of logits a
+      row (1: logits ``[batch]``; K: ``[batch, K]``, one a label).
     interaction: ``"dot" | "cross"``.
     cross_layers: number of DCN-v2 cross layers.
     rngs: random number generators.
@@ -66,8 +67,9 @@ class DLRM(nnx.Module):
   ):
     if interaction not in INTERACTIONS:
       raise ValueError(f"DLRM: interaction={interaction!r}; use one of {INTERACTIONS}.")
-    if tuple(top_sizes)[-1:] != (1,):
-      raise ValueError(f"DLRM: top_sizes={tuple(top_sizes)} must end in 1 (one logit).")
+    if not top_sizes or top_sizes[-1] < 1:
+      raise ValueError(f"DLRM: top_sizes={tuple(top_sizes)} must end in the number of "
+                       "logits a row (1 for one label).")
     widths = {t.name: t.features for t in tables}
     dim = bottom_sizes[-1]
     for f in features:
@@ -82,24 +84,31 @@ class DLRM(nnx.Module):
             f"or use interaction='cross'.")
     self.feature_names = tuple(f.name for f in features)
     self.interaction = interaction
-    self.bottom = MLP(num_dense, bottom_sizes, final_activation=True, rngs=rngs)
+    # Without dense features there is no bottom MLP: the features interact alone.
+    self.bottom = (MLP(num_dense, bottom_sizes, final_activation=True, rngs=rngs)
+                   if num_dense else None)
     self.embeddings = EmbeddingCollection(tables, features, rngs=rngs, **collection_kwargs)
-    n = len(features) + 1
+    bottom = dim if num_dense else 0
+    n = len(features) + (1 if num_dense else 0)
     if interaction == DOT:
       self.cross = None
-      top_in = dim + n * (n - 1) // 2
+      top_in = bottom + n * (n - 1) // 2
     else:
-      top_in = dim + sum(widths[f.table] for f in features)
+      top_in = bottom + sum(widths[f.table] for f in features)
       self.cross = CrossNetwork(top_in, cross_layers, rngs=rngs)
     self.top = MLP(top_in, top_sizes, rngs=rngs)
 
-  def __call__(self, dense: jax.Array, sparse: Mapping[str, jax.Array]) -> jax.Array:
-    """Logits ``[batch]`` from dense ``[batch, num_dense]`` and sparse ids."""
-    x = self.bottom(dense)
-    embedded = self.embeddings(sparse)
-    vectors = [embedded[name].astype(x.dtype) for name in self.feature_names]
+  def __call__(self, dense: jax.Array, sparse: Mapping[str, jax.Array],
+               weights: Mapping[str, jax.Array] | None = None) -> jax.Array:
+    """Logits ``[batch]`` (``[batch, K]`` for K outputs) from dense ``[batch, num_dense]``
+    and sparse ids (``weights``: per-id weights of pooled features, as the collection's)."""
+    embedded = self.embeddings(sparse, weights)
+    x = [] if self.bottom is None else [self.bottom(dense)]
+    dtype = x[0].dtype if x else dense.dtype
+    vectors = x + [embedded[name].astype(dtype) for name in self.feature_names]
     if self.interaction == DOT:
-      z = jnp.concatenate([x, dot_interaction([x] + vectors)], axis=1)
+      z = jnp.concatenate(x + [dot_interaction(vectors)], axis=1)
     else:
-      z = self.cross(jnp.concatenate([x] + vectors, axis=1))
-    return self.top(z)[:, 0]
+      z = self.cross(jnp.concatenate(vectors, axis=1))
+    out = self.top(z)
+    return out[:, 0] if out.shape[1] == 1 else out

@@ -26,6 +26,7 @@ from embedlib.models import two_tower as two_tower_lib
 from embedlib.models.dlrm import CROSS, DLRM, DOT
 from embedlib.models.hstu import HSTU
 from embedlib.models.multi_hash_embed import MultiHashEmbed
+from embedlib.models.next_item import ItemColumns
 from embedlib.models.ranker import RankerTrunk, TransformerRanker
 from embedlib.models.sasrec import SASRec
 
@@ -440,10 +441,13 @@ def build_next_item(model_config, spec: NextItemSpec, *, mesh=None, batch_size: 
   else:
     items = ShardedEmbed(spec.vocab_size, model_config.width, name="item", tied=True,
                          ids_per_device=ids, rngs=rngs, **_tables(model_config, mesh))
+  side = None
+  if spec.item_columns:  # the items' side columns, beside their ids
+    side = ItemColumns(spec.item_columns, model_config.width, mesh=mesh, rngs=rngs)
   common = dict(max_len=spec.max_len, num_layers=model_config.num_layers,
                 num_heads=model_config.num_heads,
                 scale_embeddings=model_config.scale_embeddings,
-                repeat_bias=model_config.repeat_bias, rngs=rngs)
+                repeat_bias=model_config.repeat_bias, side=side, rngs=rngs)
   if model_config.name == SASREC:
     return SASRec(items, mlp_ratio=model_config.mlp_ratio, **common)
   return HSTU(items, num_time_buckets=model_config.num_time_buckets, **common)

@@ -107,19 +107,20 @@ class HSTU(nnx.Module):
     scale_embeddings: multiply item rows by ``sqrt(width)``.
     repeat_bias: learn a logit for the items in the row's input
       (``next_item.NextItemEmbed``).
+    side: the items' side columns (``next_item.ItemColumns``), or None.
     rngs: random number generators.
   """
 
   def __init__(self, items: ShardedEmbed, *, max_len: int, num_layers: int, num_heads: int,
                num_time_buckets: int = 128, scale_embeddings: bool = False,
-               repeat_bias: bool = False, rngs: nnx.Rngs):
+               repeat_bias: bool = False, side=None, rngs: nnx.Rngs):
     if num_layers < 1:
       raise ValueError(f"config.model.num_layers must be >= 1, got {num_layers}.")
     if num_time_buckets < 1:
       raise ValueError(f"config.model.num_time_buckets must be >= 1, got {num_time_buckets}.")
     self.num_time_buckets = num_time_buckets
     self.embed = NextItemEmbed(items, max_len=max_len, scale=scale_embeddings,
-                               repeat_bias=repeat_bias, rngs=rngs)
+                               repeat_bias=repeat_bias, side=side, rngs=rngs)
     self.layers = nnx.List([
         HSTULayer(items.features, num_heads=num_heads, max_len=max_len,
                   num_time_buckets=num_time_buckets, rngs=rngs) for _ in range(num_layers)])

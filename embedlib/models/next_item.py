@@ -33,10 +33,12 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from embedlib import logits as logits_lib
+from embedlib.collection import EmbeddingCollection, FeatureSpec, TableSpec
 from embedlib import options
 from embedlib.dynamic import DynamicEmbed
 from embedlib.embed import ShardedEmbed
@@ -89,6 +91,43 @@ def seen_items(items: jax.Array, vocab: int, *, per_position: bool) -> jax.Array
   return first < length
 
 
+class ItemColumnIds(nnx.Variable):
+  """Each item's side-column ids: data the model reads, never trained."""
+
+
+class ItemColumns(nnx.Module):
+  """An item's side columns (``embedlib.data.movielens.item_side``), pooled and summed.
+
+  Each column has a table of ``width`` (the mean of a bag's rows); the
+  item's vector is the sum over its columns, added to its id's row.
+
+  >>> import numpy as np
+  >>> from flax import nnx
+  >>> side = ItemColumns({"genre": np.array([[-1, -1], [1, 2], [2, -1]])}, 4, rngs=nnx.Rngs(0))
+  >>> side(jnp.array([[0, 1, 2]])).shape
+  (1, 3, 4)
+  """
+
+  def __init__(self, columns: dict, width: int, *, mesh=None, rngs: nnx.Rngs):
+    self.names = tuple(sorted(columns))
+    widths = [np.asarray(columns[n]).shape[1] for n in self.names]
+    self.offsets = tuple(int(x) for x in np.cumsum([0] + widths))
+    self.ids = ItemColumnIds(jnp.asarray(
+        np.concatenate([np.asarray(columns[n], np.int32) for n in self.names], axis=1)))
+    tables = [TableSpec(n, int(max(np.asarray(columns[n]).max(), 0)) + 1, width)
+              for n in self.names]
+    features = [FeatureSpec(n, n, combiner="mean") for n in self.names]
+    self.embeddings = EmbeddingCollection(tables, features, mesh=mesh, rngs=rngs)
+
+  def __call__(self, items: jax.Array) -> jax.Array:
+    """``items`` int ``[B, L]`` (0 pads) -> the sum of their columns' vectors ``[B, L, width]``."""
+    ids = jnp.take(self.ids[...], items.reshape(-1), axis=0)
+    inputs = {n: ids[:, lo:hi] for n, lo, hi in zip(self.names, self.offsets, self.offsets[1:])}
+    pooled = self.embeddings(inputs)
+    total = sum(pooled[n] for n in self.names)
+    return total.reshape(*items.shape, total.shape[-1])
+
+
 class NextItemEmbed(nnx.Module):
   """Item rows (zero at padding) times ``sqrt(width)`` if asked, plus learned positions.
 
@@ -105,18 +144,24 @@ class NextItemEmbed(nnx.Module):
     scale: multiply the item rows by ``sqrt(width)`` (the SASRec paper's).
     repeat_bias: learn a logit added to the items in the row's input
       (module docstring).
+    side: the items' side columns (``ItemColumns``), added to their rows;
+      None for ids alone.
     rngs: random number generators.
   """
 
   def __init__(self, items: ShardedEmbed | DynamicEmbed, *, max_len: int, scale: bool = False,
-               repeat_bias: bool = False, rngs: nnx.Rngs):
+               repeat_bias: bool = False, side: ItemColumns | None = None, rngs: nnx.Rngs):
     if max_len < 1:
       raise ValueError(f"config.data.max_len must be >= 1, got {max_len}.")
     if isinstance(items, DynamicEmbed) and items.default_row is not None:
       raise ValueError(f"{items.name}: default='learned', but a next-item model reads a "
                        "history item that is not resident as padding and never scores the "
                        "default row, so it would not be learned; use default='zero'.")
+    if side is not None and isinstance(items, DynamicEmbed):
+      raise ValueError("config.data.item_columns: the side columns are read by dense item "
+                       "ids; leave config.data.raw_ids off with them.")
     self.items = items
+    self.side = side
     self.max_len = max_len
     self.scale = scale
     self.positions = nnx.Embed(max_len, items.features, rngs=rngs)
@@ -159,7 +204,10 @@ class NextItemEmbed(nnx.Module):
                        f"config.data.max_len={self.max_len}; build both from one config.")
     valid = items > 0
     table = self.items.rows if self.dynamic else self.items
-    rows = table(items - 1 if self.dynamic else items) * valid[..., None].astype(table.dtype)
+    rows = table(items - 1 if self.dynamic else items)
+    if self.side is not None:
+      rows = rows + self.side(items).astype(rows.dtype)
+    rows = rows * valid[..., None].astype(rows.dtype)
     if self.scale:
       rows = rows * jnp.sqrt(jnp.asarray(self.items.features, rows.dtype))
     x = rows + self.positions(jnp.arange(self.max_len))[None]

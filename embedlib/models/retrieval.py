@@ -39,7 +39,8 @@ def batch_log_q(item_ids: jax.Array) -> jax.Array:
 
 def in_batch_softmax_loss(users: jax.Array, items: jax.Array, item_ids: jax.Array, *,
                           temperature: jax.Array, log_q: jax.Array | None = None,
-                          remove_accidental_hits: bool = True, mesh=None) -> jax.Array:
+                          remove_accidental_hits: bool = True, mesh=None,
+                          weights: jax.Array | None = None) -> jax.Array:
   """Mean softmax cross-entropy of each request's item against the batch's items.
 
   ``logits[i, j] = <users[i], items[j]> / temperature - log_q[j]``; the
@@ -61,6 +62,8 @@ def in_batch_softmax_loss(users: jax.Array, items: jax.Array, item_ids: jax.Arra
     remove_accidental_hits: mask other requests' copies of the same item.
     mesh: the mesh the batch is split over; the items are gathered to every
       device (each scores its requests against the whole batch).
+    weights: ``[B]`` each row's weight in the mean (0: the row's item is a
+      negative of the others but not a positive of its own), or None.
 
   Returns:
     The scalar loss.
@@ -73,7 +76,10 @@ def in_batch_softmax_loss(users: jax.Array, items: jax.Array, item_ids: jax.Arra
   if remove_accidental_hits:
     same = item_ids[:, None] == item_ids[None, :]
     logits = jnp.where(same & ~jnp.eye(same.shape[0], dtype=bool), _MASKED, logits)
-  return jnp.mean(jax.nn.logsumexp(logits, axis=1) - jnp.diagonal(logits))
+  losses = jax.nn.logsumexp(logits, axis=1) - jnp.diagonal(logits)
+  if weights is None:
+    return jnp.mean(losses)
+  return jnp.sum(losses * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
 class FrequencyState(nnx.Variable):

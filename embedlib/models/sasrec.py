@@ -42,14 +42,15 @@ class SASRec(nnx.Module):
     scale_embeddings: multiply item rows by ``sqrt(width)``.
     repeat_bias: learn a logit for the items in the row's input
       (``next_item.NextItemEmbed``).
+    side: the items' side columns (``next_item.ItemColumns``), or None.
     rngs: random number generators.
   """
 
   def __init__(self, items: ShardedEmbed, *, max_len: int, num_layers: int, num_heads: int,
                mlp_ratio: int = 4, scale_embeddings: bool = False,
-               repeat_bias: bool = False, rngs: nnx.Rngs):
+               repeat_bias: bool = False, side=None, rngs: nnx.Rngs):
     self.embed = NextItemEmbed(items, max_len=max_len, scale=scale_embeddings,
-                               repeat_bias=repeat_bias, rngs=rngs)
+                               repeat_bias=repeat_bias, side=side, rngs=rngs)
     self.transformer = Transformer(items.features, num_layers=num_layers, num_heads=num_heads,
                                    mlp_ratio=mlp_ratio, rngs=rngs)
 

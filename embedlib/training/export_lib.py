@@ -53,7 +53,8 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
                       "--workdir a run trained in.")
   try:
     with open(path, encoding="utf-8") as f:
-      return ml_collections.ConfigDict(json.load(f))
+      # Dotted keys: a tabular run's config.data.columns may name a column "stats.count".
+      return ml_collections.ConfigDict(json.load(f), allow_dotted_keys=True)
   except ValueError as e:
     raise ExportError(f"{path} is not a run's config ({e}); pass the --workdir of a "
                       "python -m train run.") from None
@@ -99,15 +100,22 @@ def quantized(model, bits):
   return quantize_lib.quantize(model, bits=bits)
 
 
-def scoring(config, model, mesh, *, top_k: int = 100,
-            exclude_input: bool = False) -> scoring_lib.Scoring:
-  """The serving program of ``config``'s task."""
+def scoring(config, model, mesh, *, top_k: int = 100, exclude_input: bool = False,
+            workdir: str | None = None) -> scoring_lib.Scoring:
+  """The serving program of ``config``'s task (``workdir``: the run's, where its task reads it)."""
   name = task_name(config)
   try:
     task = setup.task(config)
+    if workdir is not None:  # what the run read (a tabular run's saved schema)
+      task = task.for_workdir(workdir)
     spec = task.data_spec()
     if name == "ctr":
       return scoring_lib.ctr(config, spec, model)
+    if name == "tabular":
+      if workdir is None:
+        raise ExportError("a tabular run's artifact carries its schema, read from the run's "
+                          "workdir: pass workdir= (python -m train.export does).")
+      return scoring_lib.tabular(task, model)
     if name == "retrieval":
       eval_source = None
       if not task.dynamic:  # the catalogue's authors; raw ids embed the resident movies
@@ -121,8 +129,9 @@ def scoring(config, model, mesh, *, top_k: int = 100,
       return score
   except ValueError as e:
     raise ExportError(str(e)) from None
-  raise ExportError(f"config.task.name={name!r}: exporting serves ctr, retrieval and "
-                    "sequential runs; export one of those, or serve this one in-process.")
+  raise ExportError(f"config.task.name={name!r}: exporting serves ctr, retrieval, "
+                    "sequential and tabular runs; export one of those, or serve this one "
+                    "in-process.")
 
 
 def _raw_item_ids(path: str) -> list:
@@ -233,7 +242,7 @@ def dynamic_manifest(model, names: list, inputs: list) -> dict:
 
 def export(config, model, mesh, out: str, *, batch_size: int | None = None,
            platforms=("cpu",), bits: int | None = None, top_k: int = 100,
-           exclude_input: bool = False) -> dict:
+           exclude_input: bool = False, workdir: str | None = None) -> dict:
   """Writes the serving artifact of ``model`` (``config``'s run) to ``out``; returns its manifest.
 
   Args:
@@ -249,6 +258,7 @@ def export(config, model, mesh, out: str, *, batch_size: int | None = None,
     bits: quantize the tables to this many bits first (``quantized``).
     top_k: retrieval and sequential: how many items each row returns.
     exclude_input: sequential: leave a history's own items out of its top k.
+    workdir: the run's workdir (a tabular run's schema is read from it).
   """
   bad = [p for p in platforms if p not in PLATFORMS]
   if bad or not platforms:
@@ -262,7 +272,8 @@ def export(config, model, mesh, out: str, *, batch_size: int | None = None,
   model = quantized(model, bits)
   if hasattr(model, "eval"):
     model.eval()
-  score = scoring(config, model, mesh, top_k=top_k, exclude_input=exclude_input)
+  score = scoring(config, model, mesh, top_k=top_k, exclude_input=exclude_input,
+                  workdir=workdir)
   programs, names, weights = program(model, mesh, score, batch_size, platforms)
   parent = os.path.dirname(os.path.abspath(out))
   os.makedirs(parent, exist_ok=True)

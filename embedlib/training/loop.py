@@ -18,6 +18,30 @@ from embedlib.training.tasks.base import fail as _fail
 
 _AT_LEAST_ONE = ("batch_size", "num_train_steps", "log_every", "eval_every", "eval_batches",
                  "checkpoint_every")
+#: Keys a config may leave at 0 for the data to set: ``config.data.num_epochs``
+#: passes, an eval and a checkpoint each (``resolve_epochs``).
+FROM_EPOCHS = ("num_train_steps", "eval_every", "checkpoint_every")
+
+
+def _epochs(config) -> int:
+  data = config.get("data")
+  return int(data.get("num_epochs", 0) or 0) if data is not None else 0
+
+
+def resolve_epochs(config, steps_per_epoch: int | None) -> None:
+  """Sets the ``FROM_EPOCHS`` keys left at 0 from ``config.data.num_epochs`` (in place).
+
+  Run once the task has read its data (``Task.steps_per_epoch``); the
+  config saved in the workdir then holds the steps the run takes.
+  """
+  epochs = _epochs(config)
+  if not epochs or not steps_per_epoch:
+    return
+  if config.num_train_steps == 0:
+    config.num_train_steps = epochs * steps_per_epoch
+  for key in ("eval_every", "checkpoint_every"):
+    if config[key] == 0:
+      config[key] = steps_per_epoch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,15 +74,29 @@ class Loop:
   early_fetch: float = 0.0
 
   @classmethod
-  def from_config(cls, config) -> "Loop":
+  def from_config(cls, config, *, unresolved: bool = False) -> "Loop":
     """The loop of ``config`` (``configs/*.py``); ``pipeline`` and ``early_fetch`` may be absent.
+
+    Args:
+      config: the run's config.
+      unresolved: accept the ``FROM_EPOCHS`` keys at 0 with
+        ``config.data.num_epochs`` set (before the data is read; the loop
+        returned is then only a check).
 
     Raises:
       ConfigError: naming the first key that can't work, and the fix.
     """
     for key in _AT_LEAST_ONE:
       if config[key] < 1:
+        if key in FROM_EPOCHS and config[key] == 0 and _epochs(config):
+          if unresolved:
+            continue
+          _fail(key, "is 0, to be set from config.data.num_epochs once the data is read "
+                "(loop.resolve_epochs); give a number of steps or resolve it first.")
         _fail(key, f"must be >= 1, got {config[key]}.")
+    if config.get("early_stopping", 0) < 0:
+      _fail("early_stopping", f"must be >= 0 (evals without improvement; 0: off), got "
+            f"{config.early_stopping}.")
     early_fetch, pipelined = config.get("early_fetch", 0.0), config.get("pipeline", False)
     if not 0.0 <= early_fetch <= 1.0:
       _fail("early_fetch", f"{early_fetch} is not a share of a route's slots in [0, 1].")

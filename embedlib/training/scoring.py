@@ -274,3 +274,66 @@ def sequential(config, spec, *, top_k: int, exclude_input: bool, model=None) -> 
                  info={"top_k": k, "exclude_input": bool(exclude_input),
                        "data": {"num_items": num_items, "max_len": spec.max_len,
                                 "raw_ids": raw}})
+
+
+#: The input name of a weighted list column's weights.
+WEIGHTS_SUFFIX = ":weights"
+
+
+def tabular(task, model) -> Scoring:
+  """A tabular run's rows scored: click probabilities, or the two towers' scores.
+
+  Inputs are a featurized row of the run's schema (``embedlib.tabular``;
+  ``embedlib.serving.tabular`` makes them from a file's columns): ``dense``
+  (the dense columns, transformed), one input per id column (rows of a
+  vocabulary or hashed table, or raw ids of a dynamic one; lists as
+  ``[max_len]``, -1 padded) and ``<list>:weights`` for weighted lists.
+  Outputs: ``probability`` (``[K]`` for K labels), or for the two towers
+  ``score``, the user and item towers' dot product over the temperature.
+  The schema and statistics go into the manifest (``data``), so a server
+  reads a file's columns as the run did.
+  """
+  import json  # pylint: disable=g-import-not-at-top
+
+  from embedlib.models import tabular as tabular_models  # pylint: disable=g-import-not-at-top
+  from embedlib.tabular import schema as schema_lib  # pylint: disable=g-import-not-at-top
+
+  prepared = task.prepared
+  schema = prepared.schema
+  dynamic = collection_features(model)
+  inputs = [{"name": "dense", "kind": DENSE, "dtype": "float32",
+             "shape": [len(schema.dense())]}]
+  names, weighted = list(schema.features()), []
+  for name in names:
+    c = schema[name]
+    shape = (c.max_len,) if c.role == schema_lib.LIST else ()
+    inputs.append(_raw_ids(name, dynamic[name], shape) if name in dynamic
+                  else _ids(name, c.num_embeddings, shape))
+  for name in names:
+    if schema[name].weights:
+      weighted.append(name)
+      inputs.append({"name": name + WEIGHTS_SUFFIX, "kind": DENSE, "dtype": "float32",
+                     "shape": [schema[name].max_len]})
+  raw = [n in dynamic for n in names]
+  two_tower = task.model_name == tabular_models.TWO_TOWER
+
+  def fn(model, extras, dense, *rest):
+    del extras
+    ids = [Words(x) if r else x for x, r in zip(rest[:len(names)], raw)]
+    sparse, weights = dict(zip(names, ids)), dict(zip(weighted, rest[len(names):]))
+    if two_tower:
+      users, items = model.towers(dense, sparse, weights)
+      return (jnp.sum(users * items, axis=-1) / model.temperature(),)
+    return (jax.nn.sigmoid(model(dense, sparse, weights)),)
+
+  labels = schema.labels()
+  if two_tower:
+    outputs = [{"name": "score", "dtype": "float32", "shape": []}]
+  else:
+    outputs = [{"name": "probability", "dtype": "float32",
+                "shape": [] if len(labels) == 1 else [len(labels)]}]
+  data = {"source": "tabular", "schema": json.loads(schema.to_json()),
+          "statistics": json.loads(prepared.statistics), "labels": list(labels),
+          "label_threshold": prepared.label_threshold, "format": prepared.files.format,
+          "delimiter": prepared.files.delimiter, "list_separator": prepared.separator}
+  return Scoring(inputs, outputs, fn, info={"data": data})

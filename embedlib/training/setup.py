@@ -28,6 +28,8 @@ from embedlib.collection import FeatureSpec, TableSpec, budget, fit_id_skews
 from embedlib.data.spec import DataSpec
 from embedlib.plan import memory as plan_memory
 from embedlib.plan.report import human_bytes
+from embedlib.training import early_stop
+from embedlib.training import loop as loop_lib
 from embedlib.training import tasks
 from embedlib.training.loop import Loop
 from embedlib.training.tasks.base import ConfigError, fail as _fail
@@ -86,7 +88,7 @@ def task(config) -> tasks.Task:
   Raises:
     ConfigError: naming the first key that can't work, and the fix.
   """
-  Loop.from_config(config)
+  Loop.from_config(config, unresolved=True)
   if config.optim.dense.name not in DENSE_OPTIMIZERS:
     _fail("optim.dense.name", f"{config.optim.dense.name!r}; use one of "
           f"{tuple(DENSE_OPTIMIZERS)}.")
@@ -96,6 +98,12 @@ def task(config) -> tasks.Task:
   made = tasks.make_task(config)
   made.check_data()
   return made
+
+
+def resolve_epochs(config, task_) -> None:
+  """Sets the steps a ``config.data.num_epochs`` run takes, once ``task_`` has read its data."""
+  if any(config[k] == 0 for k in loop_lib.FROM_EPOCHS):
+    loop_lib.resolve_epochs(config, task_.steps_per_epoch(config.batch_size))
 
 
 def validate(config) -> None:
@@ -334,14 +342,18 @@ def describe_eval(config, task_) -> str:
 
 
 def restore_model(config, workdir: str, mesh=None):
-  """A ``train_and_evaluate`` run's model at its last checkpoint: ``(model, mesh)``.
+  """A ``train_and_evaluate`` run's model: ``(model, mesh)``.
 
-  ``config`` is the run's; ``mesh`` defaults to ``make_mesh(config)`` and may
-  hold another device count than the run trained on (the checkpoint is
-  logical). Only the model is built and read: no optimizer state.
+  Its weights are those the run scored its test rows with: its best eval's,
+  where early stopping kept them (``early_stop.BEST_DIR``), else its last
+  checkpoint's. ``config`` is the run's; ``mesh`` defaults to
+  ``make_mesh(config)`` and may hold another device count than the run
+  trained on (the checkpoint is logical). Only the model is built and
+  read: no optimizer state.
   """
   mesh = make_mesh(config) if mesh is None else mesh
-  made = task(config)
+  made = task(config).for_workdir(workdir)
+  resolve_epochs(config, made)
   skews = None
   if config.model.get("id_skew") == "fit":
     skews = _saved_id_skews(workdir)
@@ -353,7 +365,9 @@ def restore_model(config, workdir: str, mesh=None):
   _on_mesh(model, mesh)
   # The tables a row-wise rule trained are stored apart (model_and_optimizer's rule).
   keys = tuple(k for k, _ in optim.sparse_tables(model)) if made.sparse_tables else ()
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
+  best = early_stop.has_best(workdir)
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, early_stop.BEST_DIR if best else
+                                              "checkpoints"))
   try:
     ckpt.restore_model(model, keys)
   finally:

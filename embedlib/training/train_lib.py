@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 
 from embedlib import checkpoint, dynamic, optim
 from embedlib import data as data_lib
-from embedlib.training import pipeline, setup, watchdog
+from embedlib.training import early_stop, pipeline, setup, watchdog
 from embedlib.training.loop import Loop
 # eval_step and loss_fn are re-exported: callers of the single-task loop import them here.
 from embedlib.training.steps import eval_step, loss_fn, train_step  # noqa: F401
@@ -165,8 +165,11 @@ def _finished(config, loop: Loop, workdir: str) -> dict | None:
     step = ckpt.latest_step()
   finally:
     ckpt.close()
-  if step is None or step < loop.num_train_steps:
+  stopped = early_stop.stopped_at(workdir)
+  if step is None or (step < loop.num_train_steps and stopped != step):
     return None
+  if _last_eval(workdir, step).get("step") != step:
+    return None  # killed after its last checkpoint, before its last eval: _loop runs it
   differences = _config_differences(config, workdir)
   if differences is not None:
     raise setup.WorkdirError(
@@ -231,13 +234,19 @@ def train_and_evaluate(config, workdir: str, *, stuck_after: float = 600.0) -> d
       earlier ones are intact.
     writers.MetricWriteError: a metrics file could not be written.
   """
-  task = setup.task(config)  # built once: every step below takes it
+  # Built once: every step below takes it. Its data is read with what the
+  # workdir holds (a saved schema), and sets the steps of an epochs' run.
+  task = setup.task(config).for_workdir(workdir)
+  setup.resolve_epochs(config, task)
   loop = Loop.from_config(config)
   done = _finished(config, loop, workdir)
   if done is not None:
     return done
   mesh = setup.make_mesh(config)
   spec = task.data_spec()
+  described = task.describe_data()
+  if described:
+    log.info("data: %s", described)
   train_source, eval_source = setup.sources(config, task, spec)
   eval_start = eval_source.get_state()
   log.info("eval data: %s", setup.describe_eval(config, task))
@@ -260,9 +269,11 @@ def train_and_evaluate(config, workdir: str, *, stuck_after: float = 600.0) -> d
   # leaves nothing behind.
   os.makedirs(workdir, exist_ok=True)
   _save_config(config, workdir)
+  task.save(workdir)
   setup.save_id_skews(workdir, id_skews)
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                  max_to_keep=loop.max_checkpoints)
+  stopper = None
   try:
     start = 0
     found = ckpt.restore_newest(model, optimizer)
@@ -271,21 +282,53 @@ def train_and_evaluate(config, workdir: str, *, stuck_after: float = 600.0) -> d
       train_source.set_state(data_state)
       log.info("resumed from the checkpoint at step %d", start)
 
+    stopper = _early_stopping(config, task, workdir, start)
+    if stopper is not None and stopper.stop:  # killed after its last save, before the mark
+      if jax.process_index() == 0:
+        early_stop.mark_stopped(workdir, start, stopper)
+      return _last_eval(workdir, start)
+
     def run_eval(step, beat=None):
+      """The eval at ``step``, counted by early stopping (which keeps the best's weights)."""
       scalars = {**evaluate(model, eval_source, eval_start, mesh, loop.eval_batches, task,
                             beat), **oracle}
-      if step == loop.num_train_steps:  # the held-out test set, once, at the end
-        with dynamic.frozen_maps(model):  # nor are the test set's
-          scalars.update(task.test(model, eval_source, mesh))
-      log.info("eval at step %d: %s", step, _line(scalars))
+      if stopper is not None:
+        stopper.observe(step, scalars, model, optimizer, train_source.get_state())
       return {"step": step, **scalars}
+
+    def finish(result):
+      """The last eval, with the held-out test set's metrics: once, at the end."""
+      result = dict(result)
+      if stopper is not None:  # the test rows are scored with the best eval's weights
+        result["best_step"] = int(stopper.restore_best(model, _trained_keys(task, model)))
+        log.info("the best eval was at step %d; its weights are the model's now",
+                 result["best_step"])
+      with dynamic.frozen_maps(model):  # nor are the test set's
+        result.update(task.test(model, eval_source, mesh))
+      return result
 
     newest = lambda: _newest_checkpoint(ckpt.directory)
     with StopSignals() as stop, watchdog.Watchdog(limit_s=stuck_after, newest=newest) as dog:
       return _loop(loop, workdir, start, model, optimizer, train_source, mesh, ckpt,
-                   run_eval, stop, task, dog)
+                   (run_eval, finish), stop, task, dog, stopper)
   finally:
     ckpt.close()
+    if stopper is not None:
+      stopper.close()
+
+
+def _early_stopping(config, task, workdir: str, start: int):
+  """The run's ``EarlyStopping`` (``config.early_stopping`` evals of patience), or None."""
+  patience = config.get("early_stopping", 0)
+  watched = task.early_stopping_metric()
+  if not patience or watched is None:
+    return None
+  return early_stop.EarlyStopping(workdir, patience, *watched, resume_step=start)
+
+
+def _trained_keys(task, model) -> tuple[str, ...]:
+  """The tables a row-wise rule trains (stored apart in a checkpoint)."""
+  return tuple(k for k, _ in optim.sparse_tables(model)) if task.sparse_tables else ()
 
 
 def one_step_in_flight() -> bool:
@@ -320,14 +363,27 @@ def _newest_checkpoint(directory: str) -> str:
 
 
 def _line(scalars: dict) -> str:
-  return "  ".join(f"{k} {v:.4f}" for k, v in scalars.items())
+  return "  ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}"
+                   for k, v in scalars.items())
 
 
-def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt, run_eval, stop,
-          task, dog):
-  """Steps ``start + 1 .. num_train_steps``; returns the last eval."""
+def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt, evals, stop,
+          task, dog, stopper=None):
+  """Steps ``start + 1 .. num_train_steps``; returns the last eval.
+
+  ``evals``: ``(run_eval, finish)``: ``run_eval(step, beat)`` gives an eval's
+  record, and ``finish(record)`` the last one's, with the test metrics.
+  ``dog``: the run's ``watchdog.Watchdog``, which every wait on a program is under.
+  """
+  run_eval, finish = evals
   train_writer = MetricWriter(workdir, "train", resume_step=start)
   eval_writer = MetricWriter(workdir, "eval", resume_step=start)
+
+  def write_eval(result):
+    scalars = {k: v for k, v in result.items() if k != "step"}
+    log.info("eval at step %d: %s", result["step"], _line(scalars))
+    eval_writer.write(result["step"], scalars)
+
   # Batches are put on the mesh in the prefetch thread, ahead of the step.
   prefetch = data_lib.Prefetcher(
       train_source, buffer_size=loop.prefetch,
@@ -359,6 +415,11 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
   saved, step = start, start
   losses, timed, paused, tic = [], 0, 0.0, time.perf_counter()
   try:
+    if start == loop.num_train_steps and result.get("step") != start:
+      # The last checkpoint of a run whose last eval was not written (_finished).
+      with dog.waiting("the eval (eval_step)", start):
+        result = finish(run_eval(start, dog.beat))
+      write_eval(result)
     for step in range(start + 1, loop.num_train_steps + 1):
       if step == start + 1:
         log.info("compiling train_step (step %d waits for it) ...", step)
@@ -399,14 +460,29 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
         if is_eval:
           with dog.waiting("the eval (eval_step)", step):
             result = run_eval(step, dog.beat)
-          eval_writer.write(step, {k: v for k, v in result.items() if k != "step"})
-        if is_save:
+          if step == loop.num_train_steps or (stopper is not None and stopper.stop):
+            if stopper is not None:
+              # The trained weights first, which the best eval's replace for the test
+              # rows: a run raised to more steps trains on from these, as if never stopped.
+              with stop.deferred(), dog.waiting("a checkpoint save", step):
+                ckpt.save(step, model, optimizer, data_state())
+              saved = step
+            with dog.waiting("the test eval (eval_step)", step):
+              result = finish(result)
+          write_eval(result)
+        if is_save and saved < step:
           with stop.deferred(), dog.waiting("a checkpoint save", step):
             ckpt.save(step, model, optimizer, data_state())
           saved = step
         paused += time.perf_counter() - pause
       with stop.deferred():
         ckpt.check()  # with background saves, a failed one stops the run here
+      if stopper is not None and stopper.stop:
+        if jax.process_index() == 0:
+          early_stop.mark_stopped(workdir, step, stopper)
+        log.info("stopped early at step %d: %d evals without a better %s (config."
+                 "early_stopping=%d)", step, stopper.since, stopper.metric, stopper.patience)
+        break
       if _stop_agreed(stop, step, loop.log_every):
         break
     if stop.requested is not None and step < loop.num_train_steps:

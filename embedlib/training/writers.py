@@ -92,7 +92,9 @@ class MetricWriter:
     if not self.enabled:
       return
     values = {k: float(v) for k, v in scalars.items()}
-    record = {"step": int(step), **{k: _json_value(v) for k, v in values.items()}}
+    # An int stays one in the JSON (best_step names a checkpoint: 6, not 6.0).
+    record = {"step": int(step), **{k: v if type(v) is int else _json_value(values[k])
+                                    for k, v in scalars.items()}}
     with _reporting(self.path):
       with open(self.path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, allow_nan=False) + "\n")

@@ -7,12 +7,15 @@ from tests import benchmark_scripts
 
 
 @pytest.mark.slow
-def test_dynamic_quality_smoke_check_passes(capsys):
+def test_dynamic_quality_smoke_check_passes(capsys, tmp_path):
   script = benchmark_scripts.load("dynamic_quality")
-  assert script.main(["--smoke"]) == 0
+  path = tmp_path / "run.json"
+  assert script.main(["--smoke", "--json", str(path)]) == 0
   out = capsys.readouterr().out
   assert "holds every training id in its own row: True" in out
   assert "check: ok" in out
+  record = benchmark_scripts.read_record(path, ["lru_minus_hashed_same_memory"])
+  assert "planted oracle" in {c["name"] for c in record["cases"]}
 
 
 def test_dynamic_quality_hashing_maps_ids_into_the_rows():
@@ -43,12 +46,16 @@ def test_dynamic_quality_reads_the_columns_a_line_by_line_parse_reads(tmp_path):
     script.read(path, 1)
 
 
-def test_dynamic_lookup_smoke_checks_the_map_against_the_reference(capsys):
+def test_dynamic_lookup_smoke_checks_the_map_against_the_reference(capsys, tmp_path):
   script = benchmark_scripts.load("dynamic_lookup")
-  assert script.main(["--smoke", "--repeats", "1", "--no-peers"]) == 0
+  path = tmp_path / "run.json"
+  assert script.main(["--smoke", "--repeats", "1", "--no-peers", "--json", str(path)]) == 0
   out = capsys.readouterr().out
   assert "check: ok" in out
   assert "rows shared by distinct ids, batch 4: embedlib 0 (0 ids;" in out
+  record = benchmark_scripts.read_record(path, ["dynamic_over_fixed", "dynamic_eval_over_fixed"])
+  assert record["smoke"] and "vs_torchrec_mch" not in record["ratios"]
+  assert "TorchRec columns left out (--no-peers)." in record["notes"]
 
 
 def test_dynamic_lookup_counts_rows_shared_by_distinct_ids():
@@ -59,7 +66,10 @@ def test_dynamic_lookup_counts_rows_shared_by_distinct_ids():
 
 
 @pytest.mark.slow
-def test_dynamic_memory_smoke_reports_the_ratio(capsys):
+def test_dynamic_memory_smoke_reports_the_ratio(capsys, tmp_path):
   script = benchmark_scripts.load("dynamic_memory")
-  assert script.main(["--quick"]) == 0
+  path = tmp_path / "run.json"
+  assert script.main(["--quick", "--json", str(path)]) == 0
   assert "(peak - constant) / state =" in capsys.readouterr().out
+  record = benchmark_scripts.read_record(path, ["dynamic_peak_over_state"])
+  assert {c["unit"] for c in record["cases"]} == {"MiB"}

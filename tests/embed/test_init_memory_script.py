@@ -14,6 +14,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests import benchmark_scripts
+
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "init_memory.py"
 
 
@@ -28,12 +30,14 @@ def import_script():
   return module
 
 
-def test_quick_run_checks_then_prints(monkeypatch, capsys):
+def test_quick_run_checks_then_prints(monkeypatch, capsys, tmp_path):
   script = import_script()
   seen = []
   real = script._run
   monkeypatch.setattr(script, "_run", lambda argv: seen.append(real(argv)) or seen[-1])
-  assert script.main(["--quick", "--layouts", "vocab"]) == 0
+  path = tmp_path / "run.json"
+  assert script.main(["--quick", "--layouts", "vocab", "--json", str(path)]) == 0
+  benchmark_scripts.read_record(path, ["sharded_over_plain_1MiB_vocab", "worst_sharded_over_plain"])
   out = capsys.readouterr().out
   assert "ShardedEmbed / plain, worst median" in out and "differs" not in out
   plain, sharded, collection = seen

@@ -17,6 +17,8 @@ import sys
 import jax.numpy as jnp
 import pytest
 
+from tests import benchmark_scripts
+
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "vocab_loss_memory.py"
 VOCAB, TOKENS, FEATURES = 262_144, 8192, 1024
 
@@ -42,7 +44,11 @@ def test_vocab_parallel_step_needs_a_quarter_of_the_dense_temporaries(dtype):
   assert measured["vocab-parallel"] <= measured["dense"] / 4
 
 
-def test_script_prints_both_paths(capsys):
-  assert import_script().main(["--vocab", "4099", "--tokens", "64", "--features", "32"]) == 0
+def test_script_prints_both_paths(capsys, tmp_path):
+  path = tmp_path / "run.json"
+  assert import_script().main(["--vocab", "4099", "--tokens", "64", "--features", "32",
+                               "--json", str(path)]) == 0
   out = capsys.readouterr().out
   assert "dense" in out and "vocab-parallel" in out and "ratio" in out
+  record = benchmark_scripts.read_record(path, ["vocab_parallel_over_dense"])
+  assert record["ratios"]["vocab_parallel_over_dense"] < 1

@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from tests import benchmark_scripts
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_lookup.py"
 
@@ -60,6 +62,11 @@ def test_smoke_session_passes_its_checks_and_times_every_case(tmp_path, env):
   assert "target gather mosaic:" in log and "target bag mosaic:" in log
   assert log.count("target sparse update") == 3
   assert "gpu_session: done" in log
+  # Each script's --json record in $OUT, with its ratios.
+  benchmark_scripts.read_record(tmp_path / "gpu_steps.json",
+                                ["embedlib_vs_xla_ops_update_lazyadam", "update_share_of_copy_sgd"])
+  benchmark_scripts.read_record(tmp_path / "gpu_lookup.json",
+                                ["mosaic_vs_xla_gather_1000x100_f32_zipf"])
 
 
 # The script's main with a wrong reference; reaching the timings exits 3.

@@ -1,7 +1,8 @@
 """``benchmarks/lookup.py`` checks every case against ``jnp.take`` before timing it.
 
 The quick run's checks pass and its three parts are timed, with both CPU
-kernels and every strategy (the grid on the fsdp x tensor mesh); a wrong
+kernels and every strategy (the grid on the fsdp x tensor mesh), and its
+``--json`` record holds every case and the named ratios; a wrong
 reference, or a case whose output is off in one element, fails the check,
 and the script then exits 1 without timing. The
 script runs in this process (the test suite's 8 CPU devices), so it uses
@@ -23,18 +24,22 @@ def load_script(monkeypatch):
   module.timed = []
   real = module.interleaved
 
-  def recording(cases, repeats):
+  def recording(cases, repeats, **kwargs):
     module.timed.append(set(cases))
-    return real(cases, repeats)
+    return real(cases, repeats, **kwargs)
 
   monkeypatch.setattr(module, "interleaved", recording)
   return module
 
 
-def test_quick_run_checks_then_times_both_kernels_and_every_strategy(monkeypatch):
+def test_quick_run_checks_then_times_both_kernels_and_every_strategy(monkeypatch, tmp_path):
   require_cpu_kernels()
   lookup = load_script(monkeypatch)
-  assert lookup.main(["--quick", "--repeats", "1"]) == 0
+  path = tmp_path / "run.json"
+  assert lookup.main(["--quick", "--repeats", "1", "--json", str(path)]) == 0
+  record = benchmark_scripts.read_record(
+      path, ["sharded_over_take", "vocab_over_replicated_8dev", "grid_over_replicated_fsdp_tensor"])
+  assert len(record["cases"]) == sum(len(t) for t in lookup.timed)
   one_device, eight_devices, fsdp_by_tensor = lookup.timed
   assert one_device == {"jnp.take", "ShardedEmbed (one device, kernel 'cpu')",
                         "ShardedEmbed (one device, kernel 'xla')"}

@@ -45,8 +45,8 @@ def recording_runs(sparse_step, monkeypatch):
   runs = []
   real = sparse_step.run
 
-  def run(vocab, width, n, repeats, args):
-    runs.append(((vocab, width), real(vocab, width, n, repeats, args)))
+  def run(vocab, width, n, repeats, *rest):
+    runs.append(((vocab, width), real(vocab, width, n, repeats, *rest)))
     return runs[-1][1]
 
   monkeypatch.setattr(sparse_step, "run", run)
@@ -57,10 +57,16 @@ QUICK = ["--check", "--quick", "--no-peers", "--repeats", "1"]
 
 
 @pytest.mark.slow
-def test_the_check_passes_then_every_case_is_timed(monkeypatch):
+def test_the_check_passes_then_every_case_is_timed(monkeypatch, tmp_path):
   sparse_step = benchmark_scripts.load("sparse_step")
   runs = recording_runs(sparse_step, monkeypatch)
-  assert sparse_step.main(QUICK) == 0
+  path = tmp_path / "run.json"
+  assert sparse_step.main(QUICK + ["--json", str(path)]) == 0
+  # The record names each table's distance from its copy; without the peers
+  # it has no FBGEMM ratio, and says so.
+  record = benchmark_scripts.read_record(path, ["copy_distance_100k_x_64", "copy_distance_1M_x_32"])
+  assert not any(name.startswith("vs_fbgemm") for name in record["ratios"])
+  assert "100k_x_64: no FBGEMM column, so no vs_fbgemm_100k_x_64" in record["notes"]
   # The sorted update (every other platform's) is timed beside the CPU's own.
   # The copies of the step's bytes and of 1 GiB: its bandwidth limit, in the same rounds.
   cases = {sparse_step.SPARSE, sparse_step.DENSE, sparse_step.SPARSE_SORTED,

@@ -66,3 +66,18 @@ def test_the_node_target_reads_the_zipf_rows_at_64_devices(scale, capsys):
           "(<= 0.25): ok") in out
   assert "not a target: uniform" in out
   assert scale.report_nodes(node_rows(node=251)) == ["zipf-64-nodes"]
+
+
+def test_the_record_keeps_each_rows_bytes_times_and_moved_over_needed(scale, tmp_path):
+  timing = benchmark_scripts.load("timing")
+  run = timing.Run("scale", [], probe_bytes=1 << 16)
+  scale.record_rows(run, rows() + [dict(workload="sequence", devices=64, route="node",
+                                        needed=NEEDED, moved=500, inter=100, skipped="why")])
+  run.finish(str(tmp_path / "run.json"))
+  record = benchmark_scripts.read_record(tmp_path / "run.json")
+  assert record["ratios"]["moved_over_needed_sequence_64dev_routed"] == pytest.approx(1.4)
+  assert record["ratios"]["moved_over_needed_sequence_64dev_node"] == pytest.approx(0.5)
+  cases = {c["name"]: c for c in record["cases"]}
+  assert cases["criteo_64dev_stacked: step_ms"]["median"] == 2.0
+  assert cases["sequence_64dev_node: inter"]["unit"] == "bytes"
+  assert "sequence_64dev_node: why" in record["notes"]

@@ -69,10 +69,16 @@ def test_metrics_on_validation_at_each_eval_and_on_test_at_the_end(runs):
   assert all(np.isfinite(r["loss"]) for r in train)
 
 
-def test_the_top_ten_script_reproduces_the_test_eval(runs):
-  """``benchmarks/movielens_top10.py`` on the smoke run: its NDCG@10 is the eval's."""
+def test_the_top_ten_script_reproduces_the_test_eval(runs, tmp_path):
+  """``benchmarks/movielens_top10.py`` on the smoke run: its NDCG@10 is the eval's, also in
+  its ``--json`` record."""
   _, straight = runs
-  m = benchmark_scripts.load("movielens_top10").measure(str(straight))
+  script = benchmark_scripts.load("movielens_top10")
+  m = script.measure(str(straight))
+  script.main([str(straight), "--json", str(tmp_path / "run.json")])
+  record = benchmark_scripts.read_record(tmp_path / "run.json", ["input_left_out_over_ranked"])
+  cases = {c["name"]: c["median"] for c in record["cases"]}
+  assert cases["test ndcg@10, ranked"] == pytest.approx(m["ranked"][0])
   test = read_jsonl(straight / "eval.jsonl")[-1]
   np.testing.assert_allclose(m["ranked"], (test["test_ndcg@10"], test["test_hr@10"]),
                              rtol=1e-5)

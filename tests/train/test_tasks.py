@@ -97,7 +97,7 @@ def test_restore_onto_fewer_devices_predicts_the_same(smoke_run):
 
 @pytest.mark.parametrize("module, key, value, match", [
     (ranker, "task.name", "rank", r"config.task.name: 'rank'; use one of \('ctr', 'ranking', "
-     r"'retrieval', 'sequential'\)"),
+     r"'retrieval', 'sequential', 'tabular'\)"),
     (ranker, "model.name", "two_tower", r"config.model.name: 'two_tower' can't train the "
      r"ranking task; use one of \('ranker',\)"),
     (ranker, "task.ndcg_weights", (1.0, 2.0), r"config.task.ndcg_weights: has 2 entries for 5 "

@@ -49,6 +49,15 @@ def test_non_finite_values_stay_valid_json(tmp_path):
   assert json.loads(line) == {"step": 1, "auc": None, "logloss": None}
 
 
+def test_an_int_stays_an_int_in_the_json(tmp_path):
+  writer = MetricWriter(str(tmp_path), "eval")
+  writer.write(6, {"auc": 0.5, "best_step": 3})
+  writer.close()
+  record = json.loads((tmp_path / "eval.jsonl").read_text())
+  assert record == {"step": 6, "auc": 0.5, "best_step": 3} and type(record["best_step"]) is int
+  assert events.read_scalars(str(tmp_path / "tensorboard" / "eval"))["best_step"] == [(6, 3.0)]
+
+
 def test_an_unwritable_metrics_file_names_its_path(tmp_path):
   writer = MetricWriter(str(tmp_path), "train")
   os.mkdir(tmp_path / "train.jsonl")  # a directory where the file should be

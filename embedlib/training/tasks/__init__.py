@@ -7,6 +7,8 @@
   recall@K over a held-out corpus.
 - ``sequential``: the next item of a user's history (SASRec, HSTU), softmax
   over every item through the tied table: HR / NDCG / MRR@K by full ranking.
+- ``tabular``: a team's own files (Parquet, CSV, RecBole) through their
+  schema: DLRM, DCN-v2, the ranker (AUC, log-loss) or two towers (recall@K).
 
 See ``base.Task`` for what a task provides.
 """
@@ -18,8 +20,10 @@ from embedlib.training.tasks.ctr import CTRTask
 from embedlib.training.tasks.ranking import RankingTask
 from embedlib.training.tasks.retrieval import RetrievalTask
 from embedlib.training.tasks.sequential import SequentialTask
+from embedlib.training.tasks.tabular import TabularTask
 
-_TASKS = {cls.name: cls for cls in (CTRTask, RankingTask, RetrievalTask, SequentialTask)}
+_TASKS = {cls.name: cls for cls in (CTRTask, RankingTask, RetrievalTask, SequentialTask,
+                                     TabularTask)}
 
 
 def task_name(config) -> str:
@@ -42,5 +46,5 @@ def make_task(config) -> Task:
   return _TASKS[name].from_config(config)
 
 
-__all__ = ["ConfigError", "CTRTask", "RankingTask", "RetrievalTask", "SequentialTask", "Task",
+__all__ = ["ConfigError", "CTRTask", "RankingTask", "RetrievalTask", "SequentialTask", "TabularTask", "Task",
            "make_task", "task_name"]

@@ -63,6 +63,14 @@ class Task:
     against the models the task trains) before anything is built.
   - ``check_data()``: that the data the settings name is there (files
     exist), before anything is built; a model is built without it.
+  - ``for_workdir(workdir)``: the task once its data is read with what the
+    run's workdir holds (a saved schema: ``tabular``); ``save(workdir)``
+    writes that into a new run's workdir; ``describe_data()``: what was
+    read, for the log (or None); ``steps_per_epoch(batch_size)``: batches
+    in a pass over the training data, where ``config.data.num_epochs``
+    sets the run's length (or None).
+  - ``early_stopping_metric()``: ``(name, higher_is_better)`` of the eval
+    metric ``config.early_stopping`` watches, or None.
   - ``data_spec()``: the dataset layout the model is sized from.
   - ``sources(spec, batch_size=, seed=, eval_batches=)``: ``(train, eval)``
     sources, each this process's slice, each with ``get_state`` /
@@ -103,6 +111,23 @@ class Task:
 
   def check_data(self) -> None:
     pass
+
+  def for_workdir(self, workdir: str) -> Task:
+    del workdir
+    return self
+
+  def save(self, workdir: str) -> None:
+    del workdir
+
+  def describe_data(self) -> str | None:
+    return None
+
+  def steps_per_epoch(self, batch_size: int) -> int | None:
+    del batch_size
+    return None
+
+  def early_stopping_metric(self) -> tuple[str, bool] | None:
+    return None
 
   def data_spec(self):
     raise NotImplementedError

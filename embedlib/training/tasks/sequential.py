@@ -66,6 +66,29 @@ def _to_int32_offsets(batch: dict, pad: int) -> dict:
   return out
 
 
+def _item_columns(data, split, raw_ids: bool) -> dict | None:
+  """The items' side columns ``config.data.item_columns`` names, read from the ``.item`` file."""
+  names = tuple(n.strip() for n in (data.get("item_columns") or "").split(",") if n.strip())
+  if not names:
+    return None
+  if raw_ids:
+    base.fail("data.item_columns", "the side columns are read by dense item ids; leave "
+              "config.data.raw_ids off with them.")
+  from embedlib.data.movielens import formats, item_side  # pylint: disable=g-import-not-at-top
+
+  try:
+    layout, _, items = formats.find(data.path)
+  except (OSError, ValueError) as e:
+    raise base.ConfigError(f"config.data.path: {e}") from None
+  if layout.name != "recbole" or not items:
+    base.fail("data.item_columns", f"{data.path} has no RecBole .item file; side columns are "
+              "read from RecBole's atomic files (<dataset>.item beside the .inter file).")
+  try:
+    return item_side.read(items, names, split.raw_item_ids)
+  except ValueError as e:
+    raise base.ConfigError(str(e)) from None
+
+
 @dataclasses.dataclass(frozen=True)
 class SequentialTask(base.Task):
   """Next-item prediction: ``config.task.name = "sequential"``.
@@ -89,6 +112,7 @@ class SequentialTask(base.Task):
   max_len: int = dataclasses.field(default=0, compare=False)
   stride: int | None = dataclasses.field(default=None, compare=False)
   split: object = dataclasses.field(default=None, repr=False, compare=False)
+  item_columns: dict | None = dataclasses.field(default=None, repr=False, compare=False)
 
   @classmethod
   def from_config(cls, config) -> SequentialTask:
@@ -118,10 +142,12 @@ class SequentialTask(base.Task):
       base.fail("data.stride", f"{stride} must lie in [1, data.max_len={max_len}] "
                 "(None: max_len).")
     return cls(dropout=dropout, mask_seen=bool(config.task.mask_seen), ks=ks,
-               max_len=int(max_len), stride=stride, split=split, raw_ids=raw_ids)
+               max_len=int(max_len), stride=stride, split=split, raw_ids=raw_ids,
+               item_columns=_item_columns(data, split, raw_ids))
 
   def data_spec(self):
-    return next_item.NextItemSpec(num_items=int(self.split.num_items), max_len=self.max_len)
+    return next_item.NextItemSpec(num_items=int(self.split.num_items), max_len=self.max_len,
+                                  item_columns=self.item_columns)
 
   def _source(self, kind: str, *, batch_size: int, seed: int) -> next_item.NextItemSource:
     return next_item.NextItemSource(
