@@ -31,13 +31,15 @@ def test_smoke_raw_trains_200_steps_with_xlas_default_collective_timeouts(tmp_pa
   env.update(JAX_PLATFORMS="cpu", PYTHONPATH=xla_env.ROOT)
   workdir = tmp_path / "run"
   result = subprocess.run(
-      [sys.executable, "-m", "train", "--config", "configs/dlrm_criteo.py:smoke_raw",
+      [sys.executable, "-m", "train", "--cpu_devices=8",
+       "--config", "configs/dlrm_criteo.py:smoke_raw",
        f"--config.data.train_path={data}", "--config.data.eval_holdout=0.05",
        f"--config.num_train_steps={STEPS}", f"--config.eval_every={STEPS}",
        f"--config.checkpoint_every={STEPS}", "--config.eval_batches=2",
        f"--config.log_every={STEPS // 2}", f"--workdir={workdir}"],
       cwd=xla_env.ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert result.returncode == 0, result.stderr[-4000:]
+  assert "1 processes, 8 devices" in result.stderr
   assert "may be stuck" not in result.stderr
   assert "final eval, at step 200" in result.stderr
   with open(workdir / "train.jsonl") as f:
