@@ -15,12 +15,17 @@ with waiting devices while the work that would bring the missing device
 to them waits in the pool's queue: a raw-id step (26 dynamic tables, each
 a ``lax.cond`` of ``all_to_all`` s) stopped after a few steps, seven
 devices in an all-gather and one in the all-to-all of a cond, every
-``tf_XLAEigen`` thread blocked, until XLA aborted the process. Newer XLA
-(jax >= 0.11) issues each device's collectives in program order.
+``tf_XLAEigen`` thread blocked, until XLA aborted the process. The same run
+finishes on jax 0.12 with XLA's own pool.
+``tests/train/cpu_pool_deadlock.py`` is that stop reduced to the train step
+alone, run with jax 0.10's pool and with this one (benchmarks/README.md
+keeps its runs).
 
 ``configure`` sets ``PJRT_NPROC`` (which XLA reads once, when the CPU
 client starts, ahead of the core count) to ``THREADS_PER_DEVICE`` threads a
-device, so that a queued collective always finds a thread. ``import
+device, so that a queued collective finds a thread: a device of the
+raw-id step was seen holding two at once, and eight leave room for more
+(a bound for these programs, not a proof for every program). ``import
 embedlib`` calls it; it does nothing when the backend has started, when
 ``PJRT_NPROC`` is set already, or for a single device. Pure Python: it
 reads the environment only, so importing it never starts jax.

@@ -1,4 +1,4 @@
-"""The raw-id run's deadlock, reduced to its train step: jax 0.10's XLA:CPU pool with and without embedlib's size.
+"""The raw-id run's deadlock reduced to its train step, with jax 0.10's pool or embedlib's.
 
 ``smoke_raw``'s train step (26 dynamic tables, each lookup a ``lax.cond`` of
 ``all_to_all`` s, beside the dense part's ``all_gather`` s) called in a loop
@@ -7,8 +7,8 @@ trainer (no prefetch thread, eval, checkpoint or progress line). The pool
 is what ``PJRT_NPROC`` says when the backend starts; ``import embedlib``
 leaves a value already there alone, so
 
-    PJRT_NPROC=8 python benchmarks/cpu_pool_deadlock.py     # jax 0.10's own size: max(cores, devices)
-    python benchmarks/cpu_pool_deadlock.py                  # embedlib.cpu_pool's: 8 threads a device
+    PJRT_NPROC=8 python tests/train/cpu_pool_deadlock.py  # jax 0.10's: max(cores, devices)
+    python tests/train/cpu_pool_deadlock.py               # embedlib's: 8 threads a device
 
 compare the pool jax 0.10 gives 8 devices on a 2-core machine with the one
 embedlib sets. Where the pool is too small a step never ends: XLA:CPU
