@@ -125,6 +125,7 @@ def test_loaded_runs_finish_with_the_quiet_runs_result(tmp_path, data, name, con
   quiet, record = _run(config, overrides, devices, tmp_path / "quiet", name, loaded=False)
   _note(record)
   assert quiet.returncode == 0, quiet.stderr[-4000:]
+  assert "may be stuck" not in quiet.stderr
   want = _result(tmp_path / "quiet")
   for i in range(REPEATS):
     workdir = tmp_path / f"loaded{i}"
