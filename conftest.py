@@ -60,11 +60,11 @@ import pytest  # noqa: E402
 
 @pytest.fixture
 def auto_runs_pallas_on_gpu(monkeypatch):
-  """``kernel="auto"`` as where `gpu_choice` lists no shape: the Pallas kernels on CUDA.
+  """``kernel="auto"`` with the Pallas kernels where `gpu_choice` has no measured choice, on CUDA.
 
   For tests of the kernels inside programs that ``auto`` builds (a layout's
-  collectives, an exported step), now that every measured shape runs XLA's
-  ops on a GPU.
+  collectives, an exported step), now that every unmeasured shape runs XLA's
+  ops on a GPU (`gpu_choice.FALLBACK`).
   """
   from embedlib.kernels import gpu_choice
-  monkeypatch.setattr(gpu_choice, "XLA_FASTER", ())
+  monkeypatch.setattr(gpu_choice, "FALLBACK", "pallas")

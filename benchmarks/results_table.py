@@ -108,9 +108,16 @@ def keep_problems(record: dict) -> list[str]:
 
 
 def load_results(folder: pathlib.Path = RESULTS) -> list[dict]:
-  """The kept records, oldest first (by date, then file name); each with ``file`` set."""
+  """The kept records, oldest first (by date, then file name); each with ``file`` set.
+
+  GPU sweeps' records (``gpu_<date>.json``) are not among them: they are
+  kept for ``gpu_table.py``, which makes ``kernel="auto"``'s GPU table of
+  them, and a GPU's timings do not hang on the host's load.
+  """
   records = []
   for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+    if path.name.startswith("gpu_"):
+      continue
     record = json.loads(path.read_text())
     record["file"] = path.name
     records.append(record)

@@ -65,10 +65,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(HERE, "peers"))
-sys.path.insert(1, ROOT)
+sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.join(HERE, "peers"))
+sys.path.insert(2, ROOT)
 
 from worker_protocol import peak_rss_mib  # noqa: E402
+
+import timing  # noqa: E402
 
 PEER_PYTHON = os.path.join(ROOT, ".peers", "bin", "python")
 RECBOLE_SCRIPT = os.path.join(HERE, "peers", "recbole_ctr.py")
@@ -412,6 +415,7 @@ def main(argv=None) -> dict:
                       help="override a configs/tabular.py value in embedlib's runs")
   parser.add_argument("--threads", type=int, default=2, help="torch threads for RecBole")
   parser.add_argument("--out", default=None, help="write the results here (JSON)")
+  timing.add_json_argument(parser)
   parser.add_argument("--report", default=None, metavar="FILE[,FILE]",
                       help="run nothing: report the runs of these --out files together (e.g. "
                            "one run per seed, made side by side)")
@@ -428,6 +432,7 @@ def main(argv=None) -> dict:
 
   if args.report:
     return report(args.report.split(","), args.out)
+  run = timing.Run("tabular_movielens", argv, smoke=args.smoke)
   seeds = [int(s) for s in args.seeds.split(",")]
   ours = [c for c in args.cases.split(",") if c and c != "none"]
   unknown = set(ours) - set(EMBEDLIB_CASES)
@@ -455,18 +460,38 @@ def main(argv=None) -> dict:
           runs.setdefault(case_name(name), []).append(run_embedlib(name, seed, args, tmp))
         else:
           runs.setdefault(f"RecBole {name}", []).append(run_recbole(name, seed, args, tmp))
+      run.probe()
   results = {"benchmark": "tabular_movielens", "data": args.data, "seeds": seeds,
              "split": expected, "notes": notes, "overrides": list(args.set or ()),
              "smoke": args.smoke}
-  return finish(results, runs, args.out)
+  return finish(results, runs, args.out, run, args.json)
 
 
-def finish(results: dict, runs: dict, out: str | None) -> dict:
-  """Summarizes ``runs``, prints the table and targets, writes ``out`` (with the runs)."""
+def finish(results: dict, runs: dict, out: str | None, run: timing.Run | None = None,
+           json_path: str | None = None) -> dict:
+  """Summarizes ``runs``, prints the table and targets, writes ``out`` (with the runs).
+
+  With ``run`` (a run made here, not ``--report``'s), its record gets each
+  case's test metrics and wall seconds over the seeds and the numeric ratios,
+  and is written to ``json_path``.
+  """
   cases = summarize(runs, results["split"])
   named = ratios(cases)
   print_table(cases)
   print_targets(named)
+  if run is not None:
+    for name, rs in runs.items():
+      for metric in sorted({m for r in rs for m in r["test"]}):
+        values = [r["test"][metric] for r in rs if r["test"].get(metric) is not None]
+        if values:
+          run.add_case(f"{name}: test {metric}", values, unit=metric)
+      walls = [r["wall_s"] for r in rs if r.get("wall_s") is not None]
+      if walls:
+        run.add_case(f"{name}: wall", walls, unit="s")
+    for name, value in named.items():
+      if isinstance(value, (int, float)):
+        run.ratio(name, value)
+    run.finish(json_path)
   results = {**results, "cases": cases, "ratios": named}
   if out:
     with open(out, "w", encoding="utf-8") as f:

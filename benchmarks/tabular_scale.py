@@ -60,10 +60,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(HERE, "peers"))
-sys.path.insert(1, ROOT)
+sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.join(HERE, "peers"))
+sys.path.insert(2, ROOT)
 
 from worker_protocol import peak_rss_mib  # noqa: E402
+
+import timing  # noqa: E402
 
 RESULT = "@@result "
 LABEL = "clicked"
@@ -422,6 +425,7 @@ def main(argv=None) -> dict:
   parser.add_argument("--criteo-lines", type=int, default=100_352)
   parser.add_argument("--no-step", action="store_true", help="leave out the DLRM step")
   parser.add_argument("--out", default=None, help="write the results here (JSON)")
+  timing.add_json_argument(parser)
   parser.add_argument("--quick", action="store_true", help="a tiny log: a smoke run")
   parser.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--path", help=argparse.SUPPRESS)
@@ -440,6 +444,7 @@ def main(argv=None) -> dict:
   counts = [int(n) for n in args.rss_files.split(",") if n and n != "none"]
   counts = sorted({min(n, args.files) for n in counts})
 
+  run = timing.Run("tabular_scale", argv, smoke=args.quick)
   print(f"cpus {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}", flush=True)
   log_dir = ensure_log(args.data_dir, args.rows, args.files, args.row_group)
   sizes = decoded_sizes(log_dir)
@@ -456,6 +461,8 @@ def main(argv=None) -> dict:
       path = log_dir if whole else first_files(log_dir, n, tmp)
       memory.append(run_memory(path, args.batch_size, saved if whole else None))
       print(f"  {n} files: peak RSS {memory[-1]['peak_mib']:.0f} MiB", flush=True)
+      run.add_case(f"peak RSS, {n} files", memory[-1]["peak_mib"], unit="MiB")
+      run.probe()
     if memory:
       print_memory(memory, sizes)
     results["memory"] = memory
@@ -480,11 +487,16 @@ def main(argv=None) -> dict:
       print("peak RSS MiB: " + "; ".join(
           f"{name}: {', '.join(f'{v:.0f}' for v in values)}" for name, values in peaks.items()))
       results["peak_rss_mib"] = peaks
+      run.add_times({k: v["ex_s"] for k, v in rates.items()}, unit="examples/s")
+      for name, value in named.items():
+        run.ratio(name, value)
       results.update(cases={k: {"ex_s": spread(v["ex_s"]),
                                 "cpu_ms_per_1k_here": statistics.median(v["cpu_here"]),
                                 "cpu_ms_per_1k_all": statistics.median(v["cpu_all"])}
                             for k, v in rates.items()},
                      ratios=named, load=load)
+  run.add_case("statistics pass", results["prepare_s"], unit="s")
+  run.finish(args.json)
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
       json.dump(results, f, indent=1)

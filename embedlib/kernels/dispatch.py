@@ -20,8 +20,7 @@ A kernel has no autodiff, so each Pallas lookup is a ``jax.custom_vjp``
 whose backward is a deterministic segment sum, no colliding scatter-add
 (`pallas_ad`).
 A table the Mosaic kernels do not take (rows not whole 16-byte units,
-`mosaic.supports`) runs the XLA ops instead, as does a shape listed in
-`gpu_choice` for ``"auto"``.
+`mosaic.supports`) runs the XLA ops instead.
 
 Options: ``"xla"`` everywhere; ``"cpu"`` is the C++ gather on CPU and XLA
 elsewhere; ``"mosaic"`` and ``"triton"`` name a Pallas backend, compiled on
@@ -29,10 +28,12 @@ CUDA and interpreted on CPU (``interpret=True`` / ``False`` forces one of
 them on every platform; jax 0.10 has no Mosaic interpreter, so its CPU runs
 XLA there); ``"pallas"`` is the backend of this jax (`pallas_backend`:
 Mosaic GPU from jax 0.11, where JAX deprecates Triton; Triton on 0.10);
-``"auto"`` is ``"pallas"`` compiled on CUDA except where `gpu_choice` lists
-XLA's ops as measured faster (on an H200: every float32 and 16-bit float
-gather and bag, so XLA's ops), the C++ gather on CPU where its library
-builds (`cpu_library.available`), and XLA elsewhere.
+``"auto"`` runs on CUDA what the newest GPU sweep measured fastest
+(`gpu_choice`: a many-rows-in-flight Triton kernel, ``rows_ad``, for the
+forward and for the backward separately, where it beat XLA's ops; XLA's ops
+everywhere else, and everywhere while no sweep has measured one), the C++
+gather on CPU where its library builds (`cpu_library.available`), and XLA
+elsewhere.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from embedlib.kernels import mosaic
 from embedlib.kernels import pallas_ad
 from embedlib.kernels import platforms
 from embedlib.kernels import reference
+from embedlib.kernels import rows_ad
 from embedlib.kernels.bag_pallas import check_bag_shapes
 from embedlib.kernels.bag_xla import bag_xla
 from embedlib.kernels.gather_cpu import bag_cpu, gather_cpu
@@ -208,11 +210,21 @@ _XLA = {
 }
 
 
+def _auto_variants(kind: str, table, ids) -> tuple[str | None, str | None]:
+  """The Triton rows variants ``auto`` runs on CUDA for (the forward, the backward), None for XLA."""
+  features = table.shape[1]
+  bag_size = ids.shape[1] if kind == "bag" else 0
+  runnable = lambda v: v if v is not None and v.startswith(gpu_choice.RUNNABLE) else None
+  return (runnable(gpu_choice.choose(kind, features, table.dtype, bag=bag_size)),
+          runnable(gpu_choice.choose("backward", features, table.dtype)))
+
+
 def _lookup(kind: str, impl: str, auto: bool = False):
   """``f(table, ids, *rest)`` of implementation ``impl`` for ``kind`` ("gather" | "bag").
 
   The Mosaic kernels fall back to XLA's ops for tables they do not take
-  (`mosaic.supports`); ``auto`` also for shapes `gpu_choice` lists.
+  (`mosaic.supports`). ``auto`` runs `gpu_choice`'s variants (`rows_ad`),
+  and `gpu_choice.FALLBACK` (XLA's ops) where it has none.
   """
   if impl == CPU:
     return gather_cpu if kind == "gather" else bag_cpu
@@ -223,9 +235,15 @@ def _lookup(kind: str, impl: str, auto: bool = False):
       lambda t, i, w, combiner: pallas_ad.bag(t, i, w, combiner, backend, mode))
 
   def run(table, ids, *rest, **kw):
+    if auto:
+      forward, backward = _auto_variants(kind, table, ids)
+      if forward or backward:
+        if kind == "gather":
+          return rows_ad.gather(table, ids, forward, backward, False)
+        return rows_ad.bag(table, ids, rest[0], kw["combiner"], forward, backward, False)
+      if gpu_choice.FALLBACK == XLA:
+        return _XLA[kind](table, ids, *rest, **kw)
     if backend == MOSAIC and not mosaic.supports(table.shape, table.dtype):
-      return _XLA[kind](table, ids, *rest, **kw)
-    if auto and gpu_choice.prefers_xla(kind, table.shape, table.dtype, ids.shape):
       return _XLA[kind](table, ids, *rest, **kw)
     return pallas(table, ids, *rest, **kw)
 

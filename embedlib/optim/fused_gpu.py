@@ -1,22 +1,27 @@
-"""The fused GPU update: after the sort, one Mosaic GPU kernel reduces each run and applies the rule.
+"""The fused GPU update: after the sort, one kernel reduces each run and applies the rule.
 
 ``sorted_update.local_update`` sorts the ids; for the rules and tables the
 kernel takes (`supports`) the runs of equal rows go to
-``kernels/mosaic_update.py``, which sums each run's gradients in order and
-updates its table row (and Adam's moments) in place, instead of the scan,
+``kernels/mosaic_update.py`` (Mosaic GPU) or ``kernels/update_rows.py``
+(Triton, many rows in flight), which sum each run's gradients in order and
+update its table row (and Adam's moments) in place, instead of the scan,
 the rule over every sorted position and the writes of the XLA ops. Every
-strategy runs it: a row-sharded or replicated rank updates its rows, a
+strategy runs the Mosaic kernel: a row-sharded or replicated rank updates its rows, a
 hidden-sharded one its column slice of every touched row, a grid one its
 column slice of its touched rows (the slice of the
 gradients goes in, and for AdaGrad the whole rows too, for the row's sum of
 squares). Elsewhere (other rules or dtypes, rows that are not whole 16-byte
 units, rows too wide for shared memory, jax 0.10) the XLA ops run.
 
-Not by default: on an H200 the kernel took longer than the sorted XLA ops
-it replaces for every rule (``benchmarks/README.md``, "GPU sparse update
-and steps"), so a step runs it only inside `use` (True), which compiles it
-into the CUDA branch of the step and makes the CPU interpret it, for tests
-and benchmarks.
+On an H200 the Mosaic kernel took longer than the sorted XLA ops it
+replaces for every rule (``benchmarks/README.md``, "GPU sparse update and
+steps"), so a step runs it only inside `use` (True), which compiles it into
+the CUDA branch of the step and makes the CPU interpret it, for tests and
+benchmarks; `use` ("triton") does the same with the Triton kernel. Outside
+any `use` block, a CUDA step runs the Triton kernel where the newest GPU
+sweep measured it faster for the rule and width
+(``kernels/gpu_choice.py``, kinds ``update-<rule>``), with the measured
+variant; the XLA ops everywhere else.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from embedlib import options
-from embedlib.kernels import mosaic_update, platforms
+from embedlib.kernels import gpu_choice, mosaic_update, platforms, update_rows
+from embedlib.kernels.rows import SegmentVariant
 from embedlib.optim import rules as rules_lib
 from embedlib.optim import trace_switch
 
@@ -37,36 +43,67 @@ _RULES = {rules_lib.SparseSGD: mosaic_update.SGD, rules_lib.RowWiseAdagrad: mosa
           rules_lib.LazyAdam: mosaic_update.ADAM}
 
 
-def use(enabled: bool):
-  """Within the block, traces run the fused kernel on every platform (True) or none (False).
+MOSAIC, TRITON = "mosaic", "triton"
 
-  True compiles the kernel for CUDA and makes the CPU interpret it (Mosaic
-  GPU's interpreter, jax >= 0.11) where ``sorted_update`` runs; False, like
-  no block, gives ``sorted_update``'s XLA ops. The choice is made when a
-  step is traced, so jax's caches are cleared on entry and exit. Nests.
+
+def use(enabled):
+  """Within the block, traces run a fused kernel on every platform (True, "triton") or none (False).
+
+  True (or ``"mosaic"``) compiles the Mosaic kernel for CUDA and makes the
+  CPU interpret it (Mosaic GPU's interpreter, jax >= 0.11) where
+  ``sorted_update`` runs; ``"triton"`` the Triton kernel (Pallas's
+  interpreter on the CPU, any jax), a Triton variant's name
+  (``"triton-rows-segment-..."``, `SegmentVariant`) that variant of it; False
+  gives ``sorted_update``'s XLA ops on every platform. The choice is made
+  when a step is traced, so jax's caches are cleared on entry and exit. Nests.
   """
-  return _switch.use(enabled)
+  if isinstance(enabled, str) and enabled.startswith(gpu_choice.RUNNABLE):
+    SegmentVariant.parse(enabled)   # a bad name fails here, not at trace time
+  elif enabled not in (True, False, MOSAIC, TRITON):
+    raise ValueError(f"fused_gpu.use({enabled!r}): pass True or 'mosaic', 'triton' (or a "
+                     f"variant's name, {SegmentVariant().name!r}), or False.")
+  return _switch.use(MOSAIC if enabled is True else enabled)
 
 
-def supports(rule, table, plan, slots=None) -> bool:
-  """Whether the kernel updates this shard with this rule (only inside `use` (True)).
+def _choice(rule, table, plan, slots):
+  """``(backend, variant)`` of the fused update for this shard, or None for the XLA ops.
 
-  ``slots``: this shard's slots, by name; the kernel takes float32 table slots.
+  ``variant``: the Triton kernel's `SegmentVariant` (None for Mosaic's).
   """
-  if _switch.forced() is not True:
-    return False
-  if type(rule) not in _RULES:
-    return False
+  forced = _switch.forced()
+  if forced is False or type(rule) not in _RULES:
+    return None
   name = _RULES[type(rule)]
   sliced = plan.strategy in options.COLUMN_SPLIT   # a slice of each row's columns
   if not sliced and table.shape[1] != plan.features:
-    return False
+    return None
   table_slots = mosaic_update.TABLE_SLOTS[name]
   if slots is not None and any(slots[k].dtype != jnp.float32 for k in table_slots):
-    return False
+    return None
   # A column slice's AdaGrad also sums the whole rows, for their squares.
   sq_width = plan.features if sliced and name == mosaic_update.ADAGRAD else 0
-  return mosaic_update.supports(table.shape, table.dtype, rule=name, sq_width=sq_width)
+  if forced is None:
+    variant = gpu_choice.choose(f"update-{name}", table.shape[1], table.dtype)
+    if variant is None or not variant.startswith(gpu_choice.RUNNABLE):
+      return None
+    backend, variant = TRITON, SegmentVariant.parse(variant)
+  elif forced == MOSAIC:
+    backend, variant = MOSAIC, None
+  else:
+    backend = TRITON
+    variant = SegmentVariant() if forced == TRITON else SegmentVariant.parse(forced)
+  kernel = mosaic_update if backend == MOSAIC else update_rows
+  if not kernel.supports(table.shape, table.dtype, rule=name, sq_width=sq_width):
+    return None
+  return backend, variant
+
+
+def supports(rule, table, plan, slots=None) -> bool:
+  """Whether a fused kernel updates this shard with this rule (inside `use`, or as measured faster).
+
+  ``slots``: this shard's slots, by name; the kernels take float32 table slots.
+  """
+  return _choice(rule, table, plan, slots) is not None
 
 
 def _runs(key, rows_here):
@@ -112,14 +149,17 @@ def update(rule, table, slots, key, position, grads, lr, step, *, plan, first_co
   Returns:
     ``(table, slots)`` with each touched owned row updated once.
   """
+  backend, variant = _choice(rule, table, plan, slots)
   kernel = lambda interpret: lambda: _by_kernel(
       rule, table, slots, key, position, grads, lr, step, plan=plan, first_col=first_col,
-      interpret=interpret)
-  return platforms.by_platform(cpu=kernel(True), gpu=kernel(False), default=xla_ops)
+      backend=backend, variant=variant, interpret=interpret)
+  # Outside `use`, only CUDA runs the kernel (as measured faster there).
+  cpu = kernel(True) if _switch.forced() else xla_ops
+  return platforms.by_platform(cpu=cpu, gpu=kernel(False), default=xla_ops)
 
 
 def _by_kernel(rule, table, slots, key, position, grads, lr, step, *, plan, first_col,
-               interpret):
+               backend, variant, interpret):
   name = _RULES[type(rule)]
   starts, ends, rows = _runs(key, table.shape[0])
   grads = grads.astype(jnp.float32)
@@ -146,18 +186,21 @@ def _by_kernel(rule, table, slots, key, position, grads, lr, step, *, plan, firs
     per_run = (1 - rule.b1**t, 1 - rule.b2**t)
   table_slots = tuple(slots[k] for k in mosaic_update.TABLE_SLOTS[name])
   hyper = {k: float(getattr(rule, k, 0.0)) for k in ("eps", "b1", "b2")}
+  extra = {} if backend == MOSAIC else {"variant": variant}
+  kernel = mosaic_update if backend == MOSAIC else update_rows
   # Every array an argument: ``platforms.on_gpu`` stages ``run`` as a jaxpr of its own.
   run = lambda table, grads, runs, lr, table_slots, per_run, sq_grads: (
-      mosaic_update.fused_update(
+      kernel.fused_update(
           table, grads, *runs, lr, rule=name, table_slots=table_slots, per_run=per_run,
-          sq_grads=sq_grads, features=plan.features, interpret=interpret, **hyper))
+          sq_grads=sq_grads, features=plan.features, interpret=interpret, **hyper, **extra))
   args = (table, grads, (position, starts, ends, rows), jnp.asarray(lr, jnp.float32),
           table_slots, per_run, sq_grads)
   if interpret:
     table, new_slots, new_acc = run(*args)
   else:
-    # The CPU branch beside it interprets the kernel (`update`).
-    table, new_slots, new_acc = platforms.on_gpu(run, *args, name="fused_update", ordered=True)
+    # Beside a CPU branch that interprets the Mosaic kernel (`update`), its ordered effect.
+    ordered = backend == MOSAIC and _switch.forced() == MOSAIC
+    table, new_slots, new_acc = platforms.on_gpu(run, *args, name="fused_update", ordered=ordered)
   out.update(zip(mosaic_update.TABLE_SLOTS[name], new_slots))
   if new_acc is not None:
     acc = slots["acc"]

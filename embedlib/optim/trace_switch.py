@@ -17,12 +17,12 @@ class TraceSwitch:
   """A stack of forced choices: `forced` is the innermost block's, or None."""
 
   def __init__(self):
-    self._stack: list[bool] = []
+    self._stack: list[bool | str] = []
 
   @contextlib.contextmanager
-  def use(self, enabled: bool):
-    """Within the block, `forced` is ``enabled``. Nests."""
-    self._stack.append(bool(enabled))
+  def use(self, enabled):
+    """Within the block, `forced` is ``enabled`` (a bool, or a name a switch defines). Nests."""
+    self._stack.append(enabled if isinstance(enabled, str) else bool(enabled))
     jax.clear_caches()
     try:
       yield
@@ -30,5 +30,5 @@ class TraceSwitch:
       self._stack.pop()
       jax.clear_caches()
 
-  def forced(self) -> bool | None:
+  def forced(self) -> bool | str | None:
     return self._stack[-1] if self._stack else None

@@ -12,6 +12,10 @@ quantized kernels:
   their own): `triton.gather_triton` / `triton.bag_triton`, dequantizing
   in the kernel; interpreted on CPU (``-interpret``).
 
+``auto`` on CUDA runs the many-rows-in-flight kernels of `bag_rows` where
+the newest GPU sweep measured them faster for the format, width and bag
+size (``kernels/gpu_choice.py``, dtypes ``"int8"`` / ``"int4"``).
+
 A bag on ``xla`` / ``cpu`` pools the gathered, dequantized rows with the
 float bag (`bag_xla`), which gives the float bag's arithmetic on
 ``dequantize(table)`` exactly. A quantized table is for inference: its
@@ -32,6 +36,9 @@ from embedlib.kernels.bag_pallas import check_bag_shapes
 from embedlib.kernels.bag_xla import bag_xla
 from embedlib.kernels.gather_cpu import gather_cpu
 from embedlib import sharding as sharding_lib
+from embedlib.kernels import gpu_choice
+from embedlib.kernels import rows as rows_lib
+from embedlib.quant import bag_rows
 from embedlib.quant import format as fmt
 from embedlib.quant import triton
 
@@ -159,6 +166,11 @@ def gather(table: fmt.QuantizedTable, ids, *, kernel: str = "auto", interpret: b
   if ids.size == 0:
     return _empty(ids.shape + (table.shape[1],), *jax.tree.leaves(table), ids)
   branches = _branches(_gather_impl, kernel, interpret)
+  variant = _measured("gather", table, kernel)
+  if variant is not None:
+    branches["gpu"] = lambda t, i: platforms.on_gpu(
+        lambda t, i: bag_rows.gather_rows(t, i, variant=variant), t, i,
+        name="quantized rows gather")
   return _no_gradient(platforms.by_platform(table, ids, **branches))
 
 
@@ -192,7 +204,24 @@ def bag(table: fmt.QuantizedTable, ids, weights=None, *, combiner: str = "sum",
     return _empty(ids.shape[:1] + (table.shape[1],), *jax.tree.leaves(table), ids,
                   *(() if weights is None else (weights,)))
   branches = _branches(_bag_impl, kernel, interpret, combiner=combiner)
+  variant = _measured("bag", table, kernel, bag=ids.shape[1])
+  if variant is not None:
+    branches["gpu"] = lambda t, i, w: platforms.on_gpu(
+        lambda t, i, *w: bag_rows.bag_rows(t, i, *(w or (None,)), combiner=combiner,
+                                           variant=variant),
+        t, i, *(() if w is None else (w,)), name="quantized rows bag")
   return _no_gradient(platforms.by_platform(table, ids, weights, **branches))
+
+
+def _measured(kind, table, kernel, bag=0):
+  """The `bag_rows` variant ``auto`` runs on CUDA for this table (`gpu_choice`), or None."""
+  if kernel != "auto" or not bag_rows.supports(table):
+    return None
+  dtype = "int8" if table.bits == fmt.INT8 else "int4"
+  name = gpu_choice.choose(kind, table.shape[1], dtype, bag=bag)
+  if name is None or not name.startswith(gpu_choice.RUNNABLE):
+    return None
+  return rows_lib.parse_variant(name)
 
 
 def _branches(make, kernel, interpret, **kw):

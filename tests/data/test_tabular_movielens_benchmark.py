@@ -6,6 +6,7 @@ against runs made up here; and a smoke run end to end (slow: it trains).
 No time is asserted.
 """
 
+import json
 import os
 
 import numpy as np
@@ -133,7 +134,8 @@ def test_smoke_run_end_to_end(tmp_path, capsys):
   bench = benchmark_scripts.load("tabular_movielens")
   inter = write_recbole(str(tmp_path / "data"), rows=1500)
   results = bench.main(["--data", inter, "--smoke", "--seeds", "0", "--recbole", "none",
-                        "--cases", "dlrm,dlrm-ids,two_tower", "--out", str(tmp_path / "r.json")])
+                        "--cases", "dlrm,dlrm-ids,two_tower", "--out", str(tmp_path / "r.json"),
+                        "--json", str(tmp_path / "record.json")])
   cases = results["cases"]
   assert set(cases) == {"embedlib dlrm, side columns", "embedlib dlrm, ids only",
                         "embedlib two_tower, side columns"}
@@ -144,6 +146,13 @@ def test_smoke_run_end_to_end(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "Targets (issue 52):" in out
   assert os.path.exists(tmp_path / "r.json")
+  with open(tmp_path / "record.json") as f:  # the record every benchmark writes (timing.Run)
+    record = json.load(f)
+  assert record["benchmark"] == "tabular_movielens" and record["smoke"]
+  names = {c["name"] for c in record["cases"]}
+  assert {"embedlib dlrm, ids only: test auc", "embedlib dlrm, ids only: wall"} <= names
+  assert record["ratios"]["dlrm: side columns - ids only, test AUC"] == pytest.approx(
+      results["ratios"]["dlrm: side columns - ids only, test AUC"])
 
 
 def test_report_joins_the_runs_of_several_out_files(tmp_path, capsys):

@@ -4,6 +4,7 @@ No time is asserted: the quick run checks that every case ran and that
 every memory run read the rows its files hold.
 """
 
+import json
 import os
 
 import pyarrow.parquet as pq
@@ -49,7 +50,7 @@ def test_rate_ratios_are_of_medians():
 def test_quick_run_measures_every_case_and_file_count(tmp_path, capsys):
   bench = benchmark_scripts.load("tabular_scale")
   results = bench.main(["--quick", "--data-dir", str(tmp_path), "--workers", "0,1",
-                        "--out", str(tmp_path / "r.json")])
+                        "--out", str(tmp_path / "r.json"), "--json", str(tmp_path / "record.json")])
   assert [r["files"] for r in results["memory"]] == [1, 3]
   for run in results["memory"]:
     assert run["read_examples"] <= run["train_rows"]
@@ -60,3 +61,8 @@ def test_quick_run_measures_every_case_and_file_count(tmp_path, capsys):
   assert f"tabular, 1 worker / {bench.STEP}" in results["ratios"]
   assert max(results["peak_rss_mib"]["tabular, 1 worker"]) > 0  # grain's worker (and helpers)
   assert "statistics pass over all 3 files" in capsys.readouterr().out
+  with open(tmp_path / "record.json") as f:  # the record every benchmark writes (timing.Run)
+    record = json.load(f)
+  assert {"peak RSS, 1 files", "peak RSS, 3 files", "statistics pass",
+          f"{bench.STEP}"} <= {c["name"] for c in record["cases"]}
+  assert record["ratios"] == pytest.approx(results["ratios"])
