@@ -4,8 +4,8 @@ Each lookup has a pure-jnp reference (the specification, and the ``xla``
 gather; the ``xla`` bag, `bag_xla`, sums the same terms slot by slot), a
 Pallas GPU kernel (Mosaic GPU, and Triton for jax 0.10) that also runs in
 interpret mode on CPU, a deterministic Pallas backward behind
-``jax.custom_vjp``, a C++ gather for the CPU
-(`gather_cpu`, built on first use by `cpu_library`), and a dispatcher
+``jax.custom_vjp``, a C++ gather and pooled bag for the CPU
+(`gather_cpu`, `bag_cpu`, built on first use by `cpu_library`), and a dispatcher
 (``kernel=`` one of ``options.KERNELS``) that stages each platform's kernel
 in the program (`platforms`), so lowering picks it. Strategies call these on local shards
 inside ``jax.shard_map``. Invalid ids (negative or ``>= num_embeddings``) read

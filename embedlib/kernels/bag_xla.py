@@ -28,7 +28,7 @@ from embedlib.sharding import sum_to_varying_of
 MAX_UNROLLED_SLOTS = 64
 
 
-def _out_of_range(ids, num_embeddings):
+def out_of_range(ids, num_embeddings):
   """Invalid ids moved to ``num_embeddings``: read as zeros, dropped by scatters."""
   valid = reference.valid_ids(ids, num_embeddings)
   return jnp.where(valid, ids, num_embeddings)
@@ -49,7 +49,7 @@ def _pooled_fwd(table, ids, coef):
   return _pooled(table, ids, coef), (table, ids, coef)
 
 
-def _pooled_bwd(res, g):
+def pooled_bwd(res, g):
   table, ids, coef = res
   batch, bag = ids.shape
   features = table.shape[1]
@@ -71,7 +71,7 @@ def _pooled_bwd(res, g):
   )
 
 
-_pooled.defvjp(_pooled_fwd, _pooled_bwd)
+_pooled.defvjp(_pooled_fwd, pooled_bwd)
 
 
 def bag_xla(
@@ -94,5 +94,5 @@ def bag_xla(
   if bag == 0 or bag > MAX_UNROLLED_SLOTS:
     return reference.bag_reference(table, ids, weights, combiner=combiner)
   coef = reference.bag_coefficients(ids, weights, table.shape[0], combiner)
-  pooled = _pooled(table, _out_of_range(ids, table.shape[0]), coef)
+  pooled = _pooled(table, out_of_range(ids, table.shape[0]), coef)
   return pooled.astype(table.dtype)

@@ -1,13 +1,15 @@
 """embedlib's CPU kernels: C++ XLA FFI handlers, compiled on first use.
 
 ``cpu/gather.cc`` (the row gather of ``gather_cpu.py``),
+``cpu/bag.cc`` (the pooled bags of ``bag_cpu.py``),
 ``cpu/row_update.cc`` (the fused sparse updates of ``optim/fused_cpu.py``),
 ``cpu/unique.cc`` (the distinct ids of ``unique_cpu.py``, for dedup) and
 ``cpu/dynamic_map.cc`` (a dynamic table's map step, its lookup and the
 placing of its rows, ``dynamic_map_cpu.py``).
 On XLA:CPU a lookup or a row update visits rows scattered over a large
 table; XLA's gather and scatter loops wait on each row's cache misses,
-where these kernels fetch rows ahead and split the rows over a few threads.
+where these kernels fetch rows ahead and split the rows over XLA's
+intra-op threads (``cpu/pool.h``).
 
 The sources are compiled into one shared library the first time a kernel is
 traced, with ``$CXX`` or the ``c++`` / ``g++`` / ``clang++`` on ``PATH``,
@@ -59,6 +61,7 @@ TARGETS = {
     "embedlib_dynamic_map_step": "EmbedlibDynamicMapStep",
     "embedlib_dynamic_map_lookup": "EmbedlibDynamicMapLookup",
     "embedlib_set_rows": "EmbedlibSetRows",
+    "embedlib_bag": "EmbedlibBag",
 }
 # -ffp-contract=off: the rules' arithmetic operation by operation, no fused
 # multiply-adds (optim/rules.py). No -march=native: a cache directory may be

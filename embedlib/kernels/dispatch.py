@@ -9,7 +9,8 @@ machine traced it. Implementations:
 - ``"xla"``: the pure-jnp gather reference (differentiated by jax) and
   `bag_xla` (the reference's sums slot by slot, a hand-written backward);
 - ``"cpu"``: the C++ gather of `gather_cpu` (the reference's gradient),
-  and `bag_cpu` for bags (the C++ gather for one id a row, else `bag_xla`);
+  and `bag_cpu` for bags (the C++ gather for one id a row, the C++ pooled
+  bag for wider float32 bags, else `bag_xla`);
 - ``"mosaic"``: the Mosaic GPU kernels (`gather_mosaic`, `bag_mosaic`,
   `backward_mosaic`), compiled (CUDA only, through `platforms.on_gpu`) or
   run by Mosaic GPU's interpreter (``"mosaic-interpret"``, jax >= 0.11);
@@ -54,7 +55,8 @@ from embedlib.kernels import reference
 from embedlib.kernels import rows_ad
 from embedlib.kernels.bag_pallas import check_bag_shapes
 from embedlib.kernels.bag_xla import bag_xla
-from embedlib.kernels.gather_cpu import bag_cpu, gather_cpu
+from embedlib.kernels.bag_cpu import bag_cpu
+from embedlib.kernels.gather_cpu import gather_cpu
 
 _GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 #: Implementations `plan` chooses from.

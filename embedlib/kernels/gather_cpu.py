@@ -1,16 +1,11 @@
 """Row gather on CPU as a C++ kernel (``cpu/gather.cc``), differentiated as the reference.
 
 XLA's CPU gather copies one row at a time and waits on each row's cache
-misses; the kernel fetches rows ahead on a few threads (``benchmarks/lookup.py``
+misses; the kernel fetches rows ahead on XLA's intra-op threads (``benchmarks/lookup.py``
 times the two side by side). The result is the reference's bit for bit (a
 byte copy of each row, zeros for invalid ids), and its gradient is the
 reference's own (jax's transpose of ``gather_reference``: a scatter-add),
 so only the forward differs from ``kernel="xla"``.
-
-A bag of one id a row (a single-hot feature, most of a DLRM's) is that
-gather times its coefficient (`bag_cpu`): `bag_xla`'s one slot, the same
-f32 product, without XLA's row-at-a-time gather. Wider bags stay
-`bag_xla`'s, whose fused loop never writes the gathered rows.
 """
 
 from __future__ import annotations
@@ -20,7 +15,6 @@ import jax.numpy as jnp
 
 from embedlib.kernels import cpu_library
 from embedlib.kernels import reference
-from embedlib.kernels.bag_xla import bag_xla
 
 
 def _ids32(ids: jax.Array, num_embeddings: int) -> jax.Array:
@@ -67,11 +61,3 @@ def _bwd(res, g):
 
 gather_cpu.defvjp(_fwd, _bwd)
 
-
-def bag_cpu(table, ids, weights=None, *, combiner="sum"):
-  """`bag_xla`'s result; a bag of one id a row through the C++ gather (module docstring)."""
-  if ids.shape[1] != 1:
-    return bag_xla(table, ids, weights, combiner=combiner)
-  coef = reference.bag_coefficients(ids, weights, table.shape[0], combiner)
-  rows = gather_cpu(table, ids[:, 0])
-  return (rows.astype(jnp.float32) * coef[:, 0, None]).astype(table.dtype)

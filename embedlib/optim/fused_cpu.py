@@ -7,7 +7,9 @@ every step. ``kernels/cpu/row_update.cc`` does the same update as one XLA
 FFI call per shard: it finds the distinct rows among the ids with a hash
 table (ids-sized), sums each row's gradients in input order, and runs the
 rule in place on the aliased table and slots, a few rows ahead of its cache
-misses (``benchmarks/sparse_step.py`` times it beside the XLA ops).
+misses (``benchmarks/sparse_step.py`` times it beside the XLA ops). The
+rows are split by range over XLA's intra-op threads, each row on one
+thread, so the results do not depend on the number of threads.
 
 It is used on CPU only, for float32 tables and the three rules of
 ``rules.py`` (not subclasses: they may change the math), where the CPU

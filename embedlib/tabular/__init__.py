@@ -1,5 +1,7 @@
 """Your own logs as training data: typed schemas for Parquet, CSV / TSV and RecBole files.
 
+A path's rows as batches::
+
     from embedlib import tabular
     data = tabular.prepare("clicks/", tabular.Hints(labels=("clicked",)),
                            split=tabular.Split("hash", eval_fraction=0.1))

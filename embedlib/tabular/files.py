@@ -44,7 +44,7 @@ class DataError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Chunk:
-  """Rows ``first_row .. first_row + rows - 1`` (numbered across every file), in one file.
+  """One file's rows from ``first_row`` (numbered across every file), ``rows`` of them.
 
   Attributes:
     path: the file.

@@ -1,14 +1,19 @@
 """The fused CPU update (``embedlib/optim/fused_cpu.cc``): same tables as the XLA ops, in place.
 
 ``tests/optim/test_rules.py`` checks both paths against the dense
-references on every layout with a 13-row table. Here: a table with enough
-touched rows (over 4,096) that the C++ update splits them over threads,
-compared with the XLA ops on three layouts and every rule; the donated
+references on every layout with a 13-row table. Here: enough ids (12,000,
+over twice the 4,096 a thread takes) that the C++ update splits them over
+threads, compared with the XLA ops on three layouts and every rule, and
+with itself on one CPU, bit for bit; the donated
 table updated in place (no copy, no scatter left in the step); an
 undonated table left as it was; the XLA ops without the library, with the
 switch off, or for a rule or dtype it does not handle. The library's build
 and its fallbacks: ``tests/kernels/test_cpu_library.py``.
 """
+
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +71,7 @@ def test_many_rows_match_the_xla_ops(layout):
   fused, xla = run(layout, True), run(layout, False)
   touched = np.unique(np.concatenate([p[0].ravel() for k in range(2) for p in step_pairs(k)]))
   touched = touched[(touched >= 0) & (touched < ROWS)]
-  assert len(touched) > 2 * 2048, len(touched)  # enough rows for two threads
+  assert len(touched) > 4 * 1024, len(touched)  # rows in every part of two threads
   for name in ref.RULES:
     # Same sums in the same order; only the sum of squares (AdaGrad) and
     # powf (Adam's corrections) may round an ulp differently.
@@ -76,6 +81,28 @@ def test_many_rows_match_the_xla_ops(layout):
     untouched = np.setdiff1d(np.arange(ROWS), touched)
     np.testing.assert_array_equal(fused[name][0][untouched], xla[name][0][untouched],
                                   err_msg=name)
+
+
+def test_one_thread_gives_the_same_bits(tmp_path):
+  """The rows are split by range over XLA's threads: the results do not depend on their number."""
+  require_cpu_kernels()
+  cpus = sorted(os.sched_getaffinity(0))
+  if len(cpus) < 2:
+    pytest.skip("one CPU: the update already runs on one thread")
+  layout = big_layouts()[0]
+  out = tmp_path / "one_cpu.npz"
+  code = (f"import os; os.sched_setaffinity(0, {{{cpus[0]}}})\n"
+          "import numpy as np, jax\n"
+          "from tests.optim import test_fused_cpu as t\n"
+          "state = t.run(t.big_layouts()[0], True)\n"
+          f"np.savez({str(out)!r}, *jax.tree.leaves(state))\n")
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  subprocess.run([sys.executable, "-c", code], cwd=root, check=True, timeout=600)
+  one = np.load(out)
+  both = jax.tree.leaves(run(layout, True))
+  assert len(one.files) == len(both)
+  for i, want in enumerate(both):
+    np.testing.assert_array_equal(one[f"arr_{i}"], want)
 
 
 def adagrad_step(donate):

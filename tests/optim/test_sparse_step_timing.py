@@ -125,3 +125,22 @@ def test_the_step_bytes_count_repeats_in_the_gather_and_distinct_rows_in_the_upd
   assert total - 8 < bandwidth.copy_bytes(buffer) <= total
   _, after = step(buffer, ids)
   assert np.array_equal(np.asarray(after), np.ones(buffer.shape, np.float32))
+
+
+def test_peer_cases_start_only_the_named_pytorch_workers(monkeypatch, tmp_path):
+  """``--peer-cases fused``: FBGEMM's worker alone (the others' memory left free)."""
+  sparse_step = benchmark_scripts.load("sparse_step")
+  started = []
+
+  def start(col, cmd, env, notes):
+    started.append(cmd[cmd.index("--variant") + 1])
+    return None, {}
+
+  monkeypatch.setattr(sparse_step, "missing_note", lambda python: None)
+  monkeypatch.setattr(sparse_step, "start_or_note", start)
+  monkeypatch.setattr(sparse_step.jax, "default_backend", lambda: "cpu")
+  for argv, want in ((["--peer-cases", "fused"], ["fused"]), ([], ["fused", "sparse", "dense"])):
+    started.clear()
+    args = sparse_step.build_parser().parse_args(argv)
+    sparse_step.start_peers(args, str(tmp_path), np.zeros(4, np.int32), 10, 8)
+    assert started == want

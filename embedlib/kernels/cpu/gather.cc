@@ -2,7 +2,7 @@
 //
 // The same result as kernels/reference.py's gather_reference, bit for bit
 // (a copy of each row's bytes, so any dtype). Unlike XLA's gather it
-// prefetches rows ahead and runs on a few threads (common.h).
+// prefetches rows ahead and runs on XLA's intra-op threads (pool.h).
 //
 // Operands: table [rows, features] (any dtype), ids s32[n] (anything outside
 // [0, rows) is invalid). Result: [n, features] of the table's dtype.
@@ -11,11 +11,15 @@
 #include <cstring>
 
 #include "common.h"
+#include "pool.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
+
+// The fewest ids worth a worker of their own.
+constexpr int64_t kIdsPerWorker = 2048;
 
 // Copies rows of `Bytes` bytes (a constant: the compiler inlines the copy;
 // a memcpy call per row made narrow rows, such as a hidden shard's 8
@@ -38,7 +42,7 @@ void CopyRows(const char* table, int64_t rows, int64_t row_bytes, const int32_t*
   }
 }
 
-ffi::Error GatherImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids,
+ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids,
                       ffi::Result<ffi::AnyBuffer> out) {
   const auto dims = table.dimensions();
   if (dims.size() != 2 || out->element_type() != table.element_type() ||
@@ -52,7 +56,9 @@ ffi::Error GatherImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids,
   const char* t = static_cast<const char*>(table.untyped_data());
   char* o = static_cast<char*>(out->untyped_data());
   const int32_t* id = ids.typed_data();
-  embedlib_cpu::ParallelRanges(ids.element_count(), [&](int64_t begin, int64_t end) {
+  const int64_t n = ids.element_count();
+  const int workers = embedlib_cpu::PoolWorkers(pool, n, kIdsPerWorker);
+  embedlib_cpu::PoolRanges(pool, workers, n, [&](int64_t begin, int64_t end) {
     switch (row_bytes) {
       case 16: return CopyRows<16>(t, rows, row_bytes, id, begin, end, o);
       case 32: return CopyRows<32>(t, rows, row_bytes, id, begin, end, o);
@@ -70,6 +76,7 @@ ffi::Error GatherImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibGather, GatherImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>());

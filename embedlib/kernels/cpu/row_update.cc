@@ -9,8 +9,15 @@
 // of the step. Here each handler finds every distinct row of the
 // shard among the ids (a hash table over the ids, never the table's size),
 // sums each row's gradients in input order (the order XLA's scatter-add
-// uses), and runs the rule on that row in place: the table and its slots are
+// uses) straight from the gradients, with no [ids, features] buffer of
+// sums, and runs the rule on that row in place: the table and its slots are
 // aliased to the outputs, so a donated table is never copied.
+//
+// Both cores do the per-id work (pool.h: XLA's intra-op threads). The ids
+// are grouped by row range, a pass over the ids split between the threads;
+// each range (a part) is then one task: its hash table, its rows' sums and
+// their updates. No two threads touch a row, and a row's result does not
+// depend on how many threads ran: the results are the same on any machine.
 //
 // Every handler takes the same leading operands:
 //   table   f32[rows, cols]   this rank's shard (outputs alias it)
@@ -26,12 +33,15 @@
 // multiply-adds: built with -ffp-contract=off); only the order of the sum of
 // squares, and powf, may round differently from XLA's, by an ulp or so.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "common.h"
+#include "pool.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -42,75 +52,172 @@ using embedlib_cpu::CopyUnlessAliased;
 
 void PrefetchFloats(const void* p, int64_t count) { embedlib_cpu::PrefetchBytes(p, count * 4); }
 
-// Each distinct row of the shard that the ids touch, in order of first
-// appearance, and for each id the index of its row in that list (-1 when
-// the id is not in the shard).
-struct Touched {
-  std::vector<int32_t> rows;
-  std::vector<int32_t> of_id;
+// How many ids a worker takes at least, and how many row ranges (parts)
+// each worker's share of the shard is cut into: more parts than workers, so
+// that a helper that starts late still finds parts to take.
+constexpr int64_t kIdsPerWorker = 4096;
+constexpr int64_t kPartsPerWorker = 8;
+
+// The shard's valid ids grouped by row range: part p holds the ids whose
+// row lies in [p * rows / parts, (p + 1) * rows / parts), in input order.
+struct Parts {
+  int64_t count = 1;
+  std::vector<int64_t> start;  // [count + 1]: part p is [start[p], start[p + 1])
+  std::vector<int32_t> pos;    // each grouped id's index in the input
+  std::vector<int32_t> row;    // and its row in the shard
 };
 
-// An open-addressing hash table over the ids (2n to 4n slots: never the
-// table's size), on one thread: partitioning it over threads by a hash of
-// the row made the whole update slower in benchmarks/sparse_step.py.
-Touched FindTouchedRows(const int32_t* ids, int64_t n, int64_t first_row,
-                        int64_t shard_rows) {
-  Touched out;
-  out.of_id.assign(n, -1);
-  out.rows.reserve(std::min<int64_t>(n, shard_rows));
-  int64_t capacity = 2;
-  while (capacity < 2 * n) capacity <<= 1;
-  const uint64_t mask = capacity - 1;
-  std::vector<int32_t> key(capacity, -1), slot(capacity);
-  for (int64_t i = 0; i < n; ++i) {
+// Groups the ids by part: a count per (input slice, part), then each slice
+// writes its ids to their parts, slices in input order, on `workers` threads.
+Parts GroupByPart(xla::ffi::ThreadPool& pool, int workers, const int32_t* ids, int64_t n,
+                  int64_t first_row, int64_t shard_rows) {
+  Parts out;
+  out.count = workers <= 1 ? 1 : workers * kPartsPerWorker;
+  const int64_t parts = out.count;
+  const int64_t slices = workers <= 1 ? 1 : workers * 2;
+  auto part_of = [&](int64_t row) { return row * parts / shard_rows; };
+  auto row_of = [&](int64_t i) -> int64_t {
     const int64_t row = static_cast<int64_t>(ids[i]) - first_row;
-    if (ids[i] < 0 || row < 0 || row >= shard_rows) continue;
-    uint64_t h = (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull) >> 20 & mask;
-    while (key[h] != -1 && key[h] != row) h = (h + 1) & mask;
-    if (key[h] == -1) {
-      key[h] = static_cast<int32_t>(row);
-      slot[h] = static_cast<int32_t>(out.rows.size());
-      out.rows.push_back(static_cast<int32_t>(row));
+    return ids[i] < 0 || row < 0 || row >= shard_rows ? -1 : row;
+  };
+  std::vector<int64_t> at(slices * parts, 0);
+  embedlib_cpu::ParallelTasks(pool, workers, slices, [&](int64_t s) {
+    int64_t* c = at.data() + s * parts;
+    for (int64_t i = n * s / slices, end = n * (s + 1) / slices; i < end; ++i) {
+      const int64_t row = row_of(i);
+      if (row >= 0) ++c[part_of(row)];
     }
-    out.of_id[i] = slot[h];
+  });
+  out.start.assign(parts + 1, 0);
+  int64_t total = 0;
+  for (int64_t p = 0; p < parts; ++p) {
+    out.start[p] = total;
+    for (int64_t s = 0; s < slices; ++s) {
+      const int64_t c = at[s * parts + p];
+      at[s * parts + p] = total;
+      total += c;
+    }
   }
+  out.start[parts] = total;
+  out.pos.resize(total);
+  out.row.resize(total);
+  embedlib_cpu::ParallelTasks(pool, workers, slices, [&](int64_t s) {
+    int64_t* next = at.data() + s * parts;
+    for (int64_t i = n * s / slices, end = n * (s + 1) / slices; i < end; ++i) {
+      const int64_t row = row_of(i);
+      if (row < 0) continue;
+      const int64_t j = next[part_of(row)]++;
+      out.pos[j] = static_cast<int32_t>(i);
+      out.row[j] = static_cast<int32_t>(row);
+    }
+  });
   return out;
 }
 
-// Sums the gradients of touched rows [begin, end) into `sums` (their rows of
-// it, zeroed) in input order and calls update(row, summed_gradient) once per
-// row. Disjoint ranges touch disjoint rows, so ranges run on separate
-// threads without locks.
+// Scratch for one part's ids, slices of arrays allocated once per call.
+struct PartScratch {
+  int32_t* key;     // hash slots' rows (-1: empty)
+  int32_t* slot;    // hash slots' distinct index
+  uint64_t mask;    // hash slots - 1
+  int32_t* of_id;   // each of the part's ids: its distinct row's index
+  int32_t* rows;    // the distinct rows, in order of first appearance
+  int32_t* bounds;  // [distinct + 1]: counts, then where each row's ids end
+  int32_t* order;   // the part's input indices grouped by distinct row
+  float* sum;       // [features]
+};
+
+// Finds the part's distinct rows (an open-addressing hash table over its
+// ids, 2x to 4x their number: never the table's size), groups its ids by
+// row keeping input order, then for each row sums its gradients in input
+// order (the order of XLA's scatter-add, from zero) and calls
+// update(row, summed_gradient).
 template <typename Update>
-void SumAndUpdate(const Touched& touched, const float* grads, int64_t n,
-                  int64_t features, int64_t begin, int64_t end, float* sums,
-                  const Update& update) {
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t k = touched.of_id[i];
-    if (k < begin || k >= end) continue;
-    float* sum = sums + k * features;
-    const float* g = grads + i * features;
-    for (int64_t c = 0; c < features; ++c) sum[c] += g[c];
+void UpdatePart(const int32_t* pos, const int32_t* part_rows, int64_t len, const float* grads,
+                int64_t features, const PartScratch& s, const Update& update) {
+  std::fill(s.key, s.key + s.mask + 1, -1);
+  int32_t distinct = 0;
+  for (int64_t j = 0; j < len; ++j) {
+    const int32_t row = part_rows[j];
+    uint64_t h = (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull) >> 20 & s.mask;
+    while (s.key[h] != -1 && s.key[h] != row) h = (h + 1) & s.mask;
+    if (s.key[h] == -1) {
+      s.key[h] = row;
+      s.slot[h] = distinct;
+      s.rows[distinct] = row;
+      s.bounds[distinct++] = 0;
+    }
+    s.of_id[j] = s.slot[h];
+    ++s.bounds[s.slot[h]];
   }
-  for (int64_t k = begin; k < end; ++k) {
-    // The rows are scattered over the table: fetching a few rows ahead
-    // overlaps their cache misses (common.h).
-    if (k + embedlib_cpu::kAhead < end) update.Prefetch(touched.rows[k + embedlib_cpu::kAhead]);
-    update(touched.rows[k], sums + k * features);
+  // bounds[k] becomes row k's first place in `order`, then, once its ids
+  // are placed, its end (and so row k + 1's start).
+  int32_t total = 0;
+  for (int32_t k = 0; k < distinct; ++k) {
+    const int32_t c = s.bounds[k];
+    s.bounds[k] = total;
+    total += c;
+  }
+  for (int64_t j = 0; j < len; ++j) s.order[s.bounds[s.of_id[j]]++] = pos[j];
+  for (int32_t k = 0; k < distinct; ++k) {
+    // The rows are scattered over the table, and their gradients over the
+    // [ids, features] gradients: fetching a few rows ahead overlaps their
+    // cache misses (common.h).
+    if (k + embedlib_cpu::kAhead < distinct) {
+      const int32_t ahead = k + embedlib_cpu::kAhead;
+      update.Prefetch(s.rows[ahead]);
+      // Its first few gradients (most rows have one; a hot row's many are
+      // fetched as its sum runs).
+      const int32_t first = s.bounds[ahead - 1];
+      for (int32_t j = first; j < s.bounds[ahead] && j < first + 2; ++j) {
+        PrefetchFloats(grads + static_cast<int64_t>(s.order[j]) * features, features);
+      }
+    }
+    std::fill(s.sum, s.sum + features, 0.0f);
+    for (int32_t j = k ? s.bounds[k - 1] : 0; j < s.bounds[k]; ++j) {
+      const float* g = grads + static_cast<int64_t>(s.order[j]) * features;
+      for (int64_t c = 0; c < features; ++c) s.sum[c] += g[c];
+    }
+    update(s.rows[k], s.sum);
   }
 }
 
+// Runs update(row, summed_gradient) once for every distinct row of the
+// shard among the ids. Rows are split into parts by range, each part on one
+// thread, so no two threads touch a row; a row's result does not depend on
+// the number of threads.
 template <typename Update>
-void ForEachTouchedRow(const int32_t* ids, int64_t n, int64_t first_row, int64_t shard_rows,
-                       const float* grads, int64_t features, const Update& update) {
-  const Touched touched = FindTouchedRows(ids, n, first_row, shard_rows);
-  const int64_t rows = touched.rows.size();
+void ForEachTouchedRow(xla::ffi::ThreadPool& pool, const int32_t* ids, int64_t n,
+                       int64_t first_row, int64_t shard_rows, const float* grads,
+                       int64_t features, const Update& update) {
+  if (n == 0 || shard_rows == 0) return;
+  const int workers = embedlib_cpu::PoolWorkers(pool, n, kIdsPerWorker);
+  const Parts parts = GroupByPart(pool, workers, ids, n, first_row, shard_rows);
+  const int64_t total = parts.start[parts.count];
+  // Each part's hash slots: a power of two, at least twice its ids.
+  std::vector<int64_t> slots_at(parts.count + 1, 0);
+  for (int64_t p = 0; p < parts.count; ++p) {
+    int64_t capacity = 2;
+    while (capacity < 2 * (parts.start[p + 1] - parts.start[p])) capacity <<= 1;
+    slots_at[p + 1] = slots_at[p] + capacity;
+  }
   // Allocated here, on XLA's (long-lived) thread: glibc then reuses the
-  // block from step to step, where a new thread's arena would hand back
+  // blocks from step to step, where a new thread's arena would hand back
   // fresh pages, a page fault each.
-  std::vector<float> sums(rows * features, 0.0f);
-  embedlib_cpu::ParallelRanges(rows, [&](int64_t begin, int64_t end) {
-    SumAndUpdate(touched, grads, n, features, begin, end, sums.data(), update);
+  // Not zeroed: every part writes its slices before it reads them.
+  const int64_t slots = slots_at[parts.count];
+  std::unique_ptr<int32_t[]> key(new int32_t[slots]), slot(new int32_t[slots]),
+      of_id(new int32_t[total]), rows(new int32_t[total]), order(new int32_t[total]),
+      bounds(new int32_t[total + parts.count]);
+  std::unique_ptr<float[]> sums(new float[parts.count * features]);
+  embedlib_cpu::ParallelTasks(pool, workers, parts.count, [&](int64_t p) {
+    const int64_t begin = parts.start[p], len = parts.start[p + 1] - begin;
+    if (len == 0) return;
+    const PartScratch s{key.get() + slots_at[p], slot.get() + slots_at[p],
+                        static_cast<uint64_t>(slots_at[p + 1] - slots_at[p] - 1),
+                        of_id.get() + begin, rows.get() + begin, bounds.get() + begin + p,
+                        order.get() + begin, sums.get() + p * features};
+    UpdatePart(parts.pos.data() + begin, parts.row.data() + begin, len, grads, features, s,
+               update);
   });
 }
 
@@ -212,42 +319,42 @@ struct Adam {
 // The shared part of every handler: shape checks, copies where XLA did not
 // alias, the touched rows, and the rule built for this shard by `make`.
 template <typename MakeRule>
-ffi::Error Run(const ffi::Buffer<ffi::F32>& table, const ffi::Buffer<ffi::S32>& ids,
-               const ffi::Buffer<ffi::F32>& grads, const ffi::Buffer<ffi::S32>& offsets,
-               int64_t features, const MakeRule& make) {
+ffi::Error Run(ffi::ThreadPool& pool, const ffi::Buffer<ffi::F32>& table,
+               const ffi::Buffer<ffi::S32>& ids, const ffi::Buffer<ffi::F32>& grads,
+               const ffi::Buffer<ffi::S32>& offsets, int64_t features, const MakeRule& make) {
   if (auto e = CheckShapes(table, ids, grads, features); !e.success()) return e;
   const int64_t rows = table.dimensions()[0], cols = table.dimensions()[1];
   const int32_t* off = offsets.typed_data();
-  ForEachTouchedRow(ids.typed_data(), ids.element_count(), off[0], rows, grads.typed_data(),
+  ForEachTouchedRow(pool, ids.typed_data(), ids.element_count(), off[0], rows, grads.typed_data(),
                     features, make(cols, LogicalColumns(off[1], cols, features)));
   return ffi::Error::Success();
 }
 
-ffi::Error SgdImpl(ffi::Buffer<ffi::F32> table, ffi::Buffer<ffi::S32> ids,
-                   ffi::Buffer<ffi::F32> grads, ffi::Buffer<ffi::S32> offsets,
-                   ffi::Buffer<ffi::F32> lr, int64_t features,
+ffi::Error SgdImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> table,
+                   ffi::Buffer<ffi::S32> ids, ffi::Buffer<ffi::F32> grads,
+                   ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::F32> lr, int64_t features,
                    ffi::ResultBuffer<ffi::F32> table_out) {
   CopyUnlessAliased(table, table_out);
-  return Run(table, ids, grads, offsets, features, [&](int64_t cols, Columns c) {
+  return Run(pool, table, ids, grads, offsets, features, [&](int64_t cols, Columns c) {
     return Sgd{table_out->typed_data(), cols, c, -lr.typed_data()[0]};
   });
 }
 
-ffi::Error AdagradImpl(ffi::Buffer<ffi::F32> table, ffi::Buffer<ffi::F32> acc,
-                       ffi::Buffer<ffi::S32> ids, ffi::Buffer<ffi::F32> grads,
-                       ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::F32> lr,
-                       int64_t features, float eps,
+ffi::Error AdagradImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> table,
+                       ffi::Buffer<ffi::F32> acc, ffi::Buffer<ffi::S32> ids,
+                       ffi::Buffer<ffi::F32> grads, ffi::Buffer<ffi::S32> offsets,
+                       ffi::Buffer<ffi::F32> lr, int64_t features, float eps,
                        ffi::ResultBuffer<ffi::F32> table_out,
                        ffi::ResultBuffer<ffi::F32> acc_out) {
   CopyUnlessAliased(table, table_out);
   CopyUnlessAliased(acc, acc_out);
-  return Run(table, ids, grads, offsets, features, [&](int64_t cols, Columns c) {
+  return Run(pool, table, ids, grads, offsets, features, [&](int64_t cols, Columns c) {
     return Adagrad{table_out->typed_data(), acc_out->typed_data(), cols, features, c,
                    lr.typed_data()[0], eps};
   });
 }
 
-ffi::Error AdamRowImpl(ffi::Buffer<ffi::F32> table, ffi::Buffer<ffi::F32> m,
+ffi::Error AdamRowImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> table, ffi::Buffer<ffi::F32> m,
                        ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> count,
                        ffi::Buffer<ffi::S32> ids, ffi::Buffer<ffi::F32> grads,
                        ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::F32> lr,
@@ -259,17 +366,18 @@ ffi::Error AdamRowImpl(ffi::Buffer<ffi::F32> table, ffi::Buffer<ffi::F32> m,
   CopyUnlessAliased(m, m_out);
   CopyUnlessAliased(v, v_out);
   CopyUnlessAliased(count, count_out);
-  return Run(table, ids, grads, offsets, features, [&](int64_t cols, Columns c) {
+  return Run(pool, table, ids, grads, offsets, features, [&](int64_t cols, Columns c) {
     return Adam{table_out->typed_data(), m_out->typed_data(), v_out->typed_data(),
                 count_out->typed_data(), cols, c, -lr.typed_data()[0], b1, one_minus_b1,
                 b2, one_minus_b2, eps, 0.0f};
   });
 }
 
-ffi::Error AdamGlobalImpl(ffi::Buffer<ffi::F32> table, ffi::Buffer<ffi::F32> m,
-                          ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> ids,
-                          ffi::Buffer<ffi::F32> grads, ffi::Buffer<ffi::S32> offsets,
-                          ffi::Buffer<ffi::F32> lr, ffi::Buffer<ffi::S32> step,
+ffi::Error AdamGlobalImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> table,
+                          ffi::Buffer<ffi::F32> m, ffi::Buffer<ffi::F32> v,
+                          ffi::Buffer<ffi::S32> ids, ffi::Buffer<ffi::F32> grads,
+                          ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::F32> lr,
+                          ffi::Buffer<ffi::S32> step,
                           int64_t features, float b1, float one_minus_b1, float b2,
                           float one_minus_b2, float eps,
                           ffi::ResultBuffer<ffi::F32> table_out, ffi::ResultBuffer<ffi::F32> m_out,
@@ -278,7 +386,7 @@ ffi::Error AdamGlobalImpl(ffi::Buffer<ffi::F32> table, ffi::Buffer<ffi::F32> m,
   CopyUnlessAliased(m, m_out);
   CopyUnlessAliased(v, v_out);
   const float global_t = static_cast<float>(step.typed_data()[0]) + 1.0f;
-  return Run(table, ids, grads, offsets, features, [&](int64_t cols, Columns c) {
+  return Run(pool, table, ids, grads, offsets, features, [&](int64_t cols, Columns c) {
     return Adam{table_out->typed_data(), m_out->typed_data(), v_out->typed_data(), nullptr,
                 cols, c, -lr.typed_data()[0], b1, one_minus_b1, b2, one_minus_b2, eps,
                 global_t};
@@ -291,6 +399,9 @@ namespace {
 
 using F32 = ffi::Buffer<ffi::F32>;
 using S32 = ffi::Buffer<ffi::S32>;
+
+// Every handler splits its rows over XLA's intra-op threads (pool.h).
+auto Bind() { return ffi::Ffi::Bind().Ctx<ffi::ThreadPool>(); }
 
 // The operands after the state: ids, grads, offsets, lr.
 template <typename Binding>
@@ -312,12 +423,12 @@ auto AdamAttrs(Binding b) {
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibSgd, SgdImpl,
-                              BatchArgs(ffi::Ffi::Bind().Arg<F32>())
+                              BatchArgs(Bind().Arg<F32>())
                                   .Attr<int64_t>("features")
                                   .Ret<F32>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibAdagrad, AdagradImpl,
-                              BatchArgs(ffi::Ffi::Bind().Arg<F32>().Arg<F32>())
+                              BatchArgs(Bind().Arg<F32>().Arg<F32>())
                                   .Attr<int64_t>("features")
                                   .Attr<float>("eps")
                                   .Ret<F32>()
@@ -325,7 +436,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibAdagrad, AdagradImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     EmbedlibAdamRow, AdamRowImpl,
-    AdamAttrs(BatchArgs(ffi::Ffi::Bind().Arg<F32>().Arg<F32>().Arg<F32>().Arg<S32>()))
+    AdamAttrs(BatchArgs(Bind().Arg<F32>().Arg<F32>().Arg<F32>().Arg<S32>()))
         .Ret<F32>()
         .Ret<F32>()
         .Ret<F32>()
@@ -334,7 +445,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 // The optimizer's step follows lr.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     EmbedlibAdamGlobal, AdamGlobalImpl,
-    AdamAttrs(BatchArgs(ffi::Ffi::Bind().Arg<F32>().Arg<F32>().Arg<F32>()).Arg<S32>())
+    AdamAttrs(BatchArgs(Bind().Arg<F32>().Arg<F32>().Arg<F32>()).Arg<S32>())
         .Ret<F32>()
         .Ret<F32>()
         .Ret<F32>());
