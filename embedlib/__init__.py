@@ -14,6 +14,12 @@ alone) must not pull flax in with it.
 
 import importlib
 
+from embedlib import cpu_pool
+
+# Before jax can start its CPU backend: the pool XLA:CPU runs simulated
+# devices on is sized once, when it starts (see embedlib.cpu_pool).
+cpu_pool.configure()
+
 #: Public name -> the module that defines it.
 _EXPORTS = {
     "DynamicEmbed": "embedlib.dynamic",

@@ -33,6 +33,9 @@ def subprocess_env(devices: int = 8) -> dict:
   """This environment with the suite's flags for ``devices`` CPU devices and the checkout on the path."""
   env = dict(os.environ)
   env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS=flags(devices))
+  # This process's pool size is for its own device count: the child's
+  # ``import embedlib`` sizes its own (embedlib.cpu_pool).
+  env.pop("PJRT_NPROC", None)
   return env
 
 

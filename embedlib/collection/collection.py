@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import typing as tp
 from collections.abc import Mapping, Sequence
 
@@ -238,6 +239,8 @@ class EmbeddingCollection(nnx.Module):
     self.dynamic = nnx.Dict({
         t.name: _dynamic_table(t, dynamic_route, mesh, table_axes, data_axes, dtype,
                                param_dtype, rngs) for t in dynamic_specs})
+    self.plan = dataclasses.replace(self.plan, dynamic=tuple(
+        _dynamic_plan(t, optimizer) for t in self.dynamic.values()))
 
   def logical_table(self, name: str):
     """Table ``name``'s logical ``[num_embeddings, features]`` rows, wherever it lives."""
@@ -421,6 +424,17 @@ def _dynamic_table(spec, route_capacity, mesh, table_axes, data_axes, dtype, par
       spec.num_embeddings, spec.features, mesh=mesh, sharding=spec.sharding,
       table_axes=table_axes, data_axes=data_axes, name=spec.name, dtype=dtype,
       param_dtype=param_dtype, rngs=rngs, **kw)
+
+
+def _dynamic_plan(table, optimizer) -> planner.DynamicTablePlan:
+  """A ``DynamicEmbed``'s line of the collection's plan: its layout and bytes a device."""
+  p, policy = table.rows.plan, table.policy
+  default = 0 if table.default_row is None else table.features * p.itemsize
+  return planner.DynamicTablePlan(
+      name=table.name, capacity=policy.capacity, features=table.features, strategy=p.strategy,
+      group=table.group, bucket_size=policy.bucket_size, admit_after=policy.admit_after,
+      eviction=policy.eviction, rows=p.bytes_per_device + default,
+      slots=plan_memory.slot_bytes(p, optimizer), map=table.map_bytes_per_device())
 
 
 def _empty_plan(mesh, batch_size):

@@ -308,6 +308,19 @@ class DynamicEmbed(nnx.Module):
     return {k: (int(v) if k in ("admitted", "evicted") else float(v))
             for k, v in zip(STATS, values)}
 
+  def map_bytes_per_device(self) -> int:
+    """Bytes of the id -> row map on each device.
+
+    Its keys, scores, placement clocks and sketch are split with the rows
+    (whole buckets a device); the clocks, init key and statistics are on
+    every device.
+    """
+    size = lambda v: math.prod(v[...].shape) * np.dtype(v[...].dtype).itemsize
+    split = (self.keys_hi, self.keys_lo, self.score, self.placed_at, self.sketch)
+    every = (self.clock, self.slots_clock, self.init_key, self.last)
+    return (sum(size(v) for v in split if v is not None) // self.group
+            + sum(size(v) for v in every))
+
   def resident(self) -> dict[int, int]:
     """Every resident raw id (as a uint64 value) and its row; gathers the map to the host."""
     hi, lo, score = (np.asarray(v[...]) for v in (self.keys_hi, self.keys_lo, self.score))
