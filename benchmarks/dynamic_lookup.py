@@ -3,6 +3,7 @@
     python3 benchmarks/dynamic_lookup.py           # 1M x 64 f32, 65,536 Zipf ids
     python3 benchmarks/dynamic_lookup.py --quick   # 65,536 x 16, 4,096 ids (--smoke: the same)
     python3 benchmarks/dynamic_lookup.py --zeros-init  # the dynamic rows start at zero: no draws
+    python3 benchmarks/dynamic_lookup.py --normal-init # flax's normal draws, not HashedUniform
     python3 benchmarks/dynamic_lookup.py --rows 65536  # tables full after two steps: evictions
     python3 benchmarks/dynamic_lookup.py --parts       # the dynamic step's pieces, timed apart
     python3 benchmarks/dynamic_lookup.py --json run.json   # also the run's record (timing.Run)
@@ -54,6 +55,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
+from flax.nnx.nn.linear import default_embed_init  # noqa: E402
 
 import embedlib  # noqa: E402
 from embedlib import dynamic, optim  # noqa: E402
@@ -155,8 +157,15 @@ def parts(dyn, batch_words, repeats: int, record) -> None:
       f"draw {drawn:,} initial rows (mapping.init_rows)": (
           lambda k, r: mapping.init_rows(dyn.embedding_init, k, r, table.shape[1], table.dtype),
           (key_data, at)),
-      "  the same with jax's stock threefry key (rolled hash)": (
-          lambda k, r: jax.vmap(lambda x: dyn.embedding_init(
+      "  with HashedUniform (the default)": (
+          lambda k, r: mapping.init_rows(dynamic.HashedUniform(), k, r, table.shape[1],
+                                         table.dtype),
+          (key_data, at)),
+      "  with flax's normal (unrolled threefry)": (
+          lambda k, r: mapping.init_rows(default_embed_init, k, r, table.shape[1], table.dtype),
+          (key_data, at)),
+      "  with flax's normal, jax's stock threefry key": (
+          lambda k, r: jax.vmap(lambda x: default_embed_init(
               jax.random.fold_in(jax.random.wrap_key_data(k), x), (1, table.shape[1]),
               table.dtype)[0])(r),
           (key_data, at)),
@@ -252,6 +261,9 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=None)
   parser.add_argument("--zeros-init", action="store_true",
                       help="the dynamic table's rows start at zero: its step without the draws")
+  parser.add_argument("--normal-init", action="store_true",
+                      help="the dynamic table's rows drawn by flax's normal initializer "
+                           "(default_embed_init), not the default HashedUniform")
   parser.add_argument("--rows", type=int, default=None,
                       help="rows of every table (default 1,048,576; --quick 65,536): fewer "
                            "rows than the ids seen make the dynamic tables evict")
@@ -270,7 +282,8 @@ def main(argv=None) -> int:
   repeats = args.repeats or (5 if args.quick else 7)
   rule = optim.RowWiseAdagrad(learning_rate=0.01)
   fixed = embedlib.ShardedEmbed(rows, width, rngs=nnx.Rngs(0))
-  init = {"embedding_init": nnx.initializers.zeros} if args.zeros_init else {}
+  init = ({"embedding_init": nnx.initializers.zeros} if args.zeros_init else
+          {"embedding_init": default_embed_init} if args.normal_init else {})
   dyn = embedlib.DynamicEmbed(rows, width, dynamic=embedlib.DynamicSpec(bucket_size=128),
                               rngs=nnx.Rngs(0), **init)
   fixed_opt = optim.SparseAwareOptimizer(fixed, None, rule)

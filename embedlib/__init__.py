@@ -5,8 +5,8 @@ reads the imports and keeps this list true; modules on one line stand side
 by side and import none of each other):
 
 1. ``_compat``, ``_deprecated``, ``options``, ``axes``, ``invalid_ids``,
-   ``lookahead``, ``tape``, ``table_paths``, ``host_memory``: names, rules
-   and switches every layer shares
+   ``lookahead``, ``tape``, ``table_paths``, ``host_memory``, ``cpu_pool``:
+   names, rules and switches every layer shares
 2. ``sharding``, ``plan``: mesh helpers; the planner, pure Python, which
    reads a mesh and decides each table's layout
 3. ``kernels``: local lookups of one shard
@@ -34,6 +34,12 @@ alone) must not pull flax in with it.
 """
 
 import importlib
+
+from embedlib import cpu_pool
+
+# Before jax can start its CPU backend: the pool XLA:CPU runs simulated
+# devices on is sized once, when it starts (see embedlib.cpu_pool).
+cpu_pool.configure()
 
 #: Public name -> the module that defines it.
 _EXPORTS = {

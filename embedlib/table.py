@@ -189,8 +189,14 @@ def _build_stack(key, *, init, unwrap, layout, dtype, explicit):
 @functools.lru_cache(maxsize=64)
 def _program(init, unwrap, layout, dtype):
   build = functools.partial(_build, init=init, unwrap=unwrap, layout=layout, dtype=dtype)
+  # An initializer that names its own options is compiled with them: a
+  # dynamic table's rows must equal the ones its steps draw, which XLA
+  # compiles with its default passes, not nnx.Embed's eager values.
+  options = getattr(init, "compiler_options", None)
+  if options is None:
+    options = _compat.init_compiler_options(_platform(layout.mesh))
   return jax.jit(build, out_shardings=NamedSharding(layout.mesh, P(*layout.spec)),
-                 compiler_options=_compat.init_compiler_options(_platform(layout.mesh)))
+                 compiler_options=dict(options))
 
 
 # -- loading ----------------------------------------------------------------

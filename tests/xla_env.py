@@ -33,4 +33,20 @@ def subprocess_env(devices: int = 8) -> dict:
   """This environment with the suite's flags for ``devices`` CPU devices and the checkout on the path."""
   env = dict(os.environ)
   env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS=flags(devices))
+  # This process's pool size is for its own device count: the child's
+  # ``import embedlib`` sizes its own (embedlib.cpu_pool).
+  env.pop("PJRT_NPROC", None)
+  return env
+
+
+def default_subprocess_env(devices: int = 8) -> dict:
+  """``subprocess_env`` compiling at XLA's own settings, not the suite's.
+
+  For a test that asserts two different programs (a pipelined and an
+  in-line step) give the same bits: at the suite's LLVM -O0 with jaxlib
+  0.10's classic emitters, the same arithmetic in two programs may round
+  differently, which is not what a user's compile does.
+  """
+  env = subprocess_env(devices)
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   return env

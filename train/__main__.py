@@ -6,7 +6,11 @@ pass ``--coordinator_address``, ``--num_processes`` and ``--process_id`` (or
 ``--distributed`` to let ``jax.distributed.initialize()`` detect SLURM and
 the like); each process then reads its own slice of the data. An expected
 failure (a bad config or data file, a failed save) prints one line and
-exits 1; SIGTERM or SIGINT saves a checkpoint and exits 0.
+exits 1; SIGTERM or SIGINT saves a checkpoint and exits 0. A program that
+makes no progress (``--stuck_after`` seconds, or a collective XLA reports
+stuck) prints which, and the step, and exits 3; SIGTERM or SIGINT during
+such a wait exits at once, saying so (128 + the signal). Either leaves the
+checkpoints as they are (``embedlib.training.watchdog``).
 """
 
 import os
@@ -26,6 +30,9 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Also show jax's and orbax's logs and tracebacks.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Call jax.distributed.initialize() with auto-detection.")
+_STUCK_AFTER = flags.DEFINE_float(
+    "stuck_after", 600.0, "Seconds a step, eval or save may go without progress before the "
+    "run ends with exit status 3 (its first call, which compiles, aside); 0: no limit.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -77,6 +84,9 @@ def main(argv):
       "XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={_CPU_DEVICES.value}")
+  from embedlib import cpu_pool  # pylint: disable=g-import-not-at-top  (no jax yet)
+
+  cpu_pool.configure()  # before the backend starts, which sizes its pool once
   import jax  # pylint: disable=g-import-not-at-top  (after XLA_FLAGS)
 
   from embedlib import training  # pylint: disable=g-import-not-at-top
@@ -87,8 +97,12 @@ def main(argv):
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   log.info("jax %s, %d processes, %d devices", jax.__version__, jax.process_count(),
            jax.device_count())
+  if jax.default_backend() == "cpu":
+    small = cpu_pool.check(jax.local_device_count())
+    if small:
+      log.warning("%s", small)
   try:
-    result = training.train_and_evaluate(config, _WORKDIR.value)
+    result = training.train_and_evaluate(config, _WORKDIR.value, stuck_after=_STUCK_AFTER.value)
   except console.EXPECTED_ERRORS as e:
     if _VERBOSE.value:
       log.exception("traceback:")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import typing as tp
 from collections.abc import Mapping, Sequence
 
@@ -9,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax.nnx.nn.linear import default_embed_init
 
 from embedlib import _deprecated
 from embedlib import kernels
@@ -21,6 +23,7 @@ from embedlib.collection import stacks as stacks_lib
 from embedlib.collection.specs import FeatureSpec, TableSpec, validate
 from embedlib.dynamic import module as dynamic_module
 from embedlib.embed import ShardedEmbed
+from embedlib.plan import memory as plan_memory
 from embedlib.plan.settings import CollectionLayout, Layout, field_names
 from embedlib.strategies import Request
 from embedlib.strategies.dedup import ERROR, OVERFLOW_MODES
@@ -179,7 +182,7 @@ class EmbeddingCollection(nnx.Module):
               devices_per_node=p.devices_per_node, node_capacity=p.node_capacity,
               on_overflow=on_overflow),
           name=spec.name, dtype=dtype, param_dtype=param_dtype,
-          embedding_init=spec.initializer, rngs=rngs,
+          embedding_init=_fixed_init(spec), rngs=rngs,
       )
       assert embeds[spec.name].plan.padded_shape == p.padded_shape, spec.name
       assert embeds[spec.name].plan.node_route == p.node_route, spec.name
@@ -202,6 +205,8 @@ class EmbeddingCollection(nnx.Module):
     self.dynamic = nnx.Dict({
         t.name: _dynamic_table(t, dynamic_route, mesh, table_axes, data_axes, dtype,
                                param_dtype, rngs) for t in dynamic_specs})
+    self.plan = dataclasses.replace(self.plan, dynamic=tuple(
+        _dynamic_plan(t, optimizer) for t in self.dynamic.values()))
 
   def logical_table(self, name: str):
     """Table ``name``'s logical ``[num_embeddings, features]`` rows, wherever it lives."""
@@ -354,12 +359,24 @@ def _dynamic_table(spec, route_capacity, mesh, table_axes, data_axes, dtype, par
     route_capacity = route_capacity.get(spec.name)
   elif spec.dynamic.route_capacity is not None:
     route_capacity = None  # the spec's own, which the table reads from it
+  # A TableSpec without an initializer leaves DynamicEmbed's own default.
+  init = {} if spec.initializer is None else {"embedding_init": spec.initializer}
   return dynamic_module.DynamicEmbed(
       spec.num_embeddings, spec.features, dynamic=spec.dynamic, mesh=mesh,
       layout=Layout(sharding=spec.sharding, table_axes=table_axes, data_axes=data_axes,
                     route_capacity=route_capacity),
-      name=spec.name, dtype=dtype, param_dtype=param_dtype, embedding_init=spec.initializer,
-      rngs=rngs)
+      name=spec.name, dtype=dtype, param_dtype=param_dtype, rngs=rngs, **init)
+
+
+def _dynamic_plan(table, optimizer) -> planner.DynamicTablePlan:
+  """A ``DynamicEmbed``'s line of the collection's plan: its layout and bytes a device."""
+  p, policy = table.rows.plan, table.policy
+  default = 0 if table.default_row is None else table.features * p.itemsize
+  return planner.DynamicTablePlan(
+      name=table.name, capacity=policy.capacity, features=table.features, strategy=p.strategy,
+      group=table.group, bucket_size=policy.bucket_size, admit_after=policy.admit_after,
+      eviction=policy.eviction, rows=p.bytes_per_device + default,
+      slots=plan_memory.slot_bytes(p, optimizer), map=table.map_bytes_per_device())
 
 
 def _empty_plan(mesh, batch_size):
@@ -388,9 +405,14 @@ def _stacked_init(specs):
   def init(key, shape, dtype):
     keys = jax.random.split(key, len(specs))
     return jnp.concatenate(
-        [s.initializer(k, (s.num_embeddings, shape[1]), dtype) for k, s in zip(keys, specs)])
+        [_fixed_init(s)(k, (s.num_embeddings, shape[1]), dtype) for k, s in zip(keys, specs)])
 
   return init
+
+
+def _fixed_init(spec):
+  """A fixed table's initializer: the spec's, or ``nnx.Embed``'s default."""
+  return default_embed_init if spec.initializer is None else spec.initializer
 
 
 def _devices_per_host(mesh) -> int | None:

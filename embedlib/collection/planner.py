@@ -76,6 +76,49 @@ class TablePlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class DynamicTablePlan:
+  """A dynamic table of a collection (``embedlib.DynamicEmbed``): its layout and bytes a device.
+
+  Attributes:
+    name: the table's name.
+    capacity: its rows (``TableSpec.num_embeddings``).
+    features: its width.
+    strategy: the rows' layout (``vocab``: whole buckets split over
+      ``group`` devices; ``replicated``: every device holds them all).
+    group: devices the rows and the map are split over.
+    bucket_size, admit_after, eviction: its policy (``embedlib.dynamic.policy``).
+    rows: bytes of rows a device holds (with a learned default row).
+    slots: bytes of the sparse optimizer's slots for those rows.
+    map: bytes of the id -> row map a device holds
+      (``DynamicEmbed.map_bytes_per_device``).
+  """
+
+  name: str
+  capacity: int
+  features: int
+  strategy: str
+  group: int
+  bucket_size: int
+  admit_after: int
+  eviction: str | None
+  rows: int
+  slots: int
+  map: int
+
+  @property
+  def bytes_per_device(self) -> int:
+    return self.rows + self.slots + self.map
+
+  @property
+  def note(self) -> str:
+    """The policy, in words, printed below the table's row."""
+    buckets = self.capacity // self.bucket_size
+    where = f"over {self.group} devices" if self.group > 1 else "on each device"
+    return (f"{buckets} buckets of {self.bucket_size} {where}; admit_after="
+            f"{self.admit_after}, eviction={self.eviction}")
+
+
+@dataclasses.dataclass(frozen=True)
 class CollectionPlan:
   """Every table's plan; prints as one table with the per-device totals.
 
@@ -98,6 +141,8 @@ class CollectionPlan:
   batch_size: int
   mesh_shape: tuple[tuple[str, int], ...]
   stacks: tuple[stacks_lib.StackPlan, ...] = ()
+  #: The dynamic tables, laid out apart from the planner's (whole buckets).
+  dynamic: tuple[DynamicTablePlan, ...] = ()
 
   def __getitem__(self, name: str) -> TablePlan:
     for t in self.tables:
@@ -159,15 +204,35 @@ class CollectionPlan:
            _node_note(s))))
     rows.append((("total", "", "", human_bytes(self.bytes_per_device),
                   human_bytes(self.bytes_moved), "", human_bytes(self.bytes_moved_update)), ""))
-    lines = [f"EmbeddingCollection plan: {len(self.tables)} tables, mesh {mesh}, "
-             f"{self.batch_size} samples per step"]
-    lines += _columns(rows)
+    count = f"{len(self.tables) + len(self.dynamic)} tables"
+    if self.dynamic:
+      count += f" ({len(self.dynamic)} dynamic)"
+    lines = [f"EmbeddingCollection plan: {count}, mesh {mesh}, {self.batch_size} samples per step"]
+    if self.tables or not self.dynamic:
+      lines += _columns(rows)
+    if self.dynamic:
+      lines += _columns(_dynamic_rows(self.dynamic))
     for s in self.stacks:
       lines.append(f"{s.name} placement ({s.plan.placement.rows_per_rank} rows per device):")
       for line in s.plan.placement.describe():
         lines += textwrap.wrap(line, PRINT_WIDTH, initial_indent="  ", subsequent_indent="    ",
                                break_on_hyphens=False)
     return "\n".join(lines)
+
+
+def _dynamic_rows(dynamic) -> list:
+  """The dynamic tables' rows for ``_columns``: rows, slots and map a device, with a total."""
+  head = ("dynamic table", "strategy", "rows x width", "rows/device", "slots/device",
+          "map/device", "bytes/device")
+  rows = [(head, "")]
+  for d in dynamic:
+    rows.append(((d.name, d.strategy, f"{d.capacity} x {d.features}", human_bytes(d.rows),
+                  human_bytes(d.slots), human_bytes(d.map), human_bytes(d.bytes_per_device)),
+                 d.note))
+  total = lambda field: human_bytes(sum(getattr(d, field) for d in dynamic))
+  rows.append((("total", "", "", total("rows"), total("slots"), total("map"),
+                total("bytes_per_device")), ""))
+  return rows
 
 
 def _node_note(t) -> str:

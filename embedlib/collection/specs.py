@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from flax.nnx.nn.linear import default_embed_init
 
 from embedlib import options
 from embedlib.plan import checks
@@ -54,7 +53,9 @@ class TableSpec:
     name: unique table name (the key of the table in the collection).
     num_embeddings: vocabulary size; ids lie in ``[0, num_embeddings)``.
     features: embedding width.
-    initializer: ``init(key, shape, dtype)`` for the logical table.
+    initializer: ``init(key, shape, dtype)`` for the logical table; None:
+      ``nnx.Embed``'s default, or ``DynamicEmbed``'s for a dynamic table
+      (``embedlib.dynamic.HashedUniform``).
     sharding: ``"auto" | "replicated" | "vocab" | "hidden" | "routed" |
       "grid"``, or a placement in a stack of tables of its width:
       ``"table"`` (whole on one device) or ``"table_row"`` (split over one
@@ -79,7 +80,7 @@ class TableSpec:
   name: str
   num_embeddings: int
   features: int
-  initializer: tp.Callable = default_embed_init
+  initializer: tp.Callable | None = None
   sharding: str = options.AUTO
   device: int | None = None
   host: int | None = None
@@ -94,7 +95,7 @@ class TableSpec:
         self, "num_embeddings", _positive_int(self.num_embeddings, "num_embeddings", owner)
     )
     object.__setattr__(self, "features", _positive_int(self.features, "features", owner))
-    if not callable(self.initializer):
+    if self.initializer is not None and not callable(self.initializer):
       raise TypeError(
           f"{owner}: initializer must be callable as init(key, shape, dtype), "
           f"got {self.initializer!r}; e.g. jax.nn.initializers.normal(0.01)."

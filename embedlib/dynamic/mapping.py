@@ -34,12 +34,22 @@ from jax.sharding import PartitionSpec as P
 from embedlib import sharding as sharding_lib
 from embedlib.dynamic import draws
 from embedlib.dynamic import ids as ids_lib
+from embedlib.dynamic import initializers
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
 from embedlib.kernels import cpu_library
 from embedlib.kernels import dynamic_map_cpu
 from embedlib.kernels import platforms
 from embedlib.strategies import unique as unique_lib
+
+
+#: ``placed_at`` of a row that still holds the value the table was created
+#: with. A table is created with every row at its initial value
+#: (``initial_table``), so a row's first placement draws nothing; a row
+#: placed again (after an eviction) is drawn again. ``reset_slots`` marks the
+#: unplaced rows of a table it trains densely as placed at 0 before the first
+#: dense update, so that they are drawn when they are placed.
+NEVER_PLACED = -1
 
 
 def _own(flat, policy, index, group):
@@ -59,9 +69,12 @@ def _local(state, extra, clock, flat, *, policy, train, index, group, init):
         state, hi, lo, own, bucket, clock, policy=policy)
     # The rows placed here start again: their first value and a fresh clock mark.
     put = jnp.where(placed, rows, rows_per)
+    # A row placed for the first time holds its initial value already.
+    again = placed_at[jnp.clip(rows, 0, rows_per - 1)] != NEVER_PLACED
+    drawn = jnp.where(placed & again, rows, rows_per)
     placed_at = placed_at.at[put].set(clock + 1, mode="drop")
     if table is not None:
-      table = _place_rows(init, key_data, table, put, index * rows_per)
+      table = _place_rows(init, key_data, table, drawn, index * rows_per)
   else:
     rows = step_lib.lookup(state, hi, lo, own, bucket, bucket_size=policy.bucket_size)
     placed = jnp.zeros(rows.shape, bool)
@@ -96,6 +109,14 @@ def _place_rows(init, key_data, table, put, offset):
   the values one draw of them all would. The table is the loop's carry,
   updated in place, and no ``[ids, features]`` block of draws is built.
   """
+  # A step that places only rows never placed before (a table not yet
+  # full) draws nothing: it skips the packing too.
+  return lax.cond(jnp.any(put < table.shape[0]),
+                  functools.partial(_draw_rows, init, key_data, put=put, offset=offset),
+                  lambda t: t, table)
+
+
+def _draw_rows(init, key_data, table, *, put, offset):
   n, m = table.shape[0], put.shape[0]
   count = jnp.sum(put < n)
   (where,) = jnp.nonzero(put < n, size=m, fill_value=0)
@@ -116,13 +137,46 @@ def _place_rows(init, key_data, table, put, offset):
   return lax.fori_loop(0, (count + chunk - 1) // chunk, place, table)
 
 
+@functools.partial(jax.jit, static_argnames=("init", "shape", "dtype"))
+def initial_table(init, key, shape, dtype):
+  """Every row's initial value, ``init_rows`` of rows ``0 .. shape[0] - 1``: a
+  ``DynamicEmbed``'s table as it is created (``ShardedEmbed``'s initializer).
+
+  The same on any device count, and the values a step gives a row it
+  places again (``_place_rows``), bit for bit with the default
+  ``HashedUniform``, whose values are exact. Another initializer's float
+  transform is rounded as the program that runs it rounds: this one is
+  compiled (never run one primitive at a time, as ``nnx.Embed``'s eager
+  draw is) with XLA's default passes, as a step is; jax 0.10's XLA:CPU
+  folds a normal draw's two scales into one constant there (see
+  ``_compat.init_compiler_options``). On jax >= 0.11 XLA:CPU may still
+  round the tail of a vectorized loop differently in the two programs, an
+  ulp or two on a few entries.
+
+  >>> from flax.nnx.nn.linear import default_embed_init
+  >>> key = jax.random.key(0)
+  >>> table = initial_table(default_embed_init, key, (6, 3), jnp.float32)
+  >>> place = jax.jit(init_rows, static_argnums=(0, 3, 4))
+  >>> rows = place(default_embed_init, jax.random.key_data(key), jnp.array([4]), 3, jnp.float32)
+  >>> bool(jnp.array_equal(table[4], rows[0]))
+  True
+  """
+  rows = jnp.arange(shape[0], dtype=jnp.int32)
+  return init_rows(init, jax.random.key_data(key), rows, shape[1], dtype)
+
+
 def init_rows(init, key_data, rows, features, dtype):
   """Each row's initial value: ``init`` drawn with the key folded with its row number.
 
-  The key is ``jax.random.wrap_key_data(key_data)``. With jax's default
-  (partitionable threefry) it is drawn through ``draws.UNROLLED``, the same
-  bits with the hash unrolled, which XLA:CPU fuses with the values' math.
+  A row initializer (``initializers.HashedUniform``, the default) draws the
+  rows by number itself. Any other ``init`` is drawn with the key
+  ``jax.random.wrap_key_data(key_data)`` folded with each row's number; with
+  jax's default (partitionable threefry) it is drawn through
+  ``draws.UNROLLED``, the same bits with the hash unrolled, which XLA:CPU
+  fuses with the values' math.
   """
+  if initializers.is_row_init(init):
+    return init.rows(key_data, rows, features, dtype)
   key = jax.random.wrap_key_data(key_data, impl=draws.impl_for(key_data))
   draw = lambda r: init(jax.random.fold_in(key, r), (1, features), dtype)[0]
   return jax.vmap(draw)(rows)
@@ -159,7 +213,8 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
 
   Args:
     state: the whole table's ``MapState``, split over ``table_axes``.
-    placed_at: int32 ``[capacity]``, the clock at which each row was placed.
+    placed_at: int32 ``[capacity]``, the clock at which each row was placed
+      (``NEVER_PLACED``: not yet).
     table: the rows, ``[capacity, features]`` laid out by ``table_spec``; None
       leaves the rows alone (a pipelined step places them later: ``place``).
     key_data: the init key's data.
@@ -248,34 +303,38 @@ def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "table_axes", "init", "table_spec", "bound"))
-def place(table, placed_at, clock, key_data, *, mesh, table_axes: tuple, init, table_spec,
-          bound: int):
+def place(table, placed_at, before, clock, key_data, *, mesh, table_axes: tuple, init,
+          table_spec, bound: int):
   """``table`` with every row placed at ``clock`` set to its initial value.
 
   What ``run`` does to the rows it places, done apart: a pipelined step
   runs the map a step ahead (``run`` with no table) and places the rows in
   the step that looks them up, after the previous step's update, as the
-  in-line step does. The values are ``init_rows``', the same bit for bit.
+  in-line step does. The values are ``init_rows``', the same bit for bit,
+  and a row placed for the first time (``before`` is ``NEVER_PLACED``) is
+  left as it is, as ``run`` leaves it.
 
   Args:
     table: the rows, ``[capacity, features]`` laid out by ``table_spec``.
     placed_at: int32 ``[capacity]``, as ``run`` returned it.
+    before: int32 ``[capacity]``, ``placed_at`` before that step.
     clock: int32 scalar, the clock after the step that placed them.
     key_data: the init key's data.
     bound: at most this many rows were placed (the step's ids).
   """
-  def body(table, placed_at, key_data, clock, index):
+  def body(table, placed_at, before, key_data, clock, index):
     n = placed_at.shape[0]
-    (put,) = jnp.nonzero(placed_at == clock, size=max(1, min(n, bound)), fill_value=n)
+    drawn = (placed_at == clock) & (before != NEVER_PLACED)
+    (put,) = jnp.nonzero(drawn, size=max(1, min(n, bound)), fill_value=n)
     return _place_rows(init, key_data, table, put.astype(jnp.int32), index * n)
 
   if mesh is None:
-    return body(table, placed_at, key_data, clock, 0)
+    return body(table, placed_at, before, key_data, clock, 0)
   split, tspec = P(table_axes or None), P(*table_spec)
   table = sharding_lib.place(table, mesh, tspec)
-  placed_at = sharding_lib.place(placed_at, mesh, split)
+  placed_at, before = (sharding_lib.place(v, mesh, split) for v in (placed_at, before))
   key_data, clock = (sharding_lib.place(v, mesh, P()) for v in (key_data, clock))
   return jax.shard_map(
       lambda *a: body(*a, lax.axis_index(table_axes) if table_axes else 0), mesh=mesh,
-      in_specs=(tspec, split, P(), P()), out_specs=tspec, check_vma=False,
-  )(table, placed_at, key_data, clock)
+      in_specs=(tspec, split, split, P(), P()), out_specs=tspec, check_vma=False,
+  )(table, placed_at, before, key_data, clock)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import typing as tp
 
@@ -9,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from flax.nnx.nn.linear import default_embed_init
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -19,6 +19,7 @@ from embedlib import lookahead
 from embedlib import options
 from embedlib import sharding as sharding_lib
 from embedlib.dynamic import ids as ids_lib
+from embedlib.dynamic import initializers
 from embedlib.dynamic import mapping
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import spec as spec_lib
@@ -64,8 +65,18 @@ class DynamicEmbed(nnx.Module):
   full bucket) reads the default row: zeros, or one learned row
   (``default="learned"``); its gradient reaches no resident row. The
   padding id (``-1``, ``2**64 - 1``) reads zeros and is never admitted. A
-  placed row starts from ``embedding_init`` drawn with the init key folded
-  with its row number, the same on any device count.
+  placed row starts from ``embedding_init`` drawn for its row number with
+  the init key, the same on any device count: the table is created with
+  every row at that value, so a row's first placement draws nothing, and a
+  row placed again after an eviction is drawn again. (A table trained
+  densely changes its unplaced rows too; ``dynamic.reset_slots``, called
+  each step, then has their first placement drawn as well.) The default
+  initializer, ``dynamic.HashedUniform()``, is uniform with the variance of
+  ``nnx.Embed``'s default (``1 / features``), each value a hash of (key,
+  row, column): cheap to draw, the same bits in every program. Any flax
+  initializer may be given instead (``nnx.Embed``'s normal one:
+  ``flax.nnx.nn.linear.default_embed_init``); it is drawn with the init key
+  folded with the row number.
 
   In training mode (nnx's default) a lookup updates the map; after
   ``eval()`` it only reads it. Each training-mode call (``__call__``,
@@ -103,7 +114,9 @@ class DynamicEmbed(nnx.Module):
       (``bucket_size=``, ``sharding=``, ...) still work until embedlib 0.2,
       with a ``DeprecationWarning``.
     name: the table's name in errors and statistics.
-    dtype, param_dtype, embedding_init: as ``nnx.Embed``'s.
+    dtype, param_dtype: as ``nnx.Embed``'s.
+    embedding_init: a placed row's initial value; default
+      ``dynamic.HashedUniform()`` (see above).
     rngs: ``rngs.params()`` draws the init key.
   """
 
@@ -121,7 +134,7 @@ class DynamicEmbed(nnx.Module):
       name: str = "dynamic",
       dtype: tp.Any = None,
       param_dtype: tp.Any = jnp.float32,
-      embedding_init: tp.Callable = default_embed_init,
+      embedding_init: tp.Callable = initializers.HashedUniform(),
       rngs: nnx.Rngs,
   ):
     dynamic = spec_lib.DynamicSpec() if dynamic is None else dynamic
@@ -137,11 +150,15 @@ class DynamicEmbed(nnx.Module):
     self.route_capacity = route_capacity
     self.embedding_init = embedding_init
     self.deterministic = False
+    # Two keys, as when the table was made of zeros with a key of its own:
+    # every module made after this one keeps its initial values.
+    _, key = rngs.params(), rngs.params()
+    # Every row starts at its initial value, so a first placement draws nothing.
     self.rows = ShardedEmbed(
         capacity, features, mesh=mesh, layout=Layout(
             sharding=sharding, table_axes=layout.table_axes, data_axes=layout.data_axes),
         name=name, dtype=dtype, param_dtype=param_dtype,
-        embedding_init=nnx.initializers.zeros, rngs=rngs)
+        embedding_init=_ByRow(embedding_init), rngs=_GivenKey(key))
     plan = self.rows.plan
     self.mesh = self.rows.mesh
     self.table_axes = tuple(plan.table_axes) if plan.strategy != "replicated" else ()
@@ -157,7 +174,6 @@ class DynamicEmbed(nnx.Module):
           "smaller bucket_size.")
     self.group = group
     self.features = features
-    key = rngs.params()
     split_spec = P(self.table_axes or None)
     split, every = self._place(split_spec), self._place(P())
     n, nb = capacity, self.policy.num_buckets
@@ -168,7 +184,8 @@ class DynamicEmbed(nnx.Module):
     self.sketch = (as_map(jnp.zeros((nb, self.policy.sketch_depth, self.policy.width),
                                     jnp.uint8, device=split), split_spec)
                    if self.policy.uses_sketch else None)
-    self.placed_at = as_map(jnp.zeros((n,), jnp.int32, device=split), split_spec)
+    self.placed_at = as_map(jnp.full((n,), mapping.NEVER_PLACED, jnp.int32, device=split),
+                            split_spec)
     self.clock = as_map(jnp.zeros((), jnp.int32, device=every), P())
     self.slots_clock = as_map(jnp.zeros((), jnp.int32, device=every), P())
     self.init_key = as_map(jax.device_put(jax.random.key_data(key), every), P())
@@ -266,10 +283,11 @@ class DynamicEmbed(nnx.Module):
       return MapAhead(state, placed_at, before.clock + 1, stats, rows), rows
 
     def use(ahead):
+      before = self.placed_at[...]
       self._commit(ahead.state, ahead.placed_at, ahead.clock, ahead.stats)
       table = self.rows.embedding[...]
       self.rows.embedding[...] = _placed(table, mapping.place(
-          jax.lax.stop_gradient(table), ahead.placed_at, ahead.clock, self.init_key[...],
+          jax.lax.stop_gradient(table), ahead.placed_at, before, ahead.clock, self.init_key[...],
           mesh=self.mesh, table_axes=self.table_axes, init=self.embedding_init,
           table_spec=tuple(self.rows.plan.table_spec), bound=flat.shape[0]))
       return ahead.rows
@@ -283,6 +301,19 @@ class DynamicEmbed(nnx.Module):
     values = np.asarray(self.last[...])
     return {k: (int(v) if k in ("admitted", "evicted") else float(v))
             for k, v in zip(STATS, values)}
+
+  def map_bytes_per_device(self) -> int:
+    """Bytes of the id -> row map on each device.
+
+    Its keys, scores, placement clocks and sketch are split with the rows
+    (whole buckets a device); the clocks, init key and statistics are on
+    every device.
+    """
+    size = lambda v: math.prod(v[...].shape) * np.dtype(v[...].dtype).itemsize
+    split = (self.keys_hi, self.keys_lo, self.score, self.placed_at, self.sketch)
+    every = (self.clock, self.slots_clock, self.init_key, self.last)
+    return (sum(size(v) for v in split if v is not None) // self.group
+            + sum(size(v) for v in every))
 
   def resident(self) -> dict[int, int]:
     """Every resident raw id (as a uint64 value) and its row; gathers the map to the host."""
@@ -402,6 +433,32 @@ def _route_capacity(layout: Layout, dynamic, name: str):
 _DYNAMIC_LAYOUT = ("sharding", "table_axes", "data_axes", "route_capacity")
 _DEFAULT_LAYOUT = Layout()
 _NOT_DYNAMIC = tuple(f for f in settings_fields(Layout) if f not in _DYNAMIC_LAYOUT)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ByRow:
+  """``ShardedEmbed``'s initializer for a dynamic table: ``mapping.initial_table``.
+
+  Hashable by its initializer, so tables alike share one compiled draw.
+  Compiled with XLA's default passes (``compiler_options``, read by
+  ``embedlib.table``), as the steps that draw rows again are.
+  """
+
+  init: tp.Callable
+  compiler_options: tp.ClassVar[dict] = {}
+
+  def __call__(self, key, shape, dtype):
+    return mapping.initial_table(self.init, key, shape, dtype)
+
+
+class _GivenKey:
+  """Hands ``ShardedEmbed`` the table's init key as its ``rngs.params()``."""
+
+  def __init__(self, key):
+    self.key = key
+
+  def params(self):
+    return self.key
 
 
 class MapAhead(tp.NamedTuple):

@@ -12,8 +12,9 @@ A resident is found by comparing an id with its bucket's ``bucket_size``
 keys (HierarchicalKV's bucket scan): ``bucket_size`` compares per id.
 
 On CPU the training step runs as a C++ kernel instead
-(``kernels.dynamic_map_cpu``: a hash table and a pass per bucket, no sort),
-with the same results bit for bit; ``kernel="xla"`` keeps the ops above.
+(``kernels.dynamic_map_cpu``: a counting sort by bucket and a pass per
+bucket, no sort of the whole step, buckets split over the cores), with the
+same results bit for bit; ``kernel="xla"`` keeps the ops above.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ The rows of a ``DynamicEmbed`` are a routed or vocab ``ShardedEmbed``
 (``emb.rows``), so ``embedlib.optim.value_and_grad`` and
 ``SparseAwareOptimizer`` train them row by row like any table: a lookup of
 a non-resident id reads row ``-1`` (an invalid id), which gets no gradient.
-A placed row is reset to its initial value during the lookup; its optimizer
-slots are reset by ``reset_slots``, called between the gradient and the
-update::
+A placed row is reset to its initial value during the lookup (a first
+placement finds it there already); its optimizer slots are reset by
+``reset_slots``, called between the gradient and the update::
 
     loss, grads = optim.value_and_grad(loss_fn)(model)
     dynamic.reset_slots(opt, model)
@@ -16,7 +16,9 @@ A table the optimizer trains densely (an output layer tied to the
 embedding, as SASRec's) has its rows' slots in the dense optax state:
 ``reset_slots`` resets those rows there to the values the transformation's
 ``init`` gives them (Adam's moments to 0). Its step count, which Adam's
-bias correction reads, is the whole model's and stays.
+bias correction reads, is the whole model's and stays. The dense update
+also moves the rows no id holds yet, so ``reset_slots`` marks them placed
+(``placed_at`` 0) and their first placement draws them afresh.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def _reset_dense_slots(dense, model, tables) -> None:
       leaf[...] = jnp.where(mask, jnp.asarray(first, value.dtype), value)
   for _, module in tables:
     module.slots_clock[...] = module.clock[...]
+    # The dense update changes the unplaced rows: their first placement draws them.
+    module.placed_at[...] = jnp.maximum(module.placed_at[...], 0)
 
 
 def step_stats(model) -> dict[str, float]:

@@ -3,9 +3,10 @@
 ``dynamic.step.admit_step`` sorts the step's ids by (bucket, id) and scans
 each id's bucket: on a GPU that is cheap, but XLA:CPU's sort calls a
 comparator per comparison, and the sort and the scan cost more than the
-table's whole sparse update. The kernel finds the distinct ids with a hash
-table, groups them by bucket with a counting sort and runs the policy one
-bucket at a time, with the same results bit for bit. ``set_rows_cpu``
+table's whole sparse update. The kernel splits the buckets into one range
+per thread; each thread groups its buckets' ids with a counting sort, sorts
+each bucket's few ids alone and runs the policy one bucket at a time, with
+the same results bit for bit. ``set_rows_cpu``
 writes the placed rows' initial values (XLA:CPU's scatter of whole rows goes
 element by element).
 """

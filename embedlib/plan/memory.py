@@ -118,7 +118,8 @@ def _itemsize(dtype) -> int:
 class TableMemory:
   """One table's (or stack's) bytes on each device in a training step.
 
-  ``temporaries`` are by what holds them (see ``temporaries``).
+  ``temporaries`` are by what holds them (see ``temporaries``); ``map`` is
+  a dynamic table's id -> row map (``embedlib.DynamicEmbed``), 0 for others.
   """
 
   name: str
@@ -126,6 +127,7 @@ class TableMemory:
   slots: int
   ids: int
   temporaries: tuple[tuple[str, int], ...]
+  map: int = 0
 
   @property
   def temporary(self) -> int:
@@ -134,7 +136,7 @@ class TableMemory:
 
   @property
   def total(self) -> int:
-    return self.table + self.slots + self.ids + self.temporary
+    return self.table + self.slots + self.map + self.ids + self.temporary
 
 
 def slot_bytes(plan, optimizer=DEFAULT_OPTIMIZER) -> int:
@@ -299,25 +301,33 @@ class DeviceMemory:
     return sum(t.ids for t in self.tables)
 
   @property
+  def map(self) -> int:
+    """The dynamic tables' maps (0 without dynamic tables)."""
+    return sum(t.map for t in self.tables)
+
+  @property
   def temporary(self) -> int:
     """The temporaries at the step's peak over every table (``peak``)."""
     return peak(dict(t.temporaries) for t in self.tables)
 
   @property
   def total(self) -> int:
-    return self.table + self.slots + self.ids + self.temporary
+    return self.table + self.slots + self.map + self.ids + self.temporary
 
   def describe(self) -> list[str]:
     """One line per table and one for the device, as plans print bytes."""
     from embedlib.plan.report import human_bytes  # pylint: disable=g-import-not-at-top
 
-    line = lambda name, t, s, i, tmp, tot: (
-        f"{name:24s} table {human_bytes(t):>11s}  slots {human_bytes(s):>11s}  ids "
-        f"{human_bytes(i):>11s}  temporaries {human_bytes(tmp):>11s}  total "
+    maps = any(t.map for t in self.tables)
+    line = lambda name, t, s, m, i, tmp, tot: (
+        f"{name:24s} table {human_bytes(t):>11s}  slots {human_bytes(s):>11s}  "
+        + (f"map {human_bytes(m):>11s}  " if maps else "")
+        + f"ids {human_bytes(i):>11s}  temporaries {human_bytes(tmp):>11s}  total "
         f"{human_bytes(tot):>11s}")
-    out = [line(t.name, t.table, t.slots, t.ids, t.temporary, t.total) for t in self.tables]
-    out.append(line(f"per device ({self.optimizer})", self.table, self.slots, self.ids,
-                    self.temporary, self.total))
+    out = [line(t.name, t.table, t.slots, t.map, t.ids, t.temporary, t.total)
+           for t in self.tables]
+    out.append(line(f"per device ({self.optimizer})", self.table, self.slots, self.map,
+                    self.ids, self.temporary, self.total))
     return out
 
 

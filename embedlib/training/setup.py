@@ -7,6 +7,7 @@ leaves no half-made run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -20,6 +21,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from embedlib import checkpoint
+from embedlib import dynamic
 from embedlib import host_memory
 from embedlib import optim
 from embedlib.collection import FeatureSpec, TableSpec, budget, fit_id_skews
@@ -262,8 +264,9 @@ def planned_memory(model, optimizer) -> plan_memory.DeviceMemory:
 
   Every table and stack once: a collection's tables apart and stacks, with
   the ids and rows its features look up at its planned batch
-  (``collection.budget.step_memory``), and the sparse ``ShardedEmbed`` s
-  outside a collection, with the slots of ``optimizer``'s row-wise rule (a
+  (``collection.budget.step_memory``), its dynamic tables with their maps,
+  and the sparse ``ShardedEmbed`` s and ``DynamicEmbed`` s outside a
+  collection, with the slots of ``optimizer``'s row-wise rule (a
   ``SparseAwareOptimizer``; none without one).
   """
   collections, seen = [], set()
@@ -275,10 +278,26 @@ def planned_memory(model, optimizer) -> plan_memory.DeviceMemory:
         [(t.plan, t.num_unique) for t in table_plans if t.stack is None], module.plan.stacks,
         module.feature_specs, batch_size=module.plan.batch_size, optimizer=optimizer.rule)
     collections += step.tables
+    for name, table in getattr(module, "dynamic", {}).items():
+      local = -(-module.plan.batch_size // table.rows.plan.data_shards)
+      ids, rows = budget.lookups(module.feature_specs, [name], local)
+      collections.append(_dynamic_memory(table, optimizer, ids, rows))
     seen.update(id(m) for _, m in optim.sparse_tables(module))
+  for _, module in nnx.iter_graph(model):
+    if isinstance(module, dynamic.DynamicEmbed) and id(module.rows) not in seen:
+      collections.append(_dynamic_memory(module, optimizer))
+      seen.add(id(module.rows))
   alone = plan_memory.device_memory(
       [m.plan for _, m in optim.sparse_tables(model) if id(m) not in seen], optimizer.rule)
   return plan_memory.DeviceMemory(tuple(collections) + alone.tables, alone.optimizer)
+
+
+def _dynamic_memory(table, optimizer, ids=None, rows=None) -> plan_memory.TableMemory:
+  """A ``DynamicEmbed``'s step on a device: its rows' (``table_memory``) and its map."""
+  memory = plan_memory.table_memory(table.rows.plan, ids, rows=rows, optimizer=optimizer.rule)
+  default = 0 if table.default_row is None else table.features * table.rows.plan.itemsize
+  return dataclasses.replace(memory, name=table.name, table=memory.table + default,
+                             map=table.map_bytes_per_device())
 
 
 def describe_step_memory(step, model, optimizer, *args, **kwargs) -> str:
@@ -291,8 +310,9 @@ def describe_step_memory(step, model, optimizer, *args, **kwargs) -> str:
   """
   stats = step.lower(model, optimizer, *args, **kwargs).compile().memory_analysis()
   plan = planned_memory(model, optimizer)
+  maps = f", map {human_bytes(plan.map)}" if plan.map else ""
   planned = (f"the plan's embedding: {human_bytes(plan.total)} (tables "
-             f"{human_bytes(plan.table)}, slots {human_bytes(plan.slots)}, ids "
+             f"{human_bytes(plan.table)}, slots {human_bytes(plan.slots)}{maps}, ids "
              f"{human_bytes(plan.ids)}, temporaries {human_bytes(plan.temporary)})")
   if stats is None:  # a backend without a memory analysis
     return f"train step memory per device: not reported by this backend; {planned}"

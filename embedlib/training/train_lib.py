@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 
 from embedlib import checkpoint, dynamic, optim
 from embedlib import data as data_lib
-from embedlib.training import early_stop, pipeline, setup
+from embedlib.training import early_stop, pipeline, setup, watchdog
 from embedlib.training.loop import Loop
 # eval_step and loss_fn are re-exported: callers of the single-task loop import them here.
 from embedlib.training.steps import eval_step, loss_fn, train_step  # noqa: F401
@@ -30,7 +30,7 @@ from embedlib.training.writers import MetricWriter, read_jsonl
 log = logging.getLogger("embedlib.train")
 
 
-def evaluate(model, source, start_state, mesh, max_batches, task) -> dict:
+def evaluate(model, source, start_state, mesh, max_batches, task, beat=None) -> dict:
   """``task``'s eval metrics (AUC and log-loss for a ``CTRTask``) over every process's rows.
 
   Args:
@@ -41,6 +41,8 @@ def evaluate(model, source, start_state, mesh, max_batches, task) -> dict:
     mesh: the mesh each global batch is laid out on.
     max_batches: batches read (fewer when any process's source ends first).
     task: the run's ``Task``.
+    beat: called before each batch after the first (the previous one got
+      on: ``watchdog.Watchdog.beat``), or None.
 
   Returns:
     ``{metric name: float}``, the same on every process.
@@ -48,8 +50,18 @@ def evaluate(model, source, start_state, mesh, max_batches, task) -> dict:
   source.set_state(start_state)
   local = _while_every_process_has_one(itertools.islice(source, max_batches))
   batches = (data_lib.to_global_batch(task.featurize(b), mesh) for b in local)
+  if beat is not None:
+    batches = _beating(batches, beat)
   with dynamic.frozen_maps(model):  # eval ids are looked up, never admitted
     return task.evaluate(model, batches, mesh, source)
+
+
+def _beating(batches, beat):
+  """``batches``, calling ``beat`` before each one after the first."""
+  for i, batch in enumerate(batches):
+    if i:
+      beat()
+    yield batch
 
 
 def _while_every_process_has_one(batches):
@@ -180,7 +192,7 @@ def _stop_agreed(stop: StopSignals, step: int, log_every: int) -> bool:
   return bool(multihost_utils.process_allgather(wanted).any())
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
+def train_and_evaluate(config, workdir: str, *, stuck_after: float = 600.0) -> dict:
   """Trains ``config``'s model on its task, evaluating and checkpointing in ``workdir``.
 
   The task (``config.task.name``: ``ctr``, ``ranking``, ``retrieval`` or
@@ -200,9 +212,17 @@ def train_and_evaluate(config, workdir: str) -> dict:
   appears once in each. SIGTERM or SIGINT stops after the current step with
   a checkpoint (it returns normally).
 
+  A program that makes no progress (``watchdog.Watchdog``: ``stuck_after``
+  seconds without, or a collective XLA reports stuck) ends the process
+  with exit status ``watchdog.STUCK``, naming the program, the step and the
+  collective; SIGTERM or SIGINT during a wait that does not end within
+  seconds ends it at once, saying so. The checkpoints are left as they are.
+
   Args:
     config: a ``ConfigDict`` from one of ``configs/*.py``.
     workdir: the run's directory (created if missing).
+    stuck_after: seconds a program the loop waits on may go without
+      progress (its first call, which compiles it, aside); 0: no limit.
 
   Returns:
     The last eval's metrics (``{}`` if none ran).
@@ -268,10 +288,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
         early_stop.mark_stopped(workdir, start, stopper)
       return _last_eval(workdir, start)
 
-    def run_eval(step):
+    def run_eval(step, beat=None):
       """The eval at ``step``, counted by early stopping (which keeps the best's weights)."""
-      scalars = {**evaluate(model, eval_source, eval_start, mesh, loop.eval_batches, task),
-                 **oracle}
+      scalars = {**evaluate(model, eval_source, eval_start, mesh, loop.eval_batches, task,
+                            beat), **oracle}
       if stopper is not None:
         stopper.observe(step, scalars, model, optimizer, train_source.get_state())
       return {"step": step, **scalars}
@@ -287,9 +307,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
         result.update(task.test(model, eval_source, mesh))
       return result
 
-    with StopSignals() as stop:
+    newest = lambda: _newest_checkpoint(ckpt.directory)
+    with StopSignals() as stop, watchdog.Watchdog(limit_s=stuck_after, newest=newest) as dog:
       return _loop(loop, workdir, start, model, optimizer, train_source, mesh, ckpt,
-                   (run_eval, finish), stop, task, stopper)
+                   (run_eval, finish), stop, task, dog, stopper)
   finally:
     ckpt.close()
     if stopper is not None:
@@ -328,14 +349,17 @@ def _plans(model) -> str:
   """The plan of every table: the collection's table, or one line per ``ShardedEmbed``."""
   embeddings = getattr(model, "embeddings", None)
   if embeddings is not None and hasattr(embeddings, "plan"):
-    lines = [str(embeddings.plan)]
-    for name, emb in getattr(embeddings, "dynamic", {}).items():
-      p = emb.policy
-      lines.append(f"dynamic table {name}: {p.capacity} x {emb.features} in {p.num_buckets} "
-                   f"buckets of {p.bucket_size}, {emb.rows.plan.strategy} over {emb.group} "
-                   f"devices; admit_after={p.admit_after}, eviction={p.eviction}")
-    return "\n".join(lines)
+    return str(embeddings.plan)  # its dynamic tables included, with their rows, slots and map
   return "\n".join(f"{key}: {emb.plan}" for key, emb in optim.sparse_tables(model))
+
+
+def _newest_checkpoint(directory: str) -> str:
+  """The newest finished checkpoint in ``directory``, in words (a listing: safe while stuck)."""
+  try:
+    steps = [int(n) for n in os.listdir(directory) if n.isdigit()]
+  except OSError:
+    steps = []
+  return f"step {max(steps)}, in {directory}" if steps else f"none yet in {directory}"
 
 
 def _line(scalars: dict) -> str:
@@ -344,11 +368,12 @@ def _line(scalars: dict) -> str:
 
 
 def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt, evals, stop,
-          task, stopper=None):
+          task, dog, stopper=None):
   """Steps ``start + 1 .. num_train_steps``; returns the last eval.
 
-  ``evals``: ``(run_eval, finish)``: ``run_eval(step)`` gives an eval's
+  ``evals``: ``(run_eval, finish)``: ``run_eval(step, beat)`` gives an eval's
   record, and ``finish(record)`` the last one's, with the test metrics.
+  ``dog``: the run's ``watchdog.Watchdog``, which every wait on a program is under.
   """
   run_eval, finish = evals
   train_writer = MetricWriter(workdir, "train", resume_step=start)
@@ -374,6 +399,7 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
                                early_fetch=loop.early_fetch)
     take_step, data_state = runner.step, runner.get_state
     first_step = take_step
+    program = "pipelined_train_step"
   else:
     take_step = lambda: step_fn(next(prefetch), task=task)
     data_state = prefetch.get_state
@@ -383,6 +409,7 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
       # The compile this reads the memory of is the one the step then runs.
       log.info("%s", setup.describe_step_memory(train_step, model, optimizer, batch, task=task))
       return step_fn(batch, task=task)
+    program = "train_step"
   sync = one_step_in_flight()
   result = _last_eval(workdir, start)
   saved, step = start, start
@@ -390,17 +417,18 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
   try:
     if start == loop.num_train_steps and result.get("step") != start:
       # The last checkpoint of a run whose last eval was not written (_finished).
-      result = finish(run_eval(start))
+      with dog.waiting("the eval (eval_step)", start):
+        result = finish(run_eval(start, dog.beat))
       write_eval(result)
     for step in range(start + 1, loop.num_train_steps + 1):
       if step == start + 1:
         log.info("compiling train_step (step %d waits for it) ...", step)
-      loss = first_step() if step == start + 1 else take_step()
-      if sync:
-        jax.block_until_ready(loss)
+      with dog.waiting(program, step):
+        loss = first_step() if step == start + 1 else take_step()
+        if sync or step == start + 1:
+          jax.block_until_ready(loss)
       losses.append(loss)
       if step == start + 1:
-        jax.block_until_ready(loss)
         log.info("step %d took %.1fs, compiling train_step included; examples/s leave "
                  "it out", step, time.perf_counter() - tic)
         tic = time.perf_counter()
@@ -410,7 +438,8 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
         bar.update(1)
       if loop.logs(step):
         # On the host: a device program here would run beside the steps in flight.
-        mean_loss = float(np.mean(jax.device_get(losses)))
+        with dog.waiting(program, step):
+          mean_loss = float(np.mean(jax.device_get(losses)))
         # Dynamic tables' occupancy and their last step's admitted, evicted, default_share.
         scalars = {"loss": mean_loss, **task.log_scalars(model), **dynamic.step_stats(model)}
         if timed:
@@ -425,21 +454,24 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
         losses, timed, paused, tic = [], 0, 0.0, time.perf_counter()
       is_eval, is_save = loop.evaluates(step), loop.saves(step)
       if is_eval or is_save:
-        jax.block_until_ready(loss)  # the steps' own time stays out of `paused`
+        with dog.waiting(program, step):
+          jax.block_until_ready(loss)  # the steps' own time stays out of `paused`
         pause = time.perf_counter()
         if is_eval:
-          result = run_eval(step)
+          with dog.waiting("the eval (eval_step)", step):
+            result = run_eval(step, dog.beat)
           if step == loop.num_train_steps or (stopper is not None and stopper.stop):
             if stopper is not None:
               # The trained weights first, which the best eval's replace for the test
               # rows: a run raised to more steps trains on from these, as if never stopped.
-              with stop.deferred():
+              with stop.deferred(), dog.waiting("a checkpoint save", step):
                 ckpt.save(step, model, optimizer, data_state())
               saved = step
-            result = finish(result)
+            with dog.waiting("the test eval (eval_step)", step):
+              result = finish(result)
           write_eval(result)
         if is_save and saved < step:
-          with stop.deferred():
+          with stop.deferred(), dog.waiting("a checkpoint save", step):
             ckpt.save(step, model, optimizer, data_state())
           saved = step
         paused += time.perf_counter() - pause
@@ -454,7 +486,7 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
       if _stop_agreed(stop, step, loop.log_every):
         break
     if stop.requested is not None and step < loop.num_train_steps:
-      with stop.deferred():
+      with stop.deferred(), dog.waiting("a checkpoint save", step):
         if saved < step:
           ckpt.save(step, model, optimizer, data_state())
         ckpt.wait()

@@ -5,9 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax.nnx.nn.linear import default_embed_init
 
-from embedlib.dynamic import init_rows
+from embedlib.dynamic import HashedUniform, init_rows
 from embedlib.dynamic import step as step_lib
 
 #: Raw ids: small ones, ones past 2**32 and 2**63, and padding (-1 as int64).
@@ -33,17 +32,23 @@ def draw_batches(seed: int, steps: int, size: int, pool=POOL) -> list[np.ndarray
   return [rng.choice(pool, size) for _ in range(steps)]
 
 
-class ReferenceTable:
-  """The reference's rows: zeros until placed, ``init_rows`` when placed, plain SGD."""
+#: ``init_rows`` compiled, as a table's creation and its steps draw (an eager
+#: normal draw rounds its scale otherwise: ``mapping.initial_table``).
+_init_rows = jax.jit(init_rows, static_argnums=(0, 3, 4))
 
-  def __init__(self, capacity, features, key_data, init=default_embed_init):
-    self.table = np.zeros((capacity, features), np.float32)
+
+class ReferenceTable:
+  """The reference's rows: ``init_rows`` when created and when placed, plain SGD."""
+
+  def __init__(self, capacity, features, key_data, init=HashedUniform()):
     self.key, self.init, self.features = key_data, init, features
+    self.table = np.zeros((capacity, features), np.float32)
+    self.place(list(range(capacity)))
 
   def place(self, rows):
     if rows:
-      values = init_rows(self.init, self.key, jnp.asarray(rows, jnp.int32), self.features,
-                         jnp.float32)
+      values = _init_rows(self.init, self.key, jnp.asarray(rows, jnp.int32), self.features,
+                          jnp.float32)
       self.table[np.asarray(rows)] = np.asarray(values)
 
   def sgd(self, rows, cot, lr):

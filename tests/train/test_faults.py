@@ -219,9 +219,9 @@ def test_rerun_of_a_finished_workdir_is_complete_with_its_config_and_stops_with_
 # -- SIGTERM and SIGINT ------------------------------------------------------------
 
 
-def _run_until(workdir, after_steps, on_step, *overrides):
+def _run_until(workdir, after_steps, on_step, *overrides, env=None):
   """Runs the trainer; calls ``on_step(proc)`` once ``after_steps`` steps are logged."""
-  proc = subprocess.Popen(_command(workdir, *overrides), cwd=ROOT, env=_env(),
+  proc = subprocess.Popen(_command(workdir, *overrides), cwd=ROOT, env=env or _env(),
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   seen, lines = 0, []
   for line in proc.stderr:
@@ -399,9 +399,11 @@ def _assert_same(got, want):
 def test_sigkill_mid_raw_id_run_resumes_its_maps_from_the_last_intact_checkpoint(tmp_path):
   """Killed mid-run (a checkpoint each step, so the kill may land mid-save), pipelined: the
   newest intact checkpoint holds the maps with their rows, and the resumed run ends
-  where an uninterrupted in-line run does, bit for bit."""
-  workdir = tmp_path / "run"
-  code, err = _run_until(workdir, 4, lambda p: p.kill(), *LONG, *RAW, "--config.pipeline=True")
+  where an uninterrupted in-line run does, bit for bit (compiled as a user's run is:
+  ``xla_env.default_subprocess_env``)."""
+  workdir, env = tmp_path / "run", xla_env.default_subprocess_env(8)
+  code, err = _run_until(workdir, 4, lambda p: p.kill(), *LONG, *RAW, "--config.pipeline=True",
+                         env=env)
   assert code == -signal.SIGKILL, err[-3000:]
   found = _restore_newest(workdir, _raw_smoke(pipeline=True))
   assert found is not None, os.listdir(workdir / "checkpoints")
@@ -411,7 +413,7 @@ def test_sigkill_mid_raw_id_run_resumes_its_maps_from_the_last_intact_checkpoint
   straight = tmp_path / "straight"
   tail = ["--config.eval_every=100000", f"--config.num_train_steps={last}"]
   # The uninterrupted in-line run, in a process like the killed one (its devices).
-  runs = [subprocess.Popen(_command(w, *RAW, *extra, *tail), cwd=ROOT, env=_env(),
+  runs = [subprocess.Popen(_command(w, *RAW, *extra, *tail), cwd=ROOT, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
           for w, extra in ((workdir, ["--config.pipeline=True"]), (straight, []))]
   errs = [p.communicate(timeout=900)[1] for p in runs]

@@ -6,7 +6,6 @@ policy, score the table's resident rows only, and its eval must rank a
 held-out movie among them by its raw id.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -16,6 +15,7 @@ from flax import nnx
 from embedlib import DynamicEmbed, dynamic, optim, serving
 from embedlib.data import movielens as ml
 from embedlib.data import next_item as ni
+from embedlib.dynamic import mapping
 from embedlib.training import export_lib, setup, tasks, train_lib
 from embedlib.training.writers import read_jsonl
 from tests.train.test_movielens_raw_ids import _check_table, _config, data  # noqa: F401
@@ -201,6 +201,15 @@ def test_a_densely_trained_table_gets_gradients_and_fresh_adam_moments_for_place
     value = np.asarray(moment["items"]["rows"]["embedding"][...])
     assert (value[rows] == 0).all() and (np.delete(value, rows, axis=0) == 3).all()
   assert int(model.items.slots_clock[...]) == 1
+  # The dense update moves the rows no id holds yet: their first placement is drawn afresh.
+  assert (np.delete(np.asarray(model.items.placed_at[...]), rows) == 0).all()
+  model.items.rows.embedding[...] += 1.0
+  model.items(np.array([7]))
+  row = model.items.resident()[7]
+  want = mapping.init_rows(model.items.embedding_init, model.items.init_key[...],
+                           jnp.array([row]), 2, jnp.float32)
+  # Its initial value, not the moved one.
+  np.testing.assert_array_equal(model.items.rows.embedding[...][row], want[0])
 
 
 @pytest.mark.slow

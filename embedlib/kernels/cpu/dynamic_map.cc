@@ -4,10 +4,16 @@
 // The XLA step sorts the step's ids by (bucket, hi, lo) so that distinct ids
 // are runs and each bucket's candidates come in ascending order; XLA's CPU
 // sort calls a comparator per comparison, and that sort and the bucket scan
-// cost more than the table's whole update. Here a hash table finds the
-// distinct ids, a counting sort groups them by bucket, and each bucket's few
-// ids are sorted alone; then each bucket runs the policy of
-// embedlib/dynamic/policy.py as the reference does, one id at a time.
+// cost more than the table's whole update. Here the buckets are split into
+// one contiguous range per thread; each thread groups the step's ids of its
+// buckets by bucket (a counting sort), sorts each bucket's few ids alone,
+// which makes the distinct ids runs, and runs the policy of
+// embedlib/dynamic/policy.py on each bucket as the reference does, one id at
+// a time. Buckets share nothing, so nothing is serial but a check of the ids.
+//
+// No slot is ever freed (the policy only admits, touches and replaces), so a
+// bucket's residents are a prefix of its slots and its free slots the
+// suffix: a scan of a bucket stops at its first free slot.
 //
 // Operands: keys_hi u32[R], keys_lo u32[R], score s32[R] (-1: free),
 // sketch u8[buckets * depth * width] (any one element when depth is 0),
@@ -39,6 +45,8 @@ namespace {
 
 constexpr int64_t kLfu = 2;
 constexpr int64_t kNone = 0;
+// Buckets ahead of the one stepped whose first slots are fetched.
+constexpr int64_t kBucketsAhead = 4;
 
 struct Distinct {
   uint64_t key;    // (hi << 32) | lo: ascending keys are ascending unsigned ids
@@ -48,37 +56,6 @@ struct Distinct {
   int32_t row;     // local row after the step, -1: none
   bool placed;
 };
-
-inline uint64_t Mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xFF51AFD7ED558CCDull;
-  x ^= x >> 33;
-  return x;
-}
-
-// The distinct own ids in first-seen order, and each own id's index among them.
-std::vector<Distinct> Dedup(const uint32_t* hi, const uint32_t* lo, const bool* own,
-                            const int32_t* bucket, int64_t m, std::vector<int32_t>& index) {
-  int64_t size = 2;
-  while (size < 2 * m) size <<= 1;
-  const uint64_t mask = size - 1;
-  std::vector<int32_t> table(size, -1);
-  std::vector<Distinct> distinct;
-  distinct.reserve(m);
-  for (int64_t i = 0; i < m; ++i) {
-    if (!own[i]) continue;
-    const uint64_t key = (static_cast<uint64_t>(hi[i]) << 32) | lo[i];
-    uint64_t h = Mix(key) & mask;
-    while (table[h] >= 0 && distinct[table[h]].key != key) h = (h + 1) & mask;
-    if (table[h] < 0) {
-      table[h] = static_cast<int32_t>(distinct.size());
-      distinct.push_back({key, bucket[i], 0, static_cast<int32_t>(i), -1, false});
-    }
-    ++distinct[table[h]].count;
-    index[i] = table[h];
-  }
-  return distinct;
-}
 
 struct Policy {
   int64_t b, eviction, admit_after, depth, width;
@@ -97,28 +74,28 @@ struct Scratch {
   std::vector<std::pair<int32_t, int32_t>> victims;
 };
 
-// One bucket's step: `ids` are its distinct ids, ascending.
-
-void StepBucket(const Policy& p, int64_t bucket, const std::vector<Distinct*>& ids, Scratch& w,
-                uint32_t* khi, uint32_t* klo, int32_t* score, uint8_t* sketch,
-                const int32_t* cells, Counts& counts) {
+// One bucket's step: `ids` are its distinct ids, ascending. Returns the
+// bucket's residents after the step.
+int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, Scratch& w,
+                   uint32_t* khi, uint32_t* klo, int32_t* score, uint8_t* sketch,
+                   const int32_t* cells, Counts& counts) {
   const int64_t base = bucket * p.b;
   std::vector<char>& touched = w.touched;
   touched.assign(p.b, 0);
   std::vector<Distinct*>& cand = w.cand;
   cand.clear();
-  // One pass over the bucket finds every id's slot (the first match, as the
-  // XLA scan's argmax) and counts the residents; then the residents are
-  // touched: LRU (and no eviction) set the clock, LFU adds.
+  // One pass over the bucket's residents (its slots up to the first free
+  // one) finds every id's slot (the first match, as the XLA scan's argmax);
+  // then the residents are touched: LRU (and no eviction) set the clock, LFU
+  // adds.
   std::vector<int64_t>& found = w.found;
   found.assign(ids.size(), -1);
   int64_t residents = 0;
-  for (int64_t s = 0; s < p.b; ++s) {
-    if (score[base + s] < 0) continue;
-    ++residents;
+  while (residents < p.b && score[base + residents] >= 0) ++residents;
+  for (int64_t s = 0; s < residents; ++s) {
     const uint32_t l = klo[base + s];
     for (size_t k = 0; k < ids.size(); ++k) {
-      const uint64_t key = ids[k]->key;
+      const uint64_t key = ids[k].key;
       if (static_cast<uint32_t>(key) == l && found[k] < 0 &&
           static_cast<uint32_t>(key >> 32) == khi[base + s]) {
         found[k] = s;
@@ -126,7 +103,7 @@ void StepBucket(const Policy& p, int64_t bucket, const std::vector<Distinct*>& i
     }
   }
   for (size_t k = 0; k < ids.size(); ++k) {
-    Distinct* d = ids[k];
+    Distinct* d = &ids[k];
     const int64_t s = found[k];
     if (s < 0) {
       cand.push_back(d);
@@ -141,7 +118,7 @@ void StepBucket(const Policy& p, int64_t bucket, const std::vector<Distinct*>& i
     touched[s] = 1;
     d->row = static_cast<int32_t>(base + s);
   }
-  if (cand.empty()) return;
+  if (cand.empty()) return residents;
   if (p.depth > 0) {
     uint8_t* sk = sketch + bucket * p.depth * p.width;
     // Every addition first (saturating at 255), then the estimates.
@@ -169,15 +146,17 @@ void StepBucket(const Policy& p, int64_t bucket, const std::vector<Distinct*>& i
   std::vector<std::pair<int32_t, int32_t>>& victims = w.victims;
   victims.clear();
   bool ranked = false;
+  int64_t added = 0;   // placed in free slots (an eviction replaces a resident)
   for (int64_t r = 0; r < static_cast<int64_t>(cand.size()); ++r) {
     int64_t s;
     if (r < free) {
       s = residents + r;
+      ++added;
     } else {
       if (p.eviction == kNone) break;
       if (!ranked) {
-        for (int64_t v = 0; v < p.b; ++v) {
-          if (score[base + v] >= 0 && !touched[v]) {
+        for (int64_t v = 0; v < residents; ++v) {
+          if (!touched[v]) {
             victims.emplace_back(std::min(score[base + v], INT_MAX - 1), static_cast<int32_t>(v));
           }
         }
@@ -197,6 +176,7 @@ void StepBucket(const Policy& p, int64_t bucket, const std::vector<Distinct*>& i
     d->placed = true;
     ++counts.placed;
   }
+  return residents + added;
 }
 
 ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
@@ -253,58 +233,110 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
       }
     }
   }
-  if (decay_every > 0 && p.t % decay_every == 0) {
-    if (eviction == kLfu) {
-      for (int64_t r = 0; r < rows_n; ++r) score[r] = score[r] > 0 ? score[r] >> 1 : score[r];
-    }
-    if (depth > 0) {
-      for (int64_t k = 0; k < nbl * depth * width; ++k) sketch[k] >>= 1;
-    }
-  }
-  std::vector<int32_t> index(m, -1);
-  std::vector<Distinct> distinct =
-      Dedup(hi.typed_data(), lo.typed_data(), is_own, bk, m, index);
-  // Group the distinct ids by bucket (a counting sort), ascending within each.
-  std::vector<int32_t> start(nbl + 1, 0);
-  for (const Distinct& d : distinct) ++start[d.bucket + 1];
-  for (int64_t k = 0; k < nbl; ++k) start[k + 1] += start[k];
-  std::vector<Distinct*> grouped(distinct.size());
-  {
-    std::vector<int32_t> next(start.begin(), start.end() - 1);
-    for (Distinct& d : distinct) grouped[next[d.bucket]++] = &d;
-  }
-  // Buckets share nothing (their slots, sketch cells and distinct ids are
-  // their own), so contiguous ranges of them step on separate threads; the
-  // map after the step is the same for any split.
-  const int threads = embedlib_cpu::ThreadCount(static_cast<int64_t>(distinct.size()));
-  std::vector<Counts> part(threads);
-  const auto by_key = [](const Distinct* a, const Distinct* c) { return a->key < c->key; };
-  embedlib_cpu::ParallelFor(threads, [&](int t) {
-    std::vector<Distinct*> ids;
-    Scratch scratch;
-    for (int64_t k = nbl * t / threads; k < nbl * (t + 1) / threads; ++k) {
-      if (start[k] == start[k + 1]) continue;
-      ids.assign(grouped.begin() + start[k], grouped.begin() + start[k + 1]);
-      std::sort(ids.begin(), ids.end(), by_key);
-      StepBucket(p, k, ids, scratch, khi, klo, score, sketch, cells.typed_data(), part[t]);
-    }
-  });
-  Counts counts;
-  for (const Counts& c : part) {
-    counts.placed += c.placed;
-    counts.evicted += c.evicted;
-  }
+  const bool decays = decay_every > 0 && p.t % decay_every == 0;
+  const uint32_t* h = hi.typed_data();
+  const uint32_t* l = lo.typed_data();
+  const int32_t* cl = cells.typed_data();
   int32_t* rows = rows_out->typed_data();
   bool* placed = placed_out->typed_data();
-  int64_t defaults = 0;
-  for (int64_t i = 0; i < m; ++i) {
-    const Distinct* d = index[i] >= 0 ? &distinct[index[i]] : nullptr;
-    rows[i] = d ? d->row : -1;
-    placed[i] = d && d->placed && d->first == i;
-    defaults += d && d->row < 0;
+  // Each thread steps one contiguous range of buckets: it reads every id's
+  // bucket and keeps its own, so threads share no bucket, slot, sketch cell
+  // or id; the map after the step is the same for any split. The ids of no
+  // bucket (not own) are written by the thread of their input range.
+  const int threads = embedlib_cpu::ThreadCount(std::max(m, nbl));
+  std::vector<Counts> part(threads);
+  std::vector<int64_t> resident_part(threads, 0), default_part(threads, 0);
+  embedlib_cpu::ParallelFor(threads, [&](int t) {
+    for (int64_t i = m * t / threads; i < m * (t + 1) / threads; ++i) {
+      if (!is_own[i]) {
+        rows[i] = -1;
+        placed[i] = false;
+      }
+    }
+    const int64_t first = nbl * t / threads, last = nbl * (t + 1) / threads;
+    if (decays) {
+      if (eviction == kLfu) {
+        for (int64_t r = first * bucket_size; r < last * bucket_size; ++r) {
+          score[r] = score[r] > 0 ? score[r] >> 1 : score[r];
+        }
+      }
+      for (int64_t k = first * depth * width; k < last * depth * width; ++k) sketch[k] >>= 1;
+    }
+    // This range's ids grouped by bucket (a counting sort), in input order.
+    std::vector<int32_t> start(last - first + 1, 0);
+    for (int64_t i = 0; i < m; ++i) {
+      if (is_own[i] && bk[i] >= first && bk[i] < last) ++start[bk[i] - first + 1];
+    }
+    for (int64_t k = first; k < last; ++k) start[k - first + 1] += start[k - first];
+    std::vector<int32_t> grouped(start[last - first]);
+    {
+      std::vector<int32_t> next(start.begin(), start.end() - 1);
+      for (int64_t i = 0; i < m; ++i) {
+        if (is_own[i] && bk[i] >= first && bk[i] < last) {
+          grouped[next[bk[i] - first]++] = static_cast<int32_t>(i);
+        }
+      }
+    }
+    std::vector<std::pair<uint64_t, int32_t>> occ;   // (id, input position)
+    std::vector<Distinct> ids;
+    std::vector<int32_t> which;                       // each occurrence's distinct id
+    Scratch scratch;
+    // Counted here, written once: the threads' totals share cache lines.
+    Counts counts;
+    int64_t resident = 0, defaults = 0;
+    for (int64_t k = first; k < last; ++k) {
+      // A bucket's step waits on the first lines of its slots' scores and
+      // keys: ask for the ones of a bucket a few ahead.
+      if (k + kBucketsAhead < last) {
+        const int64_t ahead = (k + kBucketsAhead) * bucket_size;
+        __builtin_prefetch(score + ahead, 1);
+        __builtin_prefetch(klo + ahead, 1);
+        __builtin_prefetch(khi + ahead, 1);
+      }
+      const int32_t* g = grouped.data() + start[k - first];
+      const int64_t n = start[k - first + 1] - start[k - first];
+      if (n == 0) {
+        int64_t r = 0;
+        while (r < bucket_size && score[k * bucket_size + r] >= 0) ++r;
+        resident += r;
+        continue;
+      }
+      occ.resize(n);
+      for (int64_t j = 0; j < n; ++j) {
+        occ[j] = {(static_cast<uint64_t>(h[g[j]]) << 32) | l[g[j]], g[j]};
+      }
+      // Ascending (id, position): each distinct id a run, led by its first occurrence.
+      std::sort(occ.begin(), occ.end());
+      ids.clear();
+      which.resize(n);
+      for (int64_t j = 0; j < n; ++j) {
+        if (j == 0 || occ[j].first != occ[j - 1].first) {
+          ids.push_back({occ[j].first, static_cast<int32_t>(k), 0, occ[j].second, -1, false});
+        }
+        ++ids.back().count;
+        which[j] = static_cast<int32_t>(ids.size() - 1);
+      }
+      resident += StepBucket(p, k, ids, scratch, khi, klo, score, sketch, cl, counts);
+      for (int64_t j = 0; j < n; ++j) {
+        const Distinct& d = ids[which[j]];
+        const int32_t i = occ[j].second;
+        rows[i] = d.row;
+        placed[i] = d.placed && d.first == i;
+        defaults += d.row < 0;
+      }
+    }
+    part[t] = counts;
+    resident_part[t] = resident;
+    default_part[t] = defaults;
+  });
+  Counts counts;
+  int64_t resident = 0, defaults = 0;
+  for (int t = 0; t < threads; ++t) {
+    counts.placed += part[t].placed;
+    counts.evicted += part[t].evicted;
+    resident += resident_part[t];
+    defaults += default_part[t];
   }
-  int64_t resident = 0;
-  for (int64_t r = 0; r < rows_n; ++r) resident += score[r] >= 0;
   int32_t* stats = stats_out->typed_data();
   stats[0] = static_cast<int32_t>(resident);
   stats[1] = static_cast<int32_t>(counts.placed);
@@ -344,8 +376,8 @@ ffi::Error LookupImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_
       rows[i] = -1;
       if (!is_own[i]) continue;
       const int64_t base = std::min<int64_t>(std::max<int32_t>(bk[i], 0), nbl - 1) * bucket_size;
-      for (int64_t s = base; s < base + bucket_size; ++s) {
-        if (klo[s] == l[i] && khi[s] == h[i] && sc[s] >= 0) {
+      for (int64_t s = base; s < base + bucket_size && sc[s] >= 0; ++s) {   // its residents
+        if (klo[s] == l[i] && khi[s] == h[i]) {
           rows[i] = static_cast<int32_t>(s);
           break;
         }
