@@ -66,7 +66,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from embedlib import EmbeddingCollection, FeatureSpec, TableSpec  # noqa: E402
+from embedlib import CollectionLayout, EmbeddingCollection, FeatureSpec, TableSpec  # noqa: E402
 from embedlib.collection import plan_collection  # noqa: E402
 from embedlib.plan import cost  # noqa: E402
 from embedlib.plan.report import human_bytes  # noqa: E402
@@ -268,7 +268,8 @@ def main(argv=None):
   ids = {k: jnp.asarray(v) for k, v in ids_np.items()}
   needs = shard_needs(features, ids_np, 1)
   caps = {name: 64 * math.ceil(n / 64) for name, n in needs.items()}
-  dedup = EmbeddingCollection(tables, features, num_unique=caps, rngs=nnx.Rngs(0))
+  dedup = EmbeddingCollection(tables, features, layout=CollectionLayout(num_unique=caps),
+                              rngs=nnx.Rngs(0))
   nnx.update(dedup, nnx.state(coll, nnx.Param))  # one set of tables stays alive
   logical = {t.name: coll.tables[t.name].embedding[...] for t in tables}
   print(f"built in {time.perf_counter() - start:.1f} s; distinct ids per step "

@@ -69,7 +69,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, options  # noqa: E402
+from embedlib import (CollectionLayout, EmbeddingCollection, FeatureSpec, TableSpec,  # noqa: E402
+                      options)
 from embedlib.collection import fit_id_skews  # noqa: E402
 from embedlib import optim  # noqa: E402
 from embedlib.plan import cost  # noqa: E402
@@ -110,8 +111,9 @@ def one_table(args, record):
     features = [FeatureSpec("f", "t", max_ids_per_sample=BAG)]
     x = {"f": jax.device_put(ids, split)}
     for capacity in (None, need):
-      coll = EmbeddingCollection(tables, features, mesh=mesh, num_unique=capacity,
-                                 batch_size=BATCH, rngs=nnx.Rngs(0))
+      coll = EmbeddingCollection(
+          tables, features, mesh=mesh,
+          layout=CollectionLayout(num_unique=capacity, batch_size=BATCH), rngs=nnx.Rngs(0))
       forward, step, state = forward_and_backward(coll)
       name = f"{kind} over {rows:,} rows, " + (f"dedup at {need}" if capacity else "no dedup")
       forwards[name], steps[name] = (forward, (state, x)), (step, (state, x))
@@ -191,10 +193,11 @@ def forced_capacity(table, features, local_batch):
   return cost.dedup_capacity([(ids, table.num_embeddings, table.id_skew)])
 
 
-def collection_variants(tables, features, *, batch_size, **kw):
+def collection_variants(tables, features, *, batch_size, mesh):
   """The collections compared, by name: the plan's choice first."""
   build = lambda tables, num_unique: EmbeddingCollection(
-      tables, features, num_unique=num_unique, batch_size=batch_size, rngs=nnx.Rngs(0), **kw)
+      tables, features, mesh=mesh,
+      layout=CollectionLayout(num_unique=num_unique, batch_size=batch_size), rngs=nnx.Rngs(0))
   chosen = build(tables, "auto")
   local_batch = batch_size // DEVICES
   forced = {t.name: forced_capacity(t, features, local_batch) for t in tables}

@@ -284,7 +284,8 @@ def main(argv=None) -> int:
   fixed = embedlib.ShardedEmbed(rows, width, rngs=nnx.Rngs(0))
   init = ({"embedding_init": nnx.initializers.zeros} if args.zeros_init else
           {"embedding_init": default_embed_init} if args.normal_init else {})
-  dyn = embedlib.DynamicEmbed(rows, width, bucket_size=128, rngs=nnx.Rngs(0), **init)
+  dyn = embedlib.DynamicEmbed(rows, width, dynamic=embedlib.DynamicSpec(bucket_size=128),
+                              rngs=nnx.Rngs(0), **init)
   fixed_opt = optim.SparseAwareOptimizer(fixed, None, rule)
   dyn_opt = optim.SparseAwareOptimizer(dyn, None, rule)
   batches = [raw_ids(n, seed) for seed in range(WARM + repeats)]

@@ -66,7 +66,8 @@ def worker(args) -> None:
     step = bench.fixed_step
     feed = lambda b: jnp.asarray((b % np.uint64(args.rows)).astype(np.int32))
   else:
-    emb = embedlib.DynamicEmbed(args.rows, WIDTH, bucket_size=128, rngs=nnx.Rngs(0))
+    emb = embedlib.DynamicEmbed(args.rows, WIDTH, dynamic=embedlib.DynamicSpec(bucket_size=128),
+                                rngs=nnx.Rngs(0))
     step = bench.dynamic_step
     feed = dynamic.words
   opt = optim.SparseAwareOptimizer(emb, None, rule)

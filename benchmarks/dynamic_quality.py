@@ -295,8 +295,8 @@ def trial(seed, same_memory, args, results) -> bool:
         f"(feature, value) ids in training; {rows:,} rows; width {w}; batch {args.batch}; "
         f"{jax.default_backend()}; data written and read in {time.perf_counter() - start:.0f} s")
   words = lambda b: dynamic.words(b)
-  dyn = lambda cap, eviction: embedlib.DynamicEmbed(cap, w, eviction=eviction,
-                                                    rngs=nnx.Rngs(0))
+  dyn = lambda cap, eviction: embedlib.DynamicEmbed(
+      cap, w, dynamic=embedlib.DynamicSpec(eviction=eviction), rngs=nnx.Rngs(0))
   cases = {
       f"hashed, same rows ({rows:,})":
           (lambda: embedlib.ShardedEmbed(rows, w, rngs=nnx.Rngs(0)),

@@ -71,7 +71,7 @@ from jax.sharding import PartitionSpec as P
 
 from benchmarks import timing
 import embedlib
-from embedlib import EmbeddingCollection, FeatureSpec, TableSpec, optim
+from embedlib import CollectionLayout, EmbeddingCollection, FeatureSpec, TableSpec, optim
 from embedlib.kernels import deviceless
 from embedlib.plan import memory
 
@@ -84,6 +84,8 @@ MLPERF_CARDINALITIES = (
     12_973, 108, 36)
 WIDTH = 128
 BATCH = 65536
+#: The collections' settings: every table the planner's, none replicated for being small.
+COLLECTION_LAYOUT = CollectionLayout(kernel="auto", replicate_below_bytes=0, batch_size=BATCH)
 
 
 def total_bytes(memory) -> int:
@@ -197,9 +199,9 @@ def grid_memory(record) -> None:
                              axis_types=(jax.sharding.AxisType.Auto,) * 2)
   for layout in ("grid", "vocab", "hidden"):
     def build(layout=layout):
-      e = embedlib.ShardedEmbed(GRID_ROWS, GRID_WIDTH, mesh=mesh, sharding=layout,
-                                table_axes=("model",), data_axes=("data",),
-                                ids_per_device=GRID_IDS, rngs=nnx.Rngs(0))
+      e = embedlib.ShardedEmbed(GRID_ROWS, GRID_WIDTH, mesh=mesh, layout=embedlib.Layout(
+          sharding=layout, table_axes=("model",), data_axes=("data",),
+          ids_per_device=GRID_IDS), rngs=nnx.Rngs(0))
       return e, optim.SparseAwareOptimizer(e, None, optim.RowWiseAdagrad(0.05))
 
     (emb, _), graphdef, state = abstract_pair(build, mesh)
@@ -248,7 +250,7 @@ def dlrm(mesh, record) -> None:
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     coll = nnx.eval_shape(lambda: EmbeddingCollection(
         spec_tables, [FeatureSpec(t.name, t.name, max_ids_per_sample=1) for t in spec_tables],
-        mesh=mesh, kernel="auto", replicate_below_bytes=0, batch_size=BATCH, rngs=nnx.Rngs(0)))
+        mesh=mesh, layout=COLLECTION_LAYOUT, rngs=nnx.Rngs(0)))
   print(row("train step (planner's layouts)", compiled.memory_analysis(), planned_bytes(coll),
             seconds))
   keep(record, "dlrm train step", compiled.memory_analysis(), planned_bytes(coll))
@@ -257,8 +259,8 @@ def dlrm(mesh, record) -> None:
     features = [FeatureSpec(t.name, t.name, max_ids_per_sample=1) for t in tables]
 
     def build():
-      c = EmbeddingCollection(tables, features, mesh=mesh, kernel="auto", replicate_below_bytes=0,
-                              batch_size=BATCH, rngs=nnx.Rngs(0))
+      c = EmbeddingCollection(tables, features, mesh=mesh, layout=COLLECTION_LAYOUT,
+                              rngs=nnx.Rngs(0))
       return c, optim.SparseAwareOptimizer(c, None, optim.RowWiseAdagrad(0.05))
 
     try:
@@ -289,7 +291,8 @@ def llm(target, record) -> None:
     tokens_axis = "data" if data > 1 else None
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
       emb = nnx.eval_shape(lambda: embedlib.ShardedEmbed(
-          LLM_VOCAB, LLM_WIDTH, mesh=mesh, sharding="vocab", tied=True, rngs=nnx.Rngs(0)))
+          LLM_VOCAB, LLM_WIDTH, mesh=mesh, layout=embedlib.Layout(sharding="vocab", tied=True),
+          rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(emb)
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                          state)
@@ -328,8 +331,7 @@ def largest(mesh, record) -> None:
     def build():
       c = EmbeddingCollection([TableSpec("t", rows, WIDTH, sharding=layout)],
                               [FeatureSpec("t", "t", max_ids_per_sample=1)], mesh=mesh,
-                              kernel="auto", replicate_below_bytes=0, batch_size=BATCH,
-                              rngs=nnx.Rngs(0))
+                              layout=COLLECTION_LAYOUT, rngs=nnx.Rngs(0))
       return c, optim.SparseAwareOptimizer(c, None, optim.RowWiseAdagrad(0.05))
 
     _, graphdef, state = abstract_pair(build, mesh)

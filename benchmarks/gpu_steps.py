@@ -214,7 +214,8 @@ def update_case(label, rule, rows, features, num_ids, args, copy_bw, record) -> 
 
 class Tower(nnx.Module):
   def __init__(self, rows, features, kernel, rngs):
-    self.emb = embedlib.ShardedEmbed(rows, features, kernel=kernel, rngs=rngs)
+    self.emb = embedlib.ShardedEmbed(rows, features, layout=embedlib.Layout(kernel=kernel),
+                                     rngs=rngs)
     self.head = nnx.Linear(features, 1, rngs=rngs)
 
   def __call__(self, batch):

@@ -108,7 +108,7 @@ def build_worker(case: str, layout: str, rows: int, seed: int) -> dict:
                      out_shardings=NamedSharding(mesh, spec))
       table = init(nnx.Rngs(seed).params())
     elif case == "ShardedEmbed":
-      table = embedlib.ShardedEmbed(rows, FEATURES, sharding=layout,
+      table = embedlib.ShardedEmbed(rows, FEATURES, layout=embedlib.Layout(sharding=layout),
                                     rngs=nnx.Rngs(seed)).logical_table()
     else:
       coll = embedlib.EmbeddingCollection(

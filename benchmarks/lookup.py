@@ -97,7 +97,8 @@ def one_device(vocab, width, n, repeats, record, reference_fn=reference):
   wants = dict.fromkeys(cases, (emb.logical_table(), ids))
   if embedlib.kernels.resolve_kernel("auto") != "xla":
     # The jnp reference beside the default kernel (on CPU: the C++ gather).
-    xla = embedlib.ShardedEmbed(vocab, width, kernel="xla", rngs=nnx.Rngs(0))
+    xla = embedlib.ShardedEmbed(vocab, width, layout=embedlib.Layout(kernel="xla"),
+                                rngs=nnx.Rngs(0))
     xla_graphdef, xla_state = nnx.split(xla)
     name = "ShardedEmbed (one device, kernel 'xla')"
     cases[name] = (jax.jit(lambda s, i: nnx.merge(xla_graphdef, s)(i)), (xla_state, ids))
@@ -124,8 +125,8 @@ def mesh_cases(mesh, vocab, width, n, layouts, reference_fn=reference):
   """Each layout's lookup of the same Zipf ids, split over the mesh's first axis.
 
   Args:
-    layouts: strategy -> extra ``ShardedEmbed`` arguments; the first is the
-      baseline.
+    layouts: strategy -> its other ``embedlib.Layout`` settings; the first
+      is the baseline.
 
   Returns:
     The timed cases, or None when one differs from ``reference_fn``.
@@ -133,8 +134,9 @@ def mesh_cases(mesh, vocab, width, n, layouts, reference_fn=reference):
   ids = jax.device_put(zipf_ids(n, vocab), NamedSharding(mesh, P(mesh.axis_names[0])))
   cases, wants = {}, {}
   for strategy, kwargs in layouts.items():
-    emb = embedlib.ShardedEmbed(vocab, width, mesh=mesh, sharding=strategy, rngs=nnx.Rngs(0),
-                                **kwargs)
+    emb = embedlib.ShardedEmbed(vocab, width, mesh=mesh,
+                                layout=embedlib.Layout(sharding=strategy, **kwargs),
+                                rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(emb)
     fn = jax.jit(lambda s, i, g=graphdef: nnx.merge(g, s)(i))
     name = f"{strategy} ({emb.plan.bytes_per_device / 2**20:.0f} MiB/device)"

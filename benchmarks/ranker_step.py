@@ -54,7 +54,7 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from configs import ranker as ranker_config  # noqa: E402
-from embedlib import ShardedEmbed, optim  # noqa: E402
+from embedlib import Layout, ShardedEmbed, optim  # noqa: E402
 from embedlib import data as data_lib  # noqa: E402
 from embedlib.models import MultiHashEmbed, RankerTrunk, TransformerRanker, hashers  # noqa: E402
 from embedlib.training.tasks import RankingTask  # noqa: E402
@@ -88,7 +88,7 @@ def build(kind, cfg, spec, mesh):
   m = cfg.model
   hasher = hashers(m)["user"]
   if kind == EMBEDLIB:
-    tables = dict(mesh=mesh, kernel="auto", replicate_below_bytes=0)
+    tables = dict(mesh=mesh, layout=Layout(kernel="auto", replicate_below_bytes=0))
     items = ShardedEmbed(spec.num_items, m.item_features, name="item", rngs=rngs, **tables)
     authors = ShardedEmbed(spec.num_authors, m.author_features, name="author", rngs=rngs,
                            **tables)

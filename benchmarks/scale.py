@@ -134,15 +134,16 @@ def build(workload, layout, mesh, devices):
   if workload == "sequence":
     s = SEQUENCE
     per_device = s["samples"] * s["length"]
-    emb = embedlib.ShardedEmbed(s["rows"], s["features"], mesh=mesh, sharding=layout,
-                                ids_per_device=per_device, rngs=nnx.Rngs(0))
+    emb = embedlib.ShardedEmbed(
+        s["rows"], s["features"], mesh=mesh,
+        layout=embedlib.Layout(sharding=layout, ids_per_device=per_device), rngs=nnx.Rngs(0))
     ids = put(rng.integers(0, s["rows"], (devices * s["samples"], s["length"]), dtype=np.int32))
     return emb, ids, per_device * s["features"] * 4, emb.plan.bytes_moved_per_lookup
   tables, features = _tables(layout)
   batch = devices * CRITEO["samples"]
   coll = embedlib.EmbeddingCollection(
-      tables, features, mesh=mesh, batch_size=batch, rngs=nnx.Rngs(0),
-      table_batched=layout in ("stacked", "auto, table_batched"))
+      tables, features, mesh=mesh, rngs=nnx.Rngs(0), layout=embedlib.CollectionLayout(
+          batch_size=batch, table_batched=layout in ("stacked", "auto, table_batched")))
   ids = {t.name: put(rng.integers(0, t.num_embeddings, batch, dtype=np.int32)) for t in tables}
   needed = len(tables) * CRITEO["samples"] * CRITEO["features"] * 4
   return coll, ids, needed, coll.plan.bytes_moved
@@ -342,8 +343,9 @@ def measure_nodes(devices, args):
         kw.update(devices_per_node=per, node_capacity=dedup_cap if per == 1 else node_cap)
 
       def make(kw=kw):
-        emb = embedlib.ShardedEmbed(s["rows"], s["features"], mesh=mesh, sharding="routed",
-                                    ids_per_device=per_device, rngs=nnx.Rngs(0), **kw)
+        emb = embedlib.ShardedEmbed(
+            s["rows"], s["features"], mesh=mesh, layout=embedlib.Layout(
+                sharding="routed", ids_per_device=per_device, **kw), rngs=nnx.Rngs(0))
         return emb, optim.SparseAwareOptimizer(emb, None, optim.RowWiseAdagrad(0.1))
 
       emb, opt = nnx.eval_shape(make)

@@ -172,20 +172,20 @@ def initial_table(key, shape, dtype=jnp.float32):
 
 class Model(nnx.Module):
 
-  def __init__(self, vocab, width, rngs, **layout):
-    self.emb = embedlib.ShardedEmbed(vocab, width, embedding_init=initial_table, rngs=rngs,
-                                     **layout)
+  def __init__(self, vocab, width, rngs, mesh=None, layout=None):
+    self.emb = embedlib.ShardedEmbed(vocab, width, mesh=mesh, layout=layout,
+                                     embedding_init=initial_table, rngs=rngs)
 
   def __call__(self, ids):
     return jnp.mean(jnp.sum(self.emb(ids), axis=-1) ** 2)
 
 
-def build_step(vocab, width, sparse, **layout):
+def build_step(vocab, width, sparse, mesh=None, layout=None):
   """A jitted ``step(state, ids) -> (loss, state)`` with the state donated.
 
-  ``layout``: ``ShardedEmbed`` arguments (mesh, sharding, axes).
+  ``mesh``, ``layout``: the table's (``ShardedEmbed``'s; an ``embedlib.Layout``).
   """
-  model = Model(vocab, width, nnx.Rngs(0), **layout)
+  model = Model(vocab, width, nnx.Rngs(0), mesh=mesh, layout=layout)
   if sparse:
     opt = optim.SparseAwareOptimizer(model, None, optim.RowWiseAdagrad(LR))
   else:
@@ -522,15 +522,16 @@ def copy_steppers(step_bytes, ids, dram_bytes):
 def layouts(vocab, width, n, repeats, record=None):
   """``--layouts``: the sparse step of vocab, hidden and grid on fsdp=2 x tensor=4."""
   mesh = jax.make_mesh((2, 4), (axes.FSDP, axes.TENSOR))
-  rows = dict(mesh=mesh, table_axes=(axes.TENSOR,))
+  rows = dict(table_axes=(axes.TENSOR,))
   kinds = {options.VOCAB: rows, options.HIDDEN: rows,
            options.GRID: dict(rows, column_axes=(axes.FSDP,))}
   ids = jax.device_put(zipf_ids(n, vocab), NamedSharding(mesh, P(axes.FSDP)))
   steppers, lines = {}, []
   for strategy, kwargs in kinds.items():
-    step, state = build_step(vocab, width, True, sharding=strategy, **kwargs)
+    layout = embedlib.Layout(sharding=strategy, **kwargs)
+    step, state = build_step(vocab, width, True, mesh=mesh, layout=layout)
     compiled = step.lower(state, ids).compile()
-    plan = embedlib.plan_embedding(vocab, width, sharding=strategy, **kwargs)
+    plan = embedlib.plan_embedding(vocab, width, mesh=mesh, **layout.planner_settings())
     steppers[strategy] = Stepper(compiled, state)
     jax.block_until_ready(steppers[strategy](ids))
     lines.append(f"  {strategy:8s} table {plan.bytes_per_device / MiB:8.2f} MiB/device "

@@ -85,7 +85,7 @@ def compiled_steps(vocab: int, tokens: int, features: int, devices: int = 8,
   tokens_axis = DATA if data > 1 else None
   # Under eval_shape nothing is drawn: the parameter is a ShapeDtypeStruct.
   graphdef, state = nnx.split(nnx.eval_shape(lambda: embedlib.ShardedEmbed(
-      vocab, features, mesh=mesh, sharding="vocab", param_dtype=dtype,
+      vocab, features, mesh=mesh, layout=embedlib.Layout(sharding="vocab"), param_dtype=dtype,
       rngs=nnx.Rngs(0))))
   split = NamedSharding(mesh, P(tokens_axis))
   state = jax.tree.map(

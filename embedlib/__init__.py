@@ -1,10 +1,31 @@
 """embedlib: sharded embedding tables and recommender models for Flax NNX.
 
-Layers, each importing only those above it in this list:
-``plan`` (pure Python) -> ``kernels`` -> ``strategies`` -> ``embed``
-(with ``logits`` and ``losses``, its vocab-parallel output) ->
-``collection`` -> ``optim`` -> ``dynamic`` -> ``models``, ``data``, ``metrics``,
-``checkpoint`` -> ``train``.
+Layers, each importing only those listed above it (``tests/test_structure.py``
+reads the imports and keeps this list true; modules on one line stand side
+by side and import none of each other):
+
+1. ``_compat``, ``_deprecated``, ``options``, ``axes``, ``invalid_ids``,
+   ``lookahead``, ``tape``, ``table_paths``, ``host_memory``, ``cpu_pool``:
+   names, rules and switches every layer shares
+2. ``sharding``, ``plan``: mesh helpers; the planner, pure Python, which
+   reads a mesh and decides each table's layout
+3. ``kernels``: local lookups of one shard
+4. ``strategies``: the ``shard_map`` bodies of each layout
+5. ``table``, ``annotations``, ``logits``: a table drawn, loaded and
+   unpadded; ``nnx.Embed`` annotations read; vocab-parallel logits
+6. ``param``, ``losses``: the logical parameter; the vocab-parallel loss
+7. ``embed``: ``ShardedEmbed``, the only caller of the strategies
+8. ``dynamic``, ``quant``, ``optim``, ``export_checks``: raw-id tables,
+   quantized tables, sparse optimizers, each built on ``embed``
+9. ``collection``: many features over many tables, dynamic ones included
+10. ``checkpoint``, ``data``, ``metrics``
+11. ``tabular``: your own files (Parquet, CSV, RecBole) as typed columns
+12. ``serving``
+13. ``models``
+14. ``training``, ``notebook``: the train loop; the notebooks' first cell
+
+then ``train/``, ``configs/``, ``notebooks/`` and ``benchmarks/``, outside
+the package.
 
 The names below are imported on first use (PEP 562), not by ``import
 embedlib``: importing a subpackage runs this file first, and
@@ -22,14 +43,17 @@ cpu_pool.configure()
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
+    "CollectionLayout": "embedlib.plan",
     "DynamicEmbed": "embedlib.dynamic",
-    "DynamicSpec": "embedlib.collection",
+    "DynamicSpec": "embedlib.dynamic",
     "EmbeddingCollection": "embedlib.collection",
     "EmbeddingPlan": "embedlib.plan",
     "FeatureSpec": "embedlib.collection",
+    "Layout": "embedlib.plan",
     "LazyAdam": "embedlib.optim",
-    "RowWiseAdagrad": "embedlib.optim",
     "QuantizedEmbed": "embedlib.quant",
+    "Request": "embedlib.strategies",
+    "RowWiseAdagrad": "embedlib.optim",
     "ShardedEmbed": "embedlib.embed",
     "SparseAwareOptimizer": "embedlib.optim",
     "SparseSGD": "embedlib.optim",

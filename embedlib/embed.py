@@ -16,6 +16,7 @@ from flax.nnx.nn.linear import default_embed_init
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from embedlib import _deprecated
 from embedlib import annotations
 from embedlib import sharding as sharding_lib
 from embedlib import table as table_lib
@@ -31,7 +32,7 @@ from embedlib.strategies import dedup
 from embedlib.strategies import dispatch as dispatch_lib
 from embedlib.strategies.request import Request
 from embedlib.plan import check_shape, plan_embedding
-from embedlib.plan import memory as plan_memory
+from embedlib.plan.settings import Layout
 
 def eager_on_mesh(mesh, *values) -> bool:
   """Whether a module call should run as one cached jit: eager, on a concrete mesh.
@@ -57,7 +58,8 @@ class ShardedEmbed(nnx.Module):
   >>> from flax import nnx
   >>> import embedlib
   >>> mesh = jax.make_mesh((2, 4), ("data", "model"))
-  >>> emb = embedlib.ShardedEmbed(50257, 100, mesh=mesh, tied=True, rngs=nnx.Rngs(0))
+  >>> emb = embedlib.ShardedEmbed(50257, 100, mesh=mesh, layout=embedlib.Layout(tied=True),
+  ...                             rngs=nnx.Rngs(0))
   >>> emb.plan.strategy, emb.embedding.shape, emb.plan.padded_shape  # stored padded
   ('vocab', (50257, 100), (50260, 100))
   >>> ids = jnp.array([[0, 5, 50256], [7, -1, 3]])
@@ -69,11 +71,11 @@ class ShardedEmbed(nnx.Module):
   (2, 50257)
 
   The table is split by vocabulary rows, by hidden columns, or not at all
-  (``sharding``), over ``table_axes``; ids arrive with their leading (batch)
-  dimension split over ``data_axes``. Sizes that don't divide the group are
-  padded: padded rows and columns are zero, get no gradient and never reach
-  an output; ``logical_table()`` is the unpadded table. Every layout gives
-  the single-device ``jnp.take`` answer.
+  (``layout.sharding``), over ``layout.table_axes``; ids arrive with their
+  leading (batch) dimension split over ``layout.data_axes``. Sizes that
+  don't divide the group are padded: padded rows and columns are zero, get
+  no gradient and never reach an output; ``logical_table()`` is the
+  unpadded table. Every layout gives the single-device ``jnp.take`` answer.
 
   The table is drawn shard by shard: one jitted program calls
   ``embedding_init`` with the logical shape and pads, each device drawing
@@ -85,8 +87,8 @@ class ShardedEmbed(nnx.Module):
   {'out_sharding': spec}`` or ``embedding_init=nnx.with_partitioning(init,
   axes)``, with mesh axes or logical names under ``nnx.logical_axis_rules``.
   Mesh axes on the vocabulary dimension mean vocab sharding over them, on
-  the feature dimension hidden sharding, none ``"auto"``; ``sharding`` and
-  ``table_axes`` given too must agree with it. The parameter's
+  the feature dimension hidden sharding, none ``"auto"``; a ``sharding``
+  and ``table_axes`` in ``layout`` must agree with it. The parameter's
   ``out_sharding`` is the physical spec (of its raw value, what ``jit``
   sees).
 
@@ -103,130 +105,82 @@ class ShardedEmbed(nnx.Module):
   ``nnx.Embed`` returns NaN or wraps (see ``embedlib.invalid_ids``), and
   where the table is padded, ``emb.embedding[rows] = x`` raises: write the
   whole table, ``emb.embedding[...] = emb.embedding[...].at[rows].set(x)``.
+  ``promote_dtype`` is an attribute to set (``emb.promote_dtype = fn``, as
+  on an ``nnx.Embed``) rather than an argument.
 
   Args:
     num_embeddings: vocabulary size.
     features: embedding width.
     mesh: a ``Mesh`` or ``AbstractMesh``; None takes the one set with
       ``jax.set_mesh``, or one device when there is none.
-    sharding: ``"auto" | "replicated" | "vocab" | "hidden" | "routed" |
-      "grid"``.
-    table_axes: mesh axes the table is split over (see ``plan_embedding``);
-      a grid's rows.
-    column_axes: a grid's column axes (``sharding="grid"``; default the data
-      axes that are not table axes).
-    data_axes: mesh axes the ids' leading dimension is split over.
-    tied: the table is also the output layer (``attend``); auto picks vocab.
-    kernel: local lookup, one of ``options.KERNELS`` (``kernels.plan``:
-      auto is XLA's ops on GPU where measured faster than Pallas, the C++
-      gather on CPU, chosen per platform when the program is lowered).
-    invalid_ids: ``"zero"`` (default) or ``"error"``.
+    layout: an ``embedlib.Layout``: the layout to use or let the planner
+      choose (``sharding``, ``table_axes``, ...), the route's capacities,
+      the local kernel and the invalid-id rule. None: all chosen for you.
+      The keywords it replaces (``sharding=``, ``tied=``, ...) still work
+      until embedlib 0.2, with a ``DeprecationWarning``.
     name: the table's name in plans and error messages.
-    replicate_below_bytes: ``auto`` replicates tables up to this size.
-    ids_per_device: ids one device looks up per call, for the plan's costs
-      and ``auto``'s choice (see ``plan_embedding``).
-    device_memory_bytes: what one device may spend on the table's training
-      step (the table, the optimizer's slots, the ids and temporaries);
-      ``auto`` takes the cheapest layout that fits, a grid where no 1-D one
-      does.
-    optimizer: the sparse optimizer that trains the table, whose slots count
-      against ``device_memory_bytes``: a name (``"rowwise_adagrad"``, the
-      default; ``"sgd"``, ...), a row-wise rule of ``embedlib.optim``, or
-      None for none (see ``plan_embedding``).
-    route_capacity: ids per destination of a routed lookup; None sizes it
-      from each call's ids (``EmbeddingPlan.capacity_for``).
-    on_overflow: a routed call with more ids for one owner than the
-      capacity takes the vocab path (``"fallback"``, the same result) or
-      raises (``"error"``, under ``jit`` through ``checkify``).
-    devices_per_node: devices one node holds, in the table group's rank
-      order; a routed table over several nodes then routes inside each
-      node first and sends each row across once per node pair (see
-      ``plan_embedding``). None reads it from the devices.
-    node_capacity: distinct ids per destination rank that one node sends
-      across nodes in that route; None plans it for uniform ids. A step
-      needing more crosses with the flat route's buffers (the same rows).
-    placement: a ``plan.placement.Placement``: the table is a stack of
-      tables, each placed whole on a device, on a host's devices or on all
-      (the collection builds these); ``num_embeddings`` is their sum.
     dtype: dtype of the outputs (default: ``param_dtype``).
     param_dtype: dtype of the stored table.
     embedding_init: initializer, called with the logical shape; may carry
       a sharding annotation (``nnx.with_partitioning``).
-    promote_dtype: as in ``nnx.Embed``.
     embedding_metadata: extra ``nnx.Param`` metadata; its ``out_sharding``
       is read as a sharding annotation.
     rngs: random number generators; ``rngs.params()`` draws the table.
   """
 
+  @_deprecated.moved_keywords(
+      "ShardedEmbed", {"layout": (Layout, "embedlib.Layout")},
+      attributes={"promote_dtype": "set emb.promote_dtype = fn after construction, as on "
+                                   "an nnx.Embed"})
   def __init__(
       self,
       num_embeddings: int,
       features: int,
       *,
       mesh=None,
-      sharding: str = options.AUTO,
-      table_axes=None,
-      column_axes=None,
-      data_axes=None,
-      tied: bool = False,
-      kernel: str = "auto",
-      invalid_ids: str = invalid_lib.ZERO,
+      layout: Layout | None = None,
       name: str = "embedding",
-      replicate_below_bytes: int | None = None,
-      ids_per_device: int | None = None,
-      device_memory_bytes: int | None = None,
-      optimizer: tp.Any = plan_memory.DEFAULT_OPTIMIZER,
-      route_capacity: int | None = None,
-      on_overflow: str = dedup.FALLBACK,
-      devices_per_node: int | None = None,
-      node_capacity: int | None = None,
-      placement=None,
       dtype: tp.Any = None,
       param_dtype: tp.Any = jnp.float32,
       embedding_init: tp.Callable = default_embed_init,
-      promote_dtype: tp.Callable = dtypes.promote_dtype,
       embedding_metadata: tp.Mapping[str, tp.Any] = MappingProxyType({}),
       rngs: nnx.Rngs,
   ):
-    if invalid_ids not in invalid_lib.MODES:
+    layout = Layout() if layout is None else layout
+    if not isinstance(layout, Layout):
+      raise TypeError(f"{name}: layout={layout!r}; pass an embedlib.Layout(...) or None.")
+    if layout.invalid_ids not in invalid_lib.MODES:
       raise ValueError(
-          f"{name}: invalid_ids={invalid_ids!r}; use one of {invalid_lib.MODES}."
+          f"{name}: invalid_ids={layout.invalid_ids!r}; use one of {invalid_lib.MODES}."
       )
-    kernels.resolve_kernel(kernel)  # fail early on an unknown kernel name
-    if on_overflow not in dedup.OVERFLOW_MODES:
+    kernels.resolve_kernel(layout.kernel)  # fail early on an unknown kernel name
+    if layout.on_overflow not in dedup.OVERFLOW_MODES:
       raise ValueError(
-          f"{name}: on_overflow={on_overflow!r}; use one of {dedup.OVERFLOW_MODES}."
+          f"{name}: on_overflow={layout.on_overflow!r}; use one of {dedup.OVERFLOW_MODES}."
       )
     shape = check_shape(num_embeddings, features, name)
     key = rngs.params()
     box = annotations.init_box(embedding_init, key, shape, param_dtype, name=name)
     found = annotations.find(embedding_metadata, box)
-    mesh = sharding_lib.current_mesh() if mesh is None else mesh
+    mesh = sharding_lib.mesh_or_current(mesh)
     request = annotations.read(
         found, None if mesh is None else tuple(mesh.axis_names), name=name)
     if mesh is None and request is not None:
       mesh = request.mesh
     sharding, table_axes, column_axes = annotations.merge(
-        sharding, table_axes, request, name=name, column_axes=column_axes)
-    # Left unset, the planner's own defaults apply.
-    extra = {k: v for k, v in (("replicate_below_bytes", replicate_below_bytes),
-                               ("ids_per_device", ids_per_device),
-                               ("device_memory_bytes", device_memory_bytes),
-                               ("devices_per_node", devices_per_node),
-                               ("node_capacity", node_capacity)) if v is not None}
-    self.plan = plan_embedding(
-        num_embeddings, features, mesh=mesh, sharding=sharding, table_axes=table_axes,
-        column_axes=column_axes, data_axes=data_axes, tied=tied, param_dtype=param_dtype,
-        name=name, route_capacity=route_capacity, placement=placement, optimizer=optimizer,
-        **extra)
+        layout.sharding, layout.table_axes, request, name=name, column_axes=layout.column_axes)
+    planned = dict(layout.planner_settings(), sharding=sharding, table_axes=table_axes,
+                   column_axes=column_axes)
+    self.plan = plan_embedding(num_embeddings, features, mesh=mesh, param_dtype=param_dtype,
+                               name=name, **planned)
     self.mesh = mesh
-    self.on_overflow = on_overflow
+    self.on_overflow = layout.on_overflow
     self.num_embeddings = self.plan.num_embeddings
     self.features = self.plan.features
-    self.kernel = kernel
-    self.invalid_ids = invalid_ids
+    self.kernel = layout.kernel
+    self.invalid_ids = layout.invalid_ids
     self.param_dtype = param_dtype
-    self.promote_dtype = promote_dtype
+    self.promote_dtype = dtypes.promote_dtype
     table = table_lib.draw(embedding_init, key, self.plan, mesh, param_dtype,
                            unwrap=annotations.unwrap)
     metadata, box = annotations.param_metadata(
@@ -332,20 +286,8 @@ class ShardedEmbed(nnx.Module):
     Returns:
       ``[batch, features]``, in ``dtype``.
     """
-    kernels.check_combiner(combiner)
     ids = _integers(ids, self.plan.name)
-    if ids.ndim != 2:
-      raise ValueError(
-          f"{self.plan.name}: bag() takes ids [batch, bag] padded with -1, got "
-          f"shape {ids.shape}; use __call__ for unpooled rows."
-      )
-    if weights is not None:
-      weights = jnp.asarray(weights)
-      if weights.shape != ids.shape:
-        raise ValueError(
-            f"{self.plan.name}: bag() weights of shape {weights.shape} must match "
-            f"the ids' shape {ids.shape}."
-        )
+    weights = None if weights is None else jnp.asarray(weights)
     (out,) = self.lookup_requests((Request(ids, weights, combiner),))
     return self._reshard(out, out_sharding)
 
@@ -378,6 +320,8 @@ class ShardedEmbed(nnx.Module):
       ``[batch, features]`` pooled, in ``dtype``.
     """
     raw = [_integers(r.ids, self.plan.name) for r in requests]
+    for ids, r in zip(raw, requests):
+      r.check_bag(self.plan.name, ids.shape)
     requests = tuple(r.replace(ids=self._sanitize(ids, r.pooled))
                      for ids, r in zip(raw, requests))
     on_overflow = on_overflow or self.on_overflow
@@ -456,16 +400,20 @@ class ShardedEmbed(nnx.Module):
     Collecting, only the ids move (zero rows come back); using, the rows are
     read from the distribution collected for these requests.
     """
+    def collect(scope):
+      distribution = strategies.distribute(
+          requests, plan=self.plan, mesh=self.mesh, num_unique=num_unique,
+          check_vma=run["check_vma"], table=table, gather=run["gather"],
+          early_fetch=scope.early_fetch)
+      return distribution, (tuple(dispatch_lib.no_rows(r, self.plan, self.mesh, table.dtype)
+                                  for r in requests), {})
+
+    def use(distribution):
+      return strategies.finish(table, requests, distribution, num_unique=num_unique,
+                               on_overflow=on_overflow, **run)
+
     key = lookahead.request_key(self.plan.name, requests, num_unique, on_overflow)
-    if lookahead.is_collecting(scope):
-      scope.add(key, strategies.distribute(requests, plan=self.plan, mesh=self.mesh,
-                                           num_unique=num_unique, check_vma=run["check_vma"],
-                                           table=table, gather=run["gather"],
-                                           early_fetch=scope.early_fetch))
-      return tuple(dispatch_lib.no_rows(r, self.plan, self.mesh, table.dtype)
-                   for r in requests), {}
-    return strategies.finish(table, requests, scope.take(key), num_unique=num_unique,
-                             on_overflow=on_overflow, **run)
+    return lookahead.read_ahead(scope, key, collect, use)
 
   def attend(self, query, out_sharding=None):
     """``query @ logical_table.T``: exactly ``num_embeddings`` logits.
@@ -497,7 +445,7 @@ class ShardedEmbed(nnx.Module):
     >>> from flax import nnx
     >>> from jax.sharding import PartitionSpec as P
     >>> mesh = jax.make_mesh((4,), ("model",), devices=jax.devices()[:4])
-    >>> emb = ShardedEmbed(99, 8, mesh=mesh, sharding="vocab", rngs=nnx.Rngs(0))
+    >>> emb = ShardedEmbed(99, 8, mesh=mesh, layout=Layout(sharding="vocab"), rngs=nnx.Rngs(0))
     >>> logits = emb.attend(jnp.ones((3, 8)), out_sharding=P(None, "model"))
     >>> type(logits).__name__, logits.shape, logits.padded.shape
     ('VocabShardedLogits', (3, 99), (3, 100))
@@ -538,7 +486,7 @@ class ShardedEmbed(nnx.Module):
   def _attend_operands(self, query):
     """``attend``'s promoted query and table, and the local ``query @ table.T``."""
     query, table = self.promote_dtype((query, self.physical_table()), dtype=self.dtype)
-    return query, table, kernels.scores_reference
+    return query, table, kernels.scores
 
   def _keeps_vocab_blocks(self, sharding, ndim):
     """Whether ``attend`` can leave each rank its own rows' logits for ``sharding``."""

@@ -130,6 +130,22 @@ def using(distributions: Distributions):
     _ACTIVE.reset(token)
 
 
+def read_ahead(scope, key, collect, use):
+  """A lookup under a pipelined step's ``scope``: the one branch every table kind takes.
+
+  Collecting, ``collect(scope)`` gives ``(distribution, output)``: the
+  distribution is kept under ``key`` for the step that uses it and the
+  output (zero rows; a map's rows) is the lookup's now. Using,
+  ``use(distribution)`` gives the lookup's output from the distribution
+  collected for ``key``.
+  """
+  if is_collecting(scope):
+    distribution, out = collect(scope)
+    scope.add(key, distribution)
+    return out
+  return use(scope.take(key))
+
+
 def request_key(name, requests, num_unique, on_overflow) -> tuple:
   """A lookup's static key: its table, each request's shapes and kind, its options."""
   return (name, tuple((tuple(r.ids.shape), None if r.weights is None else tuple(r.weights.shape),

@@ -41,6 +41,15 @@ def current_mesh():
   return None
 
 
+def mesh_or_current(mesh):
+  """The mesh a table is built on: ``mesh`` if given, else ``current_mesh()`` (or None).
+
+  Every table kind reads its mesh here, so that a table built inside
+  ``jax.set_mesh`` is laid out over that mesh whatever its kind.
+  """
+  return current_mesh() if mesh is None else mesh
+
+
 def is_explicit(mesh, axes) -> bool:
   """Whether any of ``axes`` is an Explicit axis of ``mesh``."""
   types = dict(zip(mesh.axis_names, mesh.axis_types))

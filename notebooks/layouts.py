@@ -27,18 +27,18 @@
 # EMBEDLIB_PIP: what pip installs, default the embedlib package; set it to your
 # checkout (a git URL or a path) to run an unreleased version.
 import os
-import shutil
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                  os.environ.get("EMBEDLIB_PIP", "embedlib")],
-                 check=True)
+                  os.environ.get("EMBEDLIB_PIP", "embedlib")], check=True)
 
-# Without a GPU, simulate 8 CPU devices; this must happen before jax is imported.
-if shutil.which("nvidia-smi") is None:
-  os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Without a GPU, 8 simulated CPU devices (before jax is imported); the checkout's
+# configs/ on the path (embedlib/notebook.py says what it does).
+from embedlib import notebook  # noqa: E402
+
+notebook.start()
 
 # %%
 import jax
@@ -51,7 +51,7 @@ import embedlib
 from embedlib import axes
 from embedlib import options
 
-print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devices")
+print(notebook.runtime())
 
 # %% [markdown]
 # ## The scenarios
@@ -168,8 +168,9 @@ else:
     for strategy in (options.VOCAB, options.HIDDEN, options.GRID):
       if plans[title][strategy] is None:
         continue
-      emb = embedlib.ShardedEmbed(s["num_embeddings"], s["features"], mesh=mesh,
-                                  sharding=strategy, name=title, rngs=nnx.Rngs(0), **s["kwargs"])
+      emb = embedlib.ShardedEmbed(
+          s["num_embeddings"], s["features"], mesh=mesh,
+          layout=embedlib.Layout(sharding=strategy, **s["kwargs"]), name=title, rngs=nnx.Rngs(0))
       assert emb.plan.padded_shape == plans[title][strategy].padded_shape
       table = np.asarray(emb.logical_table())
       np.testing.assert_array_equal(np.asarray(emb(ids)), table[np.asarray(ids)])

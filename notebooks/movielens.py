@@ -34,18 +34,18 @@
 # EMBEDLIB_PIP: what pip installs, default the embedlib package; set it to your
 # checkout (a git URL or a path) to run an unreleased version.
 import os
-import shutil
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                  os.environ.get("EMBEDLIB_PIP", "embedlib")],
-                 check=True)
+                  os.environ.get("EMBEDLIB_PIP", "embedlib")], check=True)
 
-# Without a GPU, simulate 8 CPU devices; this must happen before jax is imported.
-if shutil.which("nvidia-smi") is None:
-  os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Without a GPU, 8 simulated CPU devices (before jax is imported); the checkout's
+# configs/ on the path (embedlib/notebook.py says what it does).
+from embedlib import notebook  # noqa: E402
+
+notebook.start()
 
 # %%
 import pathlib
@@ -53,20 +53,17 @@ import tempfile
 import urllib.request
 import zipfile
 
-import jax
 import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx
 
-# configs/ is not installed: it is read from the checkout this notebook sits in.
-sys.path.insert(0, os.path.dirname(os.path.abspath("")))
 from configs import movielens  # noqa: E402
 from embedlib import data as data_lib
 from embedlib.data.next_item import NextItemSource
 from embedlib.training import setup, train_lib
 from embedlib.training.writers import read_jsonl
 
-print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devices")
+print(notebook.runtime())
 
 # %% [markdown]
 # ## The data
@@ -75,7 +72,7 @@ print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devi
 # `ratings.dat`, ML-20M's `ratings.csv`, ...) or RecBole's atomic files.
 
 # %%
-smoke = os.environ.get("EMBEDLIB_NOTEBOOK_SMOKE") == "1"
+smoke = notebook.smoke()
 GROUPLENS = "https://files.grouplens.org/datasets/movielens/ml-100k.zip"
 
 
@@ -112,9 +109,9 @@ print("MovieLens data:", path)
 # each time (an existing one would resume from its last checkpoint).
 
 # %%
-config = movielens.get_config("smoke" if smoke else str(path))
+config = movielens.get_config(notebook.config_arg(str(path)))
 config.data.path = str(path)
-workdir = tempfile.mkdtemp(prefix="embedlib_movielens_")
+workdir = notebook.fresh_workdir("movielens")
 print(f"{config.model.name}: {config.num_train_steps} steps of {config.batch_size} windows, "
       f"workdir {workdir}")
 result = train_lib.train_and_evaluate(config, workdir)

@@ -28,18 +28,18 @@
 # EMBEDLIB_PIP: what pip installs, default the embedlib package; set it to your
 # checkout (a git URL or a path) to run an unreleased version.
 import os
-import shutil
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                  os.environ.get("EMBEDLIB_PIP", "embedlib")],
-                 check=True)
+                  os.environ.get("EMBEDLIB_PIP", "embedlib")], check=True)
 
-# Without a GPU, simulate 8 CPU devices; this must happen before jax is imported.
-if shutil.which("nvidia-smi") is None:
-  os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Without a GPU, 8 simulated CPU devices (before jax is imported); the checkout's
+# configs/ on the path (embedlib/notebook.py says what it does).
+from embedlib import notebook  # noqa: E402
+
+notebook.start()
 
 # %%
 import jax
@@ -51,7 +51,7 @@ import embedlib
 from embedlib import axes
 from embedlib import options
 
-print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devices")
+print(notebook.runtime())
 
 # %% [markdown]
 # ## A 2-D mesh and a GPT-2-sized tied table
@@ -64,8 +64,8 @@ print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devi
 # %%
 n = jax.device_count()
 mesh = jax.make_mesh((2, n // 2) if n % 2 == 0 else (1, n), (axes.DATA, axes.MODEL))
-emb = embedlib.ShardedEmbed(50257, 768, mesh=mesh, tied=True, name="gpt2_vocab",
-                            rngs=nnx.Rngs(0))
+emb = embedlib.ShardedEmbed(50257, 768, mesh=mesh, layout=embedlib.Layout(tied=True),
+                            name="gpt2_vocab", rngs=nnx.Rngs(0))
 print(emb.plan)
 
 # %% [markdown]

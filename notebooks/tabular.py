@@ -35,18 +35,18 @@
 # EMBEDLIB_PIP: what pip installs, default the embedlib package; set it to your
 # checkout (a git URL or a path) to run an unreleased version.
 import os
-import shutil
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                  os.environ.get("EMBEDLIB_PIP", "embedlib")],
-                 check=True)
+                  os.environ.get("EMBEDLIB_PIP", "embedlib")], check=True)
 
-# Without a GPU, simulate 8 CPU devices; this must happen before jax is imported.
-if shutil.which("nvidia-smi") is None:
-  os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Without a GPU, 8 simulated CPU devices (before jax is imported); the checkout's
+# configs/ on the path (embedlib/notebook.py says what it does).
+from embedlib import notebook  # noqa: E402
+
+notebook.start()
 
 # %%
 import glob
@@ -54,19 +54,16 @@ import pathlib
 import tempfile
 import zipfile
 
-import jax
 import matplotlib.pyplot as plt
 import numpy as np
 
-# configs/ is not installed: it is read from the checkout this notebook sits in.
-sys.path.insert(0, os.path.dirname(os.path.abspath("")))
 from configs import tabular as tabular_config  # noqa: E402
 from embedlib import serving, tabular
 from embedlib.serving import tabular as served_tabular
 from embedlib.training import export_lib, train_lib
 from embedlib.training.writers import read_jsonl
 
-print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devices")
+print(notebook.runtime())
 
 # %% [markdown]
 # ## The files
@@ -75,7 +72,7 @@ print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devi
 # (`age:token`, `class:token_seq`); the schema is read from there.
 
 # %%
-smoke = os.environ.get("EMBEDLIB_NOTEBOOK_SMOKE") == "1"
+smoke = notebook.smoke()
 
 
 def tiny_recbole(folder: pathlib.Path) -> pathlib.Path:
@@ -148,7 +145,7 @@ def run(ignore: tuple) -> tuple[str, dict]:
   config.data.label = "rating"
   config.data.label_threshold = 4.0
   config.data.ignore = ",".join(ignore)
-  workdir = tempfile.mkdtemp(prefix="embedlib_tabular_")
+  workdir = notebook.fresh_workdir("tabular")
   return workdir, train_lib.train_and_evaluate(config, workdir)
 
 

@@ -33,34 +33,29 @@
 # EMBEDLIB_PIP: what pip installs, default the embedlib package; set it to your
 # checkout (a git URL or a path) to run an unreleased version.
 import os
-import shutil
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                  os.environ.get("EMBEDLIB_PIP", "embedlib")],
-                 check=True)
+                  os.environ.get("EMBEDLIB_PIP", "embedlib")], check=True)
 
-# Without a GPU, simulate 8 CPU devices; this must happen before jax is imported.
-if shutil.which("nvidia-smi") is None:
-  os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Without a GPU, 8 simulated CPU devices (before jax is imported); the checkout's
+# configs/ on the path (embedlib/notebook.py says what it does).
+from embedlib import notebook  # noqa: E402
+
+notebook.start()
 
 # %%
-import tempfile
-
-import jax
 import matplotlib.pyplot as plt
 import numpy as np
 
-# configs/ is not installed: it is read from the checkout this notebook sits in.
-sys.path.insert(0, os.path.dirname(os.path.abspath("")))
 from configs import ranker  # noqa: E402
 from embedlib import data as data_lib
 from embedlib.training import setup, steps, train_lib
 from embedlib.training.writers import read_jsonl
 
-print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devices")
+print(notebook.runtime())
 
 # %% [markdown]
 # ## Train
@@ -69,11 +64,10 @@ print(f"jax {jax.__version__}: {jax.device_count()} {jax.default_backend()} devi
 # checkpoint). The log prints the planted optimum on the eval set first.
 
 # %%
-smoke = os.environ.get("EMBEDLIB_NOTEBOOK_SMOKE") == "1"
-config = ranker.get_config("smoke" if smoke else None)
-workdir = tempfile.mkdtemp(prefix="embedlib_ranker_")
-print(f"{'smoke' if smoke else 'full'} ranker: {config.num_train_steps} steps of "
-      f"{config.batch_size} requests, workdir {workdir}")
+config = ranker.get_config(notebook.config_arg())
+workdir = notebook.fresh_workdir("ranker")
+print(f"ranker: {config.num_train_steps} steps of {config.batch_size} requests, "
+      f"workdir {workdir}")
 
 result = train_lib.train_and_evaluate(config, workdir)
 actions = list(config.data.actions)

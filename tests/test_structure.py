@@ -1,4 +1,5 @@
-"""The library's shape, read from its source: small files, no private imports, no cycles.
+"""The library's shape, read from its source: small files, no private imports, no cycles,
+and the layers ``embedlib/__init__.py`` lists.
 
 Read statically (``ast``), so it costs nothing to run. A module-level import
 is an edge; imports inside functions are not (they are how the code breaks
@@ -8,6 +9,7 @@ a cycle on purpose, and so are looked at by review, not here). A package's
 
 import ast
 import pathlib
+import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAX_LINES = 600
@@ -82,3 +84,40 @@ def test_no_import_cycle_between_library_modules():
   for m in MODULES:
     visit(m)
   assert not cycles, cycles[:3]
+
+
+def test_the_kernels_specification_is_for_tests_and_benchmarks_only():
+  """``kernels.reference`` is what kernels are checked against: no library code runs it."""
+  spec = "embedlib.kernels.reference"
+  users = [m for m in MODULES for t, _ in _imports(m)
+           if t == spec and m not in ("embedlib.kernels", spec)]
+  assert not users, f"{users} import the test specification {spec}; use kernels.xla / bags"
+
+
+def _layers() -> list[set[str]]:
+  """The layers ``embedlib/__init__.py``'s docstring lists, lowest first: sets of names."""
+  doc = ast.get_docstring(ast.parse(MODULES["embedlib"].read_text(encoding="utf-8")))
+  items = re.split(r"^(\d+)\. ", doc.split("\n\nthen ")[0], flags=re.M)[1:]
+  assert [int(n) for n in items[::2]] == list(range(1, len(items) // 2 + 1)), items[::2]
+  return [set(re.findall(r"``(\w+)``", text.split(":")[0])) for text in items[1::2]]
+
+
+def _part(module: str) -> str:
+  """The first name under ``embedlib`` (a subpackage or a module of the root)."""
+  return module.split(".")[1] if "." in module else module
+
+
+def test_the_layer_list_in_embedlib_init_is_the_import_graph():
+  layers = _layers()
+  layer = {name: i for i, names in enumerate(layers) for name in names}
+  parts = {_part(m) for m in MODULES if m != "embedlib"}
+  assert parts == set(layer), (
+      f"embedlib/__init__.py's layer list misses {sorted(parts - set(layer))} and names "
+      f"{sorted(set(layer) - parts)}, which is no module; list each in its layer")
+  upward = [f"{m} imports {t} (layer {layer[_part(t)] + 1} >= {layer[_part(m)] + 1})"
+            for m in MODULES if m != "embedlib" for t, _ in _imports(m)
+            if t.startswith("embedlib.") and _part(t) != _part(m)
+            and layer[_part(t)] >= layer[_part(m)]]
+  assert not upward, (
+      f"{upward}: a layer imports only those listed above it in embedlib/__init__.py; move "
+      "the import down, or the module, and write the list as the graph is")

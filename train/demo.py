@@ -22,16 +22,16 @@ import embedlib  # noqa: E402
 from embedlib import axes  # noqa: E402
 
 SCENARIOS = [
-    # (title, mesh shape, axis names, vocab, width, ShardedEmbed kwargs)
+    # (title, mesh shape, axis names, vocab, width, the table's embedlib.Layout)
     ("GPT-2 vocabulary, tied output layer", (2, 4), (axes.DATA, axes.MODEL),
-     50257, 768, dict(tied=True)),
+     50257, 768, embedlib.Layout(tied=True)),
     ("GPT-2 vocabulary, lookup only", (2, 4), (axes.DATA, axes.MODEL),
-     50257, 768, {}),
+     50257, 768, embedlib.Layout()),
     ("width 100 over 8 ranks (recommender seed)", (8,), (axes.BATCH,),
-     100_000, 100, {}),
+     100_000, 100, embedlib.Layout()),
     ("replica axis outside the table group", (2, 4), (axes.REPLICA, axes.BATCH),
-     100_000, 100, dict(table_axes=(axes.BATCH,))),
-    ("Wide & Deep's width 1", (8,), (axes.BATCH,), 1_000_000, 1, {}),
+     100_000, 100, embedlib.Layout(table_axes=(axes.BATCH,))),
+    ("Wide & Deep's width 1", (8,), (axes.BATCH,), 1_000_000, 1, embedlib.Layout()),
 ]
 
 
@@ -53,9 +53,10 @@ def _check(emb, tokens=13):
 def main() -> int:
   print(f"jax {jax.__version__} on {len(jax.devices())} {jax.default_backend()} devices\n")
   failed = 0
-  for title, shape, names, vocab, width, kwargs in SCENARIOS:
+  for title, shape, names, vocab, width, layout in SCENARIOS:
     mesh = jax.make_mesh(shape, names)
-    emb = embedlib.ShardedEmbed(vocab, width, mesh=mesh, name=title, rngs=nnx.Rngs(0), **kwargs)
+    emb = embedlib.ShardedEmbed(vocab, width, mesh=mesh, layout=layout, name=title,
+                                rngs=nnx.Rngs(0))
     print(emb.plan)
     lookup, logits, grad = _check(emb)
     ok = lookup == 0 and logits < 1e-3 and grad < 1e-4

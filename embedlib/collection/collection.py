@@ -12,6 +12,7 @@ import numpy as np
 from flax import nnx
 from flax.nnx.nn.linear import default_embed_init
 
+from embedlib import _deprecated
 from embedlib import kernels
 from embedlib import options
 from embedlib import sharding as sharding_lib
@@ -19,13 +20,13 @@ from embedlib import table as table_lib
 from embedlib.collection import inputs as inputs_lib
 from embedlib.collection import planner
 from embedlib.collection import stacks as stacks_lib
-from embedlib.collection.specs import FeatureSpec, Ragged, TableSpec, validate
-from embedlib.dynamic import ids as dynamic_ids
+from embedlib.collection.specs import FeatureSpec, TableSpec, validate
 from embedlib.dynamic import module as dynamic_module
 from embedlib.embed import ShardedEmbed
 from embedlib.plan import memory as plan_memory
+from embedlib.plan.settings import CollectionLayout, Layout, field_names
 from embedlib.strategies import Request
-from embedlib.strategies.dedup import ERROR, FALLBACK, OVERFLOW_MODES
+from embedlib.strategies.dedup import ERROR, OVERFLOW_MODES
 
 
 class EmbeddingCollection(nnx.Module):
@@ -33,7 +34,7 @@ class EmbeddingCollection(nnx.Module):
 
   >>> import jax, jax.numpy as jnp, numpy as np
   >>> from flax import nnx
-  >>> from embedlib import EmbeddingCollection, FeatureSpec, TableSpec
+  >>> from embedlib import CollectionLayout, EmbeddingCollection, FeatureSpec, TableSpec
   >>> mesh = jax.make_mesh((4,), ("batch",), devices=jax.devices()[:4])
   >>> coll = EmbeddingCollection(
   ...     [TableSpec("item", 1000, 16), TableSpec("country", 20, 4)],
@@ -41,7 +42,8 @@ class EmbeddingCollection(nnx.Module):
   ...      FeatureSpec("last_item", "item", max_ids_per_sample=1),
   ...      FeatureSpec("history", "item", combiner=None),
   ...      FeatureSpec("country", "country")],
-  ...     mesh=mesh, num_unique=8, replicate_below_bytes=0, rngs=nnx.Rngs(0))
+  ...     mesh=mesh, layout=CollectionLayout(num_unique=8, replicate_below_bytes=0),
+  ...     rngs=nnx.Rngs(0))
   >>> out = coll({"clicks": jnp.array([[1, 2, -1], [3, -1, -1]]),
   ...             "last_item": jnp.array([5, 6]),
   ...             "history": jnp.array([[1, 1], [2, 7]]),
@@ -89,76 +91,38 @@ class EmbeddingCollection(nnx.Module):
     features: the ``FeatureSpec`` s; several may read one table.
     mesh: a ``Mesh`` or ``AbstractMesh``; None takes the one set with
       ``jax.set_mesh``, or one device.
-    table_axes: mesh axes tables are split over (see ``plan_embedding``).
-    data_axes: mesh axes the batch is split over.
-    kernel: local lookup kernel, one of ``options.KERNELS`` (see
-      ``ShardedEmbed``).
-    num_unique: dedup capacity per data shard: an int for every table, a
-      ``{table: capacity}`` dict, None (no dedup), or ``"auto"`` (the
-      default; also as a dict value): the planner dedups a routed table or
-      stack where routing its expected distinct ids moves fewer bytes
-      (``plan_collection``), and no other table; with ``on_overflow="error"``
-      only a capacity given as an int dedups.
-    route_capacity: ids per destination of the routed tables' lookups: an
-      int for every table, a ``{table: capacity}`` dict, or None to size
-      each from its call's ids (``EmbeddingPlan.capacity_for``).
-    on_overflow: ``"fallback" | "error"`` (see above), for ``num_unique``
-      and for the route: a rank with more ids for one owner than the route
-      capacity falls back to the vocab path for that step, or raises.
-    devices_per_node: devices one node holds, in the table group's rank
-      order, for every table and stack (see ``plan_embedding``): a routed
-      table or stack over several nodes routes inside each node first and
-      sends each row across once per node pair where that pays, and the
-      plan weighs a byte across nodes as ``cost.INTER_NODE_WEIGHT``. It
-      must divide the table group. None reads it from the devices.
-    node_capacity: distinct ids per destination rank that one node sends
-      across nodes in that route: an int for every table, a ``{table or
-      stack: capacity}`` dict, or None to plan it for each table's
-      ``id_skew``.
-    batch_size: samples per step, for the plan's traffic estimates and its
-      memory check.
-    device_memory_bytes: what a device may spend on the embedding's training
-      step: its tables' shards, the ``optimizer``'s slots, the ids and the
-      temporaries. An auto table takes the cheapest layout whose step fits;
-      the plan raises, naming what it counted and the fix, if the whole
-      doesn't (``plan_collection``).
-    optimizer: the sparse optimizer that trains the tables, whose slots count
-      against ``device_memory_bytes``: a name (``"rowwise_adagrad"``, the
-      default; ``"sgd"``, ...), a row-wise rule of ``embedlib.optim``, or
-      None for none.
-    replicate_below_bytes: the per-table auto rule's replication threshold.
-    replicate_budget_bytes: replicate tables together up to this many bytes
-      per device (see ``plan_collection``).
+    layout: an ``embedlib.CollectionLayout``: the mesh axes, dedup
+      (``num_unique``), route and node capacities, ``on_overflow``, the
+      batch and memory the planner sizes for, replication and stacking.
+      None: its defaults. The keywords it replaces (``num_unique=``,
+      ``table_batched=``, ...) still work until embedlib 0.2, with a
+      ``DeprecationWarning``.
     dtype: dtype of the outputs (default: ``param_dtype``).
     param_dtype: dtype of the stored tables.
     rngs: random number generators; ``rngs.params()`` draws each table.
   """
 
+  @_deprecated.moved_keywords(
+      "EmbeddingCollection", {"layout": (CollectionLayout, "embedlib.CollectionLayout")})
   def __init__(
       self,
       tables: Sequence[TableSpec],
       features: Sequence[FeatureSpec],
       *,
       mesh=None,
-      table_axes=None,
-      data_axes=None,
-      kernel: str = "auto",
-      num_unique: int | str | Mapping[str, int | str] | None = options.AUTO,
-      route_capacity: int | Mapping[str, int] | None = None,
-      on_overflow: str = FALLBACK,
-      batch_size: int = 4096,
-      replicate_below_bytes: int | None = None,
-      replicate_budget_bytes: int | None = None,
-      table_batched: bool = False,
-      devices_per_host: int | None = None,
-      device_memory_bytes: int | None = None,
-      optimizer: tp.Any = plan_memory.DEFAULT_OPTIMIZER,
-      devices_per_node: int | None = None,
-      node_capacity: int | Mapping[str, int] | None = None,
+      layout: CollectionLayout | None = None,
       dtype: tp.Any = None,
       param_dtype: tp.Any = jnp.float32,
       rngs: nnx.Rngs,
   ):
+    layout = CollectionLayout() if layout is None else layout
+    if not isinstance(layout, CollectionLayout):
+      raise TypeError(f"EmbeddingCollection: layout={layout!r}; pass an "
+                      "embedlib.CollectionLayout(...) or None.")
+    (table_axes, data_axes, kernel, num_unique, route_capacity, on_overflow, batch_size,
+     replicate_below_bytes, replicate_budget_bytes, table_batched, devices_per_host,
+     device_memory_bytes, optimizer, devices_per_node, node_capacity) = (
+         getattr(layout, f) for f in field_names(CollectionLayout))
     tables, features = validate(tables, features)
     all_tables, all_features = tables, features
     dynamic_specs = [t for t in tables if t.dynamic is not None]
@@ -173,7 +137,7 @@ class EmbeddingCollection(nnx.Module):
     kernels.resolve_kernel(kernel)  # fail early on an unknown kernel name
     if on_overflow not in OVERFLOW_MODES:
       raise ValueError(f"on_overflow={on_overflow!r}; use one of {OVERFLOW_MODES}.")
-    mesh = sharding_lib.current_mesh() if mesh is None else mesh
+    mesh = sharding_lib.mesh_or_current(mesh)
     self.num_unique = _capacities(num_unique, tables)
     if on_overflow == ERROR:  # a capacity the caller never chose must not raise
       self.num_unique = {k: v for k, v in self.num_unique.items() if v != options.AUTO}
@@ -211,12 +175,13 @@ class EmbeddingCollection(nnx.Module):
         continue
       p = table_plan.plan
       embeds[spec.name] = ShardedEmbed(
-          spec.num_embeddings, spec.features, mesh=mesh, sharding=p.strategy,
-          table_axes=p.table_axes or None, column_axes=p.column_axes or None,
-          data_axes=p.data_axes, kernel=kernel,
-          ids_per_device=p.ids_per_device, route_capacity=p.route_capacity,
-          devices_per_node=p.devices_per_node, node_capacity=p.node_capacity,
-          on_overflow=on_overflow, name=spec.name, dtype=dtype, param_dtype=param_dtype,
+          spec.num_embeddings, spec.features, mesh=mesh, layout=Layout(
+              sharding=p.strategy, table_axes=p.table_axes or None,
+              column_axes=p.column_axes or None, data_axes=p.data_axes, kernel=kernel,
+              ids_per_device=p.ids_per_device, route_capacity=p.route_capacity,
+              devices_per_node=p.devices_per_node, node_capacity=p.node_capacity,
+              on_overflow=on_overflow),
+          name=spec.name, dtype=dtype, param_dtype=param_dtype,
           embedding_init=_fixed_init(spec), rngs=rngs,
       )
       assert embeds[spec.name].plan.padded_shape == p.padded_shape, spec.name
@@ -227,13 +192,14 @@ class EmbeddingCollection(nnx.Module):
     for s in self.plan.stacks:
       p = s.plan
       stacks[s.name] = ShardedEmbed(
-          p.num_embeddings, p.features, mesh=mesh, sharding=p.strategy,
-          table_axes=p.table_axes, data_axes=p.data_axes, kernel=kernel,
-          ids_per_device=p.ids_per_device, route_capacity=p.route_capacity,
-          devices_per_node=p.devices_per_node, node_capacity=p.node_capacity,
-          on_overflow=on_overflow, name=s.name, placement=p.placement, dtype=dtype,
-          param_dtype=param_dtype, embedding_init=_stacked_init([specs[m] for m in s.members]),
-          rngs=rngs,
+          p.num_embeddings, p.features, mesh=mesh, layout=Layout(
+              sharding=p.strategy, table_axes=p.table_axes, data_axes=p.data_axes,
+              kernel=kernel, ids_per_device=p.ids_per_device,
+              route_capacity=p.route_capacity, devices_per_node=p.devices_per_node,
+              node_capacity=p.node_capacity, on_overflow=on_overflow,
+              placement=p.placement),
+          name=s.name, dtype=dtype, param_dtype=param_dtype,
+          embedding_init=_stacked_init([specs[m] for m in s.members]), rngs=rngs,
       )
     self.stacks = nnx.Dict(stacks)
     self.dynamic = nnx.Dict({
@@ -288,13 +254,7 @@ class EmbeddingCollection(nnx.Module):
     weights = dict(weights or {})
     bags = self._bags(inputs, weights)
     out, checks = {}, []
-    for name, module in self.dynamic.items():
-      feats = self._features_of(name)
-      rows = module.lookup_many([_dynamic_request(f, inputs[f.name], weights.get(f.name))
-                                 for f in feats])
-      for f, r in zip(feats, rows):
-        out[f.name] = r
-    for name, module, requests in self._lookups(bags):
+    for name, module, requests in self._lookups(bags, inputs, weights):
       rows = module.lookup_requests(
           [r for _, r in requests], num_unique=self.num_unique.get(name),
           on_overflow=self.on_overflow, checks=checks,
@@ -306,8 +266,16 @@ class EmbeddingCollection(nnx.Module):
       check()
     return {f.name: out[f.name] for f in self.feature_specs}
 
-  def _lookups(self, bags):
-    """``(name, module, [(feature, Request)])`` per table of its own and per stack."""
+  def _lookups(self, bags, inputs=None, weights=None):
+    """``(name, module, [(feature, Request)])`` per table: dynamic, its own, stacks.
+
+    Dynamic tables read the raw ``inputs`` (left out without them); the
+    others their features' ``bags``.
+    """
+    for name, module in self.dynamic.items() if inputs is not None else ():
+      yield name, module, [
+          (f.name, inputs_lib.raw_request(f, inputs[f.name], weights.get(f.name)))
+          for f in self._features_of(name)]
     for spec in self.table_specs:
       if spec.name in self.tables:
         yield spec.name, self.tables[spec.name], [
@@ -384,46 +352,20 @@ def _request(spec: FeatureSpec, bags: inputs_lib.Bags) -> Request:
   return Request(bags.ids, bags.weights, spec.combiner)
 
 
-def _dynamic_request(spec: FeatureSpec, ids, weights):
-  """A dynamic table's ``(ids, weights, combiner)`` for ``DynamicEmbed.lookup_many``."""
-  if isinstance(ids, (tuple, Ragged)):
-    raise ValueError(
-        f"feature {spec.name!r} reads dynamic table {spec.table!r}, which takes padded "
-        "ids ([batch] or [batch, bag] padded with -1), not ragged ones; pad the bags.")
-  if not isinstance(ids, (dynamic_ids.Words, jax.Array)):
-    ids = np.asarray(ids)  # host ids stay exact: DynamicEmbed splits them into words
-  shape = tuple(ids.shape)
-  if len(shape) not in (1, 2):
-    raise ValueError(f"feature {spec.name!r}: ids of shape {shape}; pass [batch] or "
-                     "[batch, bag] raw ids.")
-  most = spec.max_ids_per_sample
-  if most is not None and len(shape) == 2 and shape[1] > most:
-    raise ValueError(f"feature {spec.name!r}: bags of {shape[1]} ids exceed its "
-                     f"max_ids_per_sample={spec.max_ids_per_sample}.")
-  if spec.is_sequence:
-    if weights is not None:
-      raise ValueError(f"feature {spec.name!r} is a sequence feature; it takes no weights.")
-    return ids, None, None
-  if len(shape) == 1:  # single-hot: a bag of one
-    ids = ids[:, None] if not isinstance(ids, dynamic_ids.Words) else dynamic_ids.Words(
-        ids.value[:, None])
-    weights = None if weights is None else weights[:, None]
-  return ids, weights, spec.combiner
-
-
 def _dynamic_table(spec, route_capacity, mesh, table_axes, data_axes, dtype, param_dtype,
                    rngs):
   """The ``DynamicEmbed`` of a dynamic ``TableSpec``."""
-  kw = spec.dynamic.kwargs()
-  if kw["route_capacity"] is None and route_capacity is not None:
-    kw["route_capacity"] = (route_capacity.get(spec.name) if isinstance(route_capacity, Mapping)
-                            else route_capacity)
-  if spec.initializer is not None:   # else DynamicEmbed's own default
-    kw["embedding_init"] = spec.initializer
+  if spec.dynamic.route_capacity is None and isinstance(route_capacity, Mapping):
+    route_capacity = route_capacity.get(spec.name)
+  elif spec.dynamic.route_capacity is not None:
+    route_capacity = None  # the spec's own, which the table reads from it
+  # A TableSpec without an initializer leaves DynamicEmbed's own default.
+  init = {} if spec.initializer is None else {"embedding_init": spec.initializer}
   return dynamic_module.DynamicEmbed(
-      spec.num_embeddings, spec.features, mesh=mesh, sharding=spec.sharding,
-      table_axes=table_axes, data_axes=data_axes, name=spec.name, dtype=dtype,
-      param_dtype=param_dtype, rngs=rngs, **kw)
+      spec.num_embeddings, spec.features, dynamic=spec.dynamic, mesh=mesh,
+      layout=Layout(sharding=spec.sharding, table_axes=table_axes, data_axes=data_axes,
+                    route_capacity=route_capacity),
+      name=spec.name, dtype=dtype, param_dtype=param_dtype, rngs=rngs, **init)
 
 
 def _dynamic_plan(table, optimizer) -> planner.DynamicTablePlan:

@@ -4,19 +4,26 @@ A feature's ids arrive as ``[batch]`` (single-hot), ``[batch, bag]`` padded
 with ``-1``, or ragged ``(values, lengths)`` with a static capacity; weights,
 when given, have the shape of the ids (``[capacity]`` for ragged ids). Every
 form becomes ``ids [batch, bag]`` int32 with ``-1`` at padding and at every
-invalid id, plus aligned weights or None. Shape errors name the feature.
+invalid id, plus aligned weights or None (``to_bags``). A dynamic table's
+raw ids are taken as they come, ``[batch]`` or padded ``[batch, bag]``
+(``raw_request``). Shape errors name the feature, and are checked here
+once for both.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from embedlib import invalid_ids as invalid_lib
 from embedlib import kernels
 from embedlib import sharding as sharding_lib
 from embedlib.collection.specs import FeatureSpec, Ragged
+from embedlib.dynamic import ids as dynamic_ids
+from embedlib.strategies.request import Request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +53,57 @@ def _ragged_parts(x):
   return None
 
 
+def _check_sequence_weights(spec: FeatureSpec, weights, owner: str) -> None:
+  if spec.is_sequence and weights is not None:
+    raise ValueError(
+        f"{owner}: weights were given for a sequence feature (combiner=None), "
+        f"whose rows are returned unpooled; drop the weights or set a combiner."
+    )
+
+
+def _check_ids_shape(spec: FeatureSpec, shape: tuple, owner: str) -> None:
+  """``[batch]`` or ``[batch, bag]`` ids, bags no wider than ``max_ids_per_sample``."""
+  if len(shape) not in (1, 2):
+    raise ValueError(
+        f"{owner}: ids must be [batch], [batch, bag] or (values, lengths), "
+        f"got shape {shape}."
+    )
+  limit = spec.max_ids_per_sample
+  if len(shape) == 2 and limit is not None and shape[1] > limit:
+    kind = "single-hot" if limit == 1 else "limited"
+    raise ValueError(
+        f"{owner} is {kind} (max_ids_per_sample={limit}) but got a bag input "
+        f"of shape {shape}; pass [batch] ids"
+        + ("" if limit == 1 else f" or [batch, <={limit}] bags")
+        + f", or raise FeatureSpec({spec.name!r}, ..., max_ids_per_sample=)."
+    )
+
+
+def raw_request(spec: FeatureSpec, ids, weights) -> Request:
+  """A feature of a dynamic table: its raw ids as a ``DynamicEmbed`` ``Request``.
+
+  Ids stay as given (host integers of any dtype, exact; 32-bit device ids;
+  ``Words``): ``[batch]`` or ``[batch, bag]`` padded with ``-1``, not
+  ragged. A pooled ``[batch]`` feature is a bag of one.
+  """
+  owner = f"feature {spec.name!r}"
+  if _ragged_parts(ids) is not None:
+    raise ValueError(
+        f"{owner} reads dynamic table {spec.table!r}, which takes padded ids ([batch] or "
+        "[batch, bag] padded with -1), not ragged ones; pad the bags.")
+  if not isinstance(ids, (dynamic_ids.Words, jax.Array)):
+    ids = np.asarray(ids)  # host ids stay exact: DynamicEmbed splits them into words
+  _check_ids_shape(spec, tuple(ids.shape), owner)
+  _check_sequence_weights(spec, weights, owner)
+  if spec.is_sequence:
+    return Request(ids)
+  if len(ids.shape) == 1:  # single-hot: a bag of one
+    ids = ids[:, None] if not isinstance(ids, dynamic_ids.Words) else dynamic_ids.Words(
+        ids.value[:, None])
+    weights = None if weights is None else weights[:, None]
+  return Request(ids, weights, spec.combiner)
+
+
 def to_bags(spec: FeatureSpec, x, weights, num_embeddings: int) -> Bags:
   """Normalises one feature's input (see the module docstring).
 
@@ -67,11 +125,7 @@ def to_bags(spec: FeatureSpec, x, weights, num_embeddings: int) -> Bags:
   ([[3, -1], [4, -1]], False)
   """
   owner = f"feature {spec.name!r}"
-  if spec.is_sequence and weights is not None:
-    raise ValueError(
-        f"{owner}: weights were given for a sequence feature (combiner=None), "
-        f"whose rows are returned unpooled; drop the weights or set a combiner."
-    )
+  _check_sequence_weights(spec, weights, owner)
   ragged = _ragged_parts(x)
   single = False
   if ragged is not None:
@@ -112,35 +166,18 @@ def to_bags(spec: FeatureSpec, x, weights, num_embeddings: int) -> Bags:
     ids, weights = padded if weights is not None else (padded, None)
   else:
     ids = invalid_lib.as_ids(x, num_embeddings)
+    _check_ids_shape(spec, ids.shape, owner)
     if ids.ndim == 1:
       single = True
       ids = ids[:, None]
       if weights is not None:
         weights = jnp.asarray(weights)
         weights = weights[:, None] if weights.ndim == 1 else weights
-    elif ids.ndim != 2:
-      raise ValueError(
-          f"{owner}: ids must be [batch], [batch, bag] or (values, lengths), "
-          f"got shape {ids.shape}."
-      )
-    limit = spec.max_ids_per_sample
-    if not single and limit is not None and ids.shape[1] > limit:
-      kind = "single-hot" if limit == 1 else "limited"
-      raise ValueError(
-          f"{owner} is {kind} (max_ids_per_sample={limit}) but got a bag input "
-          f"of shape {ids.shape}; pass [batch] ids"
-          + ("" if limit == 1 else f" or [batch, <={limit}] bags")
-          + f", or raise FeatureSpec({spec.name!r}, ..., max_ids_per_sample=)."
-      )
   if not jnp.issubdtype(ids.dtype, jnp.integer):
     raise ValueError(f"{owner}: ids must be integers, got {ids.dtype}.")
   if weights is not None:
     weights = jnp.asarray(weights)
-    if weights.shape != ids.shape:
-      raise ValueError(
-          f"{owner}: weights shape {weights.shape} must equal the ids shape "
-          f"{ids.shape[:1] if single else ids.shape}."
-      )
+    Request(ids, weights, spec.combiner).check_bag(owner, ids.shape)
     if not jnp.issubdtype(weights.dtype, jnp.floating):
       weights = weights.astype(jnp.float32)
   return Bags(invalid_lib.sanitize(ids, num_embeddings), weights, single)

@@ -18,9 +18,7 @@ import numpy as np
 
 from embedlib import options
 from embedlib.plan import checks
-from embedlib.dynamic import ids as ids_lib
-from embedlib.dynamic import module as dynamic_module
-from embedlib.dynamic import policy
+from embedlib.dynamic.spec import DynamicSpec
 
 #: ``FeatureSpec.combiner`` for a sequence feature: rows are returned, not pooled.
 SEQUENCE = None
@@ -38,40 +36,6 @@ def _name(value, kind: str) -> str:
   if not isinstance(value, str) or not value:
     raise ValueError(f"{kind} name must be a non-empty str, got {value!r}.")
   return value
-
-
-@dataclasses.dataclass(frozen=True)
-class DynamicSpec:
-  """Makes a ``TableSpec`` a dynamic table (``embedlib.DynamicEmbed``) of raw ids.
-
-  The table's ``num_embeddings`` is then its capacity: rows given to ids on
-  admission and taken back on eviction (the rules: ``embedlib.dynamic.policy``).
-
-  >>> TableSpec("user", 256, 8, dynamic=DynamicSpec(admit_after=2)).dynamic.eviction
-  'lru'
-  >>> TableSpec("user", 100, 8, dynamic=DynamicSpec(bucket_size=64))
-  Traceback (most recent call last):
-  ...
-  ValueError: table 'user': capacity=100 must be a positive multiple of bucket_size=64 (whole buckets); use capacity=128 or another bucket_size.
-
-  Attributes:
-    admit_after, eviction, bucket_size, decay_every, sketch_depth,
-    sketch_width, default, id_dtype, route_capacity: as ``DynamicEmbed``'s.
-  """
-
-  admit_after: int = 1
-  eviction: str | None = "lru"
-  bucket_size: int = 128
-  decay_every: int = 0
-  sketch_depth: int = 2
-  sketch_width: int | None = None
-  default: str = "zero"
-  id_dtype: str | None = None
-  route_capacity: int | None = None
-
-  def kwargs(self) -> dict:
-    """The ``DynamicEmbed`` keyword arguments."""
-    return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +119,11 @@ class TableSpec:
     object.__setattr__(self, "id_skew", checks.check_skew(self.id_skew, owner))
 
   def _check_dynamic(self, owner: str) -> None:
-    """A dynamic table's policy and layout, checked as ``DynamicEmbed`` checks them."""
+    """A dynamic table's policy and layout, checked as ``DynamicEmbed`` checks them.
+
+    >>> TableSpec("user", 256, 8, dynamic=DynamicSpec(admit_after=2)).dynamic.eviction
+    'lru'
+    """
     if self.dynamic is None:
       return
     if not isinstance(self.dynamic, DynamicSpec):
@@ -166,19 +134,7 @@ class TableSpec:
       raise ValueError(
           f"{owner}: sharding={self.sharding!r}, but a dynamic table splits its rows in "
           f"whole buckets and is never stacked; use one of {layouts}.")
-    d = self.dynamic
-    # The policy's own checks, with the table's name in their messages.
-    policy.Policy(self.num_embeddings, bucket_size=d.bucket_size, admit_after=d.admit_after,
-                  eviction=d.eviction, decay_every=d.decay_every, sketch_depth=d.sketch_depth,
-                  sketch_width=d.sketch_width, name=owner)
-    if d.default not in dynamic_module.DEFAULTS:
-      raise ValueError(f"{owner}: dynamic default={d.default!r}; use one of "
-                       f"{dynamic_module.DEFAULTS}.")
-    if d.id_dtype is not None and str(np.dtype(d.id_dtype)) not in ids_lib.ID_DTYPES:
-      raise ValueError(f"{owner}: dynamic id_dtype={d.id_dtype!r}; use one of "
-                       f"{ids_lib.ID_DTYPES} or None.")
-    if d.route_capacity is not None:
-      _positive_int(d.route_capacity, "dynamic route_capacity", owner)
+    self.dynamic.policy(self.num_embeddings, name=owner)  # its own checks, naming the table
 
   def _check_column_axes(self, owner: str) -> None:
     """``column_axes`` as a tuple of names, given only with a grid."""

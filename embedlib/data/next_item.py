@@ -76,7 +76,7 @@ class NextItemSpec:
   num_items: int
   max_len: int
   #: ``{column: int32 [num_items + 1, bag]}``: the items' side columns
-  #: (``movielens.item_side``), or None.
+  #: (``embedlib.tabular.item_side``), or None.
   item_columns: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
   def __post_init__(self):

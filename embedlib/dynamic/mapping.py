@@ -10,7 +10,7 @@ outside the group hold copies, so each copy of the map makes the same
 step). Each rank routes its ids to their owners as the routed layout does
 (``strategies.unique.bucketize``, a static ``capacity`` per owner, then one
 ``all_to_all`` of id words, 8 bytes each), the owner runs
-``step.train_step`` on every id of its buckets, and a second ``all_to_all``
+``step.admit_step`` on every id of its buckets, and a second ``all_to_all``
 hands each id its row (4 bytes): about ``12 * 2 * M / G`` bytes a rank with
 the default capacity. The policy is the same whatever order ids arrive in,
 so the owner's step equals the reference's. A step with more ids for one
@@ -65,7 +65,7 @@ def _local(state, extra, clock, flat, *, policy, train, index, group, init):
   hi, lo, own, bucket, rows_per = _own(flat, policy, index, group)
   placed_at, table, key_data = extra
   if train:
-    state, rows, placed, stats = step_lib.train_step(
+    state, rows, placed, stats = step_lib.admit_step(
         state, hi, lo, own, bucket, clock, policy=policy)
     # The rows placed here start again: their first value and a fresh clock mark.
     put = jnp.where(placed, rows, rows_per)

@@ -13,6 +13,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from embedlib import _deprecated
 from embedlib import kernels
 from embedlib import lookahead
 from embedlib import options
@@ -21,12 +22,14 @@ from embedlib.dynamic import ids as ids_lib
 from embedlib.dynamic import initializers
 from embedlib.dynamic import mapping
 from embedlib.dynamic import policy as policy_lib
+from embedlib.dynamic import spec as spec_lib
 from embedlib.dynamic import step as step_lib
 from embedlib.embed import ShardedEmbed
+from embedlib.strategies.request import Request
+from embedlib.plan.settings import Layout
+from embedlib.plan.settings import field_names as settings_fields
 
-ZERO = "zero"
-LEARNED = "learned"
-DEFAULTS = (ZERO, LEARNED)
+ZERO, LEARNED, DEFAULTS = spec_lib.ZERO, spec_lib.LEARNED, spec_lib.DEFAULTS
 STATS = ("occupancy", "admitted", "evicted", "default_share")
 LAYOUTS = (options.AUTO, "vocab", "routed", "replicated")
 
@@ -45,7 +48,7 @@ class DynamicEmbed(nnx.Module):
   >>> import numpy as np
   >>> from flax import nnx
   >>> import embedlib
-  >>> emb = embedlib.DynamicEmbed(256, 4, bucket_size=128, rngs=nnx.Rngs(0))
+  >>> emb = embedlib.DynamicEmbed(256, 4, rngs=nnx.Rngs(0))
   >>> ids = np.array([2**40 + 7, 3, 2**40 + 7, -1], np.int64)
   >>> rows = emb.rows_of(ids)           # training mode: admits on lookup
   >>> bool(rows[0] == rows[2] and rows[0] != rows[1]), int(rows[3])
@@ -91,26 +94,25 @@ class DynamicEmbed(nnx.Module):
   (the vocab or routed layout of ``ShardedEmbed``), each device owning whole
   buckets with their part of the map, and ids are routed to their owners
   with an all-to-all (see ``embedlib.dynamic.mapping``), so the number of
-  buckets must divide by the group size.
+  buckets must divide by the group size. The mesh is read as every table
+  reads it: ``mesh=``, else the one set with ``jax.set_mesh``.
 
   Args:
-    capacity: rows; a multiple of ``bucket_size``.
+    capacity: rows; a multiple of the bucket size.
     features: embedding width.
-    admit_after: occurrences before an id gets a row (1: on first sight).
-    eviction: ``"lru"``, ``"lfu"`` or None (a full bucket turns newcomers away).
-    bucket_size: slots per bucket.
-    decay_every: steps between halvings of LFU scores and sketch counters
-      (0: never).
-    sketch_depth, sketch_width: the admission count-min sketch per bucket
-      (width default ``bucket_size``).
-    default: ``"zero"`` or ``"learned"``.
-    id_dtype: the raw ids' declared dtype (``int32``, ``uint32``, ``int64``,
-      ``uint64``); host ids outside it are an error. None: any 64-bit
-      pattern (signed ids are their two's complement).
-    mesh, sharding, table_axes, data_axes: as ``ShardedEmbed``'s.
-    route_capacity: ids one rank sends each owner of the map per step
-      (``embedlib.dynamic.mapping``); None: twice the even share. A step
-      needing more takes the all-gather path, with the same result.
+    dynamic: a ``DynamicSpec``: the admission and eviction policy, the
+      bucket size (default: the largest up to 128 that splits each device's
+      rows), the default row and the ids' dtype. None: its defaults.
+    mesh: a ``Mesh`` or ``AbstractMesh``; None takes the one set with
+      ``jax.set_mesh``, or one device when there is none.
+    layout: an ``embedlib.Layout`` of ``sharding`` (``"auto"``: vocab on a
+      mesh, else replicated; ``"vocab"``, ``"routed"``, ``"replicated"``),
+      ``table_axes``, ``data_axes`` and ``route_capacity``: ids one rank
+      sends each owner of the map per step (``embedlib.dynamic.mapping``;
+      None: twice the even share; a step needing more takes the all-gather
+      path, with the same result). The keywords these replace
+      (``bucket_size=``, ``sharding=``, ...) still work until embedlib 0.2,
+      with a ``DeprecationWarning``.
     name: the table's name in errors and statistics.
     dtype, param_dtype: as ``nnx.Embed``'s.
     embedding_init: a placed row's initial value; default
@@ -118,47 +120,33 @@ class DynamicEmbed(nnx.Module):
     rngs: ``rngs.params()`` draws the init key.
   """
 
+  @_deprecated.moved_keywords("DynamicEmbed", {
+      "layout": (Layout, "embedlib.Layout"),
+      "dynamic": (spec_lib.DynamicSpec, "embedlib.DynamicSpec")})
   def __init__(
       self,
       capacity: int,
       features: int,
       *,
-      admit_after: int = 1,
-      eviction: str | None = policy_lib.LRU,
-      bucket_size: int = 128,
-      decay_every: int = 0,
-      sketch_depth: int = 2,
-      sketch_width: int | None = None,
-      default: str = ZERO,
-      id_dtype: str | None = None,
+      dynamic: spec_lib.DynamicSpec | None = None,
       mesh=None,
-      sharding: str = options.AUTO,
-      table_axes=None,
-      data_axes=None,
-      route_capacity: int | None = None,
+      layout: Layout | None = None,
       name: str = "dynamic",
       dtype: tp.Any = None,
       param_dtype: tp.Any = jnp.float32,
       embedding_init: tp.Callable = initializers.HashedUniform(),
       rngs: nnx.Rngs,
   ):
-    self.policy = policy_lib.Policy(
-        capacity, bucket_size=bucket_size, admit_after=admit_after, eviction=eviction,
-        decay_every=decay_every, sketch_depth=sketch_depth, sketch_width=sketch_width,
-        name=name)
-    if default not in DEFAULTS:
-      raise ValueError(f"{name}: default={default!r}; use one of {DEFAULTS}.")
-    if id_dtype is not None and str(np.dtype(id_dtype)) not in ids_lib.ID_DTYPES:
-      raise ValueError(f"{name}: id_dtype={id_dtype!r}; use one of {ids_lib.ID_DTYPES}.")
-    if sharding not in LAYOUTS:
-      raise ValueError(
-          f"{name}: sharding={sharding!r}; a dynamic table's rows are split in whole "
-          f"buckets, so use one of {LAYOUTS}.")
+    dynamic = spec_lib.DynamicSpec() if dynamic is None else dynamic
+    layout = Layout() if layout is None else layout
+    sharding = _check_layout(layout, name)
+    route_capacity = _route_capacity(layout, dynamic, name)
+    mesh = sharding_lib.mesh_or_current(mesh)
     if sharding == options.AUTO:
       sharding = "replicated" if mesh is None else "vocab"
     self.name = name
-    self.id_dtype = None if id_dtype is None else str(np.dtype(id_dtype))
-    self.default = default
+    self.id_dtype = None if dynamic.id_dtype is None else str(np.dtype(dynamic.id_dtype))
+    self.default = dynamic.default
     self.route_capacity = route_capacity
     self.embedding_init = embedding_init
     self.deterministic = False
@@ -167,13 +155,16 @@ class DynamicEmbed(nnx.Module):
     _, key = rngs.params(), rngs.params()
     # Every row starts at its initial value, so a first placement draws nothing.
     self.rows = ShardedEmbed(
-        capacity, features, mesh=mesh, sharding=sharding, table_axes=table_axes,
-        data_axes=data_axes, name=name, dtype=dtype, param_dtype=param_dtype,
+        capacity, features, mesh=mesh, layout=Layout(
+            sharding=sharding, table_axes=layout.table_axes, data_axes=layout.data_axes),
+        name=name, dtype=dtype, param_dtype=param_dtype,
         embedding_init=_ByRow(embedding_init), rngs=_GivenKey(key))
     plan = self.rows.plan
     self.mesh = self.rows.mesh
     self.table_axes = tuple(plan.table_axes) if plan.strategy != "replicated" else ()
     group = math.prod(dict(plan.mesh_shape)[a] for a in self.table_axes) if self.table_axes else 1
+    self.policy = dynamic.policy(capacity, group=group, name=name)
+    bucket_size = self.policy.bucket_size
     if self.policy.num_buckets % group or plan.padded_shape[0] != capacity:
       raise ValueError(
           f"{name}: capacity={capacity} holds {self.policy.num_buckets} buckets of "
@@ -190,8 +181,8 @@ class DynamicEmbed(nnx.Module):
     self.keys_hi = as_map(jnp.zeros((n,), jnp.uint32, device=split), split_spec)
     self.keys_lo = as_map(jnp.zeros((n,), jnp.uint32, device=split), split_spec)
     self.score = as_map(jnp.full((n,), policy_lib.EMPTY, jnp.int32, device=split), split_spec)
-    self.sketch = (as_map(jnp.zeros((nb, sketch_depth, self.policy.width), jnp.uint8,
-                                    device=split), split_spec)
+    self.sketch = (as_map(jnp.zeros((nb, self.policy.sketch_depth, self.policy.width),
+                                    jnp.uint8, device=split), split_spec)
                    if self.policy.uses_sketch else None)
     self.placed_at = as_map(jnp.full((n,), mapping.NEVER_PLACED, jnp.int32, device=split),
                             split_spec)
@@ -202,7 +193,7 @@ class DynamicEmbed(nnx.Module):
                              **self._metadata(P()))
     self.default_row = (nnx.Param(jnp.zeros((features,), param_dtype, device=every),
                                   **self._metadata(P()))
-                        if default == LEARNED else None)
+                        if dynamic.default == LEARNED else None)
 
   def _metadata(self, spec) -> dict:
     """Sharding metadata, which lays the variables out under ``nnx.eval_shape`` too."""
@@ -282,23 +273,26 @@ class DynamicEmbed(nnx.Module):
     step's update as in line, before they are read.
     """
     key = (self.name, (tuple(flat.shape),), "map")
-    if lookahead.is_collecting(scope):
+
+    def collect(scope):
       before = scope.previous_value(key)
       if before is None:   # the first batch read ahead: the map as it stands
         before = MapAhead(self._state(), self.placed_at[...], self.clock[...], None, None)
       state, placed_at, _, rows, stats = self._run(
           before.state, before.placed_at, before.clock, None, flat, train=True)
-      scope.add(key, MapAhead(state, placed_at, before.clock + 1, stats, rows))
-      return rows
-    ahead = scope.take(key)
-    before = self.placed_at[...]
-    self._commit(ahead.state, ahead.placed_at, ahead.clock, ahead.stats)
-    table = self.rows.embedding[...]
-    self.rows.embedding[...] = _placed(table, mapping.place(
-        jax.lax.stop_gradient(table), ahead.placed_at, before, ahead.clock, self.init_key[...],
-        mesh=self.mesh, table_axes=self.table_axes, init=self.embedding_init,
-        table_spec=tuple(self.rows.plan.table_spec), bound=flat.shape[0]))
-    return ahead.rows
+      return MapAhead(state, placed_at, before.clock + 1, stats, rows), rows
+
+    def use(ahead):
+      before = self.placed_at[...]
+      self._commit(ahead.state, ahead.placed_at, ahead.clock, ahead.stats)
+      table = self.rows.embedding[...]
+      self.rows.embedding[...] = _placed(table, mapping.place(
+          jax.lax.stop_gradient(table), ahead.placed_at, before, ahead.clock, self.init_key[...],
+          mesh=self.mesh, table_axes=self.table_axes, init=self.embedding_init,
+          table_spec=tuple(self.rows.plan.table_spec), bound=flat.shape[0]))
+      return ahead.rows
+
+    return lookahead.read_ahead(scope, key, collect, use)
 
   def stats(self) -> dict:
     """The last training step's ``occupancy`` (resident share of rows),
@@ -331,8 +325,8 @@ class DynamicEmbed(nnx.Module):
 
   def __call__(self, ids) -> jax.Array:
     """Embeds raw ids: ``ids.shape + (features,)`` (``Words``: their ``shape``)."""
-    w = self.words(ids)
-    return self._embed(w, self.rows_of(w))
+    (out,) = self.lookup_requests((Request(ids),))
+    return out
 
   def bag(self, ids, weights=None, *, combiner: str = "sum") -> jax.Array:
     """Pooled lookup of padded bags of raw ids: ``[batch, bag]`` to ``[batch, features]``.
@@ -341,45 +335,57 @@ class DynamicEmbed(nnx.Module):
     row): ``mean`` divides by the members' summed weights, ``sqrtn`` by
     the root of their summed squares.
     """
-    kernels.check_combiner(combiner)
-    w = self._check_bag(self.words(ids), weights)
-    return self._pool(w, self.rows_of(w), weights, combiner)
+    (out,) = self.lookup_requests((Request(ids, weights, combiner),))
+    return out
 
-  def lookup_many(self, requests) -> list[jax.Array]:
-    """Several lookups as one step of the policy: ``[(ids, weights, combiner)]``.
+  def lookup_requests(self, requests, *, num_unique: int | None = None,
+                      on_overflow: str | None = None, checks: list | None = None) -> tuple:
+    """Several lookups as one step of the policy: ``ShardedEmbed.lookup_requests`` of raw ids.
 
-    A ``combiner`` of None returns rows (``__call__``), otherwise pooled bags
-    (``bag``); every request's ids are admitted together, so features that
-    share the table count as one step (what ``EmbeddingCollection`` does).
+    Each ``Request``'s ids are raw ids (``words``); a ``combiner`` of None
+    returns rows (``__call__``), otherwise pooled bags (``bag``). Every
+    request's ids are admitted together, so features that share the table
+    count as one step (what ``EmbeddingCollection`` does).
+
+    Args:
+      requests: ``Request`` s of raw ids.
+      num_unique: None: a dynamic table doesn't dedup.
+      on_overflow: unused: a step routing more ids than ``route_capacity``
+        takes the all-gather path, with the same result, and nothing to
+        raise (accepted so that every table kind takes one call).
+      checks: unused: nothing is left to check after the lookups.
+
+    Returns:
+      One output per request: ``ids.shape + (features,)`` unpooled,
+      ``[batch, features]`` pooled.
     """
+    del on_overflow, checks
+    if num_unique is not None:
+      raise ValueError(f"{self.name}: num_unique={num_unique}, but a dynamic table looks "
+                       "its ids up without dedup; pass num_unique=None.")
     ws = []
-    for ids, weights, combiner in requests:
-      w = self.words(ids)
-      if combiner is not None:
-        kernels.check_combiner(combiner)
-        w = self._check_bag(w, weights)
+    for r in requests:
+      w = self.words(r.ids)
+      r.check_bag(self.name, w.shape)
       ws.append(w)
     flat = ids_lib.Words(jnp.concatenate([w.value.reshape(-1, 2) for w in ws]))
     rows = self.rows_of(flat)
     out, start = [], 0
-    for w, (_, weights, combiner) in zip(ws, requests):
+    for w, r in zip(ws, requests):
       size = math.prod(w.shape)
       part = rows[start:start + size].reshape(w.shape)
       start += size
-      out.append(self._embed(w, part) if combiner is None
-                 else self._pool(w, part, weights, combiner))
-    return out
+      out.append(self._pool(w, part, r.weights, r.combiner) if r.pooled
+                 else self._embed(w, part))
+    return tuple(out)
 
-  def _check_bag(self, w: ids_lib.Words, weights) -> ids_lib.Words:
-    if len(w.shape) != 2:
-      raise ValueError(
-          f"{self.name}: bag() takes ids [batch, bag] padded with -1, got shape "
-          f"{w.shape}; use __call__ for unpooled rows.")
-    if weights is not None and tuple(jnp.shape(weights)) != w.shape:
-      raise ValueError(
-          f"{self.name}: bag() weights of shape {jnp.shape(weights)} must match the "
-          f"ids' shape {w.shape}.")
-    return w
+  def lookup_many(self, requests) -> list[jax.Array]:
+    """``lookup_requests`` of ``[(ids, weights, combiner)]`` (deprecated: pass ``Request`` s)."""
+    _deprecated.warn(
+        f"DynamicEmbed.lookup_many is deprecated and will be removed in "
+        f"{_deprecated.REMOVED_IN}; call lookup_requests([Request(ids, weights, combiner), "
+        "...]) as every table kind takes it.")
+    return list(self.lookup_requests([Request(*r) for r in requests]))
 
   def _embed(self, w: ids_lib.Words, rows) -> jax.Array:
     out = self.rows(rows)
@@ -396,6 +402,37 @@ class DynamicEmbed(nnx.Module):
       share = jnp.sum(jnp.where(member & (rows < 0), coef, 0.0), axis=1)
       out = out + share[:, None].astype(out.dtype) * self.default_row[...].astype(out.dtype)
     return out
+
+
+def _check_layout(layout: Layout, name: str) -> str:
+  """``layout``'s sharding, after checking it asks only what a dynamic table does."""
+  if not isinstance(layout, Layout):
+    raise TypeError(f"{name}: layout={layout!r}; pass an embedlib.Layout(...) or None.")
+  unused = [f for f in _NOT_DYNAMIC if getattr(layout, f) != getattr(_DEFAULT_LAYOUT, f)]
+  if unused:
+    raise ValueError(
+        f"{name}: Layout({unused[0]}=...) is not a dynamic table's setting; a DynamicEmbed "
+        f"takes {', '.join(_DYNAMIC_LAYOUT)} (its rows are split in whole buckets).")
+  if layout.sharding not in LAYOUTS:
+    raise ValueError(
+        f"{name}: sharding={layout.sharding!r}; a dynamic table's rows are split in whole "
+        f"buckets, so use one of {LAYOUTS}.")
+  return layout.sharding
+
+
+def _route_capacity(layout: Layout, dynamic, name: str):
+  """The route capacity, from ``layout`` or (a collection's table) its ``DynamicSpec``."""
+  if None not in (layout.route_capacity, dynamic.route_capacity) and (
+      layout.route_capacity != dynamic.route_capacity):
+    raise ValueError(
+        f"{name}: route_capacity is given twice, {layout.route_capacity} in the Layout and "
+        f"{dynamic.route_capacity} in the DynamicSpec; give it once, in the Layout.")
+  return layout.route_capacity if layout.route_capacity is not None else dynamic.route_capacity
+
+
+_DYNAMIC_LAYOUT = ("sharding", "table_axes", "data_axes", "route_capacity")
+_DEFAULT_LAYOUT = Layout()
+_NOT_DYNAMIC = tuple(f for f in settings_fields(Layout) if f not in _DYNAMIC_LAYOUT)
 
 
 @dataclasses.dataclass(frozen=True)

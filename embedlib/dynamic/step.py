@@ -1,6 +1,6 @@
 """One shard's step of the dynamic map: the policy of ``policy.py``, vectorised.
 
-``lookup`` and ``train_step`` run on the buckets one device owns (all of
+``lookup`` and ``admit_step`` run on the buckets one device owns (all of
 them off a mesh), with the step's ids already marked by owner. No loop
 runs over ids: the step's ids are sorted by (bucket, id), so distinct ids
 are runs and each bucket's admitted ids come in ascending order; the r-th
@@ -157,9 +157,12 @@ def _victims_search(key, s: Sorted, rank, free, b):
   return s.bucket * b + slots[s.bucket, j]
 
 
-def train_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_lib.Policy,
+def admit_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_lib.Policy,
                kernel: str = "auto"):
-  """One step of the policy on this shard's buckets.
+  """One step of the admission policy on this shard's buckets: touch, admit, place, evict.
+
+  The id map's step (a lookup in training mode runs it), not the model's
+  optimizer step (``embedlib.training.train_step``).
 
   Args:
     state: this shard's ``MapState``.
@@ -184,14 +187,14 @@ def train_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_li
     raise ValueError(f"{policy.name}: kernel={kernel!r} is not a map kernel; use one of "
                      f"{KERNELS}.")
   args = (state, hi, lo, own, bucket, clock)
-  xla = functools.partial(_train_step_xla, policy=policy)
+  xla = functools.partial(_admit_step_xla, policy=policy)
   if kernel == "xla" or hi.shape[0] == 0 or not cpu_library.available():
     return xla(*args)
-  return platforms.by_platform(*args, cpu=functools.partial(_train_step_cpu, policy=policy),
+  return platforms.by_platform(*args, cpu=functools.partial(_admit_step_cpu, policy=policy),
                                gpu=xla, default=xla)
 
 
-def _train_step_cpu(state: MapState, hi, lo, own, bucket, clock, *, policy):
+def _admit_step_cpu(state: MapState, hi, lo, own, bucket, clock, *, policy):
   cells = None
   if state.sketch is not None:
     cells = jnp.stack([ids_lib.sketch_cell(hi, lo, r, policy.width)
@@ -203,7 +206,7 @@ def _train_step_cpu(state: MapState, hi, lo, own, bucket, clock, *, policy):
   return MapState(khi, klo, score, sketch), rows, placed, stats
 
 
-def _train_step_xla(state: MapState, hi, lo, own, bucket, clock, *, policy):
+def _admit_step_xla(state: MapState, hi, lo, own, bucket, clock, *, policy):
   b = policy.bucket_size
   rows_n = state.score.shape[0]
   nbl = rows_n // b

@@ -1,15 +1,17 @@
 """Local (single-shard) embedding lookups: row gather and pooled bags, forward and backward.
 
-Each lookup has a pure-jnp reference (the specification, and the ``xla``
-gather; the ``xla`` bag, `bag_xla`, sums the same terms slot by slot), a
-Pallas GPU kernel (Mosaic GPU, and Triton for jax 0.10) that also runs in
+Each lookup has its XLA ops (`xla`: the ``xla`` gather; the ``xla`` bag,
+`bag_xla`, sums the same terms slot by slot), a Pallas GPU kernel (Mosaic GPU, and Triton for jax 0.10) that also runs in
 interpret mode on CPU, a deterministic Pallas backward behind
 ``jax.custom_vjp``, a C++ gather and pooled bag for the CPU
 (`gather_cpu`, `bag_cpu`, built on first use by `cpu_library`), and a dispatcher
 (``kernel=`` one of ``options.KERNELS``) that stages each platform's kernel
 in the program (`platforms`), so lowering picks it. Strategies call these on local shards
 inside ``jax.shard_map``. Invalid ids (negative or ``>= num_embeddings``) read
-zero rows, count as bag padding and receive no gradient.
+zero rows, count as bag padding and receive no gradient (``embedlib.invalid_ids``).
+What all of them are tested against is `reference`, the specification
+(``gather_reference``, ``bag_reference``, ``scores_reference``: for tests and
+benchmarks; the library never calls it).
 
 >>> import jax.numpy as jnp
 >>> from embedlib import kernels
@@ -28,15 +30,9 @@ from embedlib.kernels.dispatch import (
     shard_map_check_vma,
     target_platform,
 )
-from embedlib.kernels.reference import (
-    bag_coefficients,
-    bag_reference,
-    check_combiner,
-    gather_reference,
-    ragged_to_padded,
-    scores_reference,
-    valid_ids,
-)
+from embedlib.kernels.bags import bag_coefficients, check_combiner, ragged_to_padded
+from embedlib.kernels.reference import bag_reference, gather_reference, scores_reference
+from embedlib.kernels.xla import scores
 
 __all__ = [
     "bag",
@@ -50,8 +46,8 @@ __all__ = [
     "plan",
     "ragged_to_padded",
     "resolve_kernel",
+    "scores",
     "scores_reference",
     "shard_map_check_vma",
     "target_platform",
-    "valid_ids",
 ]

@@ -1,6 +1,6 @@
 """Mosaic GPU pooled bag: ``pooled[b] = sum_l coef[b, l] * table[ids[b, l]]``.
 
-The combiner's coefficients (`reference.bag_coefficients`: the weight over
+The combiner's coefficients (`bags.bag_coefficients`: the weight over
 the sum or root of squares of the bag's valid weights, 0 for padding) are
 computed outside the kernel, a ``[batch, bag]`` array: the kernel only
 sums scaled rows. Each program takes a block of bags; for each bag it
@@ -8,8 +8,8 @@ copies a group of its rows into shared memory with TMA (the zero row for
 padding), waits, adds ``coef * row`` to a float32 accumulator held in
 registers across the warpgroup, and moves on to the next group, so the
 ``[batch, bag, features]`` rows are never written out. Each pooled row is
-written with one TMA copy. Terms are added in slot order, as the
-reference sums them. Rows too wide for the buffers in one block's shared
+written with one TMA copy. Terms are added in slot order, as
+`bag_xla` sums them. Rows too wide for the buffers in one block's shared
 memory are split by columns (`mosaic.program_columns`): each program then
 sums its block's bags over its own columns.
 """
@@ -40,7 +40,7 @@ def bag_mosaic(table: jax.Array, ids: jax.Array, coef: jax.Array, *,
   Args:
     table: ``[num_embeddings, features]``; rows a multiple of 16 bytes.
     ids: int ``[batch, bag]``; ids outside ``[0, num_embeddings)`` are padding.
-    coef: float32 ``[batch, bag]``, 0 at padding (`reference.bag_coefficients`).
+    coef: float32 ``[batch, bag]``, 0 at padding (`bags.bag_coefficients`).
     interpret: run in Mosaic GPU's interpreter (CPU, jax >= 0.11).
 
   Returns:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from embedlib.kernels import reference
+from embedlib.kernels import bags
 from embedlib.kernels.gather_pallas import (
     compiler_params,
     lane_columns,
@@ -122,7 +122,7 @@ def bag_pallas(
   >>> bag_pallas(table, jnp.array([[0, 2, -1]]), combiner="mean", interpret=True).tolist()
   [[2.0, 3.0]]
   """
-  reference.check_combiner(combiner)
+  bags.check_combiner(combiner)
   check_bag_shapes(ids, weights)
   num_embeddings, features = table.shape
   batch, bag = ids.shape

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from embedlib.kernels import reference
+from embedlib.kernels import bags
 from embedlib.kernels import rows as rows_lib
 from embedlib.kernels.rows import BagVariant
 from embedlib.sharding import match_varying, out_struct
@@ -121,7 +121,7 @@ def bag_rows(table: jax.Array, ids: jax.Array, weights: jax.Array | None = None,
   >>> bag_rows(table, jnp.array([[0, 2, -1]]), combiner="mean", interpret=True).tolist()
   [[2.0, 3.0]]
   """
-  reference.check_combiner(combiner)
+  bags.check_combiner(combiner)
   num_embeddings, features = table.shape
   batch, bag = ids.shape
   if batch == 0 or bag == 0 or num_embeddings == 0 or features == 0:

@@ -1,19 +1,20 @@
 """The ``kernel="xla"`` pooled bag: one row gather per bag slot, summed as it goes.
 
-``bag_reference`` gathers every id into ``[batch * bag, features]`` and
-segment-sums it. Here each slot ``l`` of the bag is gathered, scaled by its
+`xla.bag_segment_sum` gathers every id into ``[batch * bag, features]``
+and segment-sums it. Here each slot ``l`` of the bag is gathered, scaled by its
 coefficient and added to a ``[batch, features]`` accumulator; XLA fuses the
 slots' gathers and adds into one loop, so the ``[batch * bag, features]``
-rows are never written and read back as the reference's are
+rows are never written and read back as there
 (``benchmarks/collection_lookup.py`` times the two on CPU). The same f32
-terms are summed in the same order (slot by slot): the reference's result,
+terms are summed in the same order (slot by slot): its result,
 up to where XLA contracts a multiply and an add into one fused
 multiply-add (an ulp).
 
 Its gradient is written by hand (``jax.custom_vjp``): autodiff of the
 unrolled slots would scatter into the table once per slot; the backward here
-scatters once, like the reference's. Bags wider than ``MAX_UNROLLED_SLOTS``
-take the reference, to keep the unrolled HLO small.
+scatters once, like `xla.bag_segment_sum`'s. Bags wider than
+``MAX_UNROLLED_SLOTS`` take `xla.bag_segment_sum`, to keep the unrolled HLO
+small.
 """
 
 from __future__ import annotations
@@ -21,16 +22,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from embedlib.kernels import reference
+from embedlib import invalid_ids
+from embedlib.kernels import bags
+from embedlib.kernels import xla
 from embedlib.sharding import sum_to_varying_of
 
-#: Widest bag that is unrolled slot by slot; wider bags use ``bag_reference``.
+#: Widest bag that is unrolled slot by slot; wider bags use `xla.bag_segment_sum`.
 MAX_UNROLLED_SLOTS = 64
 
 
 def out_of_range(ids, num_embeddings):
   """Invalid ids moved to ``num_embeddings``: read as zeros, dropped by scatters."""
-  valid = reference.valid_ids(ids, num_embeddings)
+  valid = invalid_ids.valid_mask(ids, num_embeddings)
   return jnp.where(valid, ids, num_embeddings)
 
 
@@ -81,9 +84,9 @@ def bag_xla(
     *,
     combiner: str = "sum",
 ) -> jax.Array:
-  """``bag_reference``'s result, computed slot by slot (see the module docstring).
+  """`xla.bag_segment_sum`'s result, computed slot by slot (see the module docstring).
 
-  Same arguments, result and gradients as `reference.bag_reference`.
+  Same arguments, result and gradients as `xla.bag_segment_sum`.
 
   >>> import jax.numpy as jnp
   >>> table = jnp.arange(6.0).reshape(3, 2)
@@ -92,7 +95,7 @@ def bag_xla(
   """
   bag = ids.shape[1]
   if bag == 0 or bag > MAX_UNROLLED_SLOTS:
-    return reference.bag_reference(table, ids, weights, combiner=combiner)
-  coef = reference.bag_coefficients(ids, weights, table.shape[0], combiner)
+    return xla.bag_segment_sum(table, ids, weights, combiner=combiner)
+  coef = bags.bag_coefficients(ids, weights, table.shape[0], combiner)
   pooled = _pooled(table, out_of_range(ids, table.shape[0]), coef)
   return pooled.astype(table.dtype)

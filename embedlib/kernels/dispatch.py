@@ -6,9 +6,10 @@ stage all of them with ``lax.platform_dependent`` (`platforms.by_platform`),
 so the platform a program is *lowered* for picks its kernel, whatever
 machine traced it. Implementations:
 
-- ``"xla"``: the pure-jnp gather reference (differentiated by jax) and
-  `bag_xla` (the reference's sums slot by slot, a hand-written backward);
-- ``"cpu"``: the C++ gather of `gather_cpu` (the reference's gradient),
+- ``"xla"``: the jnp gather of `xla` (differentiated by jax) and
+  `bag_xla` (`xla.bag_segment_sum`'s sums slot by slot, a hand-written
+  backward);
+- ``"cpu"``: the C++ gather of `gather_cpu` (`xla.gather`'s gradient),
   and `bag_cpu` for bags (the C++ gather for one id a row, the C++ pooled
   bag for wider float32 bags, else `bag_xla`);
 - ``"mosaic"``: the Mosaic GPU kernels (`gather_mosaic`, `bag_mosaic`,
@@ -46,13 +47,14 @@ import jax.numpy as jnp
 
 from embedlib import options
 from embedlib import sharding as sharding_lib
+from embedlib.kernels import bags
 from embedlib.kernels import cpu_library
 from embedlib.kernels import gpu_choice
 from embedlib.kernels import mosaic
 from embedlib.kernels import pallas_ad
 from embedlib.kernels import platforms
-from embedlib.kernels import reference
 from embedlib.kernels import rows_ad
+from embedlib.kernels import xla
 from embedlib.kernels.bag_pallas import check_bag_shapes
 from embedlib.kernels.bag_xla import bag_xla
 from embedlib.kernels.bag_cpu import bag_cpu
@@ -207,7 +209,7 @@ _PALLAS = {
     MOSAIC_INTERPRET: ("mosaic", pallas_ad.INTERPRET),
 }
 _XLA = {
-    "gather": reference.gather_reference,
+    "gather": xla.gather,
     "bag": lambda t, i, w, combiner: bag_xla(t, i, w, combiner=combiner),
 }
 
@@ -326,7 +328,7 @@ def bag(
   [[2.0, 3.0], [0.0, 0.0]]
   """
   _check_operands("bag", table, ids)
-  reference.check_combiner(combiner)
+  bags.check_combiner(combiner)
   check_bag_shapes(ids, weights)
   if ids.size == 0:  # no bags, or every bag empty: zeros for every combiner
     return _empty(ids.shape[:1] + (table.shape[1],), table, ids,

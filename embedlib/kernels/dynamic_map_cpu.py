@@ -1,6 +1,6 @@
 """One shard's step of a dynamic table's map on CPU as a C++ kernel (``cpu/dynamic_map.cc``).
 
-``dynamic.step.train_step`` sorts the step's ids by (bucket, id) and scans
+``dynamic.step.admit_step`` sorts the step's ids by (bucket, id) and scans
 each id's bucket: on a GPU that is cheap, but XLA:CPU's sort calls a
 comparator per comparison, and the sort and the scan cost more than the
 table's whole sparse update. The kernel splits the buckets into one range
@@ -25,7 +25,7 @@ EVICTION_CODES = {None: 0, "lru": 1, "lfu": 2}
 
 def map_step_cpu(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, clock, *,
                  bucket_size: int, eviction: str | None, admit_after: int, decay_every: int):
-  """The map's step of ``dynamic.step.train_step``, through the C++ kernel.
+  """The map's step of ``dynamic.step.admit_step``, through the C++ kernel.
 
   Args:
     keys_hi, keys_lo: uint32 ``[rows]``; score: int32 ``[rows]`` (``-1``: free).
@@ -39,7 +39,7 @@ def map_step_cpu(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, cl
 
   Returns:
     ``(keys_hi, keys_lo, score, sketch, rows, placed, stats)`` as
-    ``train_step`` defines them (``sketch`` None when given None).
+    ``admit_step`` defines them (``sketch`` None when given None).
 
   Raises:
     RuntimeError: without the CPU kernels' library (``cpu_library.call``).

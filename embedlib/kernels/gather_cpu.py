@@ -1,10 +1,10 @@
-"""Row gather on CPU as a C++ kernel (``cpu/gather.cc``), differentiated as the reference.
+"""Row gather on CPU as a C++ kernel (``cpu/gather.cc``), differentiated as XLA's.
 
 XLA's CPU gather copies one row at a time and waits on each row's cache
 misses; the kernel fetches rows ahead on XLA's intra-op threads (``benchmarks/lookup.py``
-times the two side by side). The result is the reference's bit for bit (a
-byte copy of each row, zeros for invalid ids), and its gradient is the
-reference's own (jax's transpose of ``gather_reference``: a scatter-add),
+times the two side by side). The result is `xla.gather`'s bit for bit (a
+byte copy of each row, zeros for invalid ids), and its gradient is
+`xla.gather`'s own (jax's transpose of it: a scatter-add),
 so only the forward differs from ``kernel="xla"``.
 """
 
@@ -13,8 +13,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from embedlib import invalid_ids
 from embedlib.kernels import cpu_library
-from embedlib.kernels import reference
+from embedlib.kernels import xla
 
 
 def _ids32(ids: jax.Array, num_embeddings: int) -> jax.Array:
@@ -22,7 +23,7 @@ def _ids32(ids: jax.Array, num_embeddings: int) -> jax.Array:
   flat = ids.reshape(-1)
   if flat.dtype == jnp.int32:
     return flat
-  return jnp.where(reference.valid_ids(flat, num_embeddings), flat, -1).astype(jnp.int32)
+  return jnp.where(invalid_ids.valid_mask(flat, num_embeddings), flat, -1).astype(jnp.int32)
 
 
 def _forward(table: jax.Array, ids: jax.Array) -> jax.Array:
@@ -34,7 +35,7 @@ def _forward(table: jax.Array, ids: jax.Array) -> jax.Array:
 
 @jax.custom_vjp
 def gather_cpu(table: jax.Array, ids: jax.Array) -> jax.Array:
-  """``table[ids]`` with zero rows for invalid ids: `reference.gather_reference` on CPU.
+  """``table[ids]`` with zero rows for invalid ids: `xla.gather` on CPU.
 
   Args:
     table: ``[num_embeddings, features]``, any float dtype.
@@ -55,7 +56,7 @@ def _fwd(table, ids):
 
 def _bwd(res, g):
   table, ids = res
-  _, vjp = jax.vjp(lambda t: reference.gather_reference(t, ids), table)
+  _, vjp = jax.vjp(lambda t: xla.gather(t, ids), table)
   return vjp(g)[0], None
 
 

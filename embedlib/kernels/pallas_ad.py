@@ -6,7 +6,7 @@ backend (``"mosaic"``: `gather_mosaic`, `bag_mosaic`, `backward_mosaic`;
 the forward runs the backend's kernel, the backward its deterministic
 segment sum of the row gradients into the table gradient (no colliding
 scatter-add). A bag's weights get their gradient from XLA's fused
-gather-reduce of the reference (``<g[b], row[b, l]>`` per slot).
+gather-reduce of `xla.bag_segment_sum` (``<g[b], row[b, l]>`` per slot).
 
 ``mode`` says how the kernels run: ``INTERPRET`` (Pallas's or Mosaic GPU's
 interpreter, any platform), ``COMPILED`` (CUDA only: `platforms.on_gpu`),
@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from embedlib.kernels import platforms
-from embedlib.kernels import reference
+from embedlib.kernels import bags
+from embedlib.kernels import xla
 from embedlib.kernels.backward import segment_sum_rows
 from embedlib.kernels.backward_mosaic import segment_sum_mosaic
 from embedlib.kernels.bag_mosaic import bag_mosaic
@@ -53,7 +54,7 @@ def _bag_kernel(backend, table, ids, weights, combiner, mode):
   interpret = mode == INTERPRET
   if backend == "mosaic":
     # The kernel sums scaled rows; the combiner's coefficients are XLA's.
-    coef = reference.bag_coefficients(ids, weights, table.shape[0], combiner)
+    coef = bags.bag_coefficients(ids, weights, table.shape[0], combiner)
     fn = lambda t, i, c: bag_mosaic(t, i, c, interpret=interpret)
     return _run(fn, mode, "mosaic bag")(table, ids, coef)
 
@@ -112,14 +113,14 @@ def _bag_fwd(table, ids, weights, combiner, backend, mode):
 def _bag_bwd(combiner, backend, mode, res, g):
   table, ids, weights = res
   batch, bag_size = ids.shape
-  coef = reference.bag_coefficients(ids, weights, table.shape[0], combiner)
+  coef = bags.bag_coefficients(ids, weights, table.shape[0], combiner)
   table_grad = _segment_sum(
       backend, g, jnp.arange(batch * bag_size, dtype=jnp.int32) // max(bag_size, 1),
       ids.reshape(-1), table.shape[0], coef.reshape(-1), table.dtype, mode,
   )
   weights_grad = None
   if weights is not None:
-    _, vjp = jax.vjp(lambda w: reference.bag_reference(table, ids, w, combiner=combiner), weights)
+    _, vjp = jax.vjp(lambda w: xla.bag_segment_sum(table, ids, w, combiner=combiner), weights)
     (weights_grad,) = vjp(g)
   return sum_to_varying_of(table_grad, table), None, weights_grad
 

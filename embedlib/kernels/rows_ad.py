@@ -4,11 +4,10 @@
 and the backward (``segment_rows``) separately (`gpu_choice`): either may
 be XLA's ops (``None`` here) where the sweep measured those faster. So each
 lookup is a ``jax.custom_vjp`` over (forward, backward): a None forward is
-the reference lookup (`reference.gather_reference`, `bag_xla`), a None
-backward the reference's own gradient (XLA's scatter-add); a variant runs its
-kernel, compiled for CUDA alone (`platforms.on_gpu`) or interpreted
-(``interpret``: CPU tests). A bag's weights get their gradient from XLA's
-fused gather-reduce of the reference, as in `pallas_ad`.
+XLA's lookup (`xla.gather`, `bag_xla`), a None backward XLA's own gradient
+(a scatter-add); a variant runs its kernel, compiled for CUDA alone
+(`platforms.on_gpu`) or interpreted (``interpret``: CPU tests). A bag's weights get their gradient from XLA's
+fused gather-reduce (`xla.bag_segment_sum`), as in `pallas_ad`.
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from embedlib.kernels import platforms
-from embedlib.kernels import reference
+from embedlib.kernels import bags, platforms, xla
 from embedlib.kernels import rows as rows_lib
 from embedlib.kernels.bag_rows import bag_rows
 from embedlib.kernels.bag_xla import bag_xla
@@ -36,7 +34,7 @@ def _run(fn, interpret: bool, name: str):
 
 def _gather(table, ids, forward, interpret):
   if forward is None:
-    return reference.gather_reference(table, ids)
+    return xla.gather(table, ids)
   variant = rows_lib.parse_variant(forward)
   fn = lambda t, i: gather_rows(t, i, variant=variant, interpret=interpret)
   return _run(fn, interpret, "triton rows gather")(table, ids)
@@ -79,7 +77,7 @@ def _gather_fwd(table, ids, forward, backward, interpret):
 def _gather_bwd(forward, backward, interpret, res, g):
   table, ids = res
   if backward is None:
-    _, vjp = jax.vjp(lambda t: reference.gather_reference(t, ids), table)
+    _, vjp = jax.vjp(lambda t: xla.gather(t, ids), table)
     return vjp(g)[0], None
   flat = ids.reshape(-1)
   grad = _table_grad(g.reshape(-1, table.shape[1]), jnp.arange(flat.shape[0], dtype=jnp.int32),
@@ -111,12 +109,12 @@ def _bag_bwd(combiner, forward, backward, interpret, res, g):
     table_grad, weights_grad = vjp(g)
     return table_grad, None, weights_grad
   batch, size = ids.shape
-  coef = reference.bag_coefficients(ids, weights, table.shape[0], combiner)
+  coef = bags.bag_coefficients(ids, weights, table.shape[0], combiner)
   table_grad = _table_grad(g, jnp.arange(batch * size, dtype=jnp.int32) // max(size, 1),
                            ids.reshape(-1), table, coef.reshape(-1), backward, interpret)
   weights_grad = None
   if weights is not None:
-    _, vjp = jax.vjp(lambda w: reference.bag_reference(table, ids, w, combiner=combiner), weights)
+    _, vjp = jax.vjp(lambda w: xla.bag_segment_sum(table, ids, w, combiner=combiner), weights)
     (weights_grad,) = vjp(g)
   return sum_to_varying_of(table_grad, table), None, weights_grad
 

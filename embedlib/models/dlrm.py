@@ -49,7 +49,7 @@ class DLRM(nnx.Module):
     cross_layers: number of DCN-v2 cross layers.
     rngs: random number generators.
     **collection_kwargs: passed to ``EmbeddingCollection`` (``mesh``,
-      ``num_unique``, ``kernel``, ``batch_size``, ...).
+      ``layout``: an ``embedlib.CollectionLayout``).
   """
 
   def __init__(

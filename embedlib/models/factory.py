@@ -29,6 +29,7 @@ from embedlib.models.multi_hash_embed import MultiHashEmbed
 from embedlib.models.next_item import ItemColumns
 from embedlib.models.ranker import RankerTrunk, TransformerRanker
 from embedlib.models.sasrec import SASRec
+from embedlib.plan import CollectionLayout, Layout
 
 #: config.model.name -> interaction of the DLRM family.
 _FAMILY = {"dlrm": DOT, "dcn": CROSS}
@@ -146,7 +147,7 @@ def _dynamic_embed(model_config, table, found, features, mesh, rngs):
   """``DynamicEmbed`` of ``found[table]``; a capacity the mesh can't split names its key."""
   spec, capacity = found[table]
   try:
-    return DynamicEmbed(capacity, features, mesh=mesh, name=table, rngs=rngs, **spec.kwargs())
+    return DynamicEmbed(capacity, features, dynamic=spec, mesh=mesh, name=table, rngs=rngs)
   except ValueError as e:
     key = ".capacity" if "devices own whole buckets" in str(e) else ""
     raise ValueError(f"config.model.dynamic.{table}{key}: {e}") from None
@@ -267,18 +268,19 @@ def _dlrm(model_config, data_spec, tables, features, name, dim, mesh, batch_size
       interaction=_FAMILY[name],
       cross_layers=model_config.cross_layers,
       mesh=mesh,
-      num_unique=model_config.num_unique,
-      kernel=model_config.kernel,
-      replicate_below_bytes=model_config.get("replicate_below_bytes"),
-      batch_size=batch_size,
+      layout=CollectionLayout(
+          num_unique=model_config.num_unique, kernel=model_config.kernel,
+          replicate_below_bytes=model_config.get("replicate_below_bytes"),
+          batch_size=batch_size),
       rngs=rngs,
   )
 
 
-def _tables(model_config, mesh):
-  """``ShardedEmbed`` keyword arguments shared by a model's tables."""
-  return dict(mesh=mesh, kernel=model_config.kernel,
-              replicate_below_bytes=model_config.get("replicate_below_bytes"))
+def _tables(model_config, mesh, **layout):
+  """``ShardedEmbed`` keyword arguments shared by a model's tables; ``layout``: more ``Layout``."""
+  return dict(mesh=mesh, layout=Layout(
+      kernel=model_config.kernel,
+      replicate_below_bytes=model_config.get("replicate_below_bytes"), **layout))
 
 
 def _requests_per_device(batch_size: int, mesh) -> int:
@@ -290,8 +292,7 @@ def _user(model_config, hasher, out_features, mesh, batch_size, rngs):
   cfg = model_config.user_hash
   ids = _requests_per_device(batch_size, mesh) * hasher.num_hashes
   return MultiHashEmbed(hasher, cfg.features, combiner=cfg.combiner, out_features=out_features,
-                        name="user", ids_per_device=ids, rngs=rngs,
-                        **_tables(model_config, mesh))
+                        name="user", rngs=rngs, **_tables(model_config, mesh, ids_per_device=ids))
 
 
 def _trunk(model_config, spec: SequenceSpec, items, authors, user, rngs):
@@ -317,17 +318,17 @@ def build_ranker(model_config, spec: SequenceSpec, *, mesh=None, batch_size: int
   of ``config.model.dynamic`` (``request_dynamic``); a dynamic user row is
   ``width`` wide.
   """
-  tables = _tables(model_config, mesh)
   found = request_dynamic(model_config) if dynamic else {}
   # The history's lookup is the largest a step makes (candidates are fewer).
   history_ids = _requests_per_device(batch_size, mesh) * spec.history_len
+  tables = _tables(model_config, mesh, ids_per_device=history_ids)
   if "item" in found:
     items = _dynamic_embed(model_config, "item", found, model_config.item_features, mesh, rngs)
   else:
     items = ShardedEmbed(spec.num_items, model_config.item_features, name="item", rngs=rngs,
-                         ids_per_device=history_ids, **tables)
+                         **tables)
   authors = ShardedEmbed(spec.num_authors, model_config.author_features, name="author",
-                         ids_per_device=history_ids, rngs=rngs, **tables)
+                         rngs=rngs, **tables)
   if "user" in found:  # the user token: its row is the transformer's width
     user = _dynamic_embed(model_config, "user", found, model_config.width, mesh, rngs)
   else:
@@ -356,7 +357,6 @@ def build_two_tower(model_config, spec: SequenceSpec, *, mesh=None, batch_size: 
                      f"{two_tower_lib.USER_TOWERS}.")
   two_tower_lib.check_temperature(model_config.temperature, model_config.min_temperature,
                                   model_config.max_temperature)
-  tables = _tables(model_config, mesh)
   found = hashers(model_config)
   raw = request_dynamic(model_config) if dynamic else {}
   cfg = model_config.item_hash
@@ -365,11 +365,11 @@ def build_two_tower(model_config, spec: SequenceSpec, *, mesh=None, batch_size: 
   if "item" in raw:  # the item's row is as wide as its multi-hash embedding would be
     items = _dynamic_embed(model_config, "item", raw, cfg.features, mesh, rngs)
   else:
-    items = MultiHashEmbed(found["item"], cfg.features, combiner=cfg.combiner, name="item",
-                           ids_per_device=history_ids * found["item"].num_hashes, rngs=rngs,
-                           **tables)
+    items = MultiHashEmbed(
+        found["item"], cfg.features, combiner=cfg.combiner, name="item", rngs=rngs,
+        **_tables(model_config, mesh, ids_per_device=history_ids * found["item"].num_hashes))
   authors = ShardedEmbed(spec.num_authors, model_config.author_features, name="author",
-                         ids_per_device=history_ids, rngs=rngs, **tables)
+                         rngs=rngs, **_tables(model_config, mesh, ids_per_device=history_ids))
   sizes = tuple(model_config.tower_sizes) + (model_config.features,)
   trunk = model_config.user_tower == two_tower_lib.TRUNK
 
@@ -439,8 +439,8 @@ def build_next_item(model_config, spec: NextItemSpec, *, mesh=None, batch_size: 
     items = _dynamic_embed(model_config, "item", next_item_dynamic(model_config),
                            model_config.width, mesh, rngs)
   else:
-    items = ShardedEmbed(spec.vocab_size, model_config.width, name="item", tied=True,
-                         ids_per_device=ids, rngs=rngs, **_tables(model_config, mesh))
+    items = ShardedEmbed(spec.vocab_size, model_config.width, name="item", rngs=rngs,
+                         **_tables(model_config, mesh, tied=True, ids_per_device=ids))
   side = None
   if spec.item_columns:  # the items' side columns, beside their ids
     side = ItemColumns(spec.item_columns, model_config.width, mesh=mesh, rngs=rngs)

@@ -96,7 +96,7 @@ class ItemColumnIds(nnx.Variable):
 
 
 class ItemColumns(nnx.Module):
-  """An item's side columns (``embedlib.data.movielens.item_side``), pooled and summed.
+  """An item's side columns (``embedlib.tabular.item_side``), pooled and summed.
 
   Each column has a table of ``width`` (the mean of a bag's rows); the
   item's vector is the sum over its columns, added to its id's row.

@@ -27,7 +27,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from embedlib.dynamic import DynamicEmbed
 from embedlib.models.transformer import Transformer, isolation_mask
+from embedlib.strategies import Request
 
 
 def out_width(embed) -> int:
@@ -78,9 +80,8 @@ class RankerTrunk(nnx.Module):
     """Item embeddings of the history and the candidates (None without candidates)."""
     if candidate_item is None:
       return (self.items(history_item) if history_rows is None else history_rows), None
-    if hasattr(self.items, "lookup_many"):  # a dynamic table: one step of its policy
-      return tuple(self.items.lookup_many([(history_item, None, None),
-                                           (candidate_item, None, None)]))
+    if isinstance(self.items, DynamicEmbed):  # one call: one step of its policy
+      return self.items.lookup_requests([Request(history_item), Request(candidate_item)])
     return self.items(history_item), self.items(candidate_item)
 
   def _entity(self, item_rows, authors):

@@ -28,6 +28,7 @@ from embedlib.models.blocks import MLP
 from embedlib.models.dlrm import CROSS, DLRM, DOT
 from embedlib.models.transformer import Transformer
 from embedlib.models.two_tower import check_temperature, l2_normalize
+from embedlib.plan import CollectionLayout
 from embedlib.tabular import schema as schema_lib
 from embedlib.tabular.schema import Schema
 
@@ -118,9 +119,9 @@ def tables_and_features(model_config, schema: Schema, mesh, width: int,
 
 
 def _collection_kwargs(model_config, mesh, batch_size: int) -> dict:
-  return dict(mesh=mesh, kernel=model_config.kernel, num_unique=model_config.num_unique,
-              replicate_below_bytes=model_config.get("replicate_below_bytes"),
-              batch_size=batch_size)
+  return dict(mesh=mesh, layout=CollectionLayout(
+      kernel=model_config.kernel, num_unique=model_config.num_unique,
+      replicate_below_bytes=model_config.get("replicate_below_bytes"), batch_size=batch_size))
 
 
 class FeatureTransformer(nnx.Module):

@@ -24,8 +24,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from embedlib.dynamic import DynamicEmbed
 from embedlib.models.blocks import MLP
 from embedlib.models.ranker import RankerTrunk, out_width, valid
+from embedlib.strategies import Request
 
 POOLED = "pooled"
 TRUNK = "trunk"
@@ -140,9 +142,9 @@ class TwoTower(nnx.Module):
     up in one call: one step of its admission and eviction policy, so no id
     of the batch can evict another.
     """
-    if not hasattr(self.items, "lookup_many"):
+    if not isinstance(self.items, DynamicEmbed):
       return self.users(batch), self.candidates(batch["item"], batch["author"])
-    history, engaged = self.items.lookup_many([(batch["history_item"], None, None),
-                                               (batch["item"], None, None)])
+    history, engaged = self.items.lookup_requests([Request(batch["history_item"]),
+                                                   Request(batch["item"])])
     return (l2_normalize(self.user_tower(batch, history_rows=history)),
             self.candidates(batch["item"], batch["author"], embedded=engaged))

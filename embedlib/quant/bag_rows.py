@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from embedlib.kernels import reference
+from embedlib.kernels import bags
 from embedlib.kernels import rows as rows_lib
 from embedlib.kernels.bag_rows import pooled
 from embedlib.kernels.rows import BagVariant, GatherVariant
@@ -104,7 +104,7 @@ def bag_rows(table: fmt.QuantizedTable, ids, weights=None, *, combiner: str = "s
   >>> bag_rows(q, jnp.array([[0, 3, -1]]), combiner="mean", interpret=True).tolist()
   [[3.0, 4.0]]
   """
-  reference.check_combiner(combiner)
+  bags.check_combiner(combiner)
   rows, features = table.shape
   batch, bag = ids.shape
   if batch == 0 or bag == 0 or rows == 0:

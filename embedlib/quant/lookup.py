@@ -4,7 +4,7 @@ Which implementation runs is `kernels.plan`'s choice for the ``kernel=``
 option, per lowering platform (`platforms.by_platform`), mapped onto the
 quantized kernels:
 
-- ``xla``: the reference gather of the codes and of the scales and biases,
+- ``xla``: `xla.gather` of the codes and of the scales and biases,
   then `format.dequantize_rows` of the gathered rows only;
 - ``cpu``: the same with the C++ row gather (`gather_cpu`, a byte copy of
   each row, any dtype) in place of XLA's;
@@ -31,7 +31,9 @@ import jax.numpy as jnp
 
 from embedlib.kernels import dispatch
 from embedlib.kernels import platforms
-from embedlib.kernels import reference
+from embedlib import invalid_ids
+from embedlib.kernels import bags
+from embedlib.kernels import xla
 from embedlib.kernels.bag_pallas import check_bag_shapes
 from embedlib.kernels.bag_xla import bag_xla
 from embedlib.kernels.gather_cpu import gather_cpu
@@ -98,7 +100,7 @@ def _empty(shape, *operands):
 
 def _gather_impl(impl: str):
   if impl == XLA:
-    return lambda t, i: _gathered(t, i, reference.gather_reference).reshape(
+    return lambda t, i: _gathered(t, i, xla.gather).reshape(
         i.shape + (t.shape[1],))
   if impl == CPU:
     return lambda t, i: _gathered(t, i, gather_cpu).reshape(i.shape + (t.shape[1],))
@@ -115,7 +117,7 @@ def _bag_impl(impl: str):
       # The gathered rows as a table of their own: bag_xla's sums on them are
       # its sums on the dequantized table, term by term.
       rows = gather(t, ids.reshape(-1))
-      valid = reference.valid_ids(ids, t.shape[0])
+      valid = invalid_ids.valid_mask(ids, t.shape[0])
       local = jnp.where(valid, jnp.arange(ids.size, dtype=jnp.int32).reshape(ids.shape), -1)
       return bag_xla(rows, local, weights, combiner=combiner)
 
@@ -198,7 +200,7 @@ def bag(table: fmt.QuantizedTable, ids, weights=None, *, combiner: str = "sum",
     return dispatch.bag(table, ids, weights, combiner=combiner, kernel=kernel,
                         interpret=interpret)
   _check_ids("quantized bag", ids)
-  reference.check_combiner(combiner)
+  bags.check_combiner(combiner)
   check_bag_shapes(ids, weights)
   if ids.size == 0:
     return _empty(ids.shape[:1] + (table.shape[1],), *jax.tree.leaves(table), ids,

@@ -29,7 +29,7 @@ from jax.experimental import checkify
 
 from embedlib import options
 from embedlib import sharding as sharding_lib
-from embedlib.kernels import reference
+from embedlib import kernels
 from embedlib.strategies import runner
 from embedlib.strategies import unique as unique_lib
 
@@ -182,7 +182,7 @@ def coefficients(requests, plan):
   """
   return tuple(
       sharding_lib.pad_tokens(
-          reference.bag_coefficients(r.ids, r.weights, plan.num_embeddings, r.combiner),
+          kernels.bag_coefficients(r.ids, r.weights, plan.num_embeddings, r.combiner),
           plan.data_shards, 0,
       ) if r.pooled else None
       for r in requests

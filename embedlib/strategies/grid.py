@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from jax import lax
 
-from embedlib.kernels import reference
+from embedlib import kernels
 from embedlib.strategies import collectives, vocab
 
 
@@ -53,7 +53,7 @@ def finish(table, state, *, plan, gather=None, bag=None, combiner=None, correcti
   return collectives.concat_slices(block, plan.column_token_axes, plan.column_rest_axes)
 
 
-def local_logits(table, query, *, plan, scores=reference.scores_reference):
+def local_logits(table, query, *, plan, scores=kernels.scores):
   """This rank's rows' logits, summed over the column group: ``vocab.local_logits`` of a grid.
 
   Args:
@@ -61,7 +61,7 @@ def local_logits(table, query, *, plan, scores=reference.scores_reference):
     query: ``[tokens, ..., padded_features]`` local to this rank (zero in
       the padded columns).
     plan: the table's ``EmbeddingPlan``.
-    scores: the local ``query @ table.T`` (``kernels.reference.scores_reference``).
+    scores: the local ``query @ table.T`` (``kernels.scores``).
 
   Returns:
     ``[row_group_tokens, ..., padded_vocab / rows group]``: the tokens of
@@ -76,7 +76,7 @@ def local_logits(table, query, *, plan, scores=reference.scores_reference):
                                   plan.column_rest_axes)
 
 
-def attend(table, query, *, plan, scores=reference.scores_reference):
+def attend(table, query, *, plan, scores=kernels.scores):
   """Grid-sharded ``query @ table.T``, every rank's tokens with the whole vocabulary.
 
   Args:

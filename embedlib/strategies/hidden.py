@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from jax import lax
 
-from embedlib.kernels import reference
+from embedlib import kernels
 from embedlib.strategies import collectives
 
 
@@ -63,14 +63,14 @@ def finish(table, state, *, plan, gather=None, bag=None, combiner=None, correcti
   return collectives.concat_slices(cols, plan.token_axes, plan.rest_axes)
 
 
-def attend(table, query, *, plan, scores=reference.scores_reference):
+def attend(table, query, *, plan, scores=kernels.scores):
   """Hidden-sharded ``query @ table.T``.
 
   Args:
     table: ``[num_embeddings, padded_features / group]``.
     query: ``[tokens, ..., padded_features]`` (zero in the padded columns).
     plan: the table's ``EmbeddingPlan``.
-    scores: the local ``query @ table.T`` (``kernels.reference.scores_reference``).
+    scores: the local ``query @ table.T`` (``kernels.scores``).
 
   Returns:
     ``[tokens, ..., num_embeddings]``.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from embedlib.kernels import reference
+from embedlib import kernels
 
 
 def distribute(ids, weights=None, *, plan, combiner=None):
@@ -36,14 +36,14 @@ def finish(table, state, *, plan, gather=None, bag=None, combiner=None, correcti
   return bag(table, state["ids"], state["weights"], combiner=combiner)
 
 
-def attend(table, query, *, plan, scores=reference.scores_reference):
+def attend(table, query, *, plan, scores=kernels.scores):
   """``query @ table.T`` on the local copy.
 
   Args:
     table: ``[num_embeddings, features]``.
     query: ``[tokens, ..., features]``.
     plan: unused.
-    scores: the local ``query @ table.T`` (``kernels.reference.scores_reference``).
+    scores: the local ``query @ table.T`` (``kernels.scores``).
 
   Returns:
     ``[tokens, ..., num_embeddings]``.

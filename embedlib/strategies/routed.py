@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from embedlib import sharding as sharding_lib
-from embedlib.kernels import reference
+from embedlib import kernels
 from embedlib.strategies import collectives, early, nodes, unique, vocab
 
 
@@ -169,7 +169,7 @@ def finish(table, requests, state, *, plan, gather, bag, capacity: int, fallback
       part = lax.slice_in_dim(index, start, start + r.ids.size).reshape(r.ids.shape)
       start += r.ids.size
       if r.pooled:
-        coef = reference.bag_coefficients(r.ids, r.weights, plan.padded_shape[0], r.combiner)
+        coef = kernels.bag_coefficients(r.ids, r.weights, plan.padded_shape[0], r.combiner)
         outs.append(bag(rows, part, coef, combiner="sum"))
       else:
         outs.append(gather(rows, part))

@@ -5,12 +5,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from embedlib.kernels import reference
+from embedlib import kernels
 from embedlib.strategies import runner
 from embedlib.strategies.sharded import STRATEGIES
 
 
-def attend(table, query, *, plan, mesh, scores=reference.scores_reference):
+def attend(table, query, *, plan, mesh, scores=kernels.scores):
   """``query @ logical_table.T`` from the physical table.
 
   Args:
@@ -33,7 +33,7 @@ def attend(table, query, *, plan, mesh, scores=reference.scores_reference):
   return runner.run(body, table, query, 0, plan=plan, mesh=mesh, width=plan.num_embeddings)
 
 
-def attend_vocab_split(table, query, *, plan, mesh, scores=reference.scores_reference):
+def attend_vocab_split(table, query, *, plan, mesh, scores=kernels.scores):
   """``query @ table.T`` left split over the vocabulary as the table's rows are.
 
   The vocab strategy without its output step: each rank keeps the logits of

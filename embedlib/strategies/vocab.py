@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from embedlib.kernels import reference
+from embedlib import kernels
 from embedlib.strategies import collectives, early
 
 
@@ -52,7 +52,7 @@ def distribute(ids, weights=None, *, plan, combiner=None):
   if weights is not None:
     weights = collectives.gather_tokens(weights, plan.token_axes)
   return {"ids": ids,
-          "coef": reference.bag_coefficients(ids, weights, plan.num_embeddings, combiner)}
+          "coef": kernels.bag_coefficients(ids, weights, plan.num_embeddings, combiner)}
 
 
 def finish(table, state, *, plan, gather=None, bag=None, combiner=None, corrections=None):
@@ -148,14 +148,14 @@ def rows_up_to_date(table, got, corrections, *, plan, gather):
   return lax.cond(need > corrections, refetch, corrected)
 
 
-def attend(table, query, *, plan, scores=reference.scores_reference):
+def attend(table, query, *, plan, scores=kernels.scores):
   """Vocab-sharded ``query @ table.T``, every rank's tokens with the whole vocabulary.
 
   Args:
     table: ``[padded_vocab / group, features]``.
     query: ``[tokens, ..., features]``.
     plan: the table's ``EmbeddingPlan``.
-    scores: the local ``query @ table.T`` (``kernels.reference.scores_reference``).
+    scores: the local ``query @ table.T`` (``kernels.scores``).
 
   Returns:
     ``[tokens, ..., padded_vocab]``; the caller drops the padded logits.
@@ -164,7 +164,7 @@ def attend(table, query, *, plan, scores=reference.scores_reference):
   return collectives.concat_slices(logits, plan.token_axes, plan.rest_axes)
 
 
-def local_logits(table, query, *, plan, scores=reference.scores_reference):
+def local_logits(table, query, *, plan, scores=kernels.scores):
   """This rank's vocabulary block of the logits: attend without its output step.
 
   What a vocab-parallel loss consumes: no rank ever holds more than its own

@@ -15,7 +15,8 @@ A path's rows as batches::
   CSV sample), corrected by ``Hints`` (what the user declares).
 - ``files`` and ``readers``: which files a path names, and one chunk (a
   Parquet row group, lines of a text file) read as the schema's typed
-  columns; ``recbole``: ``.inter`` rows joined with ``.user`` / ``.item``.
+  columns; ``recbole``: ``.inter`` rows joined with ``.user`` / ``.item``;
+  ``item_side``: an ``.item`` file's columns by item, for SASRec and HSTU.
 - ``stats``: the training split's vocabularies, means and list lengths.
 - ``featurize``: typed columns to ids, bags, weights, dense and labels: the
   one place a value becomes an id (``hashing``: the 64-bit id of a string).

@@ -121,7 +121,8 @@ BAD = [
     (dict(admit_after=0), ValueError, "admit_after=0"),
     (dict(eviction="fifo"), ValueError, "eviction='fifo'"),
     (dict(default="mean"), ValueError, "default='mean'"),
-    (dict(capacity=128, mesh=8), ValueError, "split evenly over the 8 devices"),
+    # The default bucket size fits (16 rows a bucket here): a given one is checked.
+    (dict(capacity=128, bucket_size=128, mesh=8), ValueError, "split evenly over the 8 devices"),
 ]
 
 
@@ -192,3 +193,29 @@ def test_random_tables_equal_reference(policy, devices, buckets, bucket_size, se
     assert np.asarray(emb.rows_of(batch)).tolist() == ref.step(ref_lib.as_uint64(batch))[0]
     assert emb.stats() == pytest.approx(ref.stats)
   assert emb.resident() == ref.resident()
+
+
+def test_lookup_requests_is_one_step_of_the_policy_and_lookup_many_its_old_name():
+  ids, single = np.array([[1, 2], [3, -1]]), np.array([1, 5])
+  requests = [embedlib.Request(ids, None, "sum"), embedlib.Request(single)]
+  emb = embedlib.DynamicEmbed(256, 4, rngs=nnx.Rngs(0))
+  pooled, rows = emb.lookup_requests(requests)
+  assert pooled.shape == (2, 4) and rows.shape == (2, 4) and int(emb.clock[...]) == 1
+  old = embedlib.DynamicEmbed(256, 4, rngs=nnx.Rngs(0))
+  with pytest.warns(DeprecationWarning, match=r"lookup_requests\(\[Request\("):
+    got = old.lookup_many([(ids, None, "sum"), (single, None, None)])
+  np.testing.assert_array_equal(got[0], pooled)
+  np.testing.assert_array_equal(got[1], rows)
+  assert old.resident() == emb.resident() and int(old.clock[...]) == 1
+
+
+@pytest.mark.parametrize("kind", ["ShardedEmbed", "DynamicEmbed"])
+def test_every_table_kind_checks_a_bag_the_same_way(kind):
+  emb = getattr(embedlib, kind)(256, 4, name="t", rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"t: bag\(\) takes ids \[batch, bag\].*shape \(3,\)"):
+    emb.bag(np.array([1, 2, 3]))
+  with pytest.raises(ValueError,
+                     match=r"t: weights shape \(2, 3\) must equal the ids shape \(2, 2\)"):
+    emb.bag(np.array([[1, 2], [3, 4]]), np.ones((2, 3), np.float32))
+  with pytest.raises(ValueError, match=r"combiner='max'"):
+    emb.lookup_requests([embedlib.Request(np.array([[1, 2]]), None, "max")])

@@ -41,7 +41,7 @@ def compiled(request):
     hi, lo = flat[:, 0], flat[:, 1]
     pad = (hi == jnp.uint32(ids_lib.PAD_WORD)) & (lo == jnp.uint32(ids_lib.PAD_WORD))
     bucket = ids_lib.bucket_of(hi, lo, policy.num_buckets)
-    return step_lib.train_step(state, hi, lo, ~pad, bucket, clock, policy=policy)
+    return step_lib.admit_step(state, hi, lo, ~pad, bucket, clock, policy=policy)
 
   return policy, run
 
@@ -105,7 +105,7 @@ def test_many_buckets_split_over_threads_equal_the_reference():
   """
   policy = policy_lib.Policy(8192, bucket_size=8, eviction="lfu", admit_after=2,
                              decay_every=2)
-  run = jax.jit(lambda state, flat, clock: step_lib.train_step(
+  run = jax.jit(lambda state, flat, clock: step_lib.admit_step(
       state, flat[:, 0], flat[:, 1], jnp.ones(flat.shape[0], bool),
       ids_lib.bucket_of(flat[:, 0], flat[:, 1], policy.num_buckets), clock, policy=policy))
   ref = ref_lib.Reference(policy)

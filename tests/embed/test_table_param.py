@@ -36,8 +36,8 @@ def _mesh(axis_type):
 
 def _build(axis_type, layout):
   sharding, n, f = LAYOUTS[layout]
-  emb = embedlib.ShardedEmbed(n, f, mesh=_mesh(axis_type), sharding=sharding,
-                              rngs=nnx.Rngs(0))
+  emb = embedlib.ShardedEmbed(n, f, mesh=_mesh(axis_type),
+                              layout=embedlib.Layout(sharding=sharding), rngs=nnx.Rngs(0))
   emb.load_table(np.arange(n * f, dtype=np.float32).reshape(n, f) / (n * f))
   return emb
 

@@ -1,8 +1,8 @@
-"""The C++ pooled bag (``kernels/cpu/bag.cc`` through `bag_cpu`) against ``bag_reference``.
+"""The C++ pooled bag (``kernels/cpu/bag.cc`` through `bag_cpu`) against the XLA segment sum.
 
-Its terms are the reference's rounded products summed slot by slot from
-zero, so its values are the jitted reference's bit for bit (both jitted: an
-op-by-op reference rounds the combiner's factors differently). Gradients are
+Its terms are `xla.bag_segment_sum`'s rounded products summed slot by slot
+from zero, so its values are the jitted segment sum's bit for bit (both
+jitted: an op-by-op one rounds the combiner's factors differently). Gradients are
 `bag_xla`'s backward, compared to it within float32 rounding.
 """
 
@@ -14,6 +14,7 @@ import pytest
 from embedlib import kernels, options
 from embedlib.kernels import bag_cpu as bag_cpu_lib
 from embedlib.kernels import bag_xla as bag_xla_lib
+from embedlib.kernels import xla
 from tests import covering
 from tests.cpu_kernels import require_cpu_kernels
 from tests.kernels.test_bag import make_bags, make_table
@@ -22,7 +23,10 @@ F32_TOL = dict(rtol=1e-6, atol=1e-6)
 
 
 def _reference(table, ids, weights, combiner):
-  return jax.jit(lambda t: kernels.bag_reference(t, ids, weights, combiner=combiner))(table)
+  # Bit for bit: the segment sum adds each bag's rounded products slot by slot
+  # from zero, as the kernel does; kernels.bag_reference, the specification,
+  # sums them in jnp.sum's order (the tolerance tests compare with it).
+  return jax.jit(lambda t: xla.bag_segment_sum(t, ids, weights, combiner=combiner))(table)
 
 
 # Every pair of values in CI; -m slow: the whole product. Widths 16 to 128

@@ -1,6 +1,6 @@
 """The C++ map step (``kernels.dynamic_map_cpu``) against the XLA ops (``kernel="xla"``).
 
-``dynamic.step.train_step`` takes the kernel on CPU by default, and
+``dynamic.step.admit_step`` takes the kernel on CPU by default, and
 ``tests/dynamic/test_step.py`` holds that path to the plain-Python
 reference; here both paths must return the same arrays bit for bit (the
 state, every id's row, where ``placed`` is marked, the statistics) over
@@ -47,7 +47,7 @@ def _step(state, flat, clock, *, policy, kernel, owner):
   if clock is None:
     return step_lib.lookup(state, hi, lo, own, bucket, bucket_size=policy.bucket_size,
                            kernel=kernel)
-  return step_lib.train_step(state, hi, lo, own, bucket, clock, policy=policy, kernel=kernel)
+  return step_lib.admit_step(state, hi, lo, own, bucket, clock, policy=policy, kernel=kernel)
 
 
 @pytest.fixture(scope="module", params=range(len(POLICIES)), ids=lambda i: str(POLICIES[i]))

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from embedlib import invalid_ids
 from embedlib.kernels import backward, reference, rows_ad, segment_rows, update_rows
 from embedlib.kernels.bag_rows import bag_rows
 from embedlib.kernels.gather_rows import gather_rows
@@ -115,7 +116,7 @@ def test_segment_sums_equal_the_reference_with_long_runs(scaled, dtype):
   src = jnp.arange(n, dtype=jnp.int32)
   got = segment_rows.segment_sum_rows(grads, src, ids, ROWS, coef=coef, dtype=jnp.float32,
                                       variant=SEGMENT, interpret=True)
-  valid = reference.valid_ids(ids, ROWS)
+  valid = invalid_ids.valid_mask(ids, ROWS)
   contrib = grads.astype(jnp.float32) * (1.0 if coef is None else coef[:, None])
   want = jax.ops.segment_sum(jnp.where(valid[:, None], contrib, 0), jnp.where(valid, ids, 0),
                              ROWS)
@@ -157,7 +158,7 @@ def test_fused_update_equals_the_rule_in_float64_with_long_runs(rule):
   hyper, per_run_names = RULES[rule]
   n, width = 40, 100
   ids = zipf_ids(n, seed=11)
-  key = jnp.where(reference.valid_ids(ids, ROWS), ids, ROWS)
+  key = jnp.where(invalid_ids.valid_mask(ids, ROWS), ids, ROWS)
   key, src = jax.lax.sort((key, jnp.arange(n, dtype=jnp.int32)), num_keys=1, is_stable=True)
   from embedlib.optim import fused_gpu   # the runs the optimizer hands the kernel
   starts, ends, rows = fused_gpu._runs(key, ROWS)

@@ -17,6 +17,10 @@ from nbclient import NotebookClient
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
 CELL_TIMEOUT_S = 300
+#: ``embedlib._deprecated``'s warnings, printed in the kernel wherever they are raised (by
+#: default Python shows a DeprecationWarning only when ``__main__`` triggers it).
+DEPRECATED = ",".join(f"default:{owner}:DeprecationWarning"
+                      for owner in ("ShardedEmbed", "DynamicEmbed", "EmbeddingCollection"))
 
 
 def test_every_notebook_has_its_pair():
@@ -62,6 +66,7 @@ def test_runs_top_to_bottom(name, kernel_path, monkeypatch, tmp_path):
   monkeypatch.setenv("JUPYTER_PATH", str(kernel_path))
   monkeypatch.setenv("EMBEDLIB_NOTEBOOK_SMOKE", "1")
   monkeypatch.setenv("TMPDIR", str(tmp_path))  # the training notebook's workdir
+  monkeypatch.setenv("PYTHONWARNINGS", DEPRECATED)
   nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
   client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S,
                           resources={"metadata": {"path": str(NOTEBOOKS)}})
@@ -69,6 +74,9 @@ def test_runs_top_to_bottom(name, kernel_path, monkeypatch, tmp_path):
   errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
             if o.output_type == "error"]
   assert not errors
+  old = [o.text for c in nb.cells if c.cell_type == "code" for o in c.outputs
+         if o.output_type == "stream" and "will be removed in embedlib" in o.text]
+  assert not old, f"{name} writes a deprecated spelling: {old}"
   images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
             if "image/png" in o.get("data", {})]
   assert images or name == "quickstart", f"{name} drew no figure"

@@ -13,7 +13,7 @@ from flax import nnx
 
 from configs import movielens
 from embedlib import ShardedEmbed
-from embedlib.data.movielens import item_side
+from embedlib.tabular import item_side
 from embedlib.models.next_item import ItemColumns
 from embedlib.models.sasrec import SASRec
 from embedlib.training import setup, train_lib

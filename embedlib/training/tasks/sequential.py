@@ -74,7 +74,8 @@ def _item_columns(data, split, raw_ids: bool) -> dict | None:
   if raw_ids:
     base.fail("data.item_columns", "the side columns are read by dense item ids; leave "
               "config.data.raw_ids off with them.")
-  from embedlib.data.movielens import formats, item_side  # pylint: disable=g-import-not-at-top
+  from embedlib.data.movielens import formats  # pylint: disable=g-import-not-at-top
+  from embedlib.tabular import item_side  # pylint: disable=g-import-not-at-top
 
   try:
     layout, _, items = formats.find(data.path)

@@ -5,7 +5,7 @@ the columns of its row in the ``.item`` file (``class`` genres,
 ``release_year``, ``movie_title`` tokens): a ``token`` column is one id, a
 ``token_seq`` a bag of them. Each column's values get ids ``1 ..`` by how
 many items hold them (0: an item with no row or no value); a bag keeps at
-most ``MAX_LEN`` ids. The file is read with ``embedlib.tabular``.
+most ``MAX_LEN`` ids. The file is read as ``recbole`` reads an ``.item`` file.
 
 >>> import os, tempfile
 >>> d = tempfile.mkdtemp(); path = os.path.join(d, "x.item")
@@ -24,8 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from embedlib.tabular import files as files_lib
-from embedlib.tabular import readers
-from embedlib.tabular import recbole
+from embedlib.tabular import readers, recbole
 from embedlib.tabular import schema as schema_lib
 
 #: Most ids a ``token_seq`` column keeps an item.
