@@ -35,6 +35,7 @@ from embedlib import invalid_ids
 from embedlib.kernels import bags
 from embedlib.kernels import xla
 from embedlib.kernels.bag_pallas import check_bag_shapes
+from embedlib.kernels.bag_cpu import bag_cpu
 from embedlib.kernels.bag_xla import bag_xla
 from embedlib.kernels.gather_cpu import gather_cpu
 from embedlib import sharding as sharding_lib
@@ -112,14 +113,17 @@ def _gather_impl(impl: str):
 def _bag_impl(impl: str):
   if impl in (XLA, CPU):
     gather = _gather_impl(impl)
+    # The float kernel of the same option: the C++ bag for "cpu", bag_xla's sums for "xla".
+    float_bag = bag_cpu if impl == CPU else bag_xla
 
     def pooled(t, ids, weights, combiner):
-      # The gathered rows as a table of their own: bag_xla's sums on them are
-      # its sums on the dequantized table, term by term.
+      # The gathered rows as a table of their own: the float kernel's sums on
+      # them are its sums on the dequantized table, term by term, so a
+      # quantized bag equals its float twin's bit for bit.
       rows = gather(t, ids.reshape(-1))
       valid = invalid_ids.valid_mask(ids, t.shape[0])
       local = jnp.where(valid, jnp.arange(ids.size, dtype=jnp.int32).reshape(ids.shape), -1)
-      return bag_xla(rows, local, weights, combiner=combiner)
+      return float_bag(rows, local, weights, combiner=combiner)
 
     return pooled
   return lambda t, ids, weights, combiner: _compiled_on_gpu(
