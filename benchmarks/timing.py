@@ -31,7 +31,8 @@ and ``--json FILE`` (``add_json_argument``) writes::
   time), ``null`` where there is no ``/proc/stat``.
 - ``copy_gbps``: the memory-copy probe, one per round: ``np.copyto`` of a
   buffer past the last-level cache (twice its size, 64 to 512 MiB; 8 MiB in
-  a smoke run), the median of three copies, in GB/s of bytes read plus
+  a smoke run), the median of five copies after a pause that lets the
+  benchmark's spinning worker threads go idle, in GB/s of bytes read plus
   written, in a process of its own that holds the buffers only while it
   probes (``CopyProbe``). It is taken when the run starts, after every
   round of the benchmark's timing loops (``between_rounds``) and, if that
@@ -205,14 +206,22 @@ def default_probe_bytes() -> int:
   return min(max(2 * last_level_cache_bytes(), low), high)
 
 
-#: The probe's process: per request, two buffers allocated and written (so no
-#: page is first touched while timed), copied ``copies`` times, then freed.
+#: Seconds the probe waits before it copies: the benchmark's worker threads
+#: (XLA's pool, OpenMP) spin for a while after a round, and a probe sharing the
+#: cores with them measured the benchmark, not the machine (on an idle 2-core
+#: machine its spread over a run fell from 40% to within the quiet rule).
+PROBE_SETTLE_S = 0.25
+
+#: The probe's process: per request, a pause (``PROBE_SETTLE_S``), two buffers
+#: allocated and written (so no page is first touched while timed), copied
+#: ``copies`` times, then freed.
 _PROBE_CHILD = """
 import statistics, sys, time
 import numpy as np
-n, copies = int(sys.argv[1]) // 8, int(sys.argv[2])
+n, copies, settle = int(sys.argv[1]) // 8, int(sys.argv[2]), float(sys.argv[3])
 print("ready", flush=True)
 for _ in sys.stdin:
+  time.sleep(settle)
   src, dst = np.ones(n), np.full(n, 2.0)
   seconds = []
   for _ in range(copies):
@@ -234,10 +243,10 @@ class CopyProbe:
   does not share the machine's memory with them between probes.
   """
 
-  def __init__(self, nbytes: int, copies: int = 3):
+  def __init__(self, nbytes: int, copies: int = 5, settle_s: float = PROBE_SETTLE_S):
     self.nbytes = max(nbytes // 8, 1) * 8
     self._child = subprocess.Popen(
-        [sys.executable, "-c", _PROBE_CHILD, str(self.nbytes), str(copies)],
+        [sys.executable, "-c", _PROBE_CHILD, str(self.nbytes), str(copies), str(settle_s)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     if self._child.stdout.readline().strip() != "ready":
       raise RuntimeError("the copy probe's process did not start (it needs numpy)")

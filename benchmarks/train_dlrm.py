@@ -60,15 +60,17 @@ and ``MALLOC_TRIM_THRESHOLD_`` at 2^31 - 1), so a step's freed temporaries
 are reused by the next instead of faulting in fresh pages.
 ``--full`` takes ``configs/dlrm_criteo.py``'s tables instead, 26 of
 1,000,000 rows (6.2 GiB of f32), and times embedlib on one device beside
-TorchRec fused only, one worker at a time (built, warmed up, timed for every
-round, closed, then the next): two full-size workers side by side would not
-fit a 24 GB machine, and the dense JAX variant (a table-sized gradient and
-Adagrad slot) would not fit alone.
+TorchRec fused only, interleaved like the other sizes: the two workers hold
+about 7.5 GiB each, which a 24 GB machine holds when nothing else runs. When
+the memory available (``/proc/meminfo``) is short of ``FULL_WORKER_GIB`` a
+worker, or with ``--one-at-a-time``, they run one after the other (built,
+warmed up, timed for every round, closed, then the next) and the record notes
+that the sides did not share the machine's noise. The dense JAX variant (a
+table-sized gradient and Adagrad slot) would not fit at all.
 Without ``.peers/`` the peer columns are skipped with a note. The named
 ratios (``record_ratios``: ``vs_torchrec_fused`` and others) are printed
 beside the machine's state and kept in ``--json``'s record
-(``benchmarks/timing.py``); at ``--full`` the record notes that the run was
-not interleaved. Never asserts a time.
+(``benchmarks/timing.py``). Never asserts a time.
 """
 
 from __future__ import annotations
@@ -322,6 +324,19 @@ def _workers(args, data, sizes):
   return out
 
 
+#: Memory one ``--full`` worker holds at its peak (tables, slots, a step's
+#: temporaries), with room for the page cache the batches file needs.
+FULL_WORKER_GIB = 8.0
+
+
+def _available_gib() -> float:
+  with open("/proc/meminfo") as f:
+    for line in f:
+      if line.startswith("MemAvailable:"):
+        return int(line.split()[1]) / 2**20
+  return 0.0
+
+
 def _start(specs):
   """Starts every worker, then waits for each to be built and warmed up."""
   workers, info = {}, {}
@@ -356,7 +371,10 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="small tables, batch 256: a smoke run")
   parser.add_argument("--full", action="store_true",
-                      help="26 tables of 1M rows, embedlib and TorchRec fused one at a time")
+                      help="26 tables of 1M rows, embedlib beside TorchRec fused")
+  parser.add_argument("--one-at-a-time", action="store_true",
+                      help="at --full, time one worker after the other (less memory, "
+                           "not interleaved)")
   parser.add_argument("--repeats", type=int, default=None,
                       help="interleaved rounds (default 7)")
   parser.add_argument("--steps", type=int, default=None,
@@ -419,17 +437,23 @@ def run(args, sizes, batch, repeats, steps, data, record):
     print(f"TorchRec columns skipped: {args.peer_python} not found; install the peers "
           "with `bash benchmarks/install_peers.sh` (the recipe of ../shared/PEERS.md).")
     record.note("no TorchRec columns (.peers/ not installed), so no vs_torchrec_fused")
-  if args.full:
+  one_at_a_time = args.full and args.one_at_a_time
+  if args.full and not one_at_a_time:
+    need, have = FULL_WORKER_GIB * len(specs), _available_gib()
+    if have < need:
+      print(f"--full: {have:.1f} GiB available, {need:.0f} GiB needed to run the "
+            f"{len(specs)} workers side by side: timing them one at a time instead")
+      one_at_a_time = True
+  if one_at_a_time:
     record.note("--full: one worker at a time, not interleaved: the sides did not share "
                 "the machine's noise")
   rates, rss, losses = {}, {}, {}
-  # At --full one worker at a time (the module docstring says why).
-  groups = [{n: spec} for n, spec in specs.items()] if args.full else [specs]
+  groups = [{n: spec} for n, spec in specs.items()] if one_at_a_time else [specs]
   for group in groups:
     r, m, l = _time_workers(group, repeats, steps, batch, record.probe)
     rates.update(r), rss.update(m), losses.update(l)
   _print_results(rates, rss, losses, batch,
-                 "rounds, one worker at a time" if args.full else "interleaved rounds")
+                 "rounds, one worker at a time" if one_at_a_time else "interleaved rounds")
   _print_agreement(losses)
   record.add_times(rates, unit="examples/s")
   record_ratios(record, rates)
