@@ -88,6 +88,11 @@ def test_quiet_is_load_steal_and_probe_spread():
   assert [r.split(" ")[0] for r in reasons] == ["load", "steal", "copy"], reasons
   assert "0.50 (0.25 x 2 cores)" in reasons[0] and "25% > 20%" in reasons[2]
   assert timing.spread([10.0, 12.0]) == pytest.approx(0.2) and timing.spread([1.0]) is None
+  # From ten probes on, one outlier at each end is left out (the ratios are
+  # medians); a machine that changed over several rounds is still noisy.
+  steady = [16.0] * 9 + [17.0, 17.5]
+  assert timing.spread(steady + [12.0, 21.0]) == pytest.approx(17.5 / 16.0 - 1)
+  assert timing.spread(steady + [12.0, 12.0, 12.0]) == pytest.approx(17.0 / 12.0 - 1)
 
 
 def test_keep_refuses_a_loaded_run_and_names_a_quiet_one_by_benchmark_date_commit(tmp_path):
