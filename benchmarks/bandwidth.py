@@ -84,6 +84,34 @@ def copy_step(total_bytes):
   return jax.jit(bump, donate_argnums=0), jnp.zeros(elements, jnp.float32)
 
 
+def rows_step(vocab, width, ids):
+  """A ``step(table, ids) -> (None, table)`` that reads and writes the step's distinct rows.
+
+  Each distinct row of ``ids`` gathered from a donated float32
+  ``[vocab, width]`` table and written back plus 1, in place, with the C++
+  gather and row set the CPU kernels use (both on XLA's threads): the
+  distinct rows' part of ``step_bytes`` at random addresses of the whole
+  table, where ``copy_step`` moves its bytes in one contiguous stream. The
+  ids are sorted, as the update's rows are. Nothing else of the step (ids,
+  the looked-up rows, the slots, any arithmetic) is in it: the floor of
+  touching rows spread over a table of this size on this machine.
+
+  Returns:
+    ``(step, table)``, or None without the CPU kernels' library.
+  """
+  from embedlib.kernels import cpu_library, dynamic_map_cpu, gather_cpu  # noqa: PLC0415
+  if jax.default_backend() != "cpu" or not cpu_library.available():
+    return None
+  rows = jnp.asarray(np.unique(np.asarray(ids)), jnp.int32)
+
+  def touch(table, ids):
+    del ids
+    return None, dynamic_map_cpu.set_rows_cpu(table, rows,
+                                              gather_cpu.gather_cpu(table, rows) + 1)
+
+  return jax.jit(touch, donate_argnums=0), jnp.zeros((vocab, width), jnp.float32)
+
+
 def copy_bytes(buffer):
   """The bytes one ``copy_step`` moves: its buffer read and written."""
   return 2 * buffer.size * buffer.dtype.itemsize

@@ -74,7 +74,10 @@ record, ``benchmarks/timing.py``), by medians, ``<size>`` as ``1M_x_64``:
 ``vs_fbgemm_<size>`` FBGEMM fused's step time over the sparse step's (with
 the peers), ``copy_distance_<size>`` the sparse step's time over the copy
 of its bytes, ``dense_over_sparse_<size>`` the dense step's over the sparse
-step's; with ``--layouts``, ``hidden_over_vocab`` and ``grid_over_vocab``.
+step's; on CPU, ``rows_floor_over_copy_<size>`` the time to read and write
+the step's distinct rows in place in a table of its size (``bandwidth.rows_step``:
+random rows, where the copy streams) over the copy's, and
+``rows_floor_distance_<size>`` the sparse step's over that; with ``--layouts``, ``hidden_over_vocab`` and ``grid_over_vocab``.
 
 Every case starts from the same table (``initial_table``, the PyTorch
 workers' too) and takes the same ids every step, the same number of steps;
@@ -145,6 +148,7 @@ SPARSE_XLA = "sparse row-wise AdaGrad, XLA ops"
 SPARSE_SORTED = "sparse row-wise AdaGrad, sorted (GPU update)"
 COPY = "copy of the sparse step's bytes (x + 1)"
 DRAM_COPY = "copy past the caches (x + 1)"
+ROWS_FLOOR = "distinct rows read + written in place"
 MiB = 1 << 20
 LR = 0.01
 
@@ -426,6 +430,9 @@ def record_ratios(record, times, vocab, width):
   else:
     record.note(f"{tag}: no FBGEMM column, so no vs_fbgemm_{tag}")
   record.ratio(f"copy_distance_{tag}", timing.median_ratio(times[SPARSE], times[COPY]))
+  if ROWS_FLOOR in times:
+    record.ratio(f"rows_floor_over_copy_{tag}", timing.median_ratio(times[ROWS_FLOOR], times[COPY]))
+    record.ratio(f"rows_floor_distance_{tag}", timing.median_ratio(times[SPARSE], times[ROWS_FLOOR]))
   record.ratio(f"dense_over_sparse_{tag}", timing.median_ratio(times[DENSE], times[SPARSE]))
 
 
@@ -456,6 +463,10 @@ def run(vocab, width, n, repeats, args, record):
   # A smoke run's DRAM copy: still past the 32 MiB L3, a tenth of the time.
   dram = 128 * MiB if args.quick else bandwidth.DRAM_COPY_BYTES
   copiers = copy_steppers(sum(parts.values()), ids, dram)
+  floor = bandwidth.rows_step(vocab, width, ids)
+  if floor is not None:
+    copiers[ROWS_FLOOR] = Stepper(*floor)
+    jax.block_until_ready(copiers[ROWS_FLOOR](ids))
   runs = {name: (lambda s=s: s.timed(ids, args.inner))
           for name, s in {**steppers, **copiers}.items()}
   peer_losses, peer_steps = {}, {}  # each worker's loss at step LOSS_STEP; its steps
@@ -490,6 +501,12 @@ def run(vocab, width, n, repeats, args, record):
   bandwidth.print_limit(parts, bandwidth.row_gradient_bytes(ids, width), times[SPARSE],
                         times[COPY], bandwidth.copy_bytes(copiers[COPY].state),
                         times[DRAM_COPY], bandwidth.copy_bytes(copiers[DRAM_COPY].state))
+  if ROWS_FLOOR in times:
+    floor_ms, copy_ms = statistics.median(times[ROWS_FLOOR]), statistics.median(times[COPY])
+    print(f"the step's {uniq:,} distinct rows read and written in place, at their addresses "
+          f"in the {table_bytes / MiB:,.0f} MiB table (medians): {floor_ms:.3f} ms, "
+          f"{floor_ms / copy_ms:.1f}x the copy of all the step's bytes; the step is "
+          f"{sparse_ms / floor_ms:.1f}x it")
   for name, mem in memory.items():
     temp = mem.temp_size_in_bytes
     # Live at the step's peak: inputs, temporaries, and outputs that do not

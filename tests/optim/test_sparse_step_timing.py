@@ -13,6 +13,7 @@ import functools
 import numpy as np
 import pytest
 
+from embedlib.kernels import cpu_library
 from embedlib.optim import fused_cpu
 from tests import benchmark_scripts
 
@@ -73,6 +74,9 @@ def test_the_check_passes_then_every_case_is_timed(monkeypatch, tmp_path):
            sparse_step.COPY, sparse_step.DRAM_COPY}
   if fused_cpu.enabled():
     cases.add(sparse_step.SPARSE_XLA)   # the XLA ops beside the fused CPU update
+  if cpu_library.available():
+    cases.add(sparse_step.ROWS_FLOOR)   # the distinct rows touched where they lie
+    assert {"rows_floor_over_copy_1M_x_32", "rows_floor_distance_1M_x_32"} <= set(record["ratios"])
   assert [size for size, _ in runs] == [(100_000, 64), (1_000_000, 32)]
   for _, times in runs:
     assert set(times) == cases and all(len(t) == 1 and t[0] > 0 for t in times.values()), times
@@ -144,3 +148,15 @@ def test_peer_cases_start_only_the_named_pytorch_workers(monkeypatch, tmp_path):
     args = sparse_step.build_parser().parse_args(argv)
     sparse_step.start_peers(args, str(tmp_path), np.zeros(4, np.int32), 10, 8)
     assert started == want
+
+
+@pytest.mark.skipif(not cpu_library.available(), reason="needs the CPU kernels' library")
+def test_the_rows_floor_reads_and_writes_each_distinct_row_once_in_place():
+  bandwidth = benchmark_scripts.load("bandwidth")
+  ids = np.array([7, 3, 7, 9, 3, 0], np.int32)
+  step, table = bandwidth.rows_step(12, 4, ids)
+  _, table = step(table, ids)
+  _, table = step(table, ids)
+  want = np.zeros((12, 4), np.float32)
+  want[[0, 3, 7, 9]] = 2.0   # each distinct row once a step, repeats or not
+  np.testing.assert_array_equal(np.asarray(table), want)
