@@ -161,11 +161,11 @@ def test_max_bad_lines_minus_one_skips_them_all(tmp_path):
 
 def test_malformed_criteo_line_stops_with_its_line_number(tmp_path):
   path = tmp_path / "day_0.tsv"
-  path.write_text(_criteo_lines(200, bad_at=(40,)))
+  path.write_text(_criteo_lines(200, bad_at=(3,)))
   config = _criteo_config(path, path)
   with config.unlocked():
     config.num_train_steps = 3
-  with pytest.raises(data_lib.CriteoFormatError, match=r"day_0.tsv:41: expected 40"):
+  with pytest.raises(data_lib.CriteoFormatError, match=r"day_0.tsv:4: expected 40"):
     train_lib.train_and_evaluate(config, str(tmp_path / "run"))
 
 
