@@ -175,14 +175,6 @@ def _run(argv) -> dict:
 NEED_TABLES, NEED_EXTRA = 4.5, 1 * GiB
 
 
-def _available() -> int:
-  with open("/proc/meminfo") as f:
-    for line in f:
-      if line.startswith("MemAvailable:"):
-        return int(line.split()[1]) * 1024
-  return 0
-
-
 def agree(results: dict, rtol: float = 1e-5) -> bool:
   """Whether every build equals the plain init of its size and layout.
 
@@ -229,7 +221,7 @@ def tables(sizes, repeats, layouts=LAYOUTS, wrong_seed=None, record=None) -> boo
   for size in sizes:
     rows = _rows_for(size)
     runs = repeats if size < 4 else 1
-    need, free = NEED_TABLES * rows * FEATURES * 4 + NEED_EXTRA, _available()
+    need, free = NEED_TABLES * rows * FEATURES * 4 + NEED_EXTRA, timing.available_memory_bytes()
     if free < need:
       skipped.append(f"{_label(size)}: skipped, needs ~{need / GiB:.0f} GiB of available "
                      f"memory, {free / GiB:.0f} GiB available")

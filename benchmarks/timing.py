@@ -210,8 +210,7 @@ def default_probe_bytes() -> int:
 
 #: Seconds the probe waits before it copies: the benchmark's worker threads
 #: (XLA's pool, OpenMP) spin for a while after a round, and a probe sharing the
-#: cores with them measured the benchmark, not the machine (on an idle 2-core
-#: machine its spread over a run fell from 40% to within the quiet rule).
+#: cores with them measures the benchmark, not the machine.
 PROBE_SETTLE_S = 0.25
 
 #: The probe's process: per request, a pause (``PROBE_SETTLE_S``), two buffers
@@ -264,13 +263,26 @@ class CopyProbe:
       self._child.wait()
 
 
+def available_memory_bytes() -> int:
+  """``MemAvailable`` of ``/proc/meminfo`` in bytes (0 where there is none): what a
+  benchmark's workers may still take without pushing others' pages out."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return 0
+
+
 def spread(values: list[float]) -> float | None:
   """The 90th over the 10th percentile, less 1 (0.2: 20% apart); None under two values.
 
   Under ten values those are the fastest and the slowest. The tails are left
   out because the ratios are medians over rounds, which a probe's outlier
-  (or one disturbed round) does not move: 21 probes back to back on an idle
-  2-core machine spread 15-26% fastest over slowest, 10% at these percentiles.
+  (or one disturbed round) does not move, and the probe's own outliers put
+  an idle machine's fastest-over-slowest past the rule (benchmarks/README.md).
   """
   if len(values) < 2 or min(values) <= 0:
     return None

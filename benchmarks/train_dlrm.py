@@ -330,11 +330,7 @@ FULL_WORKER_GIB = 8.0
 
 
 def _available_gib() -> float:
-  with open("/proc/meminfo") as f:
-    for line in f:
-      if line.startswith("MemAvailable:"):
-        return int(line.split()[1]) / 2**20
-  return 0.0
+  return timing.available_memory_bytes() / 2**30
 
 
 def _start(specs):
