@@ -134,10 +134,17 @@ class Watchdog:
 
   def __exit__(self, *exc):
     self._stop.set()
+    read = None
     if self._wakeup is not None:
-      read, previous = self._wakeup
+      read, write, previous = self._wakeup
       signal.set_wakeup_fd(previous)
-      os.close(read)
+      # A byte that is no signal, then the write end closed, wake the signal
+      # thread's read (the byte also where a forked child holds the write end
+      # open). Closing the read end under a blocked read would not wake it, and
+      # its number could be reused by another file while the thread reads it.
+      with contextlib.suppress(OSError):  # a full pipe: the thread has bytes to read
+        os.write(write, b"\0")
+      os.close(write)
       self._wakeup = None
     if self._stderr is not None:
       os.dup2(self._stderr, 2)  # closes the pipe's last writer: the relay sees its end
@@ -146,6 +153,8 @@ class Watchdog:
     for t in self._threads:
       t.join(timeout=5)
     self._threads = []
+    if read is not None:
+      os.close(read)
     return False
 
   def _start_relay(self):
@@ -177,15 +186,12 @@ class Watchdog:
     read, write = os.pipe()
     os.set_blocking(write, False)
     previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-    self._wakeup = (read, previous)
+    self._wakeup = (read, write, previous)
 
     def signals():
       while not self._stop.is_set():
-        try:
-          data = os.read(read, 64)
-        except OSError:  # closed on exit
-          return
-        if not data:
+        data = os.read(read, 64)
+        if not data:  # the write end closed on exit
           return
         for number in data:
           if number in (signal.SIGTERM, signal.SIGINT):

@@ -136,6 +136,20 @@ def test_sigterm_reaches_the_watchdog_while_the_main_thread_waits():
   assert stop.requested == "SIGTERM" and end.status == 128 + signal.SIGTERM
 
 
+def test_a_run_that_ends_leaves_no_watching_thread_and_no_open_pipe():
+  """The signal thread's blocked read ends with the run, not after the join's timeout.
+
+  Its read end was closed under the read, which neither woke it nor kept the
+  number from being reused while it read; a run's end waited out the timeout.
+  """
+  fds = set(os.listdir("/proc/self/fd"))
+  with watchdog.Watchdog(limit_s=0, exit=_Exit()) as dog:
+    threads = list(dog._threads)  # pylint: disable=protected-access
+    assert {t.name for t in threads} == {"stderr-relay", "signal-watch", "watchdog"}
+  assert not [t.name for t in threads if t.is_alive()]
+  assert set(os.listdir("/proc/self/fd")) == fds
+
+
 def test_the_xla_timeouts_are_read_from_the_flags():
   assert watchdog.xla_timeout("terminate", "") == 40
   flags = xla_env.flags(8)  # the suite's raised ones
