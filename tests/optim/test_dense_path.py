@@ -67,10 +67,15 @@ def run_steps(emb, rules, dense: bool, monkeypatch, marks: bool = True):
 # With ``test_rules`` (which, on 13 rows, runs the no-sort path against the
 # dense reference on every layout) this keeps the sort path checked. The
 # paths are local to a shard, and the 2-D meshes pad as the 1-D ones do
-# (13 rows over 2, 4 and 8 ranks), so CI runs those and no mesh; ``-m slow``
-# adds the 1-D meshes.
-LAYOUTS = [pytest.param(layout, id=ref.layout_id(layout), marks=() if layout[0] is None or
-                        len(layout[0]) > 1 else pytest.mark.slow)
+# (13 rows over 2, 4 and 8 ranks), so CI runs no mesh and each strategy once
+# on a 2-D mesh, the shards split four ways and eight: rows over 4 ranks
+# (vocab) and over 8 (routed over both axes), columns over 8 (hidden over
+# both axes), both at once (grid). ``-m slow`` adds the rest of the 2-D
+# layouts and the 1-D meshes.
+CI_LAYOUTS = ("replicated-nomesh", "vocab-2x4", "routed-2x4-both", "hidden-2x4-both",
+              "grid-2x4")
+LAYOUTS = [pytest.param(layout, id=ref.layout_id(layout),
+                        marks=() if ref.layout_id(layout) in CI_LAYOUTS else pytest.mark.slow)
            for layout in ref.PATH_LAYOUTS]
 #: The rules with a slot, which mark it instead of sorting (test_marks_path.py).
 SLOT_RULES = ("adagrad", "adam_row", "adam_global")

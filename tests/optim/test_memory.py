@@ -97,14 +97,34 @@ MEMORY_LAYOUTS = [
 GRID = [layout for layout in ref.LAYOUTS if ref.layout_id(layout) == "grid-2x4"]
 
 
-@pytest.mark.parametrize("layout", MEMORY_LAYOUTS + GRID, ids=ref.layout_id)
+PATHS = ("fused", "xla", "sorted")
+
+
+def _cases(layouts, ci):
+  """Every (update path, layout); those outside ``ci`` run under ``-m slow``."""
+  return [pytest.param(layout, path, id=f"{path}-{ref.layout_id(layout)}",
+                       marks=() if (path, ref.layout_id(layout)) in ci else pytest.mark.slow)
+          for path in PATHS for layout in layouts]
+
+
+# CI runs each layout once and each path at least once: the fused update
+# (the CPU's) without a mesh, the sorted one (the GPU's) on the row-split
+# layouts, the XLA ops on hidden; ``-m slow`` runs every path on every layout.
+@pytest.mark.parametrize("layout,update_path", _cases(MEMORY_LAYOUTS + GRID, {
+    ("fused", "replicated-nomesh"), ("sorted", "vocab-4"), ("xla", "hidden-2x4"),
+    ("sorted", "grid-2x4")}), indirect=["update_path"])
 def test_sparse_step_has_no_table_sized_temporary(layout, update_path):
   small, large = (temp_bytes(layout, n, sparse=True) for n in (SMALL, LARGE))
   assert abs(large - small) <= 64 * 1024, (small, large)
   assert large <= 4 * ROWS_BYTES, (large, ROWS_BYTES)  # measured: 2.5x to 2.8x
 
 
-@pytest.mark.parametrize("layout", MEMORY_LAYOUTS, ids=ref.layout_id)
+# The by-rows update of small tables is in the XLA ops alone (the fused and
+# sorted updates take no branch on the row count, so here they repeat the
+# test above on a smaller table): CI runs the XLA ops on every layout,
+# ``-m slow`` adds the other two paths.
+@pytest.mark.parametrize("layout,update_path", _cases(MEMORY_LAYOUTS, {
+    ("xla", ref.layout_id(layout)) for layout in MEMORY_LAYOUTS}), indirect=["update_path"])
 def test_small_table_update_within_rows_bytes(layout, update_path):
   # A table with as many rows as the step has ids skips the sort
   # (``apply._use_dense_update``): its [rows, ...] temporaries must stay

@@ -100,18 +100,33 @@ CASES = [(layout, False) for layout in ref.LAYOUTS] + [
 # on the layouts that pad apart (``ref.PATH_LAYOUTS``). A schedule reaches
 # each path as one traced scalar whatever the layout, so the scheduled
 # layouts rotate through the paths: each path and each scheduled layout once.
+PATHS = ("fused", "xla", "sorted")
 SCHEDULE_PATHS = {"replicated-nomesh": "fused", "replicated-2x4": "sorted",
                   "vocab-2x4-both": "xla", "hidden-8": "fused"}
 PATH_CASES = [(layout, schedule, path) for layout, schedule in CASES
-              for path in ("fused", "xla", "sorted")
+              for path in PATHS
               if (path == SCHEDULE_PATHS[ref.layout_id(layout)] if schedule
                   else path == "xla" or layout in ref.PATH_LAYOUTS)]
 
+# CI runs every layout once with a constant rate, every path without a mesh,
+# and every scheduled case. The multi-device path layouts (meshes 2 and 8,
+# 2x4, 2x4 over both axes) take the three paths in turn, so each path meets
+# every kind of mesh and every strategy but the grid (one layout); the 1- and
+# 4-device layouts have the XLA ops only. ``-m slow`` adds the rest: every
+# path on every path layout.
+CI_PATHS = {ref.layout_id(layout): PATHS[k % len(PATHS)]
+            for k, layout in enumerate(l for l in ref.PATH_LAYOUTS if l[0] is not None)}
 
-@pytest.mark.parametrize(
-    "layout,schedule,update_path", PATH_CASES, indirect=["update_path"],
-    ids=[ref.layout_id(l) + ("-schedule" if s else "") + f"-{p}" for l, s, p in PATH_CASES],
-)
+
+def _in_ci(layout, schedule, path):
+  return schedule or layout[0] is None or CI_PATHS.get(ref.layout_id(layout), "xla") == path
+
+
+@pytest.mark.parametrize("layout,schedule,update_path", [
+    pytest.param(l, s, p, id=ref.layout_id(l) + ("-schedule" if s else "") + f"-{p}",
+                 marks=() if _in_ci(l, s, p) else pytest.mark.slow)
+    for l, s, p in PATH_CASES
+], indirect=["update_path"])
 def test_rules_match_dense_reference(layout, schedule, update_path):
   emb = make_table(layout)
   names = ref.RULES if schedule or layout[0] is None else ref.LAYOUT_RULES
