@@ -36,3 +36,14 @@ def params(*axes) -> list:
   ci = set(pairwise(*axes))
   return [pytest.param(*case, marks=() if case in ci else pytest.mark.slow)
           for case in itertools.product(*axes)]
+
+
+def each_value_once(*axes) -> list:
+  """Every case of the product; CI runs case k = (axis[k % len(axis)], ...).
+
+  Each value of each axis appears in CI once at least; ``-m slow`` runs the
+  rest. For two axes, where `params` would keep the whole product.
+  """
+  ci = {tuple(axis[k % len(axis)] for axis in axes) for k in range(max(map(len, axes)))}
+  return [pytest.param(*case, marks=() if case in ci else pytest.mark.slow)
+          for case in itertools.product(*axes)]

@@ -16,6 +16,7 @@ from flax.nnx.nn.linear import default_embed_init
 import embedlib
 from embedlib.dynamic import HashedUniform
 from embedlib.dynamic import mapping
+from tests import covering
 from tests.dynamic import helpers
 
 
@@ -76,9 +77,8 @@ def test_hashed_uniform_has_the_default_embed_init_variance():
 INITS = {"hashed (default)": None, "normal, by option": default_embed_init}
 
 
-@pytest.mark.parametrize("devices", [1, 8])
-@pytest.mark.parametrize("features", [3, 8])
-@pytest.mark.parametrize("init", list(INITS))
+# Every pair of values in CI (4 cases); -m slow: all 8.
+@pytest.mark.parametrize("init,features,devices", covering.params(list(INITS), [3, 8], [1, 8]))
 def test_rows_placed_again_equal_the_created_rows(init, features, devices):
   """A row's first placement keeps its created value, and a row placed again after
   an eviction is drawn in the step: both are its initial value, bit for bit."""

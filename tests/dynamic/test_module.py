@@ -26,10 +26,12 @@ POLICIES = {
 }
 
 
-# The richest policy on one device and on eight, the others once each on
-# another count (CI time); ``-m slow`` adds the richest on four.
+# CI runs each policy and each device count once: the richest policy on one
+# device, the others on eight and on four (LFU over eight devices runs in
+# CI in test_data_parallel_ids_on_a_mesh); ``-m slow`` adds the richest on
+# four and on eight.
 CASES = [("lfu_admit2", 1), pytest.param("lfu_admit2", 4, marks=pytest.mark.slow),
-         ("lfu_admit2", 8), ("lru", 8), ("no_eviction", 4)]
+         pytest.param("lfu_admit2", 8, marks=pytest.mark.slow), ("lru", 8), ("no_eviction", 4)]
 
 
 @pytest.mark.parametrize("policy,devices", CASES)

@@ -116,11 +116,13 @@ def _assert_same(sharded, reference, tokens):
 
 
 # Each annotation with a vocabulary that doesn't divide the shards (61: the
-# padded table must never show), and the plain even case once.
+# padded table must never show), and the plain even case once. CI runs the
+# uneven ones (test_lm1b_style_with_partitioning's vocabularies are all
+# even); -m slow adds the even one.
 @pytest.mark.parametrize("emb_vd, strategy, vocab", [
     (None, "replicated", 61), (P("model", None), "vocab", 61), (P(None, "model"), "hidden", 61),
     (P(("data", "model"), None), "vocab", 61), (P("model", "data"), "grid", 61),
-    (P("model", None), "vocab", 64)],
+    pytest.param(P("model", None), "vocab", 64, marks=pytest.mark.slow)],
     ids=["none", "vocab", "hidden", "vocab-2-axes", "grid", "vocab-even"])
 def test_gemma_style_metadata(emb_vd, strategy, vocab):
   m = mesh(AxisType.Explicit)
@@ -133,10 +135,13 @@ def test_gemma_style_metadata(emb_vd, strategy, vocab):
     _assert_same(sharded, reference, _tokens(vocab))
 
 
+# CI runs each way of naming the axes (mesh axes, logical rules) and each
+# split (vocab, embed, both) once; -m slow adds mesh axes on embed and
+# logical rules on vocab.
 @pytest.mark.parametrize("axis_rules, rules", [
     (MeshRules(vocab="model"), ()),
-    (MeshRules(embed="model"), ()),
-    (LOGICAL, (("vocab", "model"), ("embed", None))),
+    pytest.param(MeshRules(embed="model"), (), marks=pytest.mark.slow),
+    pytest.param(LOGICAL, (("vocab", "model"), ("embed", None)), marks=pytest.mark.slow),
     (LOGICAL, (("vocab", None), ("embed", "model"))),
     (LOGICAL, (("vocab", "model"), ("embed", "data"))),
 ], ids=["mesh-axes-vocab", "mesh-axes-embed", "logical-vocab", "logical-embed", "logical-grid"])

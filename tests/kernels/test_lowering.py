@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from embedlib import axes, kernels, options
 from embedlib.kernels.lowering import (MOSAIC_GPU_CALL, TRITON_CALL, cuda_lowering_text,
                                        gpu_abstract_mesh)
+from tests import covering
 
 S = jax.ShapeDtypeStruct
 # A width that is not a power of two, in rows of whole 128-byte units (what
@@ -40,9 +41,13 @@ def assert_kernels(text, backend, *names):
     assert name in text, f"kernel {name} missing from the CUDA lowering"
 
 
+# CI: Mosaic in float32, Triton in bfloat16 (tests/gpu_compile compiles
+# Mosaic's in both); -m slow: all 4.
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype,backend", [
+    pytest.param(d, b, marks=() if (d, b) in {(jnp.float32, "mosaic"), (jnp.bfloat16, "triton")}
+                 else pytest.mark.slow)
+    for d in (jnp.float32, jnp.bfloat16) for b in BACKENDS])
 def test_gather_forward_and_grad_lower_for_cuda(backend, dtype):
   table = S(TABLE.shape, dtype)
   text = cuda_lowering_text(lambda t, i: kernels.gather(t, i, kernel=backend), table, IDS)
@@ -52,10 +57,10 @@ def test_gather_forward_and_grad_lower_for_cuda(backend, dtype):
   assert_kernels(cuda_lowering_text(grad, table, IDS), backend, "embedlib_segment_sum")
 
 
+# Every pair of values in CI (6 cases); -m slow: all 12.
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("combiner", options.COMBINERS)
-@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("weighted,combiner,backend",
+                         covering.params([False, True], options.COMBINERS, BACKENDS))
 def test_bag_forward_and_grad_lower_for_cuda(backend, combiner, weighted):
   def pooled(t, i, w):
     return kernels.bag(t, i, w if weighted else None, combiner=combiner, kernel=backend)

@@ -11,6 +11,10 @@ Tolerances: float32 sums in another order, 1e-5 of the largest entry;
 bfloat16 rows (summed in float32 from the same bf16 inputs as the
 reference), the same, since both read the same rounded rows; a bf16 *output*
 is rounded once more, 1e-2.
+
+CI runs each value of each axis at least once (every pair of values where a
+grid has three axes, `tests.covering`); ``-m slow`` runs the rest of each
+product.
 """
 
 import jax
@@ -25,6 +29,7 @@ from embedlib.kernels.gather_rows import gather_rows
 from embedlib.kernels.rows import BagVariant, GatherVariant, SegmentVariant
 from embedlib.quant import bag_rows as quant_rows
 from embedlib.quant import format as fmt
+from tests import covering
 
 # Small tiles, so that a handful of ids fill several programs and ragged ends.
 GATHER = GatherVariant(rows=8, warps=1)
@@ -32,6 +37,8 @@ BAG = BagVariant(bags=4, unroll=3, warps=1)
 # Pieces of 2 positions: any id seen 3 times or more is a long run.
 SEGMENT = SegmentVariant(piece=2, runs=4, unroll=2, warps=1)
 ROWS = 37
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+
 
 
 def close(got, want, rtol):
@@ -49,21 +56,25 @@ def ids_of(shape, seed=1):
   return jax.random.randint(jax.random.PRNGKey(seed), shape, -3, ROWS + 3)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("width", [1, 100, 128])
+# CI: widths 1 / f32, 100 / bf16, 128 / f32; -m slow: all 6.
+@pytest.mark.parametrize("width,dtype", covering.each_value_once([1, 100, 128], list(DTYPES)))
 def test_gather_equals_reference_exactly(width, dtype):
-  table, ids = table_of(width, dtype), ids_of((5, 7))
+  table, ids = table_of(width, DTYPES[dtype]), ids_of((5, 7))
   got = gather_rows(table, ids, variant=GATHER, interpret=True)
   np.testing.assert_array_equal(np.asarray(got, np.float32),
                                 np.asarray(reference.gather_reference(table, ids), np.float32))
 
 
-@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
-@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+# Every pair of values in CI (6 cases); -m slow: all 12.
+@pytest.mark.parametrize(
+    "dtype,combiner,weighted",
+    covering.params(list(DTYPES), ["sum", "mean", "sqrtn"], ["plain", "weighted"]),
+)
 def test_bag_equals_reference_every_combiner(dtype, combiner, weighted):
+  dtype = DTYPES[dtype]
   table, ids = table_of(100, dtype), ids_of((9, 5))
-  weights = jax.random.uniform(jax.random.PRNGKey(2), ids.shape, minval=0.1) if weighted else None
+  weights = (jax.random.uniform(jax.random.PRNGKey(2), ids.shape, minval=0.1)
+             if weighted == "weighted" else None)
   got = bag_rows(table, ids, weights, combiner=combiner, variant=BAG, interpret=True)
   want = reference.bag_reference(table.astype(jnp.float32), ids, weights, combiner=combiner)
   close(got, want, 1e-5 if dtype == jnp.float32 else 1e-2)
@@ -78,7 +89,9 @@ def test_bag_sizes_one_to_64(bag):
     close(got, reference.bag_reference(table, ids, combiner="mean"), 1e-5)
 
 
-@pytest.mark.parametrize("bits,width,blocks", [(8, 100, 1), (8, 128, 4), (4, 128, 1), (4, 12, 2)])
+# CI: each bit width, width and block count once; -m slow adds int4 rows of 128.
+@pytest.mark.parametrize("bits,width,blocks", [
+    (8, 100, 1), (8, 128, 4), pytest.param(4, 128, 1, marks=pytest.mark.slow), (4, 12, 2)])
 def test_quantized_bags_and_gather_equal_the_dequantized_reference(bits, width, blocks):
   table = fmt.quantize_table(np.asarray(table_of(width, jnp.float32)), bits=bits, blocks=blocks)
   assert quant_rows.supports(table)
@@ -106,13 +119,13 @@ def zipf_ids(n, seed=4):
   return jnp.asarray(ids, jnp.int32)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "coef"])
+# CI: plain / f32 and coef / bf16; -m slow: all 4.
+@pytest.mark.parametrize("scaled,dtype", covering.each_value_once(["plain", "coef"], list(DTYPES)))
 def test_segment_sums_equal_the_reference_with_long_runs(scaled, dtype):
   n = 40
   ids = zipf_ids(n)
-  grads = jax.random.normal(jax.random.PRNGKey(5), (n, 100)).astype(dtype)
-  coef = jax.random.uniform(jax.random.PRNGKey(6), (n,)) if scaled else None
+  grads = jax.random.normal(jax.random.PRNGKey(5), (n, 100)).astype(DTYPES[dtype])
+  coef = jax.random.uniform(jax.random.PRNGKey(6), (n,)) if scaled == "coef" else None
   src = jnp.arange(n, dtype=jnp.int32)
   got = segment_rows.segment_sum_rows(grads, src, ids, ROWS, coef=coef, dtype=jnp.float32,
                                       variant=SEGMENT, interpret=True)
@@ -196,8 +209,12 @@ def test_fused_update_equals_the_rule_in_float64_with_long_runs(rule):
     np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("forward,backward_", [(GATHER.name, SEGMENT.name), (None, SEGMENT.name),
-                                               (GATHER.name, None)])
+# CI: each kernel with XLA on the other side (a forward kernel with the
+# segment backward runs in CI in test_bag_gradients_of_table_and_weights);
+# -m slow adds both kernels together.
+@pytest.mark.parametrize("forward,backward_", [
+    pytest.param(GATHER.name, SEGMENT.name, marks=pytest.mark.slow), (None, SEGMENT.name),
+    (GATHER.name, None)])
 def test_gather_gradient_every_pair_of_forward_and_backward(forward, backward_):
   table, ids = table_of(100, jnp.float32), zipf_ids(24, seed=15).reshape(4, 6)
   cot = jax.random.normal(jax.random.PRNGKey(16), ids.shape + (100,))
