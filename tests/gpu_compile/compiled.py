@@ -33,9 +33,15 @@ from embedlib.kernels import deviceless
 
 #: Options for these compiles beside the deviceless ones. The suite's conftest
 #: sets XLA's backend optimization level to 0 for its CPU programs; a GPU run
-#: compiles at XLA's default (3), and spills depend on it.
+#: compiles at XLA's default (3), and spills depend on it. The autotuner is
+#: off: with no device it times nothing, and the programs it leaves are level
+#: 0's (the optimized HLO differs only in its empty annotations), after
+#: compiling candidates it cannot choose between. The configs' models at
+#: their documented sizes (`test_models`, ``-m slow``) compile at XLA's
+#: default level.
 CHECK_OPTIONS = {"xla_backend_optimization_level": 3,
-                 "xla_gpu_fail_ptx_compilation_on_register_spilling": True}
+                 "xla_gpu_fail_ptx_compilation_on_register_spilling": True,
+                 "xla_gpu_autotune_level": 0}
 
 #: Custom calls a GPU program may hold: Mosaic GPU and Triton kernels, cuBLAS.
 GPU_CUSTOM_CALLS = {"mosaic_gpu_v2", "__gpu$xla.gpu.triton", "__cublas$gemm",

@@ -7,6 +7,10 @@ the tables past 2**31 elements (100M x 64 float32, from
 one for the fused update of every rule. Lowering tests
 (``tests/kernels/test_lowering.py``) read each kernel's own module; these
 prove that the kernels and the programs around them compile.
+
+CI compiles the bfloat16 program of 256-wide rows and every other program
+here (each float32, at a row width of its own); ``-m slow`` adds the float32
+one of 256-wide rows.
 """
 
 import jax
@@ -44,7 +48,8 @@ def lookup_args(mesh, rows, features, dtype):
           S((64, 8), jnp.int32, sharding=rep), S((64, 8), jnp.float32, sharding=rep))
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("dtype", [pytest.param(jnp.float32, id="f32", marks=pytest.mark.slow),
+                                   pytest.param(jnp.bfloat16, id="bf16")])
 def test_mosaic_lookups_and_backward_compile(mesh, dtype):
   program = compiled.compile_checked(
       f"mosaic {jnp.dtype(dtype).name}", lookups_and_grads("mosaic"),

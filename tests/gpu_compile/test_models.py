@@ -11,9 +11,11 @@ custom call, no spills, collectives asynchronous, the state updated in place.
 
 A step's compile time follows its number of kernels (a few hundred fusions,
 each through LLVM and ptxas), which the smoke variants share with the
-documented sizes; so CI compiles the ``:smoke`` variants (the same code
-paths), and ``-m slow`` the documented sizes, checked within one H200's
-HBM. Figures: ``benchmarks/README.md`` ("Compiled for H100 / H200").
+documented sizes; so CI compiles the four models' ``:smoke`` variants (the
+same code paths; their dense layers' GEMMs by cuBLAS, `SMOKE_OPTIONS`), and
+``-m slow`` adds the four at their documented sizes (XLA's Triton GEMMs
+and its default autotuning, `DOCUMENTED_OPTIONS`), checked within one
+H200's HBM. Figures: ``benchmarks/README.md`` ("Compiled for H100 / H200").
 """
 
 import importlib
@@ -36,10 +38,15 @@ KNOWN_XLA_SPILLS = {
              "multi-output loop fusion (loop_gather_select_fusion, 73 operands), whose "
              "kernel spills 8 bytes"),
 }
-# The smoke compiles: XLA's GEMM configs are its defaults (a deviceless compile
-# measures nothing to choose by, and its candidates' compiles cost CPU). They
-# fail on any spill: DLRM's spilling fusion spills at the documented width only.
-SMOKE_OPTIONS = {"xla_gpu_autotune_level": 0}
+# The smoke compiles: the dense layers' GEMMs by cuBLAS (a custom call, nothing
+# to compile) rather than XLA's Triton GEMM fusions, each a Triton, LLVM and
+# ptxas compile of its own: XLA's kernels, not embedlib's, which the
+# documented sizes compile. They fail on any spill: DLRM's spilling fusion
+# spills at the documented width only.
+SMOKE_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
+# The documented sizes: XLA's own settings, its default autotuning level (4)
+# included, which `compiled.CHECK_OPTIONS` turns off for the other compiles.
+DOCUMENTED_OPTIONS = {"xla_gpu_autotune_level": 4}
 
 
 def config_of(name, variant, tmp_path_factory):
@@ -72,7 +79,7 @@ def smoke(request, tmp_path_factory):
 def documented(request, tmp_path_factory):
   name = request.param
   return name, compile_step(name, config_of(name, None, tmp_path_factory),
-                            known_xla_spills=name in KNOWN_XLA_SPILLS)
+                            known_xla_spills=name in KNOWN_XLA_SPILLS, options=DOCUMENTED_OPTIONS)
 
 
 def check_step(name, program):

@@ -8,6 +8,11 @@ the fused Mosaic GPU kernel where it applies (``fused_gpu.use(True)``: not
 the default, measured slower), donated state. Each rule on a vocab-parallel
 table; the collection holds two tables placed whole on one device (one
 stack; a pooled and a one-hot feature) and a replicated one.
+
+CI compiles the collection and the steps of row-wise AdaGrad and LazyAdam
+(the rule with slots and per-run bias corrections); ``-m slow`` adds SGD
+and LazyAdam's global bias correction, whose fused kernels CI compiles in
+``test_kernels`` (the same kernel as LazyAdam's, for the global one).
 """
 
 import jax
@@ -49,7 +54,9 @@ def assert_in_place(program, state):
   assert memory.output_size_in_bytes - memory.alias_size_in_bytes <= 64, program.name
 
 
-@pytest.mark.parametrize("rule", list(RULES))
+@pytest.mark.parametrize("rule", [
+    pytest.param(rule, marks=pytest.mark.slow if rule in ("sgd", "adam-global") else ())
+    for rule in RULES])
 def test_sparse_step_compiles_with_each_optimizer(rule):
   mesh = deviceless.gpu_mesh((2, 4), ("data", "model"), target="H100")
 
