@@ -3,9 +3,14 @@
 A 2-step ``configs/dlrm_criteo.py:smoke`` run on a 300-line Criteo-format
 file, exported by ``python -m train.export`` (the command users run) for one
 CPU device; the tests restore the same model in-process to compare with.
+Under pytest-xdist the run and the artifact are made once per test session,
+by the first worker that asks, and read by the others (``once_per_session``).
 """
 
+import fcntl
+import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -34,30 +39,63 @@ def run_module(*args, env=None, timeout=300):
                         text=True, timeout=timeout)
 
 
+def once_per_session(tmp_path_factory, name: str, build):
+  """``build()`` (JSON: paths as strings) made once per test session, for every xdist worker.
+
+  Each pytest-xdist worker is a session of its own, which would make every
+  session fixture again. The first worker to ask makes it while holding a
+  lock in the directory the workers' temporary directories share, and
+  writes what it returns there; the others wait on the lock and read it.
+  What it made stays in that worker's directory, which lasts the session;
+  the tests only read it. A build that fails writes nothing: the next
+  worker to ask builds again. Without xdist, ``build()``.
+  """
+  if "PYTEST_XDIST_WORKER" not in os.environ:
+    return build()
+  shared = tmp_path_factory.getbasetemp().parent  # each worker's is a folder in it
+  with open(shared / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    made = shared / f"{name}.json"
+    if made.exists():
+      return json.loads(made.read_text())
+    result = build()
+    made.write_text(json.dumps(result))
+    return result
+
+
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory):
   """``(workdir, data file)`` of a finished 2-step Criteo smoke run."""
-  root = tmp_path_factory.mktemp("serving")
-  data = root / "day.tsv"
-  data.write_text(criteo_lines(300))
-  config = dlrm_criteo.get_config("smoke")
-  with config.unlocked():
-    config.data.train_path, config.data.eval_holdout = str(data), 0.2
-    config.num_train_steps, config.eval_every, config.checkpoint_every = 2, 2, 2
-    config.eval_batches = 1
-  train_lib.train_and_evaluate(config, str(root / "run"))
-  return root / "run", data
+
+  def build():
+    root = tmp_path_factory.mktemp("serving")
+    data = root / "day.tsv"
+    data.write_text(criteo_lines(300))
+    config = dlrm_criteo.get_config("smoke")
+    with config.unlocked():
+      config.data.train_path, config.data.eval_holdout = str(data), 0.2
+      config.num_train_steps, config.eval_every, config.checkpoint_every = 2, 2, 2
+      config.eval_batches = 1
+    train_lib.train_and_evaluate(config, str(root / "run"))
+    return str(root / "run"), str(data)
+
+  workdir, data = once_per_session(tmp_path_factory, "serving_trained", build)
+  return pathlib.Path(workdir), pathlib.Path(data)
 
 
 @pytest.fixture(scope="session")
-def artifact(trained):
+def artifact(trained, tmp_path_factory):
   """The one-device CPU artifact of ``trained``, written by ``python -m train.export``."""
   workdir, _ = trained
-  out = workdir.parent / "artifact"
-  done = run_module("train.export", f"--workdir={workdir}", f"--out={out}",
-                    "--batch_size=16")
-  assert done.returncode == 0, done.stderr[-3000:]
-  return out
+
+  def build():
+    out = workdir.parent / "artifact"
+    done = run_module("train.export", f"--workdir={workdir}", f"--out={out}",
+                      "--batch_size=16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return str(out)
+
+  return pathlib.Path(once_per_session(tmp_path_factory, "serving_artifact", build))
 
 
 @pytest.fixture(scope="session")

@@ -60,12 +60,24 @@ def _steps(path):
 
 # -- a corrupt newest checkpoint -------------------------------------------------
 
+#: The finished run's model: the smoke DLRM with one table (``f0``) of its eight. Its
+#: checkpoints meet the same faults and restores, and one table is less to compile.
+ONE_TABLE = {"table_sizes": (100,), "bag_sizes": (1,)}
+ONE_TABLE_FLAGS = [f"--config.data.{k}={v}" for k, v in ONE_TABLE.items()]
+
+
+def _finished_config(**overrides):
+  """``finished_run``'s config, with ``overrides``; on the command line, add ONE_TABLE_FLAGS."""
+  config = _smoke(**overrides)
+  config.data.update(ONE_TABLE)
+  return config
+
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-  """A smoke run's workdir: checkpoints at steps 3 and 6."""
+  """A smoke run's workdir (``_finished_config``): checkpoints at steps 3 and 6."""
   workdir = tmp_path_factory.mktemp("finished") / "run"
-  train_lib.train_and_evaluate(_smoke(), str(workdir))
+  train_lib.train_and_evaluate(_finished_config(), str(workdir))
   assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6"]
   return workdir
 
@@ -128,7 +140,7 @@ def test_corrupt_newest_checkpoint_is_set_aside_and_the_previous_one_resumes(
   workdir = tmp_path / "run"
   shutil.copytree(finished_run, workdir)
   CORRUPTIONS[kind](workdir / "checkpoints" / "6")
-  config = _smoke(num_train_steps=9)
+  config = _finished_config(num_train_steps=9)
   with caplog.at_level(logging.INFO, logger="embedlib"):
     if kind != TRAINS_ON:
       step, _ = _restore_newest(workdir, config)
@@ -162,14 +174,14 @@ def test_no_checkpoint_restores_moves_each_aside_and_says_so(finished_run, tmp_p
     _delete(workdir / "checkpoints" / step)
   with pytest.raises(checkpoint.CheckpointRestoreError, match=r"none of the checkpoints .* "
                      r"\(steps \[3, 6\]\) restores; each was moved into .*corrupt"):
-    train_lib.train_and_evaluate(_smoke(num_train_steps=9), str(workdir))
+    train_lib.train_and_evaluate(_finished_config(num_train_steps=9), str(workdir))
   assert sorted(os.listdir(workdir / "checkpoints" / "corrupt")) == ["3", "6"]
 
 
 def test_checkpoint_of_another_model_config_is_an_error_not_corruption(finished_run, tmp_path):
   workdir = tmp_path / "run"
   shutil.copytree(finished_run, workdir)
-  config = _smoke(num_train_steps=9)
+  config = _finished_config(num_train_steps=9)
   config.data.table_sizes = (200,) + tuple(config.data.table_sizes[1:])
   with pytest.raises(checkpoint.CheckpointMismatchError,
                      match=r"checkpoints/6 was saved from another model config: .*tables/f0 is "
@@ -195,15 +207,15 @@ def test_checkpoint_of_the_earlier_whole_table_format_is_named_not_set_aside(tmp
 
 def test_rerun_of_a_finished_workdir_is_complete_with_its_config_and_stops_with_another(
     finished_run):
-  same = subprocess.run(_command(finished_run), cwd=ROOT, env=_env(), capture_output=True,
-                        text=True, timeout=300)
+  same = subprocess.run(_command(finished_run, *ONE_TABLE_FLAGS), cwd=ROOT, env=_env(),
+                        capture_output=True, text=True, timeout=300)
   assert same.returncode == 0, same.stderr[-3000:]
   assert "is complete: its newest checkpoint is at step 6 of num_train_steps=6" in same.stderr
   assert re.search(r"final eval, at step 6: auc 0\.\d{4}  logloss", same.stderr), same.stderr
 
   # Fewer steps, so the checkpoint at step 6 is past the end: finished, but not this run.
-  another = _command(finished_run, "--config.num_train_steps=3", "--config.seed=1",
-                     "--config.batch_size=16", "--config.model.embed_dim=8",
+  another = _command(finished_run, *ONE_TABLE_FLAGS, "--config.num_train_steps=3",
+                     "--config.seed=1", "--config.batch_size=16", "--config.model.embed_dim=8",
                      "--config.log_every=1")
   other = subprocess.run(another, cwd=ROOT, env=_env(), capture_output=True, text=True,
                          timeout=300)
