@@ -28,6 +28,7 @@ elementwise ops with reversed reads compile for minutes; no test's program
 does so now, and they compile the suite's small programs for less.
 """
 
+import gc
 import os
 
 from tests import xla_env  # plain Python: jax is not imported yet
@@ -56,6 +57,19 @@ def pytest_runtest_setup(item):
 
 
 import pytest  # noqa: E402
+
+# Python's cyclic collector, at its default thresholds, ran a full collection
+# over every object of a test worker (jax's caches of traced and compiled
+# programs among them) every few thousand allocations that tracing makes:
+# about a tenth of the suite's CPU time. Rarer collections, and none over
+# what the imports made (frozen once the tests are collected), free the same
+# garbage later.
+gc.set_threshold(7000, 20, 100)
+
+
+def pytest_collection_finish(session):
+  del session
+  gc.freeze()
 
 
 @pytest.fixture

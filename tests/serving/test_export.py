@@ -141,7 +141,9 @@ def test_a_sharded_artifact_loads_sharded_in_its_layouts(restored, trained, tmp_
 
 
 # int8: the integer codes; bf16: a dtype .npy can't name, stored as its bits.
-@pytest.mark.parametrize("bits", [8, "bf16"])
+# int8 artifacts are scored bit for bit in CI by test_raw_ids.py and
+# test_tasks.py: here -m slow.
+@pytest.mark.parametrize("bits", [pytest.param(8, marks=pytest.mark.slow), "bf16"])
 def test_a_quantized_artifact_equals_the_quantized_model_bit_for_bit(restored, tmp_path, bits):
   config, model, mesh = restored
   out = tmp_path / "q"

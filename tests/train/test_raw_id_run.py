@@ -42,6 +42,7 @@ def test_smoke_raw_trains_200_steps_with_xlas_default_collective_timeouts(tmp_pa
   assert "1 processes, 8 devices" in result.stderr
   assert "may be stuck" not in result.stderr
   assert "final eval, at step 200" in result.stderr
+  assert f"eval data: a held-out 5.0% of the lines of {data}" in result.stderr
   with open(workdir / "train.jsonl") as f:
     assert [json.loads(line)["step"] for line in f] == [STEPS // 2, STEPS]
   assert os.path.isdir(workdir / "checkpoints" / str(STEPS))

@@ -114,6 +114,9 @@ def _criteo_config(train_path, eval_path="", **data):
   return config
 
 
+# The raw-id run (test_raw_id_run.py) trains and evaluates on a Criteo holdout
+# in CI, and the serving tests train this config's fixed tables: -m slow.
+@pytest.mark.slow
 def test_criteo_smoke_run_on_a_holdout(tmp_path, caplog):
   path = tmp_path / "day_0.tsv"
   path.write_text(_criteo_lines(400))
