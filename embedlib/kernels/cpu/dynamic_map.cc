@@ -74,6 +74,24 @@ struct Scratch {
   std::vector<std::pair<int32_t, int32_t>> victims;
 };
 
+// The first of a bucket's `residents` slots holding `key`, or -1. Most of a
+// step's ids are new (not resident), so every resident's low word is compared
+// first, in vectors without an early exit, and only an id with a match is
+// looked for slot by slot. Compiled for AVX-512, AVX2 and the baseline,
+// chosen when the library loads (target_clones): a cache may be shared by
+// different CPUs.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+int64_t FindResident(const uint32_t* khi, const uint32_t* klo, int64_t residents, uint64_t key) {
+  const uint32_t l = static_cast<uint32_t>(key), h = static_cast<uint32_t>(key >> 32);
+  uint32_t any = 0;
+  for (int64_t s = 0; s < residents; ++s) any |= klo[s] == l;
+  if (!any) return -1;
+  for (int64_t s = 0; s < residents; ++s) {
+    if (klo[s] == l && khi[s] == h) return s;
+  }
+  return -1;
+}
+
 // One bucket's step: `ids` are its distinct ids, ascending. Returns the
 // bucket's residents after the step.
 int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, Scratch& w,
@@ -84,23 +102,15 @@ int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, 
   touched.assign(p.b, 0);
   std::vector<Distinct*>& cand = w.cand;
   cand.clear();
-  // One pass over the bucket's residents (its slots up to the first free
-  // one) finds every id's slot (the first match, as the XLA scan's argmax);
-  // then the residents are touched: LRU (and no eviction) set the clock, LFU
-  // adds.
+  // Each id's slot: the first of the bucket's residents (its slots up to the
+  // first free one) holding it, as the XLA scan's argmax; then the residents
+  // are touched: LRU (and no eviction) set the clock, LFU adds.
   std::vector<int64_t>& found = w.found;
-  found.assign(ids.size(), -1);
+  found.resize(ids.size());
   int64_t residents = 0;
   while (residents < p.b && score[base + residents] >= 0) ++residents;
-  for (int64_t s = 0; s < residents; ++s) {
-    const uint32_t l = klo[base + s];
-    for (size_t k = 0; k < ids.size(); ++k) {
-      const uint64_t key = ids[k].key;
-      if (static_cast<uint32_t>(key) == l && found[k] < 0 &&
-          static_cast<uint32_t>(key >> 32) == khi[base + s]) {
-        found[k] = s;
-      }
-    }
+  for (size_t k = 0; k < ids.size(); ++k) {
+    found[k] = FindResident(khi + base, klo + base, residents, ids[k].key);
   }
   for (size_t k = 0; k < ids.size(); ++k) {
     Distinct* d = &ids[k];
@@ -262,22 +272,28 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
       }
       for (int64_t k = first * depth * width; k < last * depth * width; ++k) sketch[k] >>= 1;
     }
-    // This range's ids grouped by bucket (a counting sort), in input order.
-    std::vector<int32_t> start(last - first + 1, 0);
-    for (int64_t i = 0; i < m; ++i) {
-      if (is_own[i] && bk[i] >= first && bk[i] < last) ++start[bk[i] - first + 1];
-    }
-    for (int64_t k = first; k < last; ++k) start[k - first + 1] += start[k - first];
-    std::vector<int32_t> grouped(start[last - first]);
+    // Every id grouped by bucket (a counting sort, in input order): group k
+    // holds this range's bucket first + k, group `span` every other id (not
+    // own, or another thread's). Which group an id falls in is a coin flip
+    // between the threads, so it is chosen without a branch.
+    const int64_t span = last - first;
+    const auto group = [&](int64_t i) -> int64_t {
+      const uint64_t rel = static_cast<uint64_t>(static_cast<int64_t>(bk[i]) - first);
+      return is_own[i] && rel < static_cast<uint64_t>(span) ? static_cast<int64_t>(rel) : span;
+    };
+    std::vector<int32_t> start(span + 2, 0);
+    for (int64_t i = 0; i < m; ++i) ++start[group(i) + 1];
+    for (int64_t k = 0; k <= span; ++k) start[k + 1] += start[k];
+    // (id, input position) of each: the id's words are read here, in input
+    // order, rather than at each bucket's scattered positions.
+    std::vector<std::pair<uint64_t, int32_t>> grouped(m);
     {
       std::vector<int32_t> next(start.begin(), start.end() - 1);
       for (int64_t i = 0; i < m; ++i) {
-        if (is_own[i] && bk[i] >= first && bk[i] < last) {
-          grouped[next[bk[i] - first]++] = static_cast<int32_t>(i);
-        }
+        grouped[next[group(i)]++] = {(static_cast<uint64_t>(h[i]) << 32) | l[i],
+                                     static_cast<int32_t>(i)};
       }
     }
-    std::vector<std::pair<uint64_t, int32_t>> occ;   // (id, input position)
     std::vector<Distinct> ids;
     std::vector<int32_t> which;                       // each occurrence's distinct id
     Scratch scratch;
@@ -293,7 +309,7 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
         __builtin_prefetch(klo + ahead, 1);
         __builtin_prefetch(khi + ahead, 1);
       }
-      const int32_t* g = grouped.data() + start[k - first];
+      std::pair<uint64_t, int32_t>* occ = grouped.data() + start[k - first];
       const int64_t n = start[k - first + 1] - start[k - first];
       if (n == 0) {
         int64_t r = 0;
@@ -301,12 +317,8 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
         resident += r;
         continue;
       }
-      occ.resize(n);
-      for (int64_t j = 0; j < n; ++j) {
-        occ[j] = {(static_cast<uint64_t>(h[g[j]]) << 32) | l[g[j]], g[j]};
-      }
       // Ascending (id, position): each distinct id a run, led by its first occurrence.
-      std::sort(occ.begin(), occ.end());
+      std::sort(occ, occ + n);
       ids.clear();
       which.resize(n);
       for (int64_t j = 0; j < n; ++j) {
