@@ -27,8 +27,11 @@
 // admitted, evicted, own ids whose row is -1).
 //
 // Also the eval lookup (Lookup: each id scans its bucket, as the XLA ops
-// do) and the placing of the rows' initial values (SetRows: XLA:CPU's
-// scatter of whole rows goes element by element).
+// do), the marking of the placed rows' clocks (MarkPlaced: one pass that
+// reads each placed row's old mark and writes its new one, where XLA copies
+// the marks around its gather and scatter) and the placing of the rows'
+// initial values (SetRows: XLA:CPU's scatter of whole rows goes element by
+// element).
 
 #include <algorithm>
 #include <climits>
@@ -399,6 +402,39 @@ ffi::Error LookupImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_
   return ffi::Error::Success();
 }
 
+// placed_at[rows[i]] = stamp for each placed id (placed[i], rows[i] in
+// [0, n): distinct, the first occurrence of each id placed in a step), and
+// drawn[i] = rows[i] where that row's mark was not `never` before (a row
+// placed again, whose initial value is drawn), else n. placed_at is updated
+// in place when XLA aliases it.
+ffi::Error MarkPlacedImpl(ffi::Buffer<ffi::S32> placed_at, ffi::Buffer<ffi::S32> rows,
+                          ffi::Buffer<ffi::PRED> placed, ffi::BufferR0<ffi::S32> stamp,
+                          ffi::Result<ffi::Buffer<ffi::S32>> placed_at_out,
+                          ffi::Result<ffi::Buffer<ffi::S32>> drawn_out, int64_t never) {
+  const int64_t n = placed_at.element_count();
+  const int64_t m = rows.element_count();
+  if (placed.element_count() != m || drawn_out->element_count() != m ||
+      placed_at_out->element_count() != n) {
+    return ffi::Error::InvalidArgument(
+        "embedlib mark placed: expected placed_at [n], rows, placed [m], stamp []");
+  }
+  embedlib_cpu::CopyUnlessAliased(placed_at, placed_at_out);
+  int32_t* at = placed_at_out->typed_data();
+  const int32_t* r = rows.typed_data();
+  const bool* is_placed = placed.typed_data();
+  const int32_t t = *stamp.typed_data();
+  int32_t* drawn = drawn_out->typed_data();
+  embedlib_cpu::ParallelRanges(m, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      drawn[i] = static_cast<int32_t>(n);
+      if (!is_placed[i] || r[i] < 0 || r[i] >= n) continue;
+      if (at[r[i]] != never) drawn[i] = r[i];
+      at[r[i]] = t;
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // table[rows[i]] = values[i] for each rows[i] in [0, n) (distinct: the rows
 // placed in a step), the table updated in place when XLA aliases it.
 ffi::Error SetRowsImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> rows, ffi::AnyBuffer values,
@@ -443,6 +479,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapLookup, LookupImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("bucket_size"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibMarkPlaced, MarkPlacedImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("never"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibSetRows, SetRowsImpl,
                               ffi::Ffi::Bind()
