@@ -4,12 +4,13 @@
 // The XLA step sorts the step's ids by (bucket, hi, lo) so that distinct ids
 // are runs and each bucket's candidates come in ascending order; XLA's CPU
 // sort calls a comparator per comparison, and that sort and the bucket scan
-// cost more than the table's whole update. Here the buckets are split into
-// one contiguous range per thread; each thread groups the step's ids of its
-// buckets by bucket (a counting sort), sorts each bucket's few ids alone,
-// which makes the distinct ids runs, and runs the policy of
-// embedlib/dynamic/policy.py on each bucket as the reference does, one id at
-// a time. Buckets share nothing, so nothing is serial but a check of the ids.
+// cost more than the table's whole update. Here the step's ids are grouped
+// by bucket once (a counting sort), and the buckets are stepped in
+// contiguous ranges, tasks on XLA's intra-op pool; each bucket's few ids are
+// sorted alone, which makes the distinct ids runs, and the policy of
+// embedlib/dynamic/policy.py runs on each bucket as the reference does, one
+// id at a time. Buckets share nothing, so nothing is serial but a check of
+// the ids and their grouping.
 //
 // No slot is ever freed (the policy only admits, touches and replaces), so a
 // bucket's residents are a prefix of its slots and its free slots the
@@ -37,9 +38,11 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "common.h"
+#include "pool.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -50,6 +53,21 @@ constexpr int64_t kLfu = 2;
 constexpr int64_t kNone = 0;
 // Buckets ahead of the one stepped whose first slots are fetched.
 constexpr int64_t kBucketsAhead = 4;
+// A bucket's ids up to this many are sorted by insertion.
+constexpr int64_t kInsertionSort = 32;
+// A step's ids per worker on XLA's pool, and tasks (bucket ranges) per
+// worker, so that a helper that starts late still finds some.
+constexpr int64_t kIdsPerWorker = 8192;
+constexpr int64_t kTasksPerWorker = 4;
+
+// One id of the step: its words as one key, and its input position.
+struct Occurrence {
+  uint64_t key;    // (hi << 32) | lo
+  int32_t position;
+  bool operator<(const Occurrence& o) const {
+    return key < o.key || (key == o.key && position < o.position);
+  }
+};
 
 struct Distinct {
   uint64_t key;    // (hi << 32) | lo: ascending keys are ascending unsigned ids
@@ -192,7 +210,7 @@ int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, 
   return residents + added;
 }
 
-ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
+ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
                        ffi::Buffer<ffi::S32> score_in, ffi::Buffer<ffi::U8> sketch_in,
                        ffi::Buffer<ffi::U32> hi, ffi::Buffer<ffi::U32> lo,
                        ffi::Buffer<ffi::PRED> own, ffi::Buffer<ffi::S32> bucket,
@@ -252,21 +270,35 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
   const int32_t* cl = cells.typed_data();
   int32_t* rows = rows_out->typed_data();
   bool* placed = placed_out->typed_data();
-  // Each thread steps one contiguous range of buckets: it reads every id's
-  // bucket and keeps its own, so threads share no bucket, slot, sketch cell
-  // or id; the map after the step is the same for any split. The ids of no
-  // bucket (not own) are written by the thread of their input range.
-  const int threads = embedlib_cpu::ThreadCount(std::max(m, nbl));
-  std::vector<Counts> part(threads);
-  std::vector<int64_t> resident_part(threads, 0), default_part(threads, 0);
-  embedlib_cpu::ParallelFor(threads, [&](int t) {
-    for (int64_t i = m * t / threads; i < m * (t + 1) / threads; ++i) {
+  // Every own id grouped by bucket, once, on the calling thread (a counting
+  // sort, in input order), with its words: (id, input position) pairs, so
+  // that a bucket's step reads its ids in one place. A not-own id's row is
+  // -1. Then the buckets are stepped in contiguous ranges, tasks on XLA's
+  // pool (pool.h): tasks share no bucket, slot, sketch cell or id, so the
+  // map after the step is the same for any split. Under load a helper may
+  // start late and the caller steps every range itself; grouping on each
+  // thread instead read every id on every thread.
+  std::vector<int32_t> start(nbl + 2, 0);
+  for (int64_t i = 0; i < m; ++i) ++start[(is_own[i] ? bk[i] : nbl) + 1];
+  for (int64_t k = 0; k <= nbl; ++k) start[k + 1] += start[k];
+  std::unique_ptr<Occurrence[]> grouped(new Occurrence[std::max<int64_t>(m, 1)]);
+  {
+    std::vector<int32_t> next(start.begin(), start.end() - 1);
+    for (int64_t i = 0; i < m; ++i) {
+      grouped[next[is_own[i] ? bk[i] : nbl]++] = {(static_cast<uint64_t>(h[i]) << 32) | l[i],
+                                                  static_cast<int32_t>(i)};
       if (!is_own[i]) {
         rows[i] = -1;
         placed[i] = false;
       }
     }
-    const int64_t first = nbl * t / threads, last = nbl * (t + 1) / threads;
+  }
+  const int workers = embedlib_cpu::PoolWorkers(pool, m, kIdsPerWorker);
+  const int64_t tasks = workers <= 1 ? 1 : std::min<int64_t>(nbl, workers * kTasksPerWorker);
+  std::vector<Counts> part(tasks);
+  std::vector<int64_t> resident_part(tasks, 0), default_part(tasks, 0);
+  embedlib_cpu::ParallelTasks(pool, workers, tasks, [&](int64_t t) {
+    const int64_t first = nbl * t / tasks, last = nbl * (t + 1) / tasks;
     if (decays) {
       if (eviction == kLfu) {
         for (int64_t r = first * bucket_size; r < last * bucket_size; ++r) {
@@ -275,32 +307,10 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
       }
       for (int64_t k = first * depth * width; k < last * depth * width; ++k) sketch[k] >>= 1;
     }
-    // Every id grouped by bucket (a counting sort, in input order): group k
-    // holds this range's bucket first + k, group `span` every other id (not
-    // own, or another thread's). Which group an id falls in is a coin flip
-    // between the threads, so it is chosen without a branch.
-    const int64_t span = last - first;
-    const auto group = [&](int64_t i) -> int64_t {
-      const uint64_t rel = static_cast<uint64_t>(static_cast<int64_t>(bk[i]) - first);
-      return is_own[i] && rel < static_cast<uint64_t>(span) ? static_cast<int64_t>(rel) : span;
-    };
-    std::vector<int32_t> start(span + 2, 0);
-    for (int64_t i = 0; i < m; ++i) ++start[group(i) + 1];
-    for (int64_t k = 0; k <= span; ++k) start[k + 1] += start[k];
-    // (id, input position) of each: the id's words are read here, in input
-    // order, rather than at each bucket's scattered positions.
-    std::vector<std::pair<uint64_t, int32_t>> grouped(m);
-    {
-      std::vector<int32_t> next(start.begin(), start.end() - 1);
-      for (int64_t i = 0; i < m; ++i) {
-        grouped[next[group(i)]++] = {(static_cast<uint64_t>(h[i]) << 32) | l[i],
-                                     static_cast<int32_t>(i)};
-      }
-    }
     std::vector<Distinct> ids;
     std::vector<int32_t> which;                       // each occurrence's distinct id
     Scratch scratch;
-    // Counted here, written once: the threads' totals share cache lines.
+    // Counted here, written once: the tasks' totals share cache lines.
     Counts counts;
     int64_t resident = 0, defaults = 0;
     for (int64_t k = first; k < last; ++k) {
@@ -312,21 +322,32 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
         __builtin_prefetch(klo + ahead, 1);
         __builtin_prefetch(khi + ahead, 1);
       }
-      std::pair<uint64_t, int32_t>* occ = grouped.data() + start[k - first];
-      const int64_t n = start[k - first + 1] - start[k - first];
+      Occurrence* occ = grouped.get() + start[k];
+      const int64_t n = start[k + 1] - start[k];
       if (n == 0) {
         int64_t r = 0;
         while (r < bucket_size && score[k * bucket_size + r] >= 0) ++r;
         resident += r;
         continue;
       }
-      // Ascending (id, position): each distinct id a run, led by its first occurrence.
-      std::sort(occ, occ + n);
+      // Ascending (id, position): each distinct id a run, led by its first
+      // occurrence. A group is in input order, so a stable sort by id alone
+      // gives that order: an insertion sort for a bucket's usual few ids.
+      if (n <= kInsertionSort) {
+        for (int64_t j = 1; j < n; ++j) {
+          const Occurrence x = occ[j];
+          int64_t at = j;
+          for (; at > 0 && x.key < occ[at - 1].key; --at) occ[at] = occ[at - 1];
+          occ[at] = x;
+        }
+      } else {
+        std::sort(occ, occ + n);
+      }
       ids.clear();
       which.resize(n);
       for (int64_t j = 0; j < n; ++j) {
-        if (j == 0 || occ[j].first != occ[j - 1].first) {
-          ids.push_back({occ[j].first, static_cast<int32_t>(k), 0, occ[j].second, -1, false});
+        if (j == 0 || occ[j].key != occ[j - 1].key) {
+          ids.push_back({occ[j].key, static_cast<int32_t>(k), 0, occ[j].position, -1, false});
         }
         ++ids.back().count;
         which[j] = static_cast<int32_t>(ids.size() - 1);
@@ -334,7 +355,7 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
       resident += StepBucket(p, k, ids, scratch, khi, klo, score, sketch, cl, counts);
       for (int64_t j = 0; j < n; ++j) {
         const Distinct& d = ids[which[j]];
-        const int32_t i = occ[j].second;
+        const int32_t i = occ[j].position;
         rows[i] = d.row;
         placed[i] = d.placed && d.first == i;
         defaults += d.row < 0;
@@ -346,7 +367,7 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
   });
   Counts counts;
   int64_t resident = 0, defaults = 0;
-  for (int t = 0; t < threads; ++t) {
+  for (int64_t t = 0; t < tasks; ++t) {
     counts.placed += part[t].placed;
     counts.evicted += part[t].evicted;
     resident += resident_part[t];
@@ -426,6 +447,12 @@ ffi::Error MarkPlacedImpl(ffi::Buffer<ffi::S32> placed_at, ffi::Buffer<ffi::S32>
   int32_t* drawn = drawn_out->typed_data();
   embedlib_cpu::ParallelRanges(m, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
+      if (i + embedlib_cpu::kAhead < end) {
+        const int32_t ahead = r[i + embedlib_cpu::kAhead];
+        if (is_placed[i + embedlib_cpu::kAhead] && ahead >= 0 && ahead < n) {
+          __builtin_prefetch(at + ahead, 1);
+        }
+      }
       drawn[i] = static_cast<int32_t>(n);
       if (!is_placed[i] || r[i] < 0 || r[i] >= n) continue;
       if (at[r[i]] != never) drawn[i] = r[i];
@@ -499,6 +526,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibSetRows, SetRowsImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapStep, MapStepImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
