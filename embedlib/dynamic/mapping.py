@@ -68,11 +68,7 @@ def _local(state, extra, clock, flat, *, policy, train, index, group, init):
     state, rows, placed, stats = step_lib.admit_step(
         state, hi, lo, own, bucket, clock, policy=policy)
     # The rows placed here start again: their first value and a fresh clock mark.
-    put = jnp.where(placed, rows, rows_per)
-    # A row placed for the first time holds its initial value already.
-    again = placed_at[jnp.clip(rows, 0, rows_per - 1)] != NEVER_PLACED
-    drawn = jnp.where(placed & again, rows, rows_per)
-    placed_at = placed_at.at[put].set(clock + 1, mode="drop")
+    placed_at, drawn = _mark_placed(placed_at, rows, placed, clock + 1)
     if table is not None:
       table = _place_rows(init, key_data, table, drawn, index * rows_per)
   else:
@@ -83,6 +79,28 @@ def _local(state, extra, clock, flat, *, policy, train, index, group, init):
   rows = jnp.where(rows >= 0, rows + index * rows_per, -1)
   stats = jnp.concatenate([stats, jnp.sum(own, keepdims=True).astype(jnp.int32)])
   return state, (placed_at, table), rows, stats
+
+
+def _mark_placed(placed_at, rows, placed, stamp):
+  """``placed_at`` with the placed rows marked ``stamp``, and the rows to draw.
+
+  A row placed for the first time holds its initial value already, so only
+  the rows placed again are drawn: ``drawn`` int32 ``[m]`` is the row where
+  its old mark is not ``NEVER_PLACED``, else ``len(placed_at)``. On CPU a
+  kernel does it in one pass (``dynamic_map_cpu.mark_placed_cpu``, the same
+  arrays), where XLA copies the marks around its gather and scatter.
+  """
+  def xla(placed_at, rows, placed, stamp):
+    n = placed_at.shape[0]
+    again = placed_at[jnp.clip(rows, 0, n - 1)] != NEVER_PLACED
+    drawn = jnp.where(placed & again, rows, n)
+    return placed_at.at[jnp.where(placed, rows, n)].set(stamp, mode="drop"), drawn
+
+  args = (placed_at, rows, placed, stamp)
+  if rows.shape[0] == 0 or not cpu_library.available():
+    return xla(*args)
+  cpu = functools.partial(dynamic_map_cpu.mark_placed_cpu, never=NEVER_PLACED)
+  return platforms.by_platform(*args, cpu=cpu, gpu=xla, default=xla)
 
 
 #: Rows drawn and placed at a time: a step draws its placed rows rounded up

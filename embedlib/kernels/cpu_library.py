@@ -4,8 +4,8 @@
 ``cpu/bag.cc`` (the pooled bags of ``bag_cpu.py``),
 ``cpu/row_update.cc`` (the fused sparse updates of ``optim/fused_cpu.py``),
 ``cpu/unique.cc`` (the distinct ids of ``unique_cpu.py``, for dedup) and
-``cpu/dynamic_map.cc`` (a dynamic table's map step, its lookup and the
-placing of its rows, ``dynamic_map_cpu.py``).
+``cpu/dynamic_map.cc`` (a dynamic table's map step, its lookup, and the
+marking and placing of its rows, ``dynamic_map_cpu.py``).
 On XLA:CPU a lookup or a row update visits rows scattered over a large
 table; XLA's gather and scatter loops wait on each row's cache misses,
 where these kernels fetch rows ahead and split the rows over XLA's
@@ -60,6 +60,7 @@ TARGETS = {
     "embedlib_unique": "EmbedlibUnique",
     "embedlib_dynamic_map_step": "EmbedlibDynamicMapStep",
     "embedlib_dynamic_map_lookup": "EmbedlibDynamicMapLookup",
+    "embedlib_mark_placed": "EmbedlibMarkPlaced",
     "embedlib_set_rows": "EmbedlibSetRows",
     "embedlib_bag": "EmbedlibBag",
 }

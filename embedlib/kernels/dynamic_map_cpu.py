@@ -6,9 +6,10 @@ comparator per comparison, and the sort and the scan cost more than the
 table's whole sparse update. The kernel splits the buckets into one range
 per thread; each thread groups its buckets' ids with a counting sort, sorts
 each bucket's few ids alone and runs the policy one bucket at a time, with
-the same results bit for bit. ``set_rows_cpu``
-writes the placed rows' initial values (XLA:CPU's scatter of whole rows goes
-element by element).
+the same results bit for bit. ``mark_placed_cpu`` stamps the placed rows'
+clocks in one pass (XLA copies the clocks around the gather of the old ones
+and the scatter of the new), and ``set_rows_cpu`` writes the placed rows'
+initial values (XLA:CPU's scatter of whole rows goes element by element).
 """
 
 from __future__ import annotations
@@ -76,6 +77,36 @@ def lookup_cpu(keys_hi, keys_lo, score, hi, lo, own, bucket, *, bucket_size: int
       keys_hi, keys_lo, score, hi, lo, own.astype(jnp.bool_), bucket.astype(jnp.int32),
       bucket_size=np.int64(bucket_size))
   return rows
+
+
+def mark_placed_cpu(placed_at, rows, placed, stamp, *, never: int):
+  """The placed rows' new marks and the rows placed again, through the C++ kernel.
+
+  The same as::
+
+    again = placed_at[jnp.clip(rows, 0, n - 1)] != never
+    drawn = jnp.where(placed & again, rows, n)
+    placed_at = placed_at.at[jnp.where(placed, rows, n)].set(stamp, mode="drop")
+
+  Args:
+    placed_at: int32 ``[n]``, each row's mark; updated in place when donated.
+    rows: int32 ``[m]`` local rows, distinct where ``placed`` and in ``[0, n)``.
+    placed: bool ``[m]``.
+    stamp: int32 scalar, the placed rows' new mark.
+    never: the mark of a row never placed.
+
+  Returns:
+    ``(placed_at, drawn)``: drawn int32 ``[m]``, ``rows`` where placed over a
+    mark other than ``never``, else ``n``.
+
+  Raises:
+    RuntimeError: without the CPU kernels' library (``cpu_library.call``).
+  """
+  return tuple(cpu_library.call(
+      "embedlib_mark_placed", [jax.ShapeDtypeStruct(placed_at.shape, jnp.int32),
+                               jax.ShapeDtypeStruct(rows.shape, jnp.int32)],
+      placed_at.astype(jnp.int32), rows.astype(jnp.int32), placed.astype(jnp.bool_),
+      jnp.asarray(stamp, jnp.int32), aliases={0: 0}, never=np.int64(never)))
 
 
 def set_rows_cpu(table, rows, values):

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from embedlib.dynamic import ids as ids_lib
+from embedlib.dynamic import mapping
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
 from embedlib.kernels import dynamic_map_cpu
@@ -98,3 +99,26 @@ def test_set_rows_equals_the_scatter(dtype):
                                 np.asarray(want.astype(jnp.float32)))
   assert not np.array_equal(np.asarray(got.astype(jnp.float32)),
                             np.asarray(table.astype(jnp.float32)))
+
+
+def test_mark_placed_equals_the_xla_ops():
+  """The placed rows' marks and the rows placed again, kernel against the gather and scatter."""
+  require_cpu_kernels()
+  never = mapping.NEVER_PLACED
+  placed_at = jnp.array([never, 3, never, 0, 5, never, 2, never, 1, never], jnp.int32)
+  # Rows 0, 2 and 5 were never placed, 1 and 8 were; row 10 (past the end)
+  # and every unplaced id are skipped.
+  rows = jnp.array([1, 0, 4, 1, -1, 2, 10, 8, 5, 3, 6], jnp.int32)
+  placed = jnp.array([1, 1, 0, 0, 0, 1, 1, 1, 1, 0, 0], bool)
+  stamp = jnp.int32(7)
+  got = jax.jit(functools.partial(dynamic_map_cpu.mark_placed_cpu, never=never))(
+      placed_at, rows, placed, stamp)
+  n = placed_at.shape[0]
+  again = placed_at[jnp.clip(rows, 0, n - 1)] != never
+  want = (placed_at.at[jnp.where(placed, rows, n)].set(stamp, mode="drop"),
+          jnp.where(placed & again, rows, n))
+  _equal(got, want, "mark placed")
+  np.testing.assert_array_equal(np.asarray(got[1]), [1, n, n, n, n, n, n, 8, n, n, n])
+  # The map's step takes the kernel on CPU.
+  lowered = jax.jit(mapping._mark_placed).lower(placed_at, rows, placed, stamp).as_text()
+  assert "embedlib_mark_placed" in lowered

@@ -4,12 +4,13 @@
 // The XLA step sorts the step's ids by (bucket, hi, lo) so that distinct ids
 // are runs and each bucket's candidates come in ascending order; XLA's CPU
 // sort calls a comparator per comparison, and that sort and the bucket scan
-// cost more than the table's whole update. Here the buckets are split into
-// one contiguous range per thread; each thread groups the step's ids of its
-// buckets by bucket (a counting sort), sorts each bucket's few ids alone,
-// which makes the distinct ids runs, and runs the policy of
-// embedlib/dynamic/policy.py on each bucket as the reference does, one id at
-// a time. Buckets share nothing, so nothing is serial but a check of the ids.
+// cost more than the table's whole update. Here the step's ids are grouped
+// by bucket once (a counting sort), and the buckets are stepped in
+// contiguous ranges, tasks on XLA's intra-op pool; each bucket's few ids are
+// sorted alone, which makes the distinct ids runs, and the policy of
+// embedlib/dynamic/policy.py runs on each bucket as the reference does, one
+// id at a time. Buckets share nothing, so nothing is serial but a check of
+// the ids and their grouping.
 //
 // No slot is ever freed (the policy only admits, touches and replaces), so a
 // bucket's residents are a prefix of its slots and its free slots the
@@ -27,16 +28,21 @@
 // admitted, evicted, own ids whose row is -1).
 //
 // Also the eval lookup (Lookup: each id scans its bucket, as the XLA ops
-// do) and the placing of the rows' initial values (SetRows: XLA:CPU's
-// scatter of whole rows goes element by element).
+// do), the marking of the placed rows' clocks (MarkPlaced: one pass that
+// reads each placed row's old mark and writes its new one, where XLA copies
+// the marks around its gather and scatter) and the placing of the rows'
+// initial values (SetRows: XLA:CPU's scatter of whole rows goes element by
+// element).
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "common.h"
+#include "pool.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -47,6 +53,21 @@ constexpr int64_t kLfu = 2;
 constexpr int64_t kNone = 0;
 // Buckets ahead of the one stepped whose first slots are fetched.
 constexpr int64_t kBucketsAhead = 4;
+// A bucket's ids up to this many are sorted by insertion.
+constexpr int64_t kInsertionSort = 32;
+// A step's ids per worker on XLA's pool, and tasks (bucket ranges) per
+// worker, so that a helper that starts late still finds some.
+constexpr int64_t kIdsPerWorker = 8192;
+constexpr int64_t kTasksPerWorker = 4;
+
+// One id of the step: its words as one key, and its input position.
+struct Occurrence {
+  uint64_t key;    // (hi << 32) | lo
+  int32_t position;
+  bool operator<(const Occurrence& o) const {
+    return key < o.key || (key == o.key && position < o.position);
+  }
+};
 
 struct Distinct {
   uint64_t key;    // (hi << 32) | lo: ascending keys are ascending unsigned ids
@@ -74,6 +95,24 @@ struct Scratch {
   std::vector<std::pair<int32_t, int32_t>> victims;
 };
 
+// The first of a bucket's `residents` slots holding `key`, or -1. Most of a
+// step's ids are new (not resident), so every resident's low word is compared
+// first, in vectors without an early exit, and only an id with a match is
+// looked for slot by slot. Compiled for AVX-512, AVX2 and the baseline,
+// chosen when the library loads (target_clones): a cache may be shared by
+// different CPUs.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+int64_t FindResident(const uint32_t* khi, const uint32_t* klo, int64_t residents, uint64_t key) {
+  const uint32_t l = static_cast<uint32_t>(key), h = static_cast<uint32_t>(key >> 32);
+  uint32_t any = 0;
+  for (int64_t s = 0; s < residents; ++s) any |= klo[s] == l;
+  if (!any) return -1;
+  for (int64_t s = 0; s < residents; ++s) {
+    if (klo[s] == l && khi[s] == h) return s;
+  }
+  return -1;
+}
+
 // One bucket's step: `ids` are its distinct ids, ascending. Returns the
 // bucket's residents after the step.
 int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, Scratch& w,
@@ -84,23 +123,15 @@ int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, 
   touched.assign(p.b, 0);
   std::vector<Distinct*>& cand = w.cand;
   cand.clear();
-  // One pass over the bucket's residents (its slots up to the first free
-  // one) finds every id's slot (the first match, as the XLA scan's argmax);
-  // then the residents are touched: LRU (and no eviction) set the clock, LFU
-  // adds.
+  // Each id's slot: the first of the bucket's residents (its slots up to the
+  // first free one) holding it, as the XLA scan's argmax; then the residents
+  // are touched: LRU (and no eviction) set the clock, LFU adds.
   std::vector<int64_t>& found = w.found;
-  found.assign(ids.size(), -1);
+  found.resize(ids.size());
   int64_t residents = 0;
   while (residents < p.b && score[base + residents] >= 0) ++residents;
-  for (int64_t s = 0; s < residents; ++s) {
-    const uint32_t l = klo[base + s];
-    for (size_t k = 0; k < ids.size(); ++k) {
-      const uint64_t key = ids[k].key;
-      if (static_cast<uint32_t>(key) == l && found[k] < 0 &&
-          static_cast<uint32_t>(key >> 32) == khi[base + s]) {
-        found[k] = s;
-      }
-    }
+  for (size_t k = 0; k < ids.size(); ++k) {
+    found[k] = FindResident(khi + base, klo + base, residents, ids[k].key);
   }
   for (size_t k = 0; k < ids.size(); ++k) {
     Distinct* d = &ids[k];
@@ -179,7 +210,7 @@ int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, 
   return residents + added;
 }
 
-ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
+ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
                        ffi::Buffer<ffi::S32> score_in, ffi::Buffer<ffi::U8> sketch_in,
                        ffi::Buffer<ffi::U32> hi, ffi::Buffer<ffi::U32> lo,
                        ffi::Buffer<ffi::PRED> own, ffi::Buffer<ffi::S32> bucket,
@@ -239,21 +270,35 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
   const int32_t* cl = cells.typed_data();
   int32_t* rows = rows_out->typed_data();
   bool* placed = placed_out->typed_data();
-  // Each thread steps one contiguous range of buckets: it reads every id's
-  // bucket and keeps its own, so threads share no bucket, slot, sketch cell
-  // or id; the map after the step is the same for any split. The ids of no
-  // bucket (not own) are written by the thread of their input range.
-  const int threads = embedlib_cpu::ThreadCount(std::max(m, nbl));
-  std::vector<Counts> part(threads);
-  std::vector<int64_t> resident_part(threads, 0), default_part(threads, 0);
-  embedlib_cpu::ParallelFor(threads, [&](int t) {
-    for (int64_t i = m * t / threads; i < m * (t + 1) / threads; ++i) {
+  // Every own id grouped by bucket, once, on the calling thread (a counting
+  // sort, in input order), with its words: (id, input position) pairs, so
+  // that a bucket's step reads its ids in one place. A not-own id's row is
+  // -1. Then the buckets are stepped in contiguous ranges, tasks on XLA's
+  // pool (pool.h): tasks share no bucket, slot, sketch cell or id, so the
+  // map after the step is the same for any split. Under load a helper may
+  // start late and the caller steps every range itself; grouping on each
+  // thread instead read every id on every thread.
+  std::vector<int32_t> start(nbl + 2, 0);
+  for (int64_t i = 0; i < m; ++i) ++start[(is_own[i] ? bk[i] : nbl) + 1];
+  for (int64_t k = 0; k <= nbl; ++k) start[k + 1] += start[k];
+  std::unique_ptr<Occurrence[]> grouped(new Occurrence[std::max<int64_t>(m, 1)]);
+  {
+    std::vector<int32_t> next(start.begin(), start.end() - 1);
+    for (int64_t i = 0; i < m; ++i) {
+      grouped[next[is_own[i] ? bk[i] : nbl]++] = {(static_cast<uint64_t>(h[i]) << 32) | l[i],
+                                                  static_cast<int32_t>(i)};
       if (!is_own[i]) {
         rows[i] = -1;
         placed[i] = false;
       }
     }
-    const int64_t first = nbl * t / threads, last = nbl * (t + 1) / threads;
+  }
+  const int workers = embedlib_cpu::PoolWorkers(pool, m, kIdsPerWorker);
+  const int64_t tasks = workers <= 1 ? 1 : std::min<int64_t>(nbl, workers * kTasksPerWorker);
+  std::vector<Counts> part(tasks);
+  std::vector<int64_t> resident_part(tasks, 0), default_part(tasks, 0);
+  embedlib_cpu::ParallelTasks(pool, workers, tasks, [&](int64_t t) {
+    const int64_t first = nbl * t / tasks, last = nbl * (t + 1) / tasks;
     if (decays) {
       if (eviction == kLfu) {
         for (int64_t r = first * bucket_size; r < last * bucket_size; ++r) {
@@ -262,26 +307,10 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
       }
       for (int64_t k = first * depth * width; k < last * depth * width; ++k) sketch[k] >>= 1;
     }
-    // This range's ids grouped by bucket (a counting sort), in input order.
-    std::vector<int32_t> start(last - first + 1, 0);
-    for (int64_t i = 0; i < m; ++i) {
-      if (is_own[i] && bk[i] >= first && bk[i] < last) ++start[bk[i] - first + 1];
-    }
-    for (int64_t k = first; k < last; ++k) start[k - first + 1] += start[k - first];
-    std::vector<int32_t> grouped(start[last - first]);
-    {
-      std::vector<int32_t> next(start.begin(), start.end() - 1);
-      for (int64_t i = 0; i < m; ++i) {
-        if (is_own[i] && bk[i] >= first && bk[i] < last) {
-          grouped[next[bk[i] - first]++] = static_cast<int32_t>(i);
-        }
-      }
-    }
-    std::vector<std::pair<uint64_t, int32_t>> occ;   // (id, input position)
     std::vector<Distinct> ids;
     std::vector<int32_t> which;                       // each occurrence's distinct id
     Scratch scratch;
-    // Counted here, written once: the threads' totals share cache lines.
+    // Counted here, written once: the tasks' totals share cache lines.
     Counts counts;
     int64_t resident = 0, defaults = 0;
     for (int64_t k = first; k < last; ++k) {
@@ -293,25 +322,32 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
         __builtin_prefetch(klo + ahead, 1);
         __builtin_prefetch(khi + ahead, 1);
       }
-      const int32_t* g = grouped.data() + start[k - first];
-      const int64_t n = start[k - first + 1] - start[k - first];
+      Occurrence* occ = grouped.get() + start[k];
+      const int64_t n = start[k + 1] - start[k];
       if (n == 0) {
         int64_t r = 0;
         while (r < bucket_size && score[k * bucket_size + r] >= 0) ++r;
         resident += r;
         continue;
       }
-      occ.resize(n);
-      for (int64_t j = 0; j < n; ++j) {
-        occ[j] = {(static_cast<uint64_t>(h[g[j]]) << 32) | l[g[j]], g[j]};
+      // Ascending (id, position): each distinct id a run, led by its first
+      // occurrence. A group is in input order, so a stable sort by id alone
+      // gives that order: an insertion sort for a bucket's usual few ids.
+      if (n <= kInsertionSort) {
+        for (int64_t j = 1; j < n; ++j) {
+          const Occurrence x = occ[j];
+          int64_t at = j;
+          for (; at > 0 && x.key < occ[at - 1].key; --at) occ[at] = occ[at - 1];
+          occ[at] = x;
+        }
+      } else {
+        std::sort(occ, occ + n);
       }
-      // Ascending (id, position): each distinct id a run, led by its first occurrence.
-      std::sort(occ.begin(), occ.end());
       ids.clear();
       which.resize(n);
       for (int64_t j = 0; j < n; ++j) {
-        if (j == 0 || occ[j].first != occ[j - 1].first) {
-          ids.push_back({occ[j].first, static_cast<int32_t>(k), 0, occ[j].second, -1, false});
+        if (j == 0 || occ[j].key != occ[j - 1].key) {
+          ids.push_back({occ[j].key, static_cast<int32_t>(k), 0, occ[j].position, -1, false});
         }
         ++ids.back().count;
         which[j] = static_cast<int32_t>(ids.size() - 1);
@@ -319,7 +355,7 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
       resident += StepBucket(p, k, ids, scratch, khi, klo, score, sketch, cl, counts);
       for (int64_t j = 0; j < n; ++j) {
         const Distinct& d = ids[which[j]];
-        const int32_t i = occ[j].second;
+        const int32_t i = occ[j].position;
         rows[i] = d.row;
         placed[i] = d.placed && d.first == i;
         defaults += d.row < 0;
@@ -331,7 +367,7 @@ ffi::Error MapStepImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys
   });
   Counts counts;
   int64_t resident = 0, defaults = 0;
-  for (int t = 0; t < threads; ++t) {
+  for (int64_t t = 0; t < tasks; ++t) {
     counts.placed += part[t].placed;
     counts.evicted += part[t].evicted;
     resident += resident_part[t];
@@ -387,6 +423,45 @@ ffi::Error LookupImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_
   return ffi::Error::Success();
 }
 
+// placed_at[rows[i]] = stamp for each placed id (placed[i], rows[i] in
+// [0, n): distinct, the first occurrence of each id placed in a step), and
+// drawn[i] = rows[i] where that row's mark was not `never` before (a row
+// placed again, whose initial value is drawn), else n. placed_at is updated
+// in place when XLA aliases it.
+ffi::Error MarkPlacedImpl(ffi::Buffer<ffi::S32> placed_at, ffi::Buffer<ffi::S32> rows,
+                          ffi::Buffer<ffi::PRED> placed, ffi::BufferR0<ffi::S32> stamp,
+                          ffi::Result<ffi::Buffer<ffi::S32>> placed_at_out,
+                          ffi::Result<ffi::Buffer<ffi::S32>> drawn_out, int64_t never) {
+  const int64_t n = placed_at.element_count();
+  const int64_t m = rows.element_count();
+  if (placed.element_count() != m || drawn_out->element_count() != m ||
+      placed_at_out->element_count() != n) {
+    return ffi::Error::InvalidArgument(
+        "embedlib mark placed: expected placed_at [n], rows, placed [m], stamp []");
+  }
+  embedlib_cpu::CopyUnlessAliased(placed_at, placed_at_out);
+  int32_t* at = placed_at_out->typed_data();
+  const int32_t* r = rows.typed_data();
+  const bool* is_placed = placed.typed_data();
+  const int32_t t = *stamp.typed_data();
+  int32_t* drawn = drawn_out->typed_data();
+  embedlib_cpu::ParallelRanges(m, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + embedlib_cpu::kAhead < end) {
+        const int32_t ahead = r[i + embedlib_cpu::kAhead];
+        if (is_placed[i + embedlib_cpu::kAhead] && ahead >= 0 && ahead < n) {
+          __builtin_prefetch(at + ahead, 1);
+        }
+      }
+      drawn[i] = static_cast<int32_t>(n);
+      if (!is_placed[i] || r[i] < 0 || r[i] >= n) continue;
+      if (at[r[i]] != never) drawn[i] = r[i];
+      at[r[i]] = t;
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // table[rows[i]] = values[i] for each rows[i] in [0, n) (distinct: the rows
 // placed in a step), the table updated in place when XLA aliases it.
 ffi::Error SetRowsImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> rows, ffi::AnyBuffer values,
@@ -432,6 +507,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapLookup, LookupImpl,
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("bucket_size"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibMarkPlaced, MarkPlacedImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("never"));
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibSetRows, SetRowsImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
@@ -441,6 +526,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibSetRows, SetRowsImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapStep, MapStepImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
