@@ -30,6 +30,8 @@ def import_script():
   return module
 
 
+# Three fresh worker processes, as the other benchmark scripts' check-then-time runs: -m slow.
+@pytest.mark.slow
 def test_quick_run_checks_then_prints(monkeypatch, capsys, tmp_path):
   script = import_script()
   seen = []

@@ -11,9 +11,9 @@ custom call, no spills, collectives asynchronous, the state updated in place.
 
 A step's compile time follows its number of kernels (a few hundred fusions,
 each through LLVM and ptxas), which the smoke variants share with the
-documented sizes; so CI compiles the four models' ``:smoke`` variants (the
+documented sizes; so CI compiles DLRM's and SASRec's ``:smoke`` variants (the
 same code paths; their dense layers' GEMMs by cuBLAS, `SMOKE_OPTIONS`), and
-``-m slow`` adds the four at their documented sizes (XLA's Triton GEMMs
+``-m slow`` the ranker's and two towers' too, and the four at their documented sizes (XLA's Triton GEMMs
 and its default autotuning, `DOCUMENTED_OPTIONS`), checked within one
 H200's HBM. Figures: ``benchmarks/README.md`` ("Compiled for H100 / H200").
 """
@@ -68,7 +68,11 @@ def compile_step(name, config, **kwargs):
                                   donate_argnums=0, **kwargs)
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
+# CI compiles DLRM's and SASRec's; the ranker's and two towers' step add
+# dense layers XLA compiles as any model's, and their lookups and updates
+# are DLRM's: -m slow.
+@pytest.fixture(scope="module", params=[
+    n if n in ("dlrm", "movielens") else pytest.param(n, marks=pytest.mark.slow) for n in MODELS])
 def smoke(request, tmp_path_factory):
   name = request.param
   return name, compile_step(name, config_of(name, "smoke", tmp_path_factory),

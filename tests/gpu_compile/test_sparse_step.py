@@ -9,10 +9,12 @@ the default, measured slower), donated state. Each rule on a vocab-parallel
 table; the collection holds two tables placed whole on one device (one
 stack; a pooled and a one-hot feature) and a replicated one.
 
-CI compiles the collection and the steps of row-wise AdaGrad and LazyAdam
-(the rule with slots and per-run bias corrections); ``-m slow`` adds SGD
-and LazyAdam's global bias correction, whose fused kernels CI compiles in
-``test_kernels`` (the same kernel as LazyAdam's, for the global one).
+CI compiles the steps of row-wise AdaGrad and LazyAdam (the rule with
+slots and per-run bias corrections); ``-m slow`` adds SGD and LazyAdam's
+global bias correction, whose fused kernels CI compiles in
+``test_kernels`` (the same kernel as LazyAdam's, for the global one), and
+the collection, whose step CI lowers for CUDA
+(``tests/optim/test_gpu_lowering.py``).
 """
 
 import jax
@@ -75,6 +77,9 @@ def test_sparse_step_compiles_with_each_optimizer(rule):
   assert_in_place(program, state)
 
 
+# The collection's step lowers for CUDA in CI (tests/optim/test_gpu_lowering.py);
+# compiled with its stacked tables: -m slow.
+@pytest.mark.slow
 def test_collection_step_with_stacked_tables_compiles():
   mesh = deviceless.gpu_mesh((8,), ("batch",), target="H100")
 

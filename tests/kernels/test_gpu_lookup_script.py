@@ -36,8 +36,11 @@ def env(tmp_path_factory):
       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 
-@pytest.mark.parametrize("script,flags", [("gpu_lookup.py", []), ("gpu_lookup.py", ["--check"]),
-                                          ("gpu_steps.py", ["--check"]), ("gpu_sweep.py", [])])
+# CI runs the session's sweep; the scripts it ran before are -m slow.
+@pytest.mark.parametrize("script,flags", [
+    pytest.param("gpu_lookup.py", [], marks=pytest.mark.slow),
+    pytest.param("gpu_lookup.py", ["--check"], marks=pytest.mark.slow),
+    pytest.param("gpu_steps.py", ["--check"], marks=pytest.mark.slow), ("gpu_sweep.py", [])])
 def test_gpu_scripts_measure_nothing_on_cpu(script, flags, env):
   result = subprocess.run(
       [sys.executable, str(SCRIPT.parent / script), *flags], env=env, capture_output=True,

@@ -166,6 +166,9 @@ def test_eight_devices_collection_sparse_step():
   _check([("collection step", *collection_step_case(8))])
 
 
+# The eight-device cases above check every plan in CI; sixteen, in a fresh
+# process of its own: -m slow.
+@pytest.mark.slow
 def test_sixteen_devices_in_subprocess():
   script = textwrap.dedent("""
       from tests.plan.test_compiled_bytes import run_cases
