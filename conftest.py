@@ -72,6 +72,17 @@ def pytest_collection_finish(session):
   gc.freeze()
 
 
+def pytest_collection_modifyitems(items):
+  """``tests/train``'s files first, each file's tests in their order.
+
+  They hold the suite's longest files (whole training runs, 10 to 60 s a
+  test). pytest-xdist hands out whole files in collection order, where they
+  came last: a worker could finish its share while the other still ran one,
+  idle for up to a minute. First, the tail is the suite's many short files.
+  """
+  items.sort(key=lambda item: not item.nodeid.startswith("tests/train/"))
+
+
 @pytest.fixture
 def auto_runs_pallas_on_gpu(monkeypatch):
   """``kernel="auto"`` with the Pallas kernels where `gpu_choice` has no measured choice, on CUDA.
