@@ -61,7 +61,8 @@ import pytest  # noqa: E402
 # Python's cyclic collector, at its default thresholds, ran a full collection
 # over every object of a test worker (jax's caches of traced and compiled
 # programs among them) every few thousand allocations that tracing makes:
-# about a tenth of the suite's CPU time. Rarer collections, and none over
+# about a tenth of the CPU time of the two files timed so (test_contract,
+# quant/test_layouts). Rarer collections, and none over
 # what the imports made (frozen once the tests are collected), free the same
 # garbage later.
 gc.set_threshold(7000, 20, 100)
