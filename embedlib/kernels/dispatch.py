@@ -223,12 +223,31 @@ def _auto_variants(kind: str, table, ids) -> tuple[str | None, str | None]:
           runnable(gpu_choice.choose("backward", features, table.dtype)))
 
 
+def _runs_xla(kind: str, impl: str, auto: bool, table, ids) -> bool:
+  """Whether ``impl`` (``auto``'s CUDA branch if ``auto``) runs XLA's ops on these operands.
+
+  The Mosaic kernels leave to XLA's ops the tables they do not take
+  (`mosaic.supports`); ``auto`` runs `gpu_choice`'s variants, and
+  `gpu_choice.FALLBACK` where it has none.
+  """
+  if impl == XLA:
+    return True
+  if impl not in _PALLAS:
+    return False
+  if auto:
+    forward, backward = _auto_variants(kind, table, ids)
+    if forward or backward:
+      return False
+    if gpu_choice.FALLBACK == XLA:
+      return True
+  return _PALLAS[impl][0] == MOSAIC and not mosaic.supports(table.shape, table.dtype)
+
+
 def _lookup(kind: str, impl: str, auto: bool = False):
   """``f(table, ids, *rest)`` of implementation ``impl`` for ``kind`` ("gather" | "bag").
 
-  The Mosaic kernels fall back to XLA's ops for tables they do not take
-  (`mosaic.supports`). ``auto`` runs `gpu_choice`'s variants (`rows_ad`),
-  and `gpu_choice.FALLBACK` (XLA's ops) where it has none.
+  ``auto`` runs `gpu_choice`'s variants (`rows_ad`) where it has them; where
+  XLA's ops run instead, `_branches` has chosen `XLA` already (`_runs_xla`).
   """
   if impl == CPU:
     return gather_cpu if kind == "gather" else bag_cpu
@@ -237,31 +256,34 @@ def _lookup(kind: str, impl: str, auto: bool = False):
   backend, mode = _PALLAS[impl]
   pallas = (lambda t, i: pallas_ad.gather(t, i, backend, mode)) if kind == "gather" else (
       lambda t, i, w, combiner: pallas_ad.bag(t, i, w, combiner, backend, mode))
+  if not auto:
+    return pallas
 
   def run(table, ids, *rest, **kw):
-    if auto:
-      forward, backward = _auto_variants(kind, table, ids)
-      if forward or backward:
-        if kind == "gather":
-          return rows_ad.gather(table, ids, forward, backward, False)
-        return rows_ad.bag(table, ids, rest[0], kw["combiner"], forward, backward, False)
-      if gpu_choice.FALLBACK == XLA:
-        return _XLA[kind](table, ids, *rest, **kw)
-    if backend == MOSAIC and not mosaic.supports(table.shape, table.dtype):
-      return _XLA[kind](table, ids, *rest, **kw)
-    return pallas(table, ids, *rest, **kw)
+    forward, backward = _auto_variants(kind, table, ids)
+    if not (forward or backward):
+      return pallas(table, ids, *rest, **kw)
+    if kind == "gather":
+      return rows_ad.gather(table, ids, forward, backward, False)
+    return rows_ad.bag(table, ids, rest[0], kw["combiner"], forward, backward, False)
 
   return run
 
 
-def _branches(kind: str, kernel: str, interpret: bool | None) -> dict:
-  """One function per platform (shared where the implementation is), for `platforms.by_platform`."""
-  chosen, made = plan(kernel, interpret), {}
-  for platform, impl in chosen.items():
+def _branches(kind: str, kernel: str, interpret: bool | None, table, ids) -> dict:
+  """One function per platform for these operands, for `platforms.by_platform`.
+
+  Platforms that run the same implementation get the same function, so the
+  program stages it once; XLA's ops are one implementation wherever they
+  run (a Mosaic kernel's unsupported table, ``auto`` without a measured
+  variant).
+  """
+  keys = {}
+  for platform, impl in plan(kernel, interpret).items():
     auto = kernel == "auto" and platform == "gpu"
-    if (impl, auto) not in made:
-      made[impl, auto] = _lookup(kind, impl, auto)
-  return {p: made[impl, kernel == "auto" and p == "gpu"] for p, impl in chosen.items()}
+    keys[platform] = (XLA, False) if _runs_xla(kind, impl, auto, table, ids) else (impl, auto)
+  made = {key: _lookup(kind, *key) for key in set(keys.values())}
+  return {p: made[key] for p, key in keys.items()}
 
 
 def gather(table: jax.Array, ids: jax.Array, *, kernel: str = "auto", interpret: bool | None = None):
@@ -289,7 +311,7 @@ def gather(table: jax.Array, ids: jax.Array, *, kernel: str = "auto", interpret:
   _check_operands("gather", table, ids)
   if ids.size == 0:
     return _empty(ids.shape + (table.shape[1],), table, ids)
-  return platforms.by_platform(table, ids, **_branches("gather", kernel, interpret))
+  return platforms.by_platform(table, ids, **_branches("gather", kernel, interpret, table, ids))
 
 
 def bag(
@@ -333,7 +355,7 @@ def bag(
   if ids.size == 0:  # no bags, or every bag empty: zeros for every combiner
     return _empty(ids.shape[:1] + (table.shape[1],), table, ids,
                   *(() if weights is None else (weights,)))
-  fns = _branches("bag", kernel, interpret)
+  fns = _branches("bag", kernel, interpret, table, ids)
   bound = {id(fn): functools.partial(fn, combiner=combiner) for fn in fns.values()}
   branches = {p: bound[id(fn)] for p, fn in fns.items()}
   return platforms.by_platform(table, ids, weights, **branches)

@@ -115,14 +115,17 @@ def on_gpu(fn: Callable, *args, name: str = "kernel", ordered: bool = False):
   """
   leaves, in_tree = jax.tree.flatten(args)
   flat_fn = lambda *leaves: fn(*jax.tree.unflatten(in_tree, leaves))
-  jaxpr = jax.make_jaxpr(flat_fn)(*leaves)
+  jaxpr, shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
   out = _on_gpu_p.bind(*leaves, jaxpr=jaxpr, name=name, ordered=ordered)
-  tree = jax.tree.structure(jax.eval_shape(flat_fn, *leaves))
-  return jax.tree.unflatten(tree, out)
+  return jax.tree.unflatten(jax.tree.structure(shapes), out)
 
 
 def by_platform(*args, cpu: Callable, gpu: Callable, default: Callable):
   """``lax.platform_dependent`` over CPU, CUDA and the rest, without it when they agree.
+
+  Every branch is traced (inside ``jit``) wherever the program is lowered,
+  so a branch that is the same function as another is staged once: pass the
+  same object, not two functions that do the same.
 
   Args:
     *args: arrays passed to the branch.
@@ -139,4 +142,9 @@ def by_platform(*args, cpu: Callable, gpu: Callable, default: Callable):
   """
   if cpu is gpu is default:
     return cpu(*args)
+  # lax.platform_dependent joins equal named branches, not one equal to default.
+  if gpu is default:
+    return lax.platform_dependent(*args, cpu=cpu, default=default)
+  if cpu is default:
+    return lax.platform_dependent(*args, cuda=gpu, default=default)
   return lax.platform_dependent(*args, cpu=cpu, cuda=gpu, default=default)

@@ -48,9 +48,9 @@ def unique_with_inverse(ids, capacity: int):
   if flat.shape[0] == 0 or not cpu_library.available():
     unique, inverse, count = unique_sorted(flat, capacity)
   else:
+    by_sorting = lambda f: unique_sorted(f, capacity)
     unique, inverse, count = platforms.by_platform(
-        flat, cpu=lambda f: unique_cpu(f, capacity),
-        gpu=lambda f: unique_sorted(f, capacity), default=lambda f: unique_sorted(f, capacity))
+        flat, cpu=lambda f: unique_cpu(f, capacity), gpu=by_sorting, default=by_sorting)
   return unique, inverse.reshape(ids.shape), count
 
 
