@@ -25,17 +25,18 @@ def _good(served, rows=4):
 
 
 @pytest.mark.parametrize("change, match", [
-    (lambda x: x.update(C27=x["C1"]), r"no input 'C27'; its inputs are dense, C1, .*drop it"),
-    (lambda x: x.pop("C5"), r"the input 'C5' is missing .*pass it, e\.g\. an array of int32 of "
+    (lambda x: x.update(f4=x["f0"]), r"no input 'f4'; its inputs are dense, f0, f1, f2, f3\. "
+                                     r".*drop it"),
+    (lambda x: x.pop("f3"), r"the input 'f3' is missing .*pass it, e\.g\. an array of int32 of "
                             r"shape \(batch\)"),
-    (lambda x: x.update(C2=x["C2"].astype(np.float32)), r"'C2' has dtype float32, not integer "
+    (lambda x: x.update(f1=x["f1"].astype(np.float32)), r"'f1' has dtype float32, not integer "
                                                          r"ids; pass an array of int32"),
     (lambda x: x.update(dense=x["dense"].astype(np.int32)), r"'dense' has dtype int32, not "
                                                             r"floats"),
     (lambda x: x.update(dense=x["dense"][:, :12]), r"'dense' has shape \(4, 12\); pass an "
                                                    r"array of float32 of shape \(batch, 13\)"),
-    (lambda x: x.update(C3=x["C3"][:, None]), r"'C3' has shape \(4, 1\)"),
-    (lambda x: x.update(C4=x["C4"][:3]), r"'C4' has 3 rows and 'dense' has 4"),
+    (lambda x: x.update(f2=x["f2"][:, None]), r"'f2' has shape \(4, 1\)"),
+    (lambda x: x.update(f3=x["f3"][:3]), r"'f3' has 3 rows and 'dense' has 4"),
 ])
 def test_a_bad_input_is_one_error_naming_it(served, change, match):
   inputs = _good(served)
@@ -52,10 +53,10 @@ def test_inputs_must_be_a_dict(served):
 def test_out_of_range_ids_follow_the_invalid_id_rule(served):
   """Past the table, negative, past int64's int32 part: all look up what -1 (padding) does."""
   inputs = _good(served, rows=5)
-  pad = dict(inputs, C7=np.full(5, -1, np.int32))
-  odd = dict(inputs, C7=np.array([1000, 10**6, -2, 2**32, 2**40 + 1], np.int64))
+  pad = dict(inputs, f3=np.full(5, -1, np.int32))
+  odd = dict(inputs, f3=np.array([1000, 10**6, -2, 2**32, 2**40 + 1], np.int64))
   np.testing.assert_array_equal(served(odd)["probability"], served(pad)["probability"])
-  assert not np.array_equal(served(dict(inputs, C7=np.full(5, 3)))["probability"],
+  assert not np.array_equal(served(dict(inputs, f3=np.full(5, 3)))["probability"],
                             served(pad)["probability"])
 
 
