@@ -25,7 +25,9 @@ On jaxlib 0.10 the tests also compile with the classic CPU emitters
 (``--xla_cpu_use_fusion_emitters=false``, ``tests/xla_env.py``). They
 recompute a fused element per use, which once made a deep chain of
 elementwise ops with reversed reads compile for minutes; no test's program
-does so now, and they compile the suite's small programs for less.
+does so now, and they compile the suite's small programs for less. There
+each program's LLVM module is also compiled in one piece
+(``--xla_cpu_parallel_codegen_split_count=1``).
 """
 
 import gc
