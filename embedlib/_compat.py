@@ -59,3 +59,25 @@ _OPT_STATE_CODE = _opt_state_code()
 def building_opt_state(frame) -> bool:
   """Whether ``frame`` (a ``get_value`` caller) is flax building an optimizer slot."""
   return _OPT_STATE_CODE is not None and frame.f_code is _OPT_STATE_CODE
+
+
+def assign(variable, value) -> None:
+  """``variable[...] = value``, for the whole-value writes of a traced step.
+
+  Flax's ``[...] =`` replaces the value where the new one has the old one's
+  shape, dtype and sharding, and writes it in otherwise. Under a trace both
+  are tracers, which have no sharding, so it replaces them; but jax 0.10
+  builds the error message of each missing ``sharding`` first, and that
+  walks the whole program traced so far. In a train step that writes many
+  variables (a dynamic table's map, clock and slots, the optimizer's slots)
+  the writes then cost time that grows with the square of the step's size:
+  an eighth of ``dlrm_criteo:smoke_raw``'s run went to them. A traced value
+  of the same shape and dtype is the same replacement made directly; any
+  other write goes through ``[...] =``.
+  """
+  raw = variable.get_raw_value()
+  if (isinstance(value, jax.core.Tracer) and isinstance(raw, jax.core.Tracer)
+      and value.shape == raw.shape and value.dtype == raw.dtype):
+    variable.set_value(value)
+  else:
+    variable[...] = value

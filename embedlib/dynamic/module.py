@@ -13,6 +13,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from embedlib import _compat
 from embedlib import _deprecated
 from embedlib import kernels
 from embedlib import lookahead
@@ -239,7 +240,7 @@ class DynamicEmbed(nnx.Module):
         self.rows.embedding[...] if train else None, flat, train)
     if train:
       self._commit(state, placed_at, clock + 1, stats)
-      self.rows.embedding[...] = table
+      _compat.assign(self.rows.embedding, table)
     return rows.reshape(w.shape)
 
   def _run(self, state, placed_at, clock, table, flat, train):
@@ -254,15 +255,16 @@ class DynamicEmbed(nnx.Module):
 
   def _commit(self, state, placed_at, clock, stats) -> None:
     """Keeps a training step's map, clock and statistics."""
-    self.keys_hi[...], self.keys_lo[...], self.score[...] = state[:3]
+    for variable, value in zip((self.keys_hi, self.keys_lo, self.score), state[:3]):
+      _compat.assign(variable, value)
     if self.sketch is not None:
-      self.sketch[...] = state.sketch
-    self.clock[...] = clock
-    self.placed_at[...] = placed_at
+      _compat.assign(self.sketch, state.sketch)
+    _compat.assign(self.clock, clock)
+    _compat.assign(self.placed_at, placed_at)
     lookups = jnp.maximum(stats[4], 1).astype(jnp.float32)
-    self.last[...] = jnp.stack([
+    _compat.assign(self.last, jnp.stack([
         stats[0] / self.policy.capacity, stats[1], stats[2], stats[3] / lookups
-    ]).astype(jnp.float32)
+    ]).astype(jnp.float32))
 
   def _rows_ahead(self, scope, flat) -> jax.Array:
     """A training lookup under a pipelined step's scope (``embedlib.lookahead``).
@@ -286,10 +288,10 @@ class DynamicEmbed(nnx.Module):
       before = self.placed_at[...]
       self._commit(ahead.state, ahead.placed_at, ahead.clock, ahead.stats)
       table = self.rows.embedding[...]
-      self.rows.embedding[...] = _placed(table, mapping.place(
+      _compat.assign(self.rows.embedding, _placed(table, mapping.place(
           jax.lax.stop_gradient(table), ahead.placed_at, before, ahead.clock, self.init_key[...],
           mesh=self.mesh, table_axes=self.table_axes, init=self.embedding_init,
-          table_spec=tuple(self.rows.plan.table_spec), bound=flat.shape[0]))
+          table_spec=tuple(self.rows.plan.table_spec), bound=flat.shape[0])))
       return ahead.rows
 
     return lookahead.read_ahead(scope, key, collect, use)

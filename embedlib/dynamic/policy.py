@@ -58,7 +58,9 @@ class Policy:
   decay_every: int = 0
   sketch_depth: int = 2
   sketch_width: int | None = None
-  name: str = "dynamic"
+  # A label for messages, not a rule: tables that differ only by name share
+  # their compiled map steps (``mapping.run`` takes the policy as a static argument).
+  name: str = dataclasses.field(default="dynamic", compare=False)
 
   def __post_init__(self):
     name = self.name

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from embedlib import _compat
 from embedlib.dynamic.module import DynamicEmbed
 from embedlib.table_paths import table_key
 
@@ -54,8 +55,8 @@ def reset_slots(optimizer, model) -> None:
     for name, slot in optimizer.rule.slots().items():
       value = slots[name][...]
       mask = fresh.reshape(fresh.shape + (1,) * (value.ndim - 1))
-      slots[name][...] = jnp.where(mask, jnp.asarray(slot.init, value.dtype), value)
-    module.slots_clock[...] = module.clock[...]
+      _compat.assign(slots[name], jnp.where(mask, jnp.asarray(slot.init, value.dtype), value))
+    _compat.assign(module.slots_clock, module.clock[...])
   if dense and getattr(optimizer, "dense", None) is not None:
     _reset_dense_slots(optimizer.dense, model, dense)
 
@@ -84,11 +85,11 @@ def _reset_dense_slots(dense, model, tables) -> None:
       fresh = module.placed_at[...] > module.slots_clock[...]
       mask = fresh.reshape(fresh.shape + (1,) * (value.ndim - 1))
       first = first[...] if is_var(first) else first
-      leaf[...] = jnp.where(mask, jnp.asarray(first, value.dtype), value)
+      _compat.assign(leaf, jnp.where(mask, jnp.asarray(first, value.dtype), value))
   for _, module in tables:
-    module.slots_clock[...] = module.clock[...]
+    _compat.assign(module.slots_clock, module.clock[...])
     # The dense update changes the unplaced rows: their first placement draws them.
-    module.placed_at[...] = jnp.maximum(module.placed_at[...], 0)
+    _compat.assign(module.placed_at, jnp.maximum(module.placed_at[...], 0))
 
 
 def step_stats(model) -> dict[str, float]:

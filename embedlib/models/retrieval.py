@@ -21,6 +21,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from embedlib import _compat
 from embedlib import sharding as sharding_lib
 
 #: What a masked logit is set to (finite: a row of them stays NaN-free).
@@ -133,9 +134,9 @@ class StreamingFrequency(nnx.Module):
     gap = ((1.0 - self.alpha) * self.gap[...][h]
            + self.alpha * (t - self.last[...][h]) / count)
     # Repeated ids write the same value: each is computed from the old state.
-    self.gap[...] = self.gap[...].at[h].set(gap)
-    self.last[...] = self.last[...].at[h].set(t)
-    self.step[...] = t
+    _compat.assign(self.gap, self.gap[...].at[h].set(gap))
+    _compat.assign(self.last, self.last[...].at[h].set(t))
+    _compat.assign(self.step, t)
     return -jnp.log(gap)
 
 

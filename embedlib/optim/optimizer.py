@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from embedlib import _compat
 from embedlib import embed as embed_lib
 from embedlib import param as param_lib
 from embedlib.optim import apply as apply_lib
@@ -175,8 +176,8 @@ class SparseAwareOptimizer(nnx.Pytree):
       )
       param_lib.set_physical(emb.embedding, table)
       for k, v in new.items():
-        slots[k][...] = v
-    self.step[...] = step + 1
+        _compat.assign(slots[k], v)
+    _compat.assign(self.step, step + 1)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("plan", "mesh"))
