@@ -86,6 +86,34 @@ def test_words_inside_jit():
   assert int(emb.clock[...]) == 1 and len(emb.resident()) == 2
 
 
+def _calls(jaxpr, name):
+  """The jit calls named ``name`` in ``jaxpr``, at any depth: each one's program."""
+  for eqn in jaxpr.eqns:
+    if eqn.params.get("name") == name and "jaxpr" in eqn.params:
+      yield eqn.params["jaxpr"]
+    for param in eqn.params.values():
+      for p in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(p, "jaxpr", p)
+        if hasattr(inner, "eqns"):
+          yield from _calls(inner, name)
+
+
+def test_tables_alike_share_one_traced_map_step():
+  """Tables that differ only by name trace the map's step once (its policy's name is a label)."""
+  tables = [embedlib.DynamicEmbed(64, 4, bucket_size=8, mesh=helpers.mesh(4), name=name,
+                                  rngs=nnx.Rngs(0)) for name in ("a", "b")]
+  graphdef, state = nnx.split(tables)
+
+  def step(state, ids):
+    return [t(ids) for t in nnx.merge(graphdef, state)]
+
+  ids = jnp.arange(8, dtype=jnp.int32)
+  # mapping.run: the jit call named "run" around the map's shard_map.
+  steps = [p for p in _calls(jax.make_jaxpr(step)(state, ids).jaxpr, "run")
+           if any(e.primitive.name == "shard_map" for e in p.jaxpr.eqns)]
+  assert len(steps) == 2 and steps[0] is steps[1]
+
+
 def test_eval_does_not_admit():
   emb = embedlib.DynamicEmbed(128, 3, bucket_size=128, rngs=nnx.Rngs(0))
   seen = emb.rows_of(np.array([10, 11]))
