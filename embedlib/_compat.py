@@ -70,10 +70,9 @@ def assign(variable, value) -> None:
   builds the error message of each missing ``sharding`` first, and that
   walks the whole program traced so far. In a train step that writes many
   variables (a dynamic table's map, clock and slots, the optimizer's slots)
-  the writes then cost time that grows with the square of the step's size:
-  an eighth of ``dlrm_criteo:smoke_raw``'s run went to them. A traced value
-  of the same shape and dtype is the same replacement made directly; any
-  other write goes through ``[...] =``.
+  the writes then cost time that grows with the square of the step's size.
+  A traced value of the same shape and dtype is the same replacement made
+  directly; any other write goes through ``[...] =``.
   """
   raw = variable.get_raw_value()
   if (isinstance(value, jax.core.Tracer) and isinstance(raw, jax.core.Tracer)
