@@ -224,8 +224,6 @@ def _route(flat, policy, group, cap):
 
 @functools.partial(jax.jit, static_argnames=("policy", "mesh", "table_axes", "train", "init",
                                              "table_spec", "capacity"))
-@functools.partial(jax.jit, static_argnames=(
-    "policy", "mesh", "table_axes", "train", "init", "table_spec", "capacity"))
 def run(state: step_lib.MapState, placed_at, table, key_data, clock, flat, *,
         policy: policy_lib.Policy, mesh, table_axes: tuple, train: bool, init, table_spec,
         capacity: int | None = None):
