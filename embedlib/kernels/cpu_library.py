@@ -15,7 +15,8 @@ The sources are compiled into one shared library the first time a kernel is
 traced, with ``$CXX`` or the ``c++`` / ``g++`` / ``clang++`` on ``PATH``,
 against jaxlib's FFI headers, and cached under ``$EMBEDLIB_CACHE_DIR``
 (default ``$XDG_CACHE_HOME/embedlib``, i.e. ``~/.cache/embedlib``) by a hash
-of the sources, jaxlib's version, the compiler and its flags.
+of the sources, jaxlib's version, the compiler and its flags (which name
+the CPU's ISA level: ``isa_flags``).
 
 Before a cached library is loaded, the cache must be this user's alone
 (``cpu_cache.untrusted_dir`` / ``untrusted_file``: owner and mode of the
@@ -37,6 +38,7 @@ import hashlib
 import logging
 import os
 import pathlib
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -66,8 +68,52 @@ TARGETS = {
 }
 # -ffp-contract=off: the rules' arithmetic operation by operation, no fused
 # multiply-adds (optim/rules.py). No -march=native: a cache directory may be
-# shared by machines of different CPUs.
+# shared by machines of different CPUs (the ISA level below is part of the
+# library's name instead).
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-ffp-contract=off")
+#: x86-64-v3's CPU flags as /proc/cpuinfo lists them (AVX2 and what comes
+#: with it; "abm" is LZCNT).
+_V3_CPU_FLAGS = frozenset(
+    {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})
+
+
+def _cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+  """The CPU's feature flags (the first ``flags`` line of ``cpuinfo``); empty if unknown."""
+  try:
+    with open(cpuinfo) as f:
+      for line in f:
+        if line.startswith("flags"):
+          return frozenset(line.partition(":")[2].split())
+  except OSError:
+    pass
+  return frozenset()
+
+
+@functools.cache
+def isa_flags(cxx: str) -> tuple[str, ...]:
+  """``("-march=x86-64-v3",)`` where this CPU has AVX2 and ``cxx`` accepts it, else ``()``.
+
+  The kernels' loops over a row's columns (sums, the rules) then run 8
+  floats at a time instead of SSE's 4. The results are the same bits
+  either way: every operation is element by element (no fused multiply-add,
+  no reordered sum), so a vector instruction rounds each element as the
+  scalar one does (``tests/kernels/test_cpu_isa.py``). The flags are part
+  of the library's hash, so machines of different CPUs sharing a cache
+  each build and load their own.
+  """
+  if platform.machine() not in ("x86_64", "AMD64") or not _V3_CPU_FLAGS <= _cpu_flags():
+    return ()
+  flag = "-march=x86-64-v3"
+  # Preprocesses an empty input to stdout: the compiler checks the flag, and
+  # writes no file.
+  probe = subprocess.run([cxx, flag, "-x", "c++", "-E", "-"], input=b"", capture_output=True,
+                         timeout=60)
+  return (flag,) if probe.returncode == 0 else ()
+
+
+def flags(cxx: str) -> tuple[str, ...]:
+  """The compiler flags the library is built with (``_FLAGS`` and ``isa_flags``)."""
+  return (*isa_flags(cxx), *_FLAGS)
 
 
 def sources() -> list[pathlib.Path]:
@@ -94,7 +140,7 @@ def library_path(cxx: str, directory: pathlib.Path | None = None) -> pathlib.Pat
 
   key = hashlib.sha256(b"\0".join(
       [p.read_bytes() for p in sources()]
-      + [jaxlib.__version__.encode(), cxx.encode(), " ".join(_FLAGS).encode()]
+      + [jaxlib.__version__.encode(), cxx.encode(), " ".join(flags(cxx)).encode()]
   )).hexdigest()[:16]
   return (directory or cpu_cache.cache_dir()) / f"cpu_kernels-{key}.so"
 
@@ -108,7 +154,7 @@ def _build(cxx: str, target: pathlib.Path) -> None:
   fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}-", suffix=".so", dir=target.parent)
   os.close(fd)
   cc = [str(p) for p in sources() if p.suffix == ".cc"]
-  cmd = [cxx, *_FLAGS, "-I", jax.ffi.include_dir(), *cc, "-o", tmp]
+  cmd = [cxx, *flags(cxx), "-I", jax.ffi.include_dir(), *cc, "-o", tmp]
   try:
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
