@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from embedlib import checkpoint, dynamic, optim
+from embedlib import checkpoint, cpu_malloc, dynamic, optim
 from embedlib import data as data_lib
 from embedlib.training import early_stop, pipeline, setup, watchdog
 from embedlib.training.loop import Loop
@@ -218,6 +218,10 @@ def train_and_evaluate(config, workdir: str, *, stuck_after: float = 600.0) -> d
   collective; SIGTERM or SIGINT during a wait that does not end within
   seconds ends it at once, saying so. The checkpoints are left as they are.
 
+  On glibc, freed memory is kept in the process for the next step
+  (``embedlib.cpu_malloc``; ``EMBEDLIB_KEEP_FREED_BLOCKS=0`` leaves glibc's
+  defaults).
+
   Args:
     config: a ``ConfigDict`` from one of ``configs/*.py``.
     workdir: the run's directory (created if missing).
@@ -234,6 +238,9 @@ def train_and_evaluate(config, workdir: str, *, stuck_after: float = 600.0) -> d
       earlier ones are intact.
     writers.MetricWriteError: a metrics file could not be written.
   """
+  # Before anything is allocated: a step's temporaries are then reused from
+  # step to step instead of faulted in afresh (cpu_malloc).
+  cpu_malloc.keep_freed_blocks()
   # Built once: every step below takes it. Its data is read with what the
   # workdir holds (a saved schema), and sets the steps of an epochs' run.
   task = setup.task(config).for_workdir(workdir)
