@@ -59,7 +59,7 @@ alike, with glibc's mmap and trim thresholds raised (``MALLOC_MMAP_THRESHOLD_``
 and ``MALLOC_TRIM_THRESHOLD_`` at 2^31 - 1), so a step's freed temporaries
 are reused by the next instead of faulting in fresh pages. Without it, the
 embedlib and JAX frozen workers still raise them for themselves, as
-``train_and_evaluate`` does (``embedlib.cpu_malloc``), and every other worker
+``train_and_evaluate`` does (``embedlib.host_memory``), and every other worker
 runs with glibc's defaults, as its users run it.
 ``--full`` takes ``configs/dlrm_criteo.py``'s tables instead, 26 of
 1,000,000 rows (6.2 GiB of f32), and times embedlib on one device beside
@@ -255,7 +255,7 @@ def jax_worker(args):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-  from embedlib import cpu_malloc  # pylint: disable=g-import-not-at-top
+  from embedlib import host_memory  # pylint: disable=g-import-not-at-top
   from embedlib import data as data_lib  # pylint: disable=g-import-not-at-top
 
   sizes = [int(x) for x in args.tables.split(",")]
@@ -269,8 +269,8 @@ def jax_worker(args):
     batches = [jax.device_put(b) for b in host]
   else:
     # As train_and_evaluate does before it builds anything: freed blocks kept
-    # for the next step (embedlib.cpu_malloc; the frozen ceiling alike).
-    cpu_malloc.keep_freed_blocks()
+    # for the next step (embedlib.host_memory; the frozen ceiling alike).
+    host_memory.keep_freed_blocks()
     step, mesh = _embedlib_step(args.worker, sizes, batch_size)
     batches = [data_lib.to_global_batch(b, mesh) for b in host]
   position = [0]

@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from embedlib import checkpoint, cpu_malloc, dynamic, optim
+from embedlib import checkpoint, dynamic, host_memory, optim
 from embedlib import data as data_lib
 from embedlib.training import early_stop, pipeline, setup, watchdog
 from embedlib.training.loop import Loop
@@ -219,7 +219,7 @@ def train_and_evaluate(config, workdir: str, *, stuck_after: float = 600.0) -> d
   seconds ends it at once, saying so. The checkpoints are left as they are.
 
   On glibc, freed memory is kept in the process for the next step
-  (``embedlib.cpu_malloc``; ``EMBEDLIB_KEEP_FREED_BLOCKS=0`` leaves glibc's
+  (``embedlib.host_memory``; ``EMBEDLIB_KEEP_FREED_BLOCKS=0`` leaves glibc's
   defaults).
 
   Args:
@@ -239,8 +239,8 @@ def train_and_evaluate(config, workdir: str, *, stuck_after: float = 600.0) -> d
     writers.MetricWriteError: a metrics file could not be written.
   """
   # Before anything is allocated: a step's temporaries are then reused from
-  # step to step instead of faulted in afresh (cpu_malloc).
-  cpu_malloc.keep_freed_blocks()
+  # step to step instead of faulted in afresh (host_memory).
+  host_memory.keep_freed_blocks()
   # Built once: every step below takes it. Its data is read with what the
   # workdir holds (a saved schema), and sets the steps of an epochs' run.
   task = setup.task(config).for_workdir(workdir)

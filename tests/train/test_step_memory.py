@@ -46,20 +46,40 @@ def test_train_step_writes_the_tables_in_place(built):
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])
-def test_a_step_after_a_save_updates_the_tables_in_place(built, tmp_path, asynchronous):
+def test_a_step_after_a_save_updates_the_tables_in_place(built, tmp_path, monkeypatch,
+                                                         asynchronous):
   # A write still reading the shards keeps them referenced: the step can't
   # donate them and XLA copies every table. The default save is done first.
+  import asyncio  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+
   from embedlib import checkpoint, optim  # pylint: disable=g-import-not-at-top
   from embedlib import param as param_lib  # pylint: disable=g-import-not-at-top
+  from embedlib.checkpoint import sharded  # pylint: disable=g-import-not-at-top
 
+  # The background write is held until the step has run: otherwise a write
+  # that ends before the step starts (a fast disk, a warm process) leaves
+  # nothing in flight, and the case would test nothing.
+  step_done = threading.Event()
+  write = sharded.ShardedArraysHandler._write
+
+  async def held_write(self, directory, pieces):
+    await asyncio.to_thread(step_done.wait, 60)
+    await write(self, directory, pieces)
+
+  monkeypatch.setattr(sharded.ShardedArraysHandler, "_write", held_write)
   model, optimizer, batch, *_, task = built
   ckpt = checkpoint.Checkpointer(str(tmp_path), asynchronous=asynchronous)
   try:
+    if not asynchronous:
+      step_done.set()  # a synchronous save returns once written
     ckpt.save(1, model, optimizer, {})
     _, emb = next(iter(optim.sparse_tables(model)))
     before = param_lib.physical(emb.embedding)
     jax.block_until_ready(steps.train_step(model, optimizer, batch, task=task))
     in_place = before.is_deleted()
+    step_done.set()
   finally:
+    step_done.set()
     ckpt.close()
   assert in_place == (not asynchronous)
