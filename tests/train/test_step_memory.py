@@ -82,4 +82,11 @@ def test_a_step_after_a_save_updates_the_tables_in_place(built, tmp_path, monkey
   finally:
     step_done.set()
     ckpt.close()
-  assert in_place == (not asynchronous)
+  # With the write in flight, jax 0.10 refuses the donation (the table stays
+  # valid, and XLA writes a copy); jax 0.11 and later accept it and keep
+  # the buffer the write reads alive beside the step's new one (the
+  # checkpoint still holds the values before the step). Either way the step
+  # holds a second copy of the tables while the write runs, as
+  # Checkpointer's docstring says.
+  refused = asynchronous and jax.__version_info__ < (0, 11)
+  assert in_place == (not refused)
