@@ -5,10 +5,11 @@ reads the imports and keeps this list true; modules on one line stand side
 by side and import none of each other):
 
 1. ``_compat``, ``_deprecated``, ``options``, ``axes``, ``invalid_ids``,
-   ``lookahead``, ``tape``, ``table_paths``, ``host_memory``, ``cpu_pool``:
+   ``lookahead``, ``tape``, ``table_paths``, ``cpu_pool``:
    names, rules and switches every layer shares
-2. ``sharding``, ``plan``: mesh helpers; the planner, pure Python, which
-   reads a mesh and decides each table's layout
+2. ``sharding``, ``plan``, ``host_memory``: mesh helpers; the planner, pure
+   Python, which reads a mesh and decides each table's layout; glibc's hold
+   on freed host memory
 3. ``kernels``: local lookups of one shard
 4. ``strategies``: the ``shard_map`` bodies of each layout
 5. ``table``, ``annotations``, ``logits``: a table drawn, loaded and

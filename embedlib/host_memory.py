@@ -37,10 +37,12 @@ import functools
 import logging
 import os
 
+from embedlib import options
+
 _log = logging.getLogger(__name__)
 
 
-#: Environment switch: "0" (or "false", "off", "no") leaves glibc's thresholds alone.
+#: Environment switch: "0" (or another of ``options.SWITCHED_OFF``) leaves glibc's thresholds alone.
 ENV_SWITCH = "EMBEDLIB_KEEP_FREED_BLOCKS"
 #: mallopt's parameters (malloc.h).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
@@ -66,7 +68,7 @@ def _glibc():
 
 def _left_alone(environ) -> str | None:
   """Why ``keep_freed_blocks`` leaves the thresholds as they are, or None."""
-  if environ.get(ENV_SWITCH, "").strip().lower() in ("0", "false", "off", "no"):
+  if options.switched_off(environ.get(ENV_SWITCH, "")):
     return f"{ENV_SWITCH}={environ[ENV_SWITCH]}"
   for name in _USER_SETTINGS:
     if name in environ:

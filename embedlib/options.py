@@ -41,3 +41,16 @@ KERNELS = ("auto", "xla", "pallas", "mosaic", "triton", "cpu")
 FALLBACK = "fallback"
 ERROR = "error"
 ON_OVERFLOW = (FALLBACK, ERROR)
+
+#: Values of an environment switch (``EMBEDLIB_CPU_KERNELS``,
+#: ``EMBEDLIB_KEEP_FREED_BLOCKS``) that turn it off, in any case.
+SWITCHED_OFF = ("0", "false", "off", "no")
+
+
+def switched_off(value: str) -> bool:
+  """Whether an environment switch's value turns it off.
+
+  >>> switched_off(" Off"), switched_off("1"), switched_off("")
+  (True, False, False)
+  """
+  return value.strip().lower() in SWITCHED_OFF

@@ -45,12 +45,13 @@ import tempfile
 
 import jax
 
+from embedlib import options
 from embedlib import sharding as sharding_lib
 from embedlib.kernels import cpu_cache
 
 _log = logging.getLogger(__name__)
 _SOURCE_DIR = pathlib.Path(__file__).with_name("cpu")
-#: Environment switch: "0" (or "false", "off", "no") keeps the XLA ops on CPU.
+#: Environment switch: "0" (or another of ``options.SWITCHED_OFF``) keeps the XLA ops on CPU.
 ENV_SWITCH = "EMBEDLIB_CPU_KERNELS"
 #: FFI target name -> handler symbol in the library.
 TARGETS = {
@@ -245,7 +246,7 @@ def library() -> ctypes.CDLL | None:
 
 def switched_off() -> bool:
   """Whether ``EMBEDLIB_CPU_KERNELS`` turns the CPU kernels off."""
-  return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "off", "no")
+  return options.switched_off(os.environ.get(ENV_SWITCH, ""))
 
 
 def available() -> bool:

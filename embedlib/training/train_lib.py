@@ -463,6 +463,9 @@ def _loop(loop: Loop, workdir, start, model, optimizer, train_source, mesh, ckpt
       if is_eval or is_save:
         with dog.waiting(program, step):
           jax.block_until_ready(loss)  # the steps' own time stays out of `paused`
+        # The steps' kept temporaries go back before the eval's and the writers'
+        # own are allocated beside them; the next step faults its block in once.
+        host_memory.release_freed()
         pause = time.perf_counter()
         if is_eval:
           with dog.waiting("the eval (eval_step)", step):

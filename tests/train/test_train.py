@@ -27,9 +27,18 @@ def test_smoke_run_writes_metrics_checkpoints_and_resumes(tmp_path, caplog, monk
     config.batch_size = 40  # a shape no other test compiles, so the compile count is this run's
   # Dedup where the plan finds it pays, for skews fitted to the first batch.
   config.model.id_skew, config.model.num_unique = "fit", "auto"
-  with caplog.at_level(logging.WARNING, logger="jax"), jax.log_compiles():
+  # The steps' kept temporaries are handed back between the last step's batch and each eval.
+  phases, release, evaluate = [], train_lib.host_memory.release_freed, train_lib.evaluate
+  next_batch = data_lib.Prefetcher.__next__
+  with caplog.at_level(logging.WARNING, logger="jax"), jax.log_compiles(), monkeypatch.context() as m:
+    m.setattr(train_lib.host_memory, "release_freed",
+              lambda: phases.append("released") or release())
+    m.setattr(train_lib, "evaluate", lambda *a, **k: phases.append("eval") or evaluate(*a, **k))
+    m.setattr(data_lib.Prefetcher, "__next__", lambda it: phases.append("batch") or next_batch(it))
     with caplog.at_level(logging.INFO, logger="embedlib"):
       result = train_lib.train_and_evaluate(config, str(tmp_path))
+  evals = [i for i, p in enumerate(phases) if p == "eval"]
+  assert len(evals) == 2 and all(phases[i - 2:i] == ["batch", "released"] for i in evals), phases
   messages = _messages(caplog)
   # One compile, though its memory is printed before the first step runs it.
   assert sum(m.startswith("Compiling jit(train_step)") for m in messages) == 1
