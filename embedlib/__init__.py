@@ -10,7 +10,7 @@ by side and import none of each other):
 2. ``sharding``, ``plan``, ``host_memory``: mesh helpers; the planner, pure
    Python, which reads a mesh and decides each table's layout; glibc's hold
    on freed host memory
-3. ``kernels``: local lookups of one shard
+3. ``kernels``: local lookups of one shard; DLRM's dot interaction on CPU
 4. ``strategies``: the ``shard_map`` bodies of each layout
 5. ``table``, ``annotations``, ``logits``: a table drawn, loaded and
    unpadded; ``nnx.Embed`` annotations read; vocab-parallel logits

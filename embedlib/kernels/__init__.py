@@ -13,6 +13,9 @@ What all of them are tested against is `reference`, the specification
 (``gather_reference``, ``bag_reference``, ``scores_reference``: for tests and
 benchmarks; the library never calls it).
 
+Beside the lookups, `interaction` runs DLRM's dot interaction of separate
+vectors as a C++ kernel on CPU (``models.dot_interaction`` calls it).
+
 >>> import jax.numpy as jnp
 >>> from embedlib import kernels
 >>> table = jnp.arange(6.0).reshape(3, 2)

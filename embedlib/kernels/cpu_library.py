@@ -66,6 +66,8 @@ TARGETS = {
     "embedlib_mark_placed": "EmbedlibMarkPlaced",
     "embedlib_set_rows": "EmbedlibSetRows",
     "embedlib_bag": "EmbedlibBag",
+    "embedlib_interaction": "EmbedlibInteraction",
+    "embedlib_interaction_backward": "EmbedlibInteractionBackward",
 }
 # -ffp-contract=off: the rules' arithmetic operation by operation, no fused
 # multiply-adds (optim/rules.py). No -march=native: a cache directory may be

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from embedlib.kernels import interaction
+
 
 class MLP(nnx.Module):
   """Dense layers with ReLU (or ``activation``) between them, none after the last.
@@ -46,7 +48,7 @@ class MLP(nnx.Module):
     return x
 
 
-def dot_interaction(features) -> jax.Array:
+def dot_interaction(features, *, cpu_kernel: bool = True) -> jax.Array:
   """DLRM's pairwise dot products, upper triangle without the diagonal.
 
   >>> dot_interaction(jnp.ones((2, 4, 3))).shape  # 4 vectors: 6 pairs
@@ -56,27 +58,25 @@ def dot_interaction(features) -> jax.Array:
 
   Pass the vectors as a sequence when you have them apart (DLRM does): each
   pair is then one multiply-and-sum of two ``[batch, dim]`` vectors, which
-  XLA's CPU backend fuses, forward and backward. The batched Gram matrix
-  of a stacked array costs more (its ``[batch, n, n]`` matmuls are tiny, and
-  the slices' transpose pads and adds ``n`` arrays of that size), and
-  slicing a stacked array back into vectors costs more still, so a stacked
-  array takes the Gram path.
+  XLA fuses, forward and backward; on CPU a C++ kernel computes every pair
+  of an example at once (``kernels/interaction.py``). The batched Gram
+  matrix of a stacked array costs more (its ``[batch, n, n]`` matmuls are
+  tiny, and the slices' transpose pads and adds ``n`` arrays of that size),
+  and slicing a stacked array back into vectors costs more still, so a
+  stacked array takes the Gram path.
 
   Args:
     features: a sequence of ``n`` arrays ``[batch, dim]``, or one array
       ``[batch, n, dim]``.
+    cpu_kernel: for a sequence, whether its vectors lie on one device, so
+      that a CPU lowering may run the C++ kernel (``interaction.dot_pairs``).
 
   Returns:
     ``[batch, n * (n - 1) / 2]``, pairs ``(i, j)``, ``i < j``, in row-major
     order.
   """
   if not isinstance(features, jax.Array):
-    v = list(features)
-    pairs = [
-        jnp.sum(v[i] * v[j], axis=-1, keepdims=True)
-        for i in range(len(v)) for j in range(i + 1, len(v))
-    ]
-    return jnp.concatenate(pairs, axis=1)
+    return interaction.dot_pairs(features, cpu_kernel=cpu_kernel)
   n = features.shape[1]
   gram = jnp.einsum("bnd,bmd->bnm", features, features)
   # Row i's pairs with the later vectors, as static slices, which XLA's CPU

@@ -107,7 +107,10 @@ class DLRM(nnx.Module):
     dtype = x[0].dtype if x else dense.dtype
     vectors = x + [embedded[name].astype(dtype) for name in self.feature_names]
     if self.interaction == DOT:
-      z = jnp.concatenate(x + [dot_interaction(vectors)], axis=1)
+      # The CPU kernel where the batch lies on one device (kernels/interaction.py).
+      mesh = self.embeddings.mesh
+      one_device = mesh is None or mesh.size == 1
+      z = jnp.concatenate(x + [dot_interaction(vectors, cpu_kernel=one_device)], axis=1)
     else:
       z = self.cross(jnp.concatenate(vectors, axis=1))
     out = self.top(z)

@@ -7,7 +7,8 @@ no reordered sum), so each row's result must be the same bits as the
 baseline (SSE2) build's. Here the baseline build runs in a subprocess, with
 its own cache, and this process runs the AVX2 build; every rule of the
 fused update (columns a multiple of the vector width and not), the gather
-and the pooled bags must agree bit for bit.
+the pooled bags and the dot interaction (forward and backward) must agree bit
+for bit.
 """
 
 import os
@@ -21,7 +22,7 @@ import pytest
 
 import embedlib
 from embedlib import optim
-from embedlib.kernels import bag_cpu, cpu_library, gather_cpu
+from embedlib.kernels import bag_cpu, cpu_library, gather_cpu, interaction
 
 from ..cpu_kernels import require_cpu_kernels
 
@@ -58,6 +59,13 @@ def outputs() -> dict[str, np.ndarray]:
     for combiner in ("sum", "mean", "sqrtn"):
       out[f"bag_{combiner}_{features}"] = np.asarray(jax.jit(
           lambda t, b, w, c=combiner: bag_cpu.bag_cpu(t, b, w, combiner=c))(table, bags, weights))
+    vectors = [jnp.asarray(rng.normal(size=(64, features)), jnp.float32) for _ in range(27)]
+    cot = jnp.asarray(rng.normal(size=(64, 27 * 26 // 2)), jnp.float32)
+    # Differentiated, so that the kernel runs forward as well as backward.
+    value, grads = jax.jit(jax.value_and_grad(
+        lambda v, c: jnp.sum(interaction.dot_pairs(v) * c)))(vectors, cot)
+    out[f"interaction_{features}"] = np.asarray(value)
+    out[f"interaction_grads_{features}"] = np.stack(grads)
   return out
 
 

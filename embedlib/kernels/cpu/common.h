@@ -27,6 +27,26 @@ inline void PrefetchBytes(const void* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 1);
 }
 
+// The dot product of a[0, n) and b[0, n) in kLanes running sums (element j in
+// lane j % kLanes), added pairwise at the end: a fixed order, the same on any
+// machine and any number of threads. One running sum would be a chain of n
+// dependent additions; lanes let the compiler vectorize it (no fast-math:
+// each lane keeps its own order).
+constexpr int64_t kLanes = 16;
+
+__attribute__((always_inline)) inline float LaneDot(const float* a, const float* b, int64_t n) {
+  float lane[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int64_t k = 0; k < kLanes; ++k) lane[k] += a[j + k] * b[j + k];
+  }
+  for (int64_t k = 0; j < n; ++j, ++k) lane[k] += a[j] * b[j];
+  for (int64_t half = kLanes / 2; half > 0; half /= 2) {
+    for (int64_t k = 0; k < half; ++k) lane[k] += lane[k + half];
+  }
+  return lane[0];
+}
+
 // Threads for `items` rows of work: the CPUs this process may run on, at most
 // 8 (latency-bound work gains little beyond), and one per 2,048 rows.
 inline int ThreadCount(int64_t items) {

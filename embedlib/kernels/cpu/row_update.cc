@@ -248,26 +248,6 @@ ffi::Error CheckShapes(const ffi::Buffer<ffi::F32>& table,
 // shard and its summed gradient, all `features` logical columns) and the
 // prefetch of the memory it is about to update.
 
-// The sum of g[j]**2 over j < n in kSquareLanes running sums (lane j % kSquareLanes),
-// added pairwise at the end: a fixed order, the same on any machine and any
-// number of threads. One running sum would be a chain of n dependent
-// additions, the longest part of a row's update; lanes let the compiler
-// vectorize it (no fast-math: each lane keeps its own order).
-constexpr int64_t kSquareLanes = 16;
-
-float SumOfSquares(const float* g, int64_t n) {
-  float lane[kSquareLanes] = {};
-  int64_t j = 0;
-  for (; j + kSquareLanes <= n; j += kSquareLanes) {
-    for (int64_t k = 0; k < kSquareLanes; ++k) lane[k] += g[j + k] * g[j + k];
-  }
-  for (int64_t k = 0; j < n; ++j, ++k) lane[k] += g[j] * g[j];
-  for (int64_t half = kSquareLanes / 2; half > 0; half /= 2) {
-    for (int64_t k = 0; k < half; ++k) lane[k] += lane[k + half];
-  }
-  return lane[0];
-}
-
 struct Sgd {
   float* table;
   int64_t cols;
@@ -293,7 +273,9 @@ struct Adagrad {
     __builtin_prefetch(acc + row, 1);
   }
   void operator()(int64_t row, const float* g) const {
-    const float squares = SumOfSquares(g, features);
+    // In lanes (common.h): one running sum would be a chain of `features`
+    // dependent additions, the longest part of a row's update.
+    const float squares = embedlib_cpu::LaneDot(g, g, features);
     const float new_acc = acc[row] + squares / static_cast<float>(features);
     acc[row] = new_acc;
     const float neg_scale = -(lr / (std::sqrt(new_acc) + eps));
