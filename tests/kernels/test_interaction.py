@@ -20,6 +20,8 @@ from embedlib import FeatureSpec, TableSpec
 from embedlib.kernels import interaction, lowering
 from embedlib.models import DLRM
 
+from tests import benchmark_scripts
+
 from ..cpu_kernels import require_cpu_kernels
 
 FORWARD, BACKWARD = "embedlib_interaction(", "embedlib_interaction_backward("
@@ -104,3 +106,14 @@ def test_dlrm_trains_through_the_kernel_where_its_batch_lies_on_one_device(devic
   loss = lambda s: jnp.sum(nnx.merge(graph, s)(dense, sparse))
   text = jax.jit(jax.value_and_grad(loss)).lower(state).as_text()
   assert (FORWARD in text and BACKWARD in text) == (devices == 1)
+
+
+def test_the_benchmark_checks_then_times_both(tmp_path):
+  require_cpu_kernels()
+  script = benchmark_scripts.load("interaction")
+  path = tmp_path / "run.json"
+  assert script.main(["--quick", "--repeats", "1", "--json", str(path)]) == 0
+  record = benchmark_scripts.read_record(
+      path, ["xla_over_kernel_forward", "xla_over_kernel_training"])
+  assert {c["name"] for c in record["cases"]} == {
+      f"{part}, {kind}" for part in ("forward", "training") for kind in ("kernel", "XLA pairs")}
