@@ -18,9 +18,10 @@ results differ from `pairs_xla`'s only in the order of each sum
 (``tests/kernels/test_interaction.py`` bounds the difference). It is chosen
 when the program is lowered for CPU (`platforms.by_platform`), for float32
 vectors, where the library loads (``cpu_library.available``:
-``EMBEDLIB_CPU_KERNELS=0`` turns it off), and where the caller says the
-vectors lie on one device (``cpu_kernel``): XLA cannot split a custom call
-over a mesh, and would gather every vector to each device.
+``EMBEDLIB_CPU_KERNELS=0`` turns it off). XLA cannot split a custom call
+over a mesh (it would gather every vector to each device), so on a mesh of
+several devices the kernel runs inside ``shard_map`` over the mesh's data
+axes, each device on its part of the batch (`batch_axes`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax.sharding import PartitionSpec as P
+
+from embedlib import _compat, axes
+from embedlib import sharding as sharding_lib
 from embedlib.kernels import cpu_library, platforms
+from embedlib.plan import mesh_axes
 
 
 def pairs_xla(vectors) -> jax.Array:
@@ -87,13 +93,31 @@ def kernel_applies(vectors) -> bool:
           all(v.dtype == jnp.float32 and v.shape == shape for v in vectors))
 
 
-def dot_pairs(vectors, *, cpu_kernel: bool = True) -> jax.Array:
+def batch_axes(mesh) -> tuple[str, ...] | None:
+  """The Auto data axes of ``mesh`` the batch is split over (``axes.DATA_AXIS_NAMES``).
+
+  ``()`` for one device; None where the kernel can't be placed: a mesh of
+  several devices with no data axis, or with an Explicit one (the batch's
+  split is then part of its type, which ``shard_map`` would have to match).
+  """
+  if mesh is None or mesh.size == 1:
+    return ()
+  names = tuple(a for a in mesh.axis_names if a in axes.DATA_AXIS_NAMES)
+  if not names or sharding_lib.is_explicit(mesh, names):
+    return None
+  return names
+
+
+def dot_pairs(vectors, *, mesh=None) -> jax.Array:
   """`pairs_xla`'s result; differentiated, through the C++ kernel where it applies (module docstring).
 
   Args:
     vectors: a sequence of ``n >= 2`` arrays ``[batch, width]``.
-    cpu_kernel: whether the vectors lie on one device, so that a CPU
-      lowering may run the C++ kernel; False keeps XLA's pairs everywhere.
+    mesh: the mesh whose data axes split the batch (``batch_axes``), or
+      None: the one set with ``jax.set_mesh``, else one device. On several
+      devices each runs the kernel on its part of the batch
+      (``shard_map``), the batch padded with zero rows to a multiple of
+      the data shards.
 
   Returns:
     ``[batch, n (n - 1) / 2]``, pairs ``(i, j)``, ``i < j``, in row-major order.
@@ -102,6 +126,16 @@ def dot_pairs(vectors, *, cpu_kernel: bool = True) -> jax.Array:
   (2, 3)
   """
   vectors = tuple(vectors)
-  if cpu_kernel and kernel_applies(vectors) and cpu_library.available():
+  mesh = sharding_lib.mesh_or_current(mesh)
+  names = batch_axes(mesh)
+  if names is None or not kernel_applies(vectors) or not cpu_library.available():
+    return pairs_xla(vectors)
+  if not names:
     return _pairs(vectors)
-  return pairs_xla(vectors)
+  batch = vectors[0].shape[0]
+  shards = mesh_axes.axes_size(dict(mesh.shape), names)
+  padded = [sharding_lib.pad_tokens(v, shards, 0.0) for v in vectors]
+  spec = P(names)
+  out = _compat.shard_map(lambda *v: _pairs(v), mesh=mesh, in_specs=(spec,) * len(padded),
+                          out_specs=spec)(*padded)
+  return out[:batch]

@@ -48,7 +48,7 @@ class MLP(nnx.Module):
     return x
 
 
-def dot_interaction(features, *, cpu_kernel: bool = True) -> jax.Array:
+def dot_interaction(features, *, mesh=None) -> jax.Array:
   """DLRM's pairwise dot products, upper triangle without the diagonal.
 
   >>> dot_interaction(jnp.ones((2, 4, 3))).shape  # 4 vectors: 6 pairs
@@ -68,15 +68,16 @@ def dot_interaction(features, *, cpu_kernel: bool = True) -> jax.Array:
   Args:
     features: a sequence of ``n`` arrays ``[batch, dim]``, or one array
       ``[batch, n, dim]``.
-    cpu_kernel: for a sequence, whether its vectors lie on one device, so
-      that a CPU lowering may run the C++ kernel (``interaction.dot_pairs``).
+    mesh: for a sequence, the mesh whose data axes split the batch (None:
+      the one set with ``jax.set_mesh``, else one device), where the C++
+      kernel runs on each device's part (``interaction.dot_pairs``).
 
   Returns:
     ``[batch, n * (n - 1) / 2]``, pairs ``(i, j)``, ``i < j``, in row-major
     order.
   """
   if not isinstance(features, jax.Array):
-    return interaction.dot_pairs(features, cpu_kernel=cpu_kernel)
+    return interaction.dot_pairs(features, mesh=mesh)
   n = features.shape[1]
   gram = jnp.einsum("bnd,bmd->bnm", features, features)
   # Row i's pairs with the later vectors, as static slices, which XLA's CPU

@@ -107,10 +107,8 @@ class DLRM(nnx.Module):
     dtype = x[0].dtype if x else dense.dtype
     vectors = x + [embedded[name].astype(dtype) for name in self.feature_names]
     if self.interaction == DOT:
-      # The CPU kernel where the batch lies on one device (kernels/interaction.py).
-      mesh = self.embeddings.mesh
-      one_device = mesh is None or mesh.size == 1
-      z = jnp.concatenate(x + [dot_interaction(vectors, cpu_kernel=one_device)], axis=1)
+      # On CPU a C++ kernel, on each device's part of the batch (kernels/interaction.py).
+      z = jnp.concatenate(x + [dot_interaction(vectors, mesh=self.embeddings.mesh)], axis=1)
     else:
       z = self.cross(jnp.concatenate(vectors, axis=1))
     out = self.top(z)

@@ -5,9 +5,11 @@ backward, and sums each dot product and each gradient in another order than
 XLA's fusions: the two agree to float32 rounding at widths the kernel
 specializes (16, 64, 128) and others (37), for 2 to 27 vectors and any
 batch, empty included. Evaluated alone (what serving exports) the
-interaction is XLA's pairs, bit for bit. Where the kernel may not run
-(vectors on several devices, another dtype, the switch off, a CUDA
-lowering), the training program holds XLA's pairs alone.
+interaction is XLA's pairs, bit for bit. On a mesh, each device runs the
+kernel on its part of the batch (padded to the data shards). Where the
+kernel may not run (a mesh without a data axis or with an Explicit one,
+another dtype, the switch off, a CUDA lowering), the training program
+holds XLA's pairs alone.
 """
 
 import jax
@@ -70,19 +72,52 @@ def test_a_training_program_runs_the_kernel_and_a_prediction_xlas_pairs():
   assert "embedlib_interaction" not in jax.jit(interaction.dot_pairs).lower(vectors).as_text()
 
 
-@pytest.mark.parametrize("case", ["several devices", "bfloat16", "switched off", "one vector"])
+def _mesh(devices, axis="data", axis_type=jax.sharding.AxisType.Auto):
+  if jax.device_count() < devices:
+    pytest.skip(f"needs {devices} devices")
+  return jax.make_mesh((devices,), (axis,), axis_types=(axis_type,),
+                       devices=jax.devices()[:devices])
+
+
+@pytest.mark.parametrize("case", [
+    "no data axis", "an Explicit data axis", "bfloat16", "switched off", "one vector"])
 def test_where_the_kernel_may_not_run_the_program_holds_xlas_pairs(case, monkeypatch):
   require_cpu_kernels()
   vectors = _vectors(1 if case == "one vector" else 3, 4, 8,
                      jnp.bfloat16 if case == "bfloat16" else jnp.float32)
+  mesh = None
+  if case == "no data axis":
+    mesh = _mesh(2, "model")
+  if case == "an Explicit data axis":
+    mesh = _mesh(2, axis_type=jax.sharding.AxisType.Explicit)
   if case == "switched off":
     monkeypatch.setenv("EMBEDLIB_CPU_KERNELS", "0")
   if case == "one vector":  # no pair: nothing to call the kernel for
     assert not interaction.kernel_applies(vectors)
     return
-  loss = lambda v: jnp.sum(interaction.dot_pairs(v, cpu_kernel=case != "several devices"))
+  loss = lambda v: jnp.sum(interaction.dot_pairs(v, mesh=mesh))
   text = jax.jit(jax.value_and_grad(loss)).lower(vectors).as_text()
   assert "embedlib_interaction" not in text and "multiply" in text
+
+
+@pytest.mark.parametrize("batch", [8, 5, 0])
+def test_on_a_data_axis_each_device_runs_the_kernel_on_its_part(batch):
+  """Batches that do and don't divide the 4 shards, and none: padded with zero rows, then cut."""
+  require_cpu_kernels()
+  mesh = _mesh(4)
+  vectors = _vectors(4, batch, 16)
+  cot = jnp.asarray(np.random.default_rng(1).standard_normal((batch, 6)), jnp.float32)
+  sharded = lambda v: interaction.dot_pairs(v, mesh=mesh)
+  (out, grads), (want, want_grads) = (
+      _pairs_and_grads(f)(vectors, cot) for f in (sharded, interaction.pairs_xla))
+  assert out.shape == (batch, 6)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
+  for g, w in zip(grads, want_grads):
+    assert g.shape == (batch, 16)
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)
+  text = jax.jit(jax.value_and_grad(
+      lambda v, c: jnp.sum(sharded(v) * c))).lower(vectors, cot).as_text()
+  assert FORWARD in text and BACKWARD in text and "all-gather" not in text.replace("_", "-")
 
 
 def test_a_cuda_lowering_holds_xlas_pairs():
@@ -92,12 +127,10 @@ def test_a_cuda_lowering_holds_xlas_pairs():
   assert "embedlib_interaction" not in text and "multiply" in text
 
 
-@pytest.mark.parametrize("devices", [1, 2])
-def test_dlrm_trains_through_the_kernel_where_its_batch_lies_on_one_device(devices):
+@pytest.mark.parametrize("axis", ["data", "model"])
+def test_dlrm_trains_through_the_kernel_where_its_batch_is_split_over_data_axes(axis):
   require_cpu_kernels()
-  if jax.device_count() < devices:
-    pytest.skip(f"needs {devices} devices")
-  mesh = jax.make_mesh((devices,), ("data",), devices=jax.devices()[:devices])
+  mesh = _mesh(2, axis)
   model = DLRM(num_dense=2, tables=[TableSpec("a", 16, 8)],
                features=[FeatureSpec("a", "a"), FeatureSpec("b", "a")],
                bottom_sizes=(8,), top_sizes=(4, 1), mesh=mesh, rngs=nnx.Rngs(0))
@@ -105,7 +138,8 @@ def test_dlrm_trains_through_the_kernel_where_its_batch_lies_on_one_device(devic
   graph, state = nnx.split(model)
   loss = lambda s: jnp.sum(nnx.merge(graph, s)(dense, sparse))
   text = jax.jit(jax.value_and_grad(loss)).lower(state).as_text()
-  assert (FORWARD in text and BACKWARD in text) == (devices == 1)
+  # A mesh without a data axis ("model": the tables split, the batch whole) keeps XLA's pairs.
+  assert (FORWARD in text and BACKWARD in text) == (axis == "data")
 
 
 def test_the_benchmark_checks_then_times_both(tmp_path):
