@@ -8,7 +8,8 @@ vectors) and, backward, one pass per vector reading every other vector
 again. The C++ kernel (``cpu/interaction.cc``) reads each example's ``n``
 rows once, while they are in the core's cache, for the forward and again
 for the backward, the examples split over XLA's intra-op threads
-(``benchmarks/train_dlrm.py`` times DLRM's step with it).
+(``benchmarks/interaction.py`` times it beside XLA's pairs,
+``benchmarks/train_dlrm.py`` DLRM's step with it).
 
 The kernel runs where the interaction is differentiated (a training step:
 ``jax.custom_vjp``'s forward and backward rules); evaluated alone (a
