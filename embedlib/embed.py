@@ -313,7 +313,7 @@ class ShardedEmbed(nnx.Module):
         and route overflow) after its lookups; a list receives them instead, as
         callables, for a caller with more lookups to run them after its
         last one: a traced check must follow every ``shard_map`` of the
-        jitted function (see ``strategies.runner.no_context_mesh``).
+        jitted function (see ``sharding.no_context_mesh``).
 
     Returns:
       One output per request: ``ids.shape + (features,)`` unpooled,
@@ -333,7 +333,7 @@ class ShardedEmbed(nnx.Module):
       # A batch read ahead: its step checks it when it looks it up.
       return out
     # Traced checks come after the lookups, whose shard_maps they would
-    # otherwise precede (see strategies.runner.no_context_mesh).
+    # otherwise precede (see sharding.no_context_mesh).
     deferred = []
     if on_overflow == dedup.ERROR:
       deferred += [functools.partial(dedup.check_capacity, need, capacity, self.plan.name, what)

@@ -41,6 +41,18 @@ def current_mesh():
   return None
 
 
+def no_context_mesh():
+  """A context without the mesh set by ``jax.set_mesh``, for calling ``shard_map``.
+
+  ``shard_map`` is given its mesh explicitly and needs none in context. With
+  one in context, ``checkify`` fails to trace a ``shard_map`` that follows a
+  ``checkify.check`` (its error values are rebuilt outside the manual mesh:
+  seen on jax 0.10.2 and 0.12), which would break ``invalid_ids="error"``,
+  the dedup capacity check under ``jit`` and a DLRM's interaction after them.
+  """
+  return _compat.use_abstract_mesh(_compat.AbstractMesh((), ()))
+
+
 def mesh_or_current(mesh):
   """The mesh a table is built on: ``mesh`` if given, else ``current_mesh()`` (or None).
 

@@ -137,6 +137,7 @@ def dot_pairs(vectors, *, mesh=None) -> jax.Array:
   shards = mesh_axes.axes_size(dict(mesh.shape), names)
   padded = [sharding_lib.pad_tokens(v, shards, 0.0) for v in vectors]
   spec = P(names)
-  out = _compat.shard_map(lambda *v: _pairs(v), mesh=mesh, in_specs=(spec,) * len(padded),
-                          out_specs=spec)(*padded)
+  with sharding_lib.no_context_mesh():
+    out = _compat.shard_map(lambda *v: _pairs(v), mesh=mesh, in_specs=(spec,) * len(padded),
+                            out_specs=spec)(*padded)
   return out[:batch]

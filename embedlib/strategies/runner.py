@@ -24,18 +24,6 @@ from embedlib import _compat
 from embedlib import sharding as sharding_lib
 
 
-def no_context_mesh():
-  """A context without the mesh set by ``jax.set_mesh``, for calling ``shard_map``.
-
-  ``shard_map`` is given its mesh explicitly and needs none in context. With
-  one in context, ``checkify`` fails to trace a ``shard_map`` that follows a
-  ``checkify.check`` (its error values are rebuilt outside the manual mesh:
-  seen on jax 0.10.2 and 0.12), which would break ``invalid_ids="error"``
-  and the dedup capacity check under ``jit``.
-  """
-  return _compat.use_abstract_mesh(_compat.AbstractMesh((), ()))
-
-
 def token_spec(plan) -> P:
   """The layout of ids and rows inside a lookup: tokens split over the data axes."""
   return P(plan.data_axes or None)
@@ -58,8 +46,8 @@ def restore(x, tokens: int, spec, *, mesh):
 
 
 def shard(body, args, in_specs, out_specs, *, mesh, check_vma=True):
-  """``jax.shard_map(body)(*args)`` outside the context mesh (``no_context_mesh``)."""
-  with no_context_mesh():
+  """``jax.shard_map(body)(*args)`` outside the context mesh (``sharding.no_context_mesh``)."""
+  with sharding_lib.no_context_mesh():
     return _compat.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                              check_vma=check_vma)(*args)
 
@@ -166,7 +154,7 @@ def keep(body, tokens, fill, *, plan, mesh, table=None, meta=(), check_vma=True)
     found.append((tuple(tuple(n for n in axes if n in v) for v in varying), treedef))
     return tuple(x[None] for x in leaves)
 
-  with no_context_mesh():
+  with sharding_lib.no_context_mesh():
     # Traced once for the axes each output varies over (no computation).
     jax.eval_shape(_compat.shard_map(probe, mesh=mesh, in_specs=in_specs, out_specs=P(axes),
                                      check_vma=check_vma), *args)

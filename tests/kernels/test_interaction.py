@@ -17,7 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.experimental import checkify
 
+import embedlib
 from embedlib import FeatureSpec, TableSpec
 from embedlib.kernels import interaction, lowering
 from embedlib.models import DLRM
@@ -151,3 +153,24 @@ def test_the_benchmark_checks_then_times_both(tmp_path):
       path, ["xla_over_kernel_forward", "xla_over_kernel_training"])
   assert {c["name"] for c in record["cases"]} == {
       f"{part}, {kind}" for part in ("forward", "training") for kind in ("kernel", "XLA pairs")}
+
+
+def test_a_dlrm_under_set_mesh_checks_its_ids_and_trains_through_the_kernel():
+  """checkify's checks (a dedup capacity's on_overflow="error") before the interaction's shard_map."""
+  require_cpu_kernels()
+  mesh = _mesh(2)
+  with jax.set_mesh(mesh):
+    model = DLRM(num_dense=2, tables=[TableSpec("a", 16, 8)],
+                 features=[FeatureSpec("a", "a"), FeatureSpec("b", "a")],
+                 bottom_sizes=(8,), top_sizes=(4, 1), rngs=nnx.Rngs(0),
+                 layout=embedlib.CollectionLayout(num_unique=2, on_overflow="error",
+                                                  replicate_below_bytes=0))
+    graph, state = nnx.split(model)
+    loss = lambda s, sparse: jnp.sum(nnx.merge(graph, s)(jnp.ones((4, 2)), sparse))
+    step = jax.jit(checkify.checkify(jax.value_and_grad(loss), errors=checkify.user_checks))
+    same = {"a": jnp.zeros(4, jnp.int32), "b": jnp.ones(4, jnp.int32)}
+    err, (value, _) = step(state, same)
+    assert err.get() is None and np.isfinite(value)
+    err, _ = step(state, {"a": jnp.arange(4), "b": jnp.arange(4) + 4})  # 4 a shard
+    assert "more than num_unique=2" in err.get()
+    assert FORWARD in step.lower(state, same).as_text()
