@@ -9,6 +9,15 @@ literals, so that renaming an axis is a one-line change.
 #: it) when ``data_axes`` is not given.
 DATA_AXIS_NAMES = ("data", "batch", "replica", "dp", "fsdp", "pod")
 
+
+def named_data_axes(axis_names) -> tuple[str, ...]:
+  """The axes of ``axis_names`` with a data-parallel name (``DATA_AXIS_NAMES``), in order.
+
+  >>> named_data_axes(("data", "model"))
+  ('data',)
+  """
+  return tuple(a for a in axis_names if a in DATA_AXIS_NAMES)
+
 #: Axis names used by the examples, demos and tests.
 DATA = "data"
 MODEL = "model"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from embedlib.axes import DATA_AXIS_NAMES
+from embedlib.axes import DATA_AXIS_NAMES, named_data_axes
 
 _ITEM, _END, _ERROR = "item", "end", "error"
 _POLL_S = 0.05  # how often a blocked producer checks for close()
@@ -204,7 +204,7 @@ def to_global_batch(batch, mesh, data_axes: str | Sequence[str] | None = None):
   from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=g-import-not-at-top
 
   if data_axes is None:
-    data_axes = tuple(a for a in mesh.axis_names if a in DATA_AXIS_NAMES)
+    data_axes = named_data_axes(mesh.axis_names)
     if not data_axes:
       raise ValueError(
           f"mesh axes {mesh.axis_names} include no data axis (one of {DATA_AXIS_NAMES}); "

@@ -103,7 +103,7 @@ def batch_axes(mesh) -> tuple[str, ...] | None:
   """
   if mesh is None or mesh.size == 1:
     return ()
-  names = tuple(a for a in mesh.axis_names if a in axes.DATA_AXIS_NAMES)
+  names = axes.named_data_axes(mesh.axis_names)
   if not names or sharding_lib.is_explicit(mesh, names):
     return None
   return names

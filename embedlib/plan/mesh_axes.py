@@ -102,7 +102,7 @@ def resolve_axes(
   table = as_axes(table_axes, "table_axes", name)
   data = as_axes(data_axes, "data_axes", name)
   if data is None:
-    data = tuple(a for a in shape if a in axes_lib.DATA_AXIS_NAMES)
+    data = axes_lib.named_data_axes(shape)
   if table is None:
     table = tuple(a for a in shape if a not in data) or tuple(
         a for a in shape if a in data
