@@ -1,20 +1,15 @@
 // Helpers shared by embedlib's CPU kernels (XLA FFI handlers).
 //
-// Both kernels visit rows scattered over a large table, one or a few cache
+// The kernels visit rows scattered over a large table, one or a few cache
 // lines each: they are bound by memory latency, not bandwidth, so they ask
-// for rows a few iterations ahead instead of waiting on each miss, and split
-// the work over a few threads.
+// for rows a few iterations ahead instead of waiting on each miss (and split
+// the work over XLA's threads: pool.h).
 
 #ifndef EMBEDLIB_KERNELS_CPU_COMMON_H_
 #define EMBEDLIB_KERNELS_CPU_COMMON_H_
 
-#include <sched.h>
-
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <thread>
-#include <vector>
 
 namespace embedlib_cpu {
 
@@ -45,33 +40,6 @@ __attribute__((always_inline)) inline float LaneDot(const float* a, const float*
     for (int64_t k = 0; k < half; ++k) lane[k] += lane[k + half];
   }
   return lane[0];
-}
-
-// Threads for `items` rows of work: the CPUs this process may run on, at most
-// 8 (latency-bound work gains little beyond), and one per 2,048 rows.
-inline int ThreadCount(int64_t items) {
-  cpu_set_t set;
-  int cpus = 1;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
-  const int64_t by_work = std::max<int64_t>(1, items / 2048);
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({cpus, 8, by_work})));
-}
-
-// Runs body(t) for t in [0, threads), body(0) on the calling thread.
-template <typename Body>
-void ParallelFor(int threads, const Body& body) {
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back([&, t] { body(t); });
-  body(0);
-  for (auto& thread : pool) thread.join();
-}
-
-// Runs body(begin, end) over [0, items) split into ThreadCount(items)
-// contiguous ranges.
-template <typename Body>
-void ParallelRanges(int64_t items, const Body& body) {
-  const int threads = ThreadCount(items);
-  ParallelFor(threads, [&](int t) { body(items * t / threads, items * (t + 1) / threads); });
 }
 
 // Copies `in` to `out` unless XLA aliased them (a donated input).

@@ -59,6 +59,14 @@ constexpr int64_t kInsertionSort = 32;
 // worker, so that a helper that starts late still finds some.
 constexpr int64_t kIdsPerWorker = 8192;
 constexpr int64_t kTasksPerWorker = 4;
+// The fewest rows (or ids) worth a worker of their own in the lookup, the
+// marking and the placing: each a short pass, where a worker's start costs
+// about as much as a few thousand rows.
+constexpr int64_t kRowsPerWorker = 2048;
+
+int Workers(ffi::ThreadPool& pool, int64_t rows) {
+  return embedlib_cpu::PoolWorkers(pool, rows, kRowsPerWorker);
+}
 
 // One id of the step: its words as one key, and its input position.
 struct Occurrence {
@@ -383,7 +391,7 @@ ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi:
 
 // The eval lookup: each own id's local row (the first slot of its bucket
 // holding it), -1 where it is not resident or not own; nothing changes.
-ffi::Error LookupImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
+ffi::Error LookupImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
                       ffi::Buffer<ffi::S32> score, ffi::Buffer<ffi::U32> hi,
                       ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::PRED> own,
                       ffi::Buffer<ffi::S32> bucket, ffi::Result<ffi::Buffer<ffi::S32>> rows_out,
@@ -407,7 +415,7 @@ ffi::Error LookupImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_
   const bool* is_own = own.typed_data();
   const int32_t* bk = bucket.typed_data();
   int32_t* rows = rows_out->typed_data();
-  embedlib_cpu::ParallelRanges(m, [&](int64_t begin, int64_t end) {
+  embedlib_cpu::PoolRanges(pool, Workers(pool, m), m, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       rows[i] = -1;
       if (!is_own[i]) continue;
@@ -428,7 +436,7 @@ ffi::Error LookupImpl(ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_
 // drawn[i] = rows[i] where that row's mark was not `never` before (a row
 // placed again, whose initial value is drawn), else n. placed_at is updated
 // in place when XLA aliases it.
-ffi::Error MarkPlacedImpl(ffi::Buffer<ffi::S32> placed_at, ffi::Buffer<ffi::S32> rows,
+ffi::Error MarkPlacedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> placed_at, ffi::Buffer<ffi::S32> rows,
                           ffi::Buffer<ffi::PRED> placed, ffi::BufferR0<ffi::S32> stamp,
                           ffi::Result<ffi::Buffer<ffi::S32>> placed_at_out,
                           ffi::Result<ffi::Buffer<ffi::S32>> drawn_out, int64_t never) {
@@ -445,7 +453,7 @@ ffi::Error MarkPlacedImpl(ffi::Buffer<ffi::S32> placed_at, ffi::Buffer<ffi::S32>
   const bool* is_placed = placed.typed_data();
   const int32_t t = *stamp.typed_data();
   int32_t* drawn = drawn_out->typed_data();
-  embedlib_cpu::ParallelRanges(m, [&](int64_t begin, int64_t end) {
+  embedlib_cpu::PoolRanges(pool, Workers(pool, m), m, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       if (i + embedlib_cpu::kAhead < end) {
         const int32_t ahead = r[i + embedlib_cpu::kAhead];
@@ -464,7 +472,7 @@ ffi::Error MarkPlacedImpl(ffi::Buffer<ffi::S32> placed_at, ffi::Buffer<ffi::S32>
 
 // table[rows[i]] = values[i] for each rows[i] in [0, n) (distinct: the rows
 // placed in a step), the table updated in place when XLA aliases it.
-ffi::Error SetRowsImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> rows, ffi::AnyBuffer values,
+ffi::Error SetRowsImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<ffi::S32> rows, ffi::AnyBuffer values,
                        ffi::Result<ffi::AnyBuffer> out) {
   const auto dims = table.dimensions();
   const int64_t k = rows.element_count();
@@ -481,7 +489,7 @@ ffi::Error SetRowsImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> rows, ffi::An
   char* t = static_cast<char*>(out->untyped_data());
   const char* v = static_cast<const char*>(values.untyped_data());
   const int32_t* r = rows.typed_data();
-  embedlib_cpu::ParallelRanges(k, [&](int64_t begin, int64_t end) {
+  embedlib_cpu::PoolRanges(pool, Workers(pool, k), k, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       if (i + embedlib_cpu::kAhead < end) {
         const int32_t ahead = r[i + embedlib_cpu::kAhead];
@@ -497,6 +505,7 @@ ffi::Error SetRowsImpl(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> rows, ffi::An
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapLookup, LookupImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
@@ -509,6 +518,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapLookup, LookupImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibMarkPlaced, MarkPlacedImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
@@ -519,6 +529,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibMarkPlaced, MarkPlacedImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibSetRows, SetRowsImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::AnyBuffer>()

@@ -58,8 +58,9 @@ void PrefetchFloats(const void* p, int64_t count) { embedlib_cpu::PrefetchBytes(
 constexpr int64_t kIdsPerWorker = 4096;
 constexpr int64_t kPartsPerWorker = 8;
 
-// The shard's valid ids grouped by row range: part p holds the ids whose
-// row lies in [p * rows / parts, (p + 1) * rows / parts), in input order.
+// The shard's valid ids grouped by row range: part p holds, in input order,
+// the ids whose row lies in the p-th of `count` consecutive ranges of about
+// rows / count rows each.
 struct Parts {
   int64_t count = 1;
   std::vector<int64_t> start;  // [count + 1]: part p is [start[p], start[p + 1])
@@ -75,7 +76,13 @@ Parts GroupByPart(xla::ffi::ThreadPool& pool, int workers, const int32_t* ids, i
   out.count = workers <= 1 ? 1 : workers * kPartsPerWorker;
   const int64_t parts = out.count;
   const int64_t slices = workers <= 1 ? 1 : workers * 2;
-  auto part_of = [&](int64_t row) { return row * parts / shard_rows; };
+  // floor(row * parts / shard_rows) in 32-bit fixed point: a multiply where a
+  // 64-bit division per id, twice over the ids, was most of this grouping.
+  // Any monotone split would do (a row's part never changes its result).
+  const uint64_t scale = (static_cast<uint64_t>(parts) << 32) / static_cast<uint64_t>(shard_rows);
+  auto part_of = [&](int64_t row) {
+    return static_cast<int64_t>((static_cast<uint64_t>(row) * scale) >> 32);
+  };
   auto row_of = [&](int64_t i) -> int64_t {
     const int64_t row = static_cast<int64_t>(ids[i]) - first_row;
     return ids[i] < 0 || row < 0 || row >= shard_rows ? -1 : row;
