@@ -5,8 +5,10 @@ tables in the same layout; the float contract tests tie it to the
 single-device reference. Here each case also checks the gathers against
 that reference directly, and the rows against the float table within the
 format's stated bound. Bags are exact where the float bag runs the same
-kernel family; where it is Mosaic GPU's (jax >= 0.11's ``pallas`` on CPU)
-it sums the same terms in another order: f32 ulps, 1e-6. Layout x kernel x
+kernel family (on jax >= 0.12 only unweighted sums: XLA multiplies the
+other bags' dequantized terms in another order); where it is Mosaic
+GPU's (jax >= 0.11's ``pallas`` on CPU) it sums the same terms in another
+order: f32 ulps, 1e-6. Layout x kernel x
 format x mesh is covered pairwise (`tests.covering`); ``-m slow`` runs the
 rest of the product.
 """
@@ -76,7 +78,10 @@ def test_layout_kernel_format(layout, kernel, bits, mesh_name):
       np.random.default_rng(1).uniform(0.5, 2, ids.shape), jnp.float32)
   out, twin_out, float_out, bags, twin_bags = _results(q, twin, emb, ids, combiner, weights)
   np.testing.assert_array_equal(np.asarray(out), np.asarray(twin_out))
-  if lookup.plan(kernel)["cpu"] == kernels.plan(kernel)["cpu"]:
+  # XLA from jax 0.12 reorders the multiplies of a bag's dequantized terms
+  # (the code's scale, the weight, the mean's or sqrtn's factor): f32 ulps.
+  reassociated = jax.__version_info__ >= (0, 12) and (weights is not None or combiner != "sum")
+  if lookup.plan(kernel)["cpu"] == kernels.plan(kernel)["cpu"] and not reassociated:
     np.testing.assert_array_equal(np.asarray(bags), np.asarray(twin_bags))
   else:  # jax >= 0.11: the float twin's bag is Mosaic GPU's, which sums in another order
     np.testing.assert_allclose(np.asarray(bags), np.asarray(twin_bags), rtol=1e-6, atol=1e-6)
