@@ -85,29 +85,40 @@ def copy_step(total_bytes):
 
 
 def rows_step(vocab, width, ids):
-  """A ``step(table, ids) -> (None, table)`` that reads and writes the step's distinct rows.
+  """A ``step(table, ids) -> (rows, table)``: the two passes over the table every sparse step makes.
 
-  Each distinct row of ``ids`` gathered from a donated float32
-  ``[vocab, width]`` table and written back plus 1, in place, with the C++
-  gather and row set the CPU kernels use (both on XLA's threads): the
-  distinct rows' part of ``step_bytes`` at random addresses of the whole
-  table, where ``copy_step`` moves its bytes in one contiguous stream. The
-  ids are sorted, as the update's rows are. Nothing else of the step (ids,
-  the looked-up rows, the slots, any arithmetic) is in it: the floor of
-  touching rows spread over a table of this size on this machine.
+  First the lookup, the C++ gather of every id's row from a donated float32
+  ``[vocab, width]`` table into ``[ids, width]`` rows; then each distinct
+  row of ``ids`` read and written back plus 1, in place, in one pass by the
+  fused update's own kernel (SGD, one gradient row per distinct row, the
+  rows sorted as the update's are). A step cannot overlap them: the second
+  needs the gradient of what the first looked up. Nothing else of a step is
+  in it: no model between them, no gradient of repeated ids summed (its
+  ``[distinct, width]`` gradient of ones is read in order), no slots. Each
+  pass hits the rows where they lie in a table of this size, where
+  ``copy_step`` streams its bytes through one buffer: the floor of this
+  machine's random access for the step's work, timed in the same run.
 
   Returns:
     ``(step, table)``, or None without the CPU kernels' library.
   """
-  from embedlib.kernels import cpu_library, dynamic_map_cpu, gather_cpu  # noqa: PLC0415
+  from embedlib import optim  # noqa: PLC0415
+  from embedlib.kernels import cpu_library, gather_cpu  # noqa: PLC0415
+  from embedlib.optim import fused_cpu  # noqa: PLC0415
   if jax.default_backend() != "cpu" or not cpu_library.available():
     return None
   rows = jnp.asarray(np.unique(np.asarray(ids)), jnp.int32)
+  minus_ones = -jnp.ones((rows.shape[0], width), jnp.float32)
 
   def touch(table, ids):
-    del ids
-    return None, dynamic_map_cpu.set_rows_cpu(table, rows,
-                                              gather_cpu.gather_cpu(table, rows) + 1)
+    looked_up = gather_cpu.gather_cpu(table, ids)
+    # The learning rate, 1, read from the looked-up rows (times 0): the
+    # update then follows the gather, as a step's does through its gradient,
+    # and XLA updates the donated table in place rather than a copy.
+    lr = 1.0 + 0.0 * looked_up[0, 0]
+    table, _ = fused_cpu.update(optim.SparseSGD(1.0), table, {}, rows, minus_ones, lr, 0,
+                                first_row=0, first_col=0, features=width)
+    return looked_up, table
 
   return jax.jit(touch, donate_argnums=0), jnp.zeros((vocab, width), jnp.float32)
 

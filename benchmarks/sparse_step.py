@@ -74,9 +74,10 @@ record, ``benchmarks/timing.py``), by medians, ``<size>`` as ``1M_x_64``:
 ``vs_fbgemm_<size>`` FBGEMM fused's step time over the sparse step's (with
 the peers), ``copy_distance_<size>`` the sparse step's time over the copy
 of its bytes, ``dense_over_sparse_<size>`` the dense step's over the sparse
-step's; on CPU, ``rows_floor_over_copy_<size>`` the time to read and write
-the step's distinct rows in place in a table of its size (``bandwidth.rows_step``:
-random rows, where the copy streams) over the copy's, and
+step's; on CPU, ``rows_floor_over_copy_<size>`` the time of the two passes
+over the table every step makes, the gather of its ids' rows and then its
+distinct rows read and written in place (``bandwidth.rows_step``: random
+rows, where the copy streams), over the copy's, and
 ``rows_floor_distance_<size>`` the sparse step's over that; with ``--layouts``, ``hidden_over_vocab`` and ``grid_over_vocab``.
 
 Every case starts from the same table (``initial_table``, the PyTorch
@@ -148,7 +149,7 @@ SPARSE_XLA = "sparse row-wise AdaGrad, XLA ops"
 SPARSE_SORTED = "sparse row-wise AdaGrad, sorted (GPU update)"
 COPY = "copy of the sparse step's bytes (x + 1)"
 DRAM_COPY = "copy past the caches (x + 1)"
-ROWS_FLOOR = "distinct rows read + written in place"
+ROWS_FLOOR = "rows gathered, then distinct rows written in place"
 MiB = 1 << 20
 LR = 0.01
 
@@ -503,10 +504,10 @@ def run(vocab, width, n, repeats, args, record):
                         times[DRAM_COPY], bandwidth.copy_bytes(copiers[DRAM_COPY].state))
   if ROWS_FLOOR in times:
     floor_ms, copy_ms = statistics.median(times[ROWS_FLOOR]), statistics.median(times[COPY])
-    print(f"the step's {uniq:,} distinct rows read and written in place, at their addresses "
-          f"in the {table_bytes / MiB:,.0f} MiB table (medians): {floor_ms:.3f} ms, "
-          f"{floor_ms / copy_ms:.1f}x the copy of all the step's bytes; the step is "
-          f"{sparse_ms / floor_ms:.1f}x it")
+    print(f"the step's {n:,} rows gathered, then its {uniq:,} distinct rows read and written "
+          f"in place, at their addresses in the {table_bytes / MiB:,.0f} MiB table (medians): "
+          f"{floor_ms:.3f} ms, {floor_ms / copy_ms:.1f}x the copy of all the step's bytes; "
+          f"the step is {sparse_ms / floor_ms:.1f}x it")
   for name, mem in memory.items():
     temp = mem.temp_size_in_bytes
     # Live at the step's peak: inputs, temporaries, and outputs that do not
