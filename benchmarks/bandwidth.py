@@ -85,7 +85,7 @@ def copy_step(total_bytes):
 
 
 def rows_step(vocab, width, ids):
-  """A ``step(table, ids) -> (rows, table)``: the two passes over the table every sparse step makes.
+  """A ``step(state, ids) -> (None, state)``: the two passes over the table every sparse step makes.
 
   First the lookup, the C++ gather of every id's row from a donated float32
   ``[vocab, width]`` table into ``[ids, width]`` rows; then each distinct
@@ -94,13 +94,15 @@ def rows_step(vocab, width, ids):
   rows sorted as the update's are). A step cannot overlap them: the second
   needs the gradient of what the first looked up. Nothing else of a step is
   in it: no model between them, no gradient of repeated ids summed (its
-  ``[distinct, width]`` gradient of ones is read in order), no slots. Each
+  ``[distinct, width]`` gradient, all -1, is read in order), no slots. Each
   pass hits the rows where they lie in a table of this size, where
   ``copy_step`` streams its bytes through one buffer: the floor of this
   machine's random access for the step's work, timed in the same run.
 
   Returns:
-    ``(step, table)``, or None without the CPU kernels' library.
+    ``(step, state)``: the jitted step and its first state, ``(table,
+    gradient)`` (the gradient passed back unchanged, so that no step
+    writes it), or None without the CPU kernels' library.
   """
   from embedlib import optim  # noqa: PLC0415
   from embedlib.kernels import cpu_library, gather_cpu  # noqa: PLC0415
@@ -108,19 +110,22 @@ def rows_step(vocab, width, ids):
   if jax.default_backend() != "cpu" or not cpu_library.available():
     return None
   rows = jnp.asarray(np.unique(np.asarray(ids)), jnp.int32)
-  minus_ones = -jnp.ones((rows.shape[0], width), jnp.float32)
 
-  def touch(table, ids):
+  def touch(state, ids):
+    table, minus_ones = state
     looked_up = gather_cpu.gather_cpu(table, ids)
     # The learning rate, 1, read from the looked-up rows (times 0): the
     # update then follows the gather, as a step's does through its gradient,
-    # and XLA updates the donated table in place rather than a copy.
+    # and XLA updates the donated table in place rather than a copy. The
+    # rows are not returned: a temporary, as a step's are (an output would
+    # be a fresh buffer every call, its pages faulted in).
     lr = 1.0 + 0.0 * looked_up[0, 0]
     table, _ = fused_cpu.update(optim.SparseSGD(1.0), table, {}, rows, minus_ones, lr, 0,
                                 first_row=0, first_col=0, features=width)
-    return looked_up, table
+    return None, (table, minus_ones)
 
-  return jax.jit(touch, donate_argnums=0), jnp.zeros((vocab, width), jnp.float32)
+  state = (jnp.zeros((vocab, width), jnp.float32), -jnp.ones((rows.shape[0], width), jnp.float32))
+  return jax.jit(touch, donate_argnums=0), state
 
 
 def copy_bytes(buffer):
