@@ -134,10 +134,11 @@ struct PartScratch {
 };
 
 // Finds the part's distinct rows (an open-addressing hash table over its
-// ids, 2x to 4x their number: never the table's size), groups its ids by
-// row keeping input order, then for each row sums its gradients in input
-// order (the order of XLA's scatter-add, from zero) and calls
-// update(row, summed_gradient).
+// ids, 2x to 4x their number: never the table's size) and calls
+// update(row, summed_gradient) once for each: first for the rows met once,
+// in input order, then for the others, whose ids it groups by row keeping
+// input order, summing each row's gradients in input order (the order of
+// XLA's scatter-add, from zero).
 template <typename Update>
 void UpdatePart(const int32_t* pos, const int32_t* part_rows, int64_t len, const float* grads,
                 int64_t features, const PartScratch& s, const Update& update) {
@@ -156,29 +157,47 @@ void UpdatePart(const int32_t* pos, const int32_t* part_rows, int64_t len, const
     s.of_id[j] = s.slot[h];
     ++s.bounds[s.slot[h]];
   }
-  // bounds[k] becomes row k's first place in `order`, then, once its ids
-  // are placed, its end (and so row k + 1's start).
-  int32_t total = 0;
+  // Rows met once (most of a Zipf batch's): updated in input order, so that
+  // their gradient rows are read at ascending addresses, a few ids ahead.
+  // The sum from zero, as below: 0 + g, the bits of a sum of one.
+  for (int64_t j = 0; j < len; ++j) {
+    if (j + embedlib_cpu::kAhead < len && s.bounds[s.of_id[j + embedlib_cpu::kAhead]] == 1) {
+      update.Prefetch(part_rows[j + embedlib_cpu::kAhead]);
+      PrefetchFloats(grads + static_cast<int64_t>(pos[j + embedlib_cpu::kAhead]) * features,
+                     features);
+    }
+    if (s.bounds[s.of_id[j]] != 1) continue;
+    const float* g = grads + static_cast<int64_t>(pos[j]) * features;
+    for (int64_t c = 0; c < features; ++c) s.sum[c] = 0.0f + g[c];
+    update(part_rows[j], s.sum);
+  }
+  // The rows met more than once: their indices into `multi` (the hash
+  // slots, done with), and bounds[k] becomes row k's first place in
+  // `order`, then, once its ids are placed, its end (and so row k + 1's
+  // start).
+  int32_t* multi = s.key;
+  int32_t multis = 0, total = 0;
   for (int32_t k = 0; k < distinct; ++k) {
     const int32_t c = s.bounds[k];
+    if (c > 1) multi[multis++] = k;
     s.bounds[k] = total;
     total += c;
   }
   for (int64_t j = 0; j < len; ++j) s.order[s.bounds[s.of_id[j]]++] = pos[j];
-  for (int32_t k = 0; k < distinct; ++k) {
+  for (int32_t i = 0; i < multis; ++i) {
     // The rows are scattered over the table, and their gradients over the
     // [ids, features] gradients: fetching a few rows ahead overlaps their
     // cache misses (common.h).
-    if (k + embedlib_cpu::kAhead < distinct) {
-      const int32_t ahead = k + embedlib_cpu::kAhead;
+    if (i + embedlib_cpu::kAhead < multis) {
+      const int32_t ahead = multi[i + embedlib_cpu::kAhead];
       update.Prefetch(s.rows[ahead]);
-      // Its first few gradients (most rows have one; a hot row's many are
-      // fetched as its sum runs).
-      const int32_t first = s.bounds[ahead - 1];
+      // Its first few gradients (a hot row's many are fetched as its sum runs).
+      const int32_t first = ahead ? s.bounds[ahead - 1] : 0;
       for (int32_t j = first; j < s.bounds[ahead] && j < first + 2; ++j) {
         PrefetchFloats(grads + static_cast<int64_t>(s.order[j]) * features, features);
       }
     }
+    const int32_t k = multi[i];
     std::fill(s.sum, s.sum + features, 0.0f);
     for (int32_t j = k ? s.bounds[k - 1] : 0; j < s.bounds[k]; ++j) {
       const float* g = grads + static_cast<int64_t>(s.order[j]) * features;
