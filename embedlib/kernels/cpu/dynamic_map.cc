@@ -391,9 +391,10 @@ ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi:
 
 // The eval lookup: each own id's local row (the first slot of its bucket
 // holding it), -1 where it is not resident or not own; nothing changes.
-ffi::Error LookupImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
-                      ffi::Buffer<ffi::S32> score, ffi::Buffer<ffi::U32> hi,
-                      ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::PRED> own,
+ffi::Error LookupImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi,
+                      ffi::Buffer<ffi::U32> keys_lo, ffi::Buffer<ffi::S32> score,
+                      ffi::Buffer<ffi::U32> hi, ffi::Buffer<ffi::U32> lo,
+                      ffi::Buffer<ffi::PRED> own,
                       ffi::Buffer<ffi::S32> bucket, ffi::Result<ffi::Buffer<ffi::S32>> rows_out,
                       int64_t bucket_size) {
   const int64_t rows_n = score.element_count();
@@ -436,8 +437,9 @@ ffi::Error LookupImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi::
 // drawn[i] = rows[i] where that row's mark was not `never` before (a row
 // placed again, whose initial value is drawn), else n. placed_at is updated
 // in place when XLA aliases it.
-ffi::Error MarkPlacedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> placed_at, ffi::Buffer<ffi::S32> rows,
-                          ffi::Buffer<ffi::PRED> placed, ffi::BufferR0<ffi::S32> stamp,
+ffi::Error MarkPlacedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> placed_at,
+                          ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::PRED> placed,
+                          ffi::BufferR0<ffi::S32> stamp,
                           ffi::Result<ffi::Buffer<ffi::S32>> placed_at_out,
                           ffi::Result<ffi::Buffer<ffi::S32>> drawn_out, int64_t never) {
   const int64_t n = placed_at.element_count();
@@ -472,8 +474,8 @@ ffi::Error MarkPlacedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> placed_at,
 
 // table[rows[i]] = values[i] for each rows[i] in [0, n) (distinct: the rows
 // placed in a step), the table updated in place when XLA aliases it.
-ffi::Error SetRowsImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<ffi::S32> rows, ffi::AnyBuffer values,
-                       ffi::Result<ffi::AnyBuffer> out) {
+ffi::Error SetRowsImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<ffi::S32> rows,
+                       ffi::AnyBuffer values, ffi::Result<ffi::AnyBuffer> out) {
   const auto dims = table.dimensions();
   const int64_t k = rows.element_count();
   if (dims.size() != 2 || values.element_type() != table.element_type() ||
