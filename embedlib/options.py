@@ -43,7 +43,8 @@ ERROR = "error"
 ON_OVERFLOW = (FALLBACK, ERROR)
 
 #: Values of an environment switch (``EMBEDLIB_CPU_KERNELS``,
-#: ``EMBEDLIB_KEEP_FREED_BLOCKS``) that turn it off, in any case.
+#: ``EMBEDLIB_KEEP_FREED_BLOCKS``, ``EMBEDLIB_HUGE_PAGES``, read by the CPU
+#: kernels' ``cpu/huge_pages.h``) that turn it off, in any case.
 SWITCHED_OFF = ("0", "false", "off", "no")
 
 

@@ -9,7 +9,9 @@ marking and placing of its rows, ``dynamic_map_cpu.py``).
 On XLA:CPU a lookup or a row update visits rows scattered over a large
 table; XLA's gather and scatter loops wait on each row's cache misses,
 where these kernels fetch rows ahead and split the rows over XLA's
-intra-op threads (``cpu/pool.h``).
+intra-op threads (``cpu/pool.h``). A table of 32 MiB or more that they meet
+a second time is moved onto 2 MiB pages (``cpu/huge_pages.h``; off with
+``EMBEDLIB_HUGE_PAGES=0``), so that a row costs no page-table walk.
 
 The sources are compiled into one shared library the first time a kernel is
 traced, with ``$CXX`` or the ``c++`` / ``g++`` / ``clang++`` on ``PATH``,

@@ -143,6 +143,7 @@ ffi::Error BagImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> table, ffi::Buffe
   const Bags a{table.typed_data(), dims[0], dims[1], ids.typed_data(),
                weighted ? coef.typed_data() : nullptr, combiner, bags[1], out->typed_data()};
   const int64_t batch = bags[0];
+  embedlib_cpu::AdviseHugePages(a.table, table.size_bytes());
   if (a.bag == 0) {
     std::memset(a.out, 0, batch * a.width * sizeof(float));
     return ffi::Error::Success();

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "huge_pages.h"
+
 namespace embedlib_cpu {
 
 // How many rows ahead of the one being processed to prefetch.
@@ -42,12 +44,15 @@ __attribute__((always_inline)) inline float LaneDot(const float* a, const float*
   return lane[0];
 }
 
-// Copies `in` to `out` unless XLA aliased them (a donated input).
+// Readies `out`, a result the kernel updates in place of `in`: a copy of
+// `in` unless XLA aliased them (a donated input), on huge pages if it is
+// large and lives on (huge_pages.h).
 template <typename In, typename Out>
-void CopyUnlessAliased(const In& in, Out& out) {
+void PrepareInPlace(const In& in, Out& out) {
   if (out->untyped_data() != in.untyped_data()) {
     std::memcpy(out->untyped_data(), in.untyped_data(), in.size_bytes());
   }
+  AdviseHugePages(out->untyped_data(), in.size_bytes());
 }
 
 }  // namespace embedlib_cpu

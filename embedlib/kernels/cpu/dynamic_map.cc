@@ -245,10 +245,10 @@ ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi:
         "embedlib dynamic map step: expected keys_hi, keys_lo, score [rows], sketch "
         "[buckets * depth * width], hi, lo, own, bucket [m], cells [m * depth], clock []");
   }
-  embedlib_cpu::CopyUnlessAliased(keys_hi, khi_out);
-  embedlib_cpu::CopyUnlessAliased(keys_lo, klo_out);
-  embedlib_cpu::CopyUnlessAliased(score_in, score_out);
-  embedlib_cpu::CopyUnlessAliased(sketch_in, sketch_out);
+  embedlib_cpu::PrepareInPlace(keys_hi, khi_out);
+  embedlib_cpu::PrepareInPlace(keys_lo, klo_out);
+  embedlib_cpu::PrepareInPlace(score_in, score_out);
+  embedlib_cpu::PrepareInPlace(sketch_in, sketch_out);
   uint32_t* khi = khi_out->typed_data();
   uint32_t* klo = klo_out->typed_data();
   int32_t* score = score_out->typed_data();
@@ -449,7 +449,7 @@ ffi::Error MarkPlacedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> placed_at,
     return ffi::Error::InvalidArgument(
         "embedlib mark placed: expected placed_at [n], rows, placed [m], stamp []");
   }
-  embedlib_cpu::CopyUnlessAliased(placed_at, placed_at_out);
+  embedlib_cpu::PrepareInPlace(placed_at, placed_at_out);
   int32_t* at = placed_at_out->typed_data();
   const int32_t* r = rows.typed_data();
   const bool* is_placed = placed.typed_data();
@@ -485,7 +485,7 @@ ffi::Error SetRowsImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<f
         "embedlib set rows: expected table [n, features], rows [k] and values "
         "[k, features] of the table's dtype");
   }
-  embedlib_cpu::CopyUnlessAliased(table, out);
+  embedlib_cpu::PrepareInPlace(table, out);
   const int64_t n = dims[0];
   const int64_t row_bytes = dims[1] * static_cast<int64_t>(ffi::ByteWidth(table.element_type()));
   char* t = static_cast<char*>(out->untyped_data());

@@ -57,6 +57,7 @@ ffi::Error GatherImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<ff
   char* o = static_cast<char*>(out->untyped_data());
   const int32_t* id = ids.typed_data();
   const int64_t n = ids.element_count();
+  embedlib_cpu::AdviseHugePages(t, table.size_bytes());
   const int workers = embedlib_cpu::PoolWorkers(pool, n, kIdsPerWorker);
   embedlib_cpu::PoolRanges(pool, workers, n, [&](int64_t begin, int64_t end) {
     switch (row_bytes) {

@@ -48,7 +48,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-using embedlib_cpu::CopyUnlessAliased;
+using embedlib_cpu::PrepareInPlace;
 
 void PrefetchFloats(const void* p, int64_t count) { embedlib_cpu::PrefetchBytes(p, count * 4); }
 
@@ -361,7 +361,7 @@ ffi::Error SgdImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> table,
                    ffi::Buffer<ffi::S32> ids, ffi::Buffer<ffi::F32> grads,
                    ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::F32> lr, int64_t features,
                    ffi::ResultBuffer<ffi::F32> table_out) {
-  CopyUnlessAliased(table, table_out);
+  PrepareInPlace(table, table_out);
   return Run(pool, table, ids, grads, offsets, features, [&](int64_t cols, Columns c) {
     return Sgd{table_out->typed_data(), cols, c, -lr.typed_data()[0]};
   });
@@ -373,8 +373,8 @@ ffi::Error AdagradImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> table,
                        ffi::Buffer<ffi::F32> lr, int64_t features, float eps,
                        ffi::ResultBuffer<ffi::F32> table_out,
                        ffi::ResultBuffer<ffi::F32> acc_out) {
-  CopyUnlessAliased(table, table_out);
-  CopyUnlessAliased(acc, acc_out);
+  PrepareInPlace(table, table_out);
+  PrepareInPlace(acc, acc_out);
   return Run(pool, table, ids, grads, offsets, features, [&](int64_t cols, Columns c) {
     return Adagrad{table_out->typed_data(), acc_out->typed_data(), cols, features, c,
                    lr.typed_data()[0], eps};
@@ -389,10 +389,10 @@ ffi::Error AdamRowImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> table, ffi::B
                        float one_minus_b2, float eps,
                        ffi::ResultBuffer<ffi::F32> table_out, ffi::ResultBuffer<ffi::F32> m_out,
                        ffi::ResultBuffer<ffi::F32> v_out, ffi::ResultBuffer<ffi::S32> count_out) {
-  CopyUnlessAliased(table, table_out);
-  CopyUnlessAliased(m, m_out);
-  CopyUnlessAliased(v, v_out);
-  CopyUnlessAliased(count, count_out);
+  PrepareInPlace(table, table_out);
+  PrepareInPlace(m, m_out);
+  PrepareInPlace(v, v_out);
+  PrepareInPlace(count, count_out);
   return Run(pool, table, ids, grads, offsets, features, [&](int64_t cols, Columns c) {
     return Adam{table_out->typed_data(), m_out->typed_data(), v_out->typed_data(),
                 count_out->typed_data(), cols, c, -lr.typed_data()[0], b1, one_minus_b1,
@@ -409,9 +409,9 @@ ffi::Error AdamGlobalImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> table,
                           float one_minus_b2, float eps,
                           ffi::ResultBuffer<ffi::F32> table_out, ffi::ResultBuffer<ffi::F32> m_out,
                           ffi::ResultBuffer<ffi::F32> v_out) {
-  CopyUnlessAliased(table, table_out);
-  CopyUnlessAliased(m, m_out);
-  CopyUnlessAliased(v, v_out);
+  PrepareInPlace(table, table_out);
+  PrepareInPlace(m, m_out);
+  PrepareInPlace(v, v_out);
   const float global_t = static_cast<float>(step.typed_data()[0]) + 1.0f;
   return Run(pool, table, ids, grads, offsets, features, [&](int64_t cols, Columns c) {
     return Adam{table_out->typed_data(), m_out->typed_data(), v_out->typed_data(), nullptr,
