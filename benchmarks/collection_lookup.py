@@ -72,7 +72,7 @@ from embedlib.plan import cost  # noqa: E402
 from embedlib.plan.report import human_bytes  # noqa: E402
 import timing  # noqa: E402
 from timing import interleaved, print_table, time_once  # noqa: E402
-from worker_protocol import default_env, missing_note, start_or_note  # noqa: E402
+from worker_protocol import missing_note, peer_env, start_or_note  # noqa: E402
 
 #: Rows of the 26 tables, Criteo-like: a few huge ones, a long tail of small.
 ROWS = (
@@ -169,7 +169,7 @@ def start_peers(args, tmp, features, logical, ids_np, want):
   np.savez(data, names=np.array(names),
            **{f"w_{f.name}": np.asarray(logical[f.table]) for f in features},
            **{f"ids_{n}": ids_np[n] for n in names})
-  env = default_env(OMP_WAIT_POLICY="PASSIVE")
+  env = peer_env(OMP_WAIT_POLICY="PASSIVE")
   workers, notes = {}, []
   for col, variant in PEERS.items():
     if variant == "fbgemm" and not args.fbgemm:

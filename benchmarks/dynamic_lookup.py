@@ -65,7 +65,7 @@ from embedlib.dynamic import reference  # noqa: E402
 from embedlib.dynamic import step as step_lib  # noqa: E402
 import timing  # noqa: E402
 from timing import print_table, summary, time_once  # noqa: E402
-from worker_protocol import default_env, missing_note, start_or_note  # noqa: E402
+from worker_protocol import missing_note, peer_env, start_or_note  # noqa: E402
 
 FIXED, DYNAMIC = "fixed: ShardedEmbed step", "dynamic: DynamicEmbed step"
 FIXED_EVAL, DYNAMIC_EVAL = "fixed: lookup only", "dynamic: eval lookup only"
@@ -210,7 +210,7 @@ def start_peers(args, tmp, batches, rows, width):
     return {}, [missing], None
   data, stats = os.path.join(tmp, "batches.npz"), os.path.join(tmp, "mch_stats.json")
   np.savez(data, ids=np.stack(batches).view(np.int64))
-  env = default_env(OMP_WAIT_POLICY="PASSIVE")
+  env = peer_env(OMP_WAIT_POLICY="PASSIVE")
   workers, notes = {}, []
   for name, variant in ((TR_FIXED, "fixed"), (TR_MCH, "mch")):
     w, info = start_or_note(

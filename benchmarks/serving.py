@@ -262,7 +262,7 @@ def main(argv=None) -> None:
 def throughput(args, python, artifact, data, record) -> None:
   notes = []
   workers = []
-  env = worker_protocol.default_env(OMP_WAIT_POLICY="PASSIVE")
+  env = worker_protocol.peer_env(OMP_WAIT_POLICY="PASSIVE")
   dumps = [os.path.join(os.path.dirname(data), f"first_{side}.npy") for side in ("jax", "torch")]
   worker, info = worker_protocol.start_or_note(
       "embedlib int8 artifact", [python, __file__, "--serve", artifact, data, dumps[0]], env,

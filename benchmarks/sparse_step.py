@@ -27,7 +27,9 @@ lookup, gradient, update, loss ``mean(sum(rows, -1) ** 2)``.
   table-sized gradient, every row updated), its accumulators from 0 as
   ``torch.optim.Adagrad``'s;
 - PyTorch columns, for scale, when ``.peers/`` is installed (each in its own
-  worker, ``benchmarks/peers/torch_sparse_step.py``, same ids and loss):
+  worker, ``benchmarks/peers/torch_sparse_step.py``, same ids and loss;
+  its large blocks on 2 MiB pages, as the CPU kernels put embedlib's
+  tables, ``worker_protocol.peer_env``):
   FBGEMM's fused row-wise AdaGrad (TorchRec ``FusedEmbeddingBagCollection``),
   ``nn.Embedding(sparse=True)`` + ``torch.optim.Adagrad``, and the dense
   ``nn.Embedding`` + ``Adagrad``. ``--no-peers`` leaves them out,
@@ -133,7 +135,7 @@ from embedlib.plan import hlo  # noqa: E402
 import bandwidth  # noqa: E402
 import timing  # noqa: E402
 from timing import print_table  # noqa: E402
-from worker_protocol import default_env, missing_note, peak_rss_mib, start_or_note  # noqa: E402
+from worker_protocol import missing_note, peak_rss_mib, peer_env, start_or_note  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER_PYTHON = os.path.join(os.path.dirname(HERE), ".peers", "bin", "python")
@@ -404,7 +406,7 @@ def start_peers(args, tmp, ids, vocab, width):
     return {}, [missing]
   data = os.path.join(tmp, "ids.npz")
   np.savez(data, ids=np.asarray(ids))
-  env = default_env(OMP_WAIT_POLICY="PASSIVE")
+  env = peer_env(OMP_WAIT_POLICY="PASSIVE")
   workers, notes = {}, []
   for col, variant in PEERS.items():
     if variant not in args.peer_cases:

@@ -96,7 +96,7 @@ sys.path.insert(1, ROOT)
 sys.path.insert(2, HERE)
 
 import timing  # noqa: E402
-from worker_protocol import Worker, WorkerError, default_env, serve  # noqa: E402
+from worker_protocol import Worker, WorkerError, default_env, peer_env, serve  # noqa: E402
 
 #: Criteo Kaggle (display advertising challenge) cardinalities of C1..C26,
 #: each capped at 74,525 rows (the hashing trick, like DLRM's
@@ -320,7 +320,7 @@ def _workers(args, data, sizes):
     out[JAX_DENSE] = (me + ["--worker", "dense"] + common, jax_env(1))
     out[JAX_FROZEN] = (me + ["--worker", "frozen"] + common, jax_env(1))
   if os.path.exists(args.peer_python):
-    torch_env = env(OMP_WAIT_POLICY="PASSIVE")
+    torch_env = peer_env(**malloc, OMP_WAIT_POLICY="PASSIVE")
     torch = [args.peer_python, TORCH_SCRIPT, "--threads", str(args.torch_threads),
              "--dim", str(DIM), "--num-dense", str(NUM_DENSE),
              "--bottom", ",".join(map(str, BOTTOM)), "--top", ",".join(map(str, TOP)),

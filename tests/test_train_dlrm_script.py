@@ -67,3 +67,25 @@ def test_full_runs_one_worker_at_a_time_when_short_of_memory_or_asked(script, av
   record = _run(script, available_gib=available, one_at_a_time=asked)
   assert script.groups == [[script.EMBEDLIB], [script.TORCHREC]]
   assert any("one worker at a time, not interleaved" in n for n in record.notes)
+
+
+@pytest.mark.parametrize("switch", [None, "0"])
+def test_the_torchrec_worker_gets_huge_pages_where_embedlib_does(switch, monkeypatch, tmp_path):
+  # embedlib's CPU kernels move large tables onto 2 MiB pages; glibc's
+  # tunable gives the PyTorch worker's tables the same (worker_protocol.peer_env).
+  module = benchmark_scripts.load("train_dlrm")
+  monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+  if switch is None:
+    monkeypatch.delenv("EMBEDLIB_HUGE_PAGES", raising=False)
+  else:
+    monkeypatch.setenv("EMBEDLIB_HUGE_PAGES", switch)
+  peer = tmp_path / "python"
+  peer.write_text("")
+  args = argparse.Namespace(full=True, keep_freed=True, eight_devices=False, warmup=1,
+                            peer_python=str(peer), torch_threads=2)
+  workers = module._workers(args, "unused.npz", [4] * 26)
+  torch_env, jax_env = workers[module.TORCHREC][1], workers[module.EMBEDLIB][1]
+  want = None if switch else "glibc.malloc.hugetlb=1"
+  assert torch_env.get("GLIBC_TUNABLES") == want
+  assert "GLIBC_TUNABLES" not in jax_env   # embedlib's tables: its kernels' advice alone
+  assert torch_env["MALLOC_MMAP_THRESHOLD_"] == jax_env["MALLOC_MMAP_THRESHOLD_"]

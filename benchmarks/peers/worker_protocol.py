@@ -154,3 +154,25 @@ def default_env(**overrides) -> dict:
   env = dict(os.environ)
   env.update({k: str(v) for k, v in overrides.items()})
   return env
+
+
+#: glibc's switch for transparent huge pages: large blocks advised onto 2 MiB pages.
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+
+
+def peer_env(**overrides) -> dict:
+  """A PyTorch worker's environment: ``default_env``, its large blocks on huge pages.
+
+  embedlib's CPU kernels move a large table onto 2 MiB pages
+  (``embedlib/kernels/cpu/huge_pages.h``); glibc's ``hugetlb`` tunable gives
+  the peer's tables the same pages, from their first touch, so the two
+  sides compare on equal pages. Not where ``EMBEDLIB_HUGE_PAGES`` turns
+  embedlib's off (0, false, off, no), nor where ``GLIBC_TUNABLES`` already
+  says.
+  """
+  env = default_env(**overrides)
+  off = env.get("EMBEDLIB_HUGE_PAGES", "").strip().lower() in ("0", "false", "off", "no")
+  tunables = env.get("GLIBC_TUNABLES", "")
+  if not off and "hugetlb" not in tunables:
+    env["GLIBC_TUNABLES"] = ":".join(t for t in (tunables, HUGE_PAGES_TUNABLE) if t)
+  return env
