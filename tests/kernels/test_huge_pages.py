@@ -26,6 +26,7 @@ import pytest
 from embedlib.kernels import gather_cpu
 from embedlib.optim import fused_cpu, rules
 
+from .. import benchmark_scripts
 from ..cpu_kernels import require_cpu_kernels
 
 MiB = 1 << 20
@@ -34,20 +35,8 @@ MADV_COLLAPSE = 25  # linux/mman.h; not in Python's mmap module
 THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 WIDTH = 64
 LR = 0.5
-
-
-def huge_bytes(address, nbytes):
-  """AnonHugePages of this process's mappings that overlap [address, address + nbytes)."""
-  total, overlaps = 0, False
-  with open("/proc/self/smaps") as f:
-    for line in f:
-      vma = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
-      if vma:
-        start, end = int(vma[1], 16), int(vma[2], 16)
-        overlaps = start < address + nbytes and address < end
-      elif overlaps and line.startswith("AnonHugePages:"):
-        total += int(line.split()[1]) * 1024
-  return total
+# AnonHugePages of the mappings over a range, as the benchmark reads them.
+huge_bytes = benchmark_scripts.load("huge_pages").huge_page_bytes
 
 
 def thp_mode():
