@@ -122,7 +122,7 @@ def parts(dyn, batch_words, repeats: int, record) -> None:
   clock = dyn.clock[...]
   key_data = dyn.init_key[...]
   table = dyn.rows.embedding[...]
-  _, rows, placed, _ = step_lib.train_step(state, hi, lo, own, bucket, clock, policy=policy)
+  _, rows, placed, _ = step_lib.admit_step(state, hi, lo, own, bucket, clock, policy=policy)
   count = int(jnp.sum(placed))
   chunk = mapping.place_chunk(hi.shape[0])
   drawn = -(-count // chunk) * chunk   # the placed rows in whole chunks
@@ -134,11 +134,11 @@ def parts(dyn, batch_words, repeats: int, record) -> None:
   sort3 = "  sort by (bucket, hi, lo) (step._sort)"
   place = f"draw {drawn:,} rows and place them (mapping._place_rows)"
   pieces = {
-      "map step (step.train_step; C++ kernel on CPU)": (
-          functools.partial(step_lib.train_step, policy=policy),
+      "map step (step.admit_step; C++ kernel on CPU)": (
+          functools.partial(step_lib.admit_step, policy=policy),
           (state, hi, lo, own, bucket, clock)),
       "map step, kernel='xla' (XLA ops, as on GPU)": (
-          functools.partial(step_lib.train_step, policy=policy, kernel="xla"),
+          functools.partial(step_lib.admit_step, policy=policy, kernel="xla"),
           (state, hi, lo, own, bucket, clock)),
       sort3: (functools.partial(step_lib._sort, bucket_size=policy.bucket_size),
               (state, hi, lo, own, bucket)),

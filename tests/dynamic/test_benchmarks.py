@@ -58,6 +58,15 @@ def test_dynamic_lookup_smoke_checks_the_map_against_the_reference(capsys, tmp_p
   assert "TorchRec columns left out (--no-peers)." in record["notes"]
 
 
+def test_dynamic_lookup_parts_times_each_piece_of_the_step(capsys):
+  script = benchmark_scripts.load("dynamic_lookup")
+  assert script.main(["--smoke", "--parts", "--repeats", "1", "--no-peers"]) == 0
+  out = capsys.readouterr().out
+  for piece in ("map step (step.admit_step; C++ kernel on CPU)", "eval lookup",
+                "with HashedUniform (the default)", "and place them (mapping._place_rows)"):
+    assert piece in out
+
+
 def test_dynamic_lookup_counts_rows_shared_by_distinct_ids():
   script = benchmark_scripts.load("dynamic_lookup")
   raw = np.array([5, 5, 6, 7, 8, 9], np.uint64)
