@@ -69,12 +69,19 @@ def _equal(a, b, where):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=where)
 
 
-@pytest.mark.parametrize("start", [0, 2**30])
+# A bucket's ids in a step: a few with the helpers' 19 ids, 24 a step over 4
+# buckets, sorted by insertion in the kernel; past its kInsertionSort (32)
+# with 300 ids, 160 a step (about 40 a bucket), sorted by std::sort.
+MANY_IDS = np.arange(300, dtype=np.int64) * 7919 - 2**40
+
+
+@pytest.mark.parametrize("start,pool,size", [(0, helpers.POOL, 24), (2**30, helpers.POOL, 24),
+                                             (0, MANY_IDS, 160)])
 @pytest.mark.parametrize("owner", [False, True])
-def test_kernel_equals_xla(compiled, start, owner):
+def test_kernel_equals_xla(compiled, start, pool, size, owner):
   policy, run = compiled
   states = {k: helpers.empty_state(policy) for k in run}
-  for t, batch in enumerate(helpers.draw_batches(3 + start % 7, 7, 24)):
+  for t, batch in enumerate(helpers.draw_batches(3 + start % 7, 7, size, pool)):
     flat = jnp.asarray(ids_lib.host_words(batch))
     outs = {k: run[k](states[k], flat, jnp.int32(start + t), owner=owner) for k in run}
     _equal(outs["auto"], outs["xla"], f"step {t}")
