@@ -183,22 +183,26 @@ def test_a_run_stopped_by_num_train_steps_trains_on_to_the_same_end(logs, tmp_pa
   its checkpoint there keeps the trained ones, so the rest of the run is the
   uninterrupted run's, bit for bit.
   """
+  # Long enough for an eval below an earlier one: the first six rise on this log.
+  steps = 10
   config = lambda steps: tabular_runs.config(logs, num_train_steps=steps, eval_every=1)
   straight = tmp_path / "straight"
-  train_lib.train_and_evaluate(config(6), str(straight))
+  train_lib.train_and_evaluate(config(steps), str(straight))
   want = read_jsonl(straight / "eval.jsonl")
   aucs = [e["auc"] for e in want]
-  end = next(k for k in range(2, 6) if aucs[k - 1] < max(aucs[:k - 1]))  # not its best
+  # Not its best, and not the last: the raised run must train on past it.
+  end = next((k for k in range(2, steps) if aucs[k - 1] < max(aucs[:k - 1])), None)
+  assert end is not None, f"no eval below an earlier one in {aucs}: raise `steps`"
   run = tmp_path / "run"
   first = train_lib.train_and_evaluate(config(end), str(run))
   assert first["step"] == end and first["best_step"] < end and "test_auc" in first
-  train_lib.train_and_evaluate(config(6), str(run))
+  train_lib.train_and_evaluate(config(steps), str(run))
   got = read_jsonl(run / "eval.jsonl")
   assert got[-1] == want[-1]
   assert [{k: e[k] for k in CTR} for e in got] == [{k: e[k] for k in CTR} for e in want]
   for directory in ("checkpoints", "best"):
-    _assert_same_weights(_weights(config(6), run, directory),
-                         _weights(config(6), straight, directory))
+    _assert_same_weights(_weights(config(steps), run, directory),
+                         _weights(config(steps), straight, directory))
 
 
 # -- early stopping ------------------------------------------------------------------------
