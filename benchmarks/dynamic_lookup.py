@@ -14,7 +14,8 @@ its rows, as ``embedlib.data.criteo`` does today. Each case is the whole
 train step, jitted with its state donated: lookup, gradient of
 ``mean(sum(rows, -1) ** 2)``, row-wise AdaGrad update of the touched rows.
 
-- fixed: ``ShardedEmbed(rows, width)`` with the hashed ids;
+- fixed: ``ShardedEmbed(rows, width)`` with the hashed ids, the same
+  batches as the dynamic step's, a new one each step;
 - dynamic: ``DynamicEmbed(rows, width)`` (LRU, buckets of 128, admitted on
   first sight) with the raw ids as words: the map's step (sort, bucket
   scan, placement, resets of placed rows and their slots) comes on top;
@@ -226,14 +227,21 @@ def start_peers(args, tmp, batches, rows, width):
 
 def rounds(cases: dict, repeats: int, between_rounds=None) -> dict[str, list[float]]:
   """Round-robin timings (ms); a case is a JAX call (timed here) or a worker
-  (timed by itself, without the request's round trip). ``between_rounds`` is
+  (timed by itself, without the request's round trip). Each timed call comes
+  right after an untimed one of the same case, as a training loop's steps
+  follow each other: timed right after the other cases, a step would find
+  its table and state pushed out of the caches by theirs (the TorchRec
+  workers' most of all), and the ratios would swing with what ran before
+  it (``benchmarks/README.md``, the dynamic section). ``between_rounds`` is
   called after every round (the run's copy probe)."""
   times = {name: [] for name in cases}
   for _ in range(repeats):
     for name, case in cases.items():
       if callable(case):
+        jax.block_until_ready(case())
         times[name].append(time_once(case))
       else:
+        case.run(1)
         times[name].append(case.run(1)["seconds"] * 1e3)
     if between_rounds is not None:
       between_rounds()
@@ -288,7 +296,8 @@ def main(argv=None) -> int:
                               rngs=nnx.Rngs(0), **init)
   fixed_opt = optim.SparseAwareOptimizer(fixed, None, rule)
   dyn_opt = optim.SparseAwareOptimizer(dyn, None, rule)
-  batches = [raw_ids(n, seed) for seed in range(WARM + repeats)]
+  # Two fresh batches a round for the dynamic step (an untimed step, then its timed one).
+  batches = [raw_ids(n, seed) for seed in range(WARM + 2 * repeats)]
   hashed = [jnp.asarray((b % np.uint64(rows)).astype(np.int32)) for b in batches]
   words = [dynamic.words(b) for b in batches]
   ref = reference.Reference(dyn.policy)
@@ -306,10 +315,12 @@ def main(argv=None) -> int:
   graphdef, state = nnx.split(dyn)          # a copy: the train step donates dyn's arrays
   frozen = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
   frozen.eval()
-  # Each dynamic step takes the next batch, so each admits new ids (and draws
-  # their rows) as a running job's steps do; the TorchRec workers take the
-  # same batches in the same order.
-  fresh = iter(range(WARM - 1, len(batches)))
+  # Each step takes the next batch, so each dynamic step admits new ids (and
+  # draws their rows) as a running job's steps do; the fixed step takes the
+  # same batches, hashed (one batch over and over would keep its rows in
+  # the caches, as no training loop does), and the TorchRec workers take
+  # them in the same order.
+  fresh, fresh_fixed = iter(range(WARM - 1, len(batches))), iter(range(WARM - 1, len(batches)))
   last = {}
 
   def dyn_case():
@@ -317,7 +328,7 @@ def main(argv=None) -> int:
     return dynamic_step(dyn, dyn_opt, words[last["i"]])
 
   cases = {
-      FIXED: lambda: fixed_step(fixed, fixed_opt, hashed[0]),
+      FIXED: lambda: fixed_step(fixed, fixed_opt, hashed[next(fresh_fixed)]),
       DYNAMIC: dyn_case,
       FIXED_EVAL: lambda: lookup(fixed, hashed[0]),
       DYNAMIC_EVAL: lambda: lookup(frozen, words[0]),
@@ -364,7 +375,7 @@ def main(argv=None) -> int:
     p = next(s for s in peer_stats if s["batch"] == i)
     print(f"rows shared by distinct ids, batch {i}: torchrec MCH {p['shared_rows']} "
           f"({p['ids_on_shared_rows']} ids; {p['miss_share']:.4f} of lookups read its miss "
-          f"row, a trained row); over its {len(peer_stats)} timed batches: median "
+          f"row, a trained row); over its {len(peer_stats)} batches after the warm-up: median "
           f"{statistics.median(s['shared_rows'] for s in peer_stats)}")
   if s_rows or clash:
     record.note(f"FAILED: embedlib rows shared by distinct ids {s_rows}, rows held twice {clash}")
