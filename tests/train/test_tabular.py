@@ -185,7 +185,7 @@ def test_a_run_stopped_by_num_train_steps_trains_on_to_the_same_end(logs, tmp_pa
   """
   # Long enough for an eval below an earlier one: the first six rise on this log.
   steps = 10
-  config = lambda steps: tabular_runs.config(logs, num_train_steps=steps, eval_every=1)
+  config = lambda n: tabular_runs.config(logs, num_train_steps=n, eval_every=1)
   straight = tmp_path / "straight"
   train_lib.train_and_evaluate(config(steps), str(straight))
   want = read_jsonl(straight / "eval.jsonl")
