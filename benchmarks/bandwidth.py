@@ -7,7 +7,11 @@ writes as many bytes in total, to time in the same run as the step, so the
 ratio step / copy says how far the step is from this machine's bandwidth.
 """
 
+import json
+import os
 import statistics
+import subprocess
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -126,6 +130,56 @@ def rows_step(vocab, width, ids):
 
   state = (jnp.zeros((vocab, width), jnp.float32), -jnp.ones((rows.shape[0], width), jnp.float32))
   return jax.jit(touch, donate_argnums=0), state
+
+
+BARE_FLOOR_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bare_floor.cc")
+
+
+def bare_floor(vocab, width, ids, copy_total, rounds=41, threads=2):
+  """The step's two passes over the table and a copy of its bytes, in bare C++ (``bare_floor.cc``).
+
+  ``rows_step`` times the two passes with embedlib's kernels inside XLA,
+  so its figure includes their own costs (the update's dedup among them).
+  This is the same work with nothing else: a gather of every id's row,
+  then each distinct row read and written in place in ascending order, on
+  ``threads`` threads, and a streamed copy that reads and writes
+  ``copy_total`` bytes, alternating, ``rounds`` times each, in one process.
+  Their ratio is what random rows cost against a stream on this machine:
+  a step that makes these two passes cannot come nearer the copy than it.
+
+  Args:
+    vocab, width: the float32 table's shape.
+    ids: ``[n]`` valid ids, the step's.
+    copy_total: bytes the copy reads and writes in all (``step_bytes``' total).
+
+  Returns:
+    ``{"two_passes_ms": [...], "copy_ms": [...], "distinct": int, ...}``
+    (the program's JSON), or None on a machine with no C++ compiler.
+
+  Raises:
+    RuntimeError: the program failed to build, or left the table other
+      than the passes must (its ``verified`` false).
+  """
+  from embedlib.kernels import cpu_library  # noqa: PLC0415
+  cxx = cpu_library.compiler()
+  if cxx is None:
+    return None
+  with tempfile.TemporaryDirectory() as tmp:
+    binary, id_file = os.path.join(tmp, "bare_floor"), os.path.join(tmp, "ids.bin")
+    build = subprocess.run([cxx, "-O3", "-march=native", "-std=c++17", "-pthread",
+                            BARE_FLOOR_SOURCE, "-o", binary], capture_output=True, text=True)
+    if build.returncode != 0:
+      raise RuntimeError(f"bare_floor.cc did not build with {cxx}: {build.stderr[-2000:]}")
+    np.asarray(ids, np.int32).tofile(id_file)
+    ran = subprocess.run([binary, str(vocab), str(width), id_file, str(int(copy_total)),
+                          str(rounds), str(threads)], capture_output=True, text=True)
+  if ran.returncode not in (0, 1) or not ran.stdout.strip():
+    raise RuntimeError(f"bare_floor failed (exit status {ran.returncode}): {ran.stderr[-2000:]}")
+  result = json.loads(ran.stdout)
+  if not result["verified"]:
+    raise RuntimeError("bare_floor left the table other than its two passes must: its timings "
+                       "are of the wrong work; fix benchmarks/bare_floor.cc")
+  return result
 
 
 def copy_bytes(buffer):

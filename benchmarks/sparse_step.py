@@ -80,7 +80,14 @@ step's; on CPU, ``rows_floor_over_copy_<size>`` the time of the two passes
 over the table every step makes, the gather of its ids' rows and then its
 distinct rows read and written in place (``bandwidth.rows_step``: random
 rows, where the copy streams), over the copy's, and
-``rows_floor_distance_<size>`` the sparse step's over that; with ``--layouts``, ``hidden_over_vocab`` and ``grid_over_vocab``.
+``rows_floor_distance_<size>`` the sparse step's over that;
+``bare_floor_over_copy_<size>`` the same two passes in bare C++ loops
+(``bandwidth.bare_floor``: no XLA, no dedup, rows in ascending order; its
+own process after the rounds, ``4 x --repeats`` rounds alternating with a
+bare copy of the step's bytes) over that bare copy, what random rows cost
+against a stream on this machine, and ``bare_copy_over_copy_<size>`` the
+bare copy's time over the jitted copy's (how much of the copy's time is
+XLA's own); with ``--layouts``, ``hidden_over_vocab`` and ``grid_over_vocab``.
 
 Every case starts from the same table (``initial_table``, the PyTorch
 workers' too) and takes the same ids every step, the same number of steps;
@@ -152,6 +159,8 @@ SPARSE_SORTED = "sparse row-wise AdaGrad, sorted (GPU update)"
 COPY = "copy of the sparse step's bytes (x + 1)"
 DRAM_COPY = "copy past the caches (x + 1)"
 ROWS_FLOOR = "rows gathered, then distinct rows written in place"
+BARE_PASSES = "bare C++: rows gathered, then distinct rows written in place"
+BARE_COPY = "bare C++: copy of the step's bytes (x + 1)"
 MiB = 1 << 20
 LR = 0.01
 
@@ -436,6 +445,10 @@ def record_ratios(record, times, vocab, width):
   if ROWS_FLOOR in times:
     record.ratio(f"rows_floor_over_copy_{tag}", timing.median_ratio(times[ROWS_FLOOR], times[COPY]))
     record.ratio(f"rows_floor_distance_{tag}", timing.median_ratio(times[SPARSE], times[ROWS_FLOOR]))
+  if BARE_PASSES in times:
+    record.ratio(f"bare_floor_over_copy_{tag}",
+                 timing.median_ratio(times[BARE_PASSES], times[BARE_COPY]))
+    record.ratio(f"bare_copy_over_copy_{tag}", timing.median_ratio(times[BARE_COPY], times[COPY]))
   record.ratio(f"dense_over_sparse_{tag}", timing.median_ratio(times[DENSE], times[SPARSE]))
 
 
@@ -490,6 +503,11 @@ def run(vocab, width, n, repeats, args, record):
     finally:
       for w in workers.values():
         w.close()
+  if floor is not None:   # on CPU, with a C++ compiler: in its own process, after the rounds
+    bare = bandwidth.bare_floor(vocab, width, ids, sum(parts.values()),
+                                rounds=max(5, 4 * repeats))
+    if bare is not None:
+      times[BARE_PASSES], times[BARE_COPY] = bare["two_passes_ms"], bare["copy_ms"]
   record.add_times(times, prefix=f"{timing.size_tag(vocab, width)}: ")
   record_ratios(record, times, vocab, width)
   per = f", {args.inner} steps per sample" if args.inner > 1 else ""
@@ -510,6 +528,13 @@ def run(vocab, width, n, repeats, args, record):
           f"in place, at their addresses in the {table_bytes / MiB:,.0f} MiB table (medians): "
           f"{floor_ms:.3f} ms, {floor_ms / copy_ms:.1f}x the copy of all the step's bytes; "
           f"the step is {sparse_ms / floor_ms:.1f}x it")
+  if BARE_PASSES in times:
+    bare_ms, bare_copy_ms = (statistics.median(times[k]) for k in (BARE_PASSES, BARE_COPY))
+    print(f"the same two passes in bare C++ (benchmarks/bare_floor.cc, no XLA, "
+          f"{len(times[BARE_PASSES])} rounds beside its own copy, medians): {bare_ms:.3f} ms, "
+          f"{bare_ms / bare_copy_ms:.2f}x its copy of the step's bytes ({bare_copy_ms:.3f} ms, "
+          f"which is {bare_copy_ms / statistics.median(times[COPY]):.2f}x the jitted copy's "
+          f"time); the step is {sparse_ms / bare_ms:.1f}x them")
   for name, mem in memory.items():
     temp = mem.temp_size_in_bytes
     # Live at the step's peak: inputs, temporaries, and outputs that do not

@@ -77,9 +77,14 @@ def test_the_check_passes_then_every_case_is_timed(monkeypatch, tmp_path):
   if cpu_library.available():
     cases.add(sparse_step.ROWS_FLOOR)   # the distinct rows touched where they lie
     assert {"rows_floor_over_copy_1M_x_32", "rows_floor_distance_1M_x_32"} <= set(record["ratios"])
+  bare = {sparse_step.BARE_PASSES, sparse_step.BARE_COPY} if cpu_library.available() else set()
+  if bare:   # the same two passes in bare C++, 5 rounds of its own after the step's rounds
+    assert {"bare_floor_over_copy_1M_x_32", "bare_copy_over_copy_1M_x_32"} <= set(record["ratios"])
   assert [size for size, _ in runs] == [(100_000, 64), (1_000_000, 32)]
   for _, times in runs:
-    assert set(times) == cases and all(len(t) == 1 and t[0] > 0 for t in times.values()), times
+    assert set(times) == cases | bare, times
+    assert all(len(times[c]) == 1 and times[c][0] > 0 for c in cases), times
+    assert all(len(times[c]) == 5 and min(times[c]) > 0 for c in bare), times
 
 
 def test_a_wrong_reference_fails_the_check_before_any_timing(monkeypatch, capsys):
@@ -168,3 +173,24 @@ def test_the_rows_floor_gathers_every_id_then_writes_each_distinct_row_once_in_p
   want = np.zeros((1200, 4), np.float32)
   want[[0, 3, 7, 9]] = 2.0   # each distinct row once a step, repeats or not
   np.testing.assert_array_equal(np.asarray(table), want)
+
+
+@pytest.mark.skipif(cpu_library.compiler() is None, reason="needs a C++ compiler")
+def test_the_bare_floor_makes_both_passes_and_checks_the_table_they_leave():
+  bandwidth = benchmark_scripts.load("bandwidth")
+  ids = np.array([7, 3, 7, 9, 3, 0, 1199], np.int32)
+  result = bandwidth.bare_floor(1200, 4, ids, copy_total=4096, rounds=3)
+  # The program checks the gathered rows and every row of the table after
+  # the passes (each distinct row raised once a round, the rest untouched).
+  assert result["verified"] is True
+  assert result["ids"] == 7 and result["distinct"] == 5
+  assert len(result["two_passes_ms"]) == len(result["copy_ms"]) == 3
+  assert all(ms > 0 for ms in result["two_passes_ms"] + result["copy_ms"])
+  assert result["copy_bytes"] == 4096
+
+
+@pytest.mark.skipif(cpu_library.compiler() is None, reason="needs a C++ compiler")
+def test_the_bare_floor_refuses_an_id_outside_the_table():
+  bandwidth = benchmark_scripts.load("bandwidth")
+  with pytest.raises(RuntimeError, match=r"id 1200 outside \[0, 1200\)"):
+    bandwidth.bare_floor(1200, 4, np.array([3, 1200], np.int32), copy_total=4096, rounds=1)
