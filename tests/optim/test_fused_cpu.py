@@ -169,3 +169,32 @@ def test_switch_off_rules_and_dtypes_it_does_not_handle(monkeypatch):
   assert not fused_cpu.supports(Clipped(0.1), table, {})
   monkeypatch.setenv(cpu_library.ENV_SWITCH, "0")
   assert not fused_cpu.supports(optim.SparseSGD(0.1), table, {})
+
+
+@pytest.mark.parametrize("rows", [2_000, 40_000, 5_000_000], ids=["1-pass", "2-pass", "3-pass"])
+def test_each_rows_gradients_are_summed_in_input_order_across_radix_passes(rows):
+  """Few ids (one thread, one part spanning the table): its sort by row takes 1 to 3 passes.
+
+  Each pass must keep a row's ids in input order, or the sums round differently;
+  SGD has no other rounding to hide it, so the rows must match a sequential
+  float32 sum bit for bit.
+  """
+  require_cpu_kernels()
+  rng = np.random.default_rng(rows)
+  hot = np.array([0, rows - 1, rows // 2, 7, rows // 3], np.int64)
+  ids = np.concatenate([rng.choice(hot, 200), rng.integers(0, rows, 100), [-1, rows, -5]])
+  ids = rng.permutation(ids).astype(np.int32)
+  grads = (rng.standard_normal((ids.size, 1)) * 10.0 ** rng.integers(-3, 4, (ids.size, 1)))
+  grads = grads.astype(np.float32)
+  table = np.zeros((rows, 1), np.float32)
+  sums = {}
+  for i, row in enumerate(ids):
+    if 0 <= row < rows:
+      sums[int(row)] = sums.get(int(row), np.float32(0)) + grads[i, 0]
+  want = table.copy()
+  for row, total in sums.items():
+    want[row, 0] += np.float32(-0.5) * total
+  got, _ = jax.jit(lambda t, i, g: fused_cpu.update(
+      optim.SparseSGD(0.5), t, {}, i, g, 0.5, 0, first_row=0, first_col=0, features=1))(
+          jnp.asarray(table), jnp.asarray(ids), jnp.asarray(grads))
+  np.testing.assert_array_equal(np.asarray(got), want)
