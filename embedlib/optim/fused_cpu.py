@@ -4,10 +4,10 @@ On XLA:CPU the update of ``apply.py`` is a dozen ops, two of them
 ``[ids, features]`` buffers (the per-row sums and the increment) and their
 zeroing, in a temporary block that glibc hands back fresh, page by page,
 every step. ``kernels/cpu/row_update.cc`` does the same update as one XLA
-FFI call per shard: it finds the distinct rows among the ids with a
-stable radix sort by row (ids-sized), sums each row's gradients in input
-order, and runs the rule in place on the aliased table and slots, a few
-rows ahead of its cache misses (``benchmarks/sparse_step.py`` times it beside the XLA ops). The
+FFI call per shard: it finds the distinct rows among the ids with a hash
+table (ids-sized), sums each row's gradients in input order, and runs the
+rule in place on the aliased table and slots, a few rows ahead of its cache
+misses (``benchmarks/sparse_step.py`` times it beside the XLA ops). The
 rows are split by range over XLA's intra-op threads, each row on one
 thread, so the results do not depend on the number of threads.
 

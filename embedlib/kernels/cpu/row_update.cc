@@ -7,7 +7,7 @@
 // zeroing and the page faults of the temporary block that holds them (fresh
 // pages every step once it passes glibc's mmap threshold) are a large part
 // of the step. Here each handler finds every distinct row of the
-// shard among the ids (a radix sort of the ids by row, never the table's size),
+// shard among the ids (a hash table over the ids, never the table's size),
 // sums each row's gradients in input order (the order XLA's scatter-add
 // uses) straight from the gradients, with no [ids, features] buffer of
 // sums, and runs the rule on that row in place: the table and its slots are
@@ -15,8 +15,8 @@
 //
 // Both cores do the per-id work (pool.h: XLA's intra-op threads). The ids
 // are grouped by row range, a pass over the ids split between the threads;
-// each range (a part) is then one task: its sort, its rows' sums and their
-// updates. No two threads touch a row, and a row's result does not
+// each range (a part) is then one task: its hash table, its rows' sums and
+// their updates. No two threads touch a row, and a row's result does not
 // depend on how many threads ran: the results are the same on any machine.
 //
 // Every handler takes the same leading operands:
@@ -123,108 +123,87 @@ Parts GroupByPart(xla::ffi::ThreadPool& pool, int workers, const int32_t* ids, i
 
 // Scratch for one part's ids, slices of arrays allocated once per call.
 struct PartScratch {
-  uint64_t* keys;   // [len]: each id's row (less the part's first) << 32 | its index in the part
-  uint64_t* spare;  // [len]: the radix sort's other buffer
-  int32_t* count;   // [1 << kDigitBits]: the radix sort's counts
-  bool* single;     // [len]: whether each id is its row's only one
+  int32_t* key;     // hash slots' rows (-1: empty)
+  int32_t* slot;    // hash slots' distinct index
+  uint64_t mask;    // hash slots - 1
+  int32_t* of_id;   // each of the part's ids: its distinct row's index
+  int32_t* rows;    // the distinct rows, in order of first appearance
+  int32_t* bounds;  // [distinct + 1]: counts, then where each row's ids end
+  int32_t* order;   // the part's input indices grouped by distinct row
   float* sum;       // [features]
 };
 
-// The most bits a radix pass sorts on: its counts, 4 << kDigitBits bytes,
-// stay in the L1 cache.
-constexpr int kDigitBits = 11;
-
-// Sorts keys[0, len) by their high 32 bits (the row, less the part's first,
-// below 1 << bits), stably: a row's ids stay in input order. Least
-// significant digit first, each pass a count and a scatter. Returns the
-// buffer that holds the sorted keys (`keys` or `spare`).
-uint64_t* SortByRow(uint64_t* keys, uint64_t* spare, int64_t len, int bits, int32_t* count) {
-  const int passes = std::max(1, (bits + kDigitBits - 1) / kDigitBits);
-  const int digit = std::max(1, (bits + passes - 1) / passes);
-  const uint64_t mask = (uint64_t{1} << digit) - 1;
-  for (int pass = 0; pass < passes; ++pass) {
-    const int shift = 32 + pass * digit;
-    std::fill(count, count + mask + 1, 0);
-    for (int64_t j = 0; j < len; ++j) ++count[keys[j] >> shift & mask];
-    int32_t total = 0;
-    for (uint64_t d = 0; d <= mask; ++d) {
-      const int32_t c = count[d];
-      count[d] = total;
-      total += c;
-    }
-    for (int64_t j = 0; j < len; ++j) spare[count[keys[j] >> shift & mask]++] = keys[j];
-    std::swap(keys, spare);
-  }
-  return keys;
-}
-
-// Calls update(row, summed_gradient) once for each distinct row of the
-// part. The part's ids are sorted by row (SortByRow: a row's ids keep input
-// order), so that each distinct row is a run of its ids. First the rows met
-// once (most of a Zipf batch's), in input order, so that their gradient rows
-// are read at ascending addresses; then the others, in ascending row order,
-// each summing its ids' gradients in input order from zero (the order of
-// XLA's scatter-add; a sum of one, 0 + g, has the bits of g).
+// Finds the part's distinct rows (an open-addressing hash table over its
+// ids, 2x to 4x their number: never the table's size) and calls
+// update(row, summed_gradient) once for each: first for the rows met once,
+// in input order, then for the others, whose ids it groups by row keeping
+// input order, summing each row's gradients in input order (the order of
+// XLA's scatter-add, from zero).
 template <typename Update>
 void UpdatePart(const int32_t* pos, const int32_t* part_rows, int64_t len, const float* grads,
                 int64_t features, const PartScratch& s, const Update& update) {
-  int32_t first = part_rows[0], last = part_rows[0];
-  for (int64_t j = 1; j < len; ++j) {
-    first = std::min(first, part_rows[j]);
-    last = std::max(last, part_rows[j]);
-  }
-  // Each key: the row (less the part's first) and the id's index in the part.
+  std::fill(s.key, s.key + s.mask + 1, -1);
+  int32_t distinct = 0;
   for (int64_t j = 0; j < len; ++j) {
-    s.keys[j] = static_cast<uint64_t>(part_rows[j] - first) << 32 | static_cast<uint64_t>(j);
-  }
-  const int bits = 64 - __builtin_clzll(static_cast<uint64_t>(last - first) | 1);
-  const uint64_t* sorted = SortByRow(s.keys, s.spare, len, bits, s.count);
-  auto row_at = [&](int64_t k) { return static_cast<int32_t>(sorted[k] >> 32); };
-  auto id_at = [&](int64_t k) { return static_cast<int64_t>(static_cast<uint32_t>(sorted[k])); };
-  // single[j]: whether id j is its row's only id.
-  for (int64_t k = 0; k < len; ++k) {
-    s.single[id_at(k)] = (k == 0 || row_at(k - 1) != row_at(k)) &&
-                         (k + 1 == len || row_at(k + 1) != row_at(k));
-  }
-  auto grad_of = [&](int64_t j) { return grads + static_cast<int64_t>(pos[j]) * features; };
-  for (int64_t j = 0; j < len; ++j) {
-    const int64_t ahead = j + embedlib_cpu::kAhead;
-    if (ahead < len && s.single[ahead]) {
-      update.Prefetch(part_rows[ahead]);
-      PrefetchFloats(grad_of(ahead), features);
+    const int32_t row = part_rows[j];
+    uint64_t h = (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull) >> 20 & s.mask;
+    while (s.key[h] != -1 && s.key[h] != row) h = (h + 1) & s.mask;
+    if (s.key[h] == -1) {
+      s.key[h] = row;
+      s.slot[h] = distinct;
+      s.rows[distinct] = row;
+      s.bounds[distinct++] = 0;
     }
-    if (!s.single[j]) continue;
-    const float* g = grad_of(j);
+    s.of_id[j] = s.slot[h];
+    ++s.bounds[s.slot[h]];
+  }
+  // Rows met once (most of a Zipf batch's): updated in input order, so that
+  // their gradient rows are read at ascending addresses, a few ids ahead.
+  // The sum from zero, as below: 0 + g, the bits of a sum of one.
+  for (int64_t j = 0; j < len; ++j) {
+    if (j + embedlib_cpu::kAhead < len && s.bounds[s.of_id[j + embedlib_cpu::kAhead]] == 1) {
+      update.Prefetch(part_rows[j + embedlib_cpu::kAhead]);
+      PrefetchFloats(grads + static_cast<int64_t>(pos[j + embedlib_cpu::kAhead]) * features,
+                     features);
+    }
+    if (s.bounds[s.of_id[j]] != 1) continue;
+    const float* g = grads + static_cast<int64_t>(pos[j]) * features;
     for (int64_t c = 0; c < features; ++c) s.sum[c] = 0.0f + g[c];
     update(part_rows[j], s.sum);
   }
-  int32_t fetched = -1;   // the last row prefetched
-  for (int64_t k = 0; k < len;) {
-    if (s.single[id_at(k)]) {
-      ++k;
-      continue;
-    }
-    const int32_t row = row_at(k);
-    // The rows ascend; their ids' gradients lie anywhere in the [ids,
-    // features] gradients: both fetched a few ids ahead.
-    auto fetch_ahead = [&](int64_t at) {
-      const int64_t ahead = at + embedlib_cpu::kAhead;
-      if (ahead >= len || s.single[id_at(ahead)]) return;
-      if (row_at(ahead) != fetched) {
-        fetched = row_at(ahead);
-        update.Prefetch(first + fetched);
+  // The rows met more than once: their indices into `multi` (the hash
+  // slots, done with), and bounds[k] becomes row k's first place in
+  // `order`, then, once its ids are placed, its end (and so row k + 1's
+  // start).
+  int32_t* multi = s.key;
+  int32_t multis = 0, total = 0;
+  for (int32_t k = 0; k < distinct; ++k) {
+    const int32_t c = s.bounds[k];
+    if (c > 1) multi[multis++] = k;
+    s.bounds[k] = total;
+    total += c;
+  }
+  for (int64_t j = 0; j < len; ++j) s.order[s.bounds[s.of_id[j]]++] = pos[j];
+  for (int32_t i = 0; i < multis; ++i) {
+    // The rows are scattered over the table, and their gradients over the
+    // [ids, features] gradients: fetching a few rows ahead overlaps their
+    // cache misses (common.h).
+    if (i + embedlib_cpu::kAhead < multis) {
+      const int32_t ahead = multi[i + embedlib_cpu::kAhead];
+      update.Prefetch(s.rows[ahead]);
+      // Its first few gradients (a hot row's many are fetched as its sum runs).
+      const int32_t first = ahead ? s.bounds[ahead - 1] : 0;
+      for (int32_t j = first; j < s.bounds[ahead] && j < first + 2; ++j) {
+        PrefetchFloats(grads + static_cast<int64_t>(s.order[j]) * features, features);
       }
-      PrefetchFloats(grad_of(id_at(ahead)), features);
-    };
-    fetch_ahead(k);
-    const float* g = grad_of(id_at(k));
-    for (int64_t c = 0; c < features; ++c) s.sum[c] = 0.0f + g[c];
-    for (++k; k < len && row_at(k) == row; ++k) {
-      fetch_ahead(k);
-      g = grad_of(id_at(k));
+    }
+    const int32_t k = multi[i];
+    std::fill(s.sum, s.sum + features, 0.0f);
+    for (int32_t j = k ? s.bounds[k - 1] : 0; j < s.bounds[k]; ++j) {
+      const float* g = grads + static_cast<int64_t>(s.order[j]) * features;
       for (int64_t c = 0; c < features; ++c) s.sum[c] += g[c];
     }
-    update(first + row, s.sum);
+    update(s.rows[k], s.sum);
   }
 }
 
@@ -240,20 +219,29 @@ void ForEachTouchedRow(xla::ffi::ThreadPool& pool, const int32_t* ids, int64_t n
   const int workers = embedlib_cpu::PoolWorkers(pool, n, kIdsPerWorker);
   const Parts parts = GroupByPart(pool, workers, ids, n, first_row, shard_rows);
   const int64_t total = parts.start[parts.count];
+  // Each part's hash slots: a power of two, at least twice its ids.
+  std::vector<int64_t> slots_at(parts.count + 1, 0);
+  for (int64_t p = 0; p < parts.count; ++p) {
+    int64_t capacity = 2;
+    while (capacity < 2 * (parts.start[p + 1] - parts.start[p])) capacity <<= 1;
+    slots_at[p + 1] = slots_at[p] + capacity;
+  }
   // Allocated here, on XLA's (long-lived) thread: glibc then reuses the
   // blocks from step to step, where a new thread's arena would hand back
   // fresh pages, a page fault each.
   // Not zeroed: every part writes its slices before it reads them.
-  std::unique_ptr<uint64_t[]> keys(new uint64_t[total]), spare(new uint64_t[total]);
-  std::unique_ptr<int32_t[]> counts(new int32_t[parts.count << kDigitBits]);
-  std::unique_ptr<bool[]> single(new bool[total]);
+  const int64_t slots = slots_at[parts.count];
+  std::unique_ptr<int32_t[]> key(new int32_t[slots]), slot(new int32_t[slots]),
+      of_id(new int32_t[total]), rows(new int32_t[total]), order(new int32_t[total]),
+      bounds(new int32_t[total + parts.count]);
   std::unique_ptr<float[]> sums(new float[parts.count * features]);
   embedlib_cpu::ParallelTasks(pool, workers, parts.count, [&](int64_t p) {
     const int64_t begin = parts.start[p], len = parts.start[p + 1] - begin;
     if (len == 0) return;
-    const PartScratch s{keys.get() + begin, spare.get() + begin,
-                        counts.get() + (p << kDigitBits), single.get() + begin,
-                        sums.get() + p * features};
+    const PartScratch s{key.get() + slots_at[p], slot.get() + slots_at[p],
+                        static_cast<uint64_t>(slots_at[p + 1] - slots_at[p] - 1),
+                        of_id.get() + begin, rows.get() + begin, bounds.get() + begin + p,
+                        order.get() + begin, sums.get() + p * features};
     UpdatePart(parts.pos.data() + begin, parts.row.data() + begin, len, grads, features, s,
                update);
   });
