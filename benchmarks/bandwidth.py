@@ -166,8 +166,13 @@ def bare_floor(vocab, width, ids, copy_total, rounds=41, threads=2):
     return None
   with tempfile.TemporaryDirectory() as tmp:
     binary, id_file = os.path.join(tmp, "bare_floor"), os.path.join(tmp, "ids.bin")
-    build = subprocess.run([cxx, "-O3", "-march=native", "-std=c++17", "-pthread",
-                            BARE_FLOOR_SOURCE, "-o", binary], capture_output=True, text=True)
+    # This CPU's widest vectors where the compiler knows "native" (not every
+    # compiler does for every target), else its default.
+    for isa in (["-march=native"], []):
+      build = subprocess.run([cxx, "-O3", *isa, "-std=c++17", "-pthread", BARE_FLOOR_SOURCE,
+                              "-o", binary], capture_output=True, text=True)
+      if build.returncode == 0:
+        break
     if build.returncode != 0:
       raise RuntimeError(f"bare_floor.cc did not build with {cxx}: {build.stderr[-2000:]}")
     np.asarray(ids, np.int32).tofile(id_file)

@@ -117,7 +117,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   float* table = static_cast<float*>(mapped);
+#ifdef MADV_HUGEPAGE
   madvise(table, table_bytes, MADV_HUGEPAGE);
+#endif
   std::memset(table, 0, table_bytes);
   std::vector<float> out(n * width, 0.0f);
   std::vector<float> copy(std::max<int64_t>(1, copy_bytes / 8), 0.0f);
