@@ -145,7 +145,7 @@ def bare_floor(vocab, width, ids, copy_total, rounds=41, threads=2):
   ``threads`` threads, and a streamed copy that reads and writes
   ``copy_total`` bytes, alternating, ``rounds`` times each, in one process.
   Their ratio is what random rows cost against a stream on this machine:
-  a step that makes these two passes cannot come nearer the copy than it.
+  no step that makes these two passes comes nearer a bare copy than that.
 
   Args:
     vocab, width: the float32 table's shape.

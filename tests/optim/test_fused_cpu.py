@@ -175,8 +175,9 @@ def test_switch_off_rules_and_dtypes_it_does_not_handle(monkeypatch):
 def test_each_rows_gradients_are_summed_in_input_order(rows):
   """Few ids (one thread, one part spanning the table), hot rows at both ends.
 
-  SGD has no rounding but the sums' to hide a different order: the rows
-  must match a sequential float32 sum in input order, bit for bit.
+  SGD rounds only in the sums, so any other order of a row's gradients
+  shows: the rows must match a sequential float32 sum in input order, bit
+  for bit.
   """
   require_cpu_kernels()
   rng = np.random.default_rng(rows)
