@@ -90,8 +90,15 @@ bare copy's time over the jitted copy's (how much of the copy's time is
 XLA's own); with ``--layouts``, ``hidden_over_vocab`` and ``grid_over_vocab``.
 
 Every case starts from the same table (``initial_table``, the PyTorch
-workers' too) and takes the same ids every step, the same number of steps;
-each prints its loss at its last step, which must agree among the cases of
+workers' too) and takes the same batches of ids in the same order, a new
+batch each step (``id_batches``: a Zipf draw of its own seed; they repeat
+only after 64 steps), as training does: a step finds the rows of its batch
+where the steps before left them, not where its own untimed step just
+fetched them. ``--same-ids`` gives every step the first batch instead, the
+protocol of the runs kept before 2026-12-07's fifth session, whose rows
+stay warm in the caches. The copy, the floor cases and ``step_bytes`` use
+the first batch. Each case
+prints its loss at step ``LOSS_STEP``, which must agree among the cases of
 one rule: row-wise AdaGrad (embedlib's sparse step by all three updates,
 FBGEMM's fused), PyTorch's element-wise Adagrad (its two cases; the JAX
 dense step's optax rule differs in where it adds eps, see ``ELEMENTWISE``).
@@ -229,15 +236,21 @@ class Stepper:
   ``timed(ids, inner)`` runs ``inner`` steps back to back and returns their
   milliseconds per step, until the last loss and the whole new state are
   ready, and records the minor page faults per step.
+
+  With ``batches``, step k (from 0) takes ``batches[k % len(batches)]``
+  and the ``ids`` passed are ignored: every case given the same batches
+  sees them in the same order, as the PyTorch workers do.
   """
 
-  def __init__(self, step, state):
-    self.step, self.state = step, state
+  def __init__(self, step, state, batches=None):
+    self.step, self.state, self.batches = step, state, batches
     self.faults = []
     self.steps, self.loss = 0, None
     self.compared = (None, 0)   # the loss at step LOSS_STEP (or the last, before it)
 
   def __call__(self, ids):
+    if self.batches:
+      ids = self.batches[self.steps % len(self.batches)]
     self.loss, self.state = self.step(self.state, ids)
     self.steps += 1
     if self.steps <= LOSS_STEP:
@@ -352,16 +365,17 @@ SAME_RULE = (SPARSE_XLA, SPARSE_SORTED, FBGEMM)
 ELEMENTWISE = ("PyTorch Embedding(sparse=True) + Adagrad", "PyTorch dense Embedding + Adagrad")
 
 
-#: The step whose loss the cases compare. The same ids every step drive this
-#: loss toward 0: past a few dozen steps it is float32 rounding (near 1e-17
-#: at step 21), where rules that agree differ by tens of percent.
+#: The step whose loss the cases compare. The same ids every step
+#: (``--same-ids``) drive this loss toward 0: past a few dozen steps it is
+#: float32 rounding (near 1e-17 at step 21), where rules that agree differ
+#: by tens of percent.
 LOSS_STEP = 5
 
 
 def print_losses(jax_losses, peer_losses):
-  """Each case's loss at step ``LOSS_STEP`` (the same ids every step) beside the sparse step's."""
+  """Each case's loss at step ``LOSS_STEP`` (the same batches in the same order) beside ours."""
   ours, steps = jax_losses[SPARSE]
-  print(f"loss at step {steps} of each case (same table and ids): "
+  print(f"loss at step {steps} of each case (same table, same batches): "
         f"sparse row-wise AdaGrad {ours:.6g}")
   losses = {**jax_losses, **peer_losses}
   for name, (loss, n) in losses.items():
@@ -403,8 +417,9 @@ def settled_rounds(runs, repeats, seed=0, between_rounds=None):
   return times
 
 
-def start_peers(args, tmp, ids, vocab, width):
-  """Starts the PyTorch workers; returns ``(workers, notes)``."""
+def start_peers(args, tmp, batches, vocab, width):
+  """Starts the PyTorch workers on ``batches`` (each steps through them in turn, as
+  ``Stepper`` does); returns ``(workers, notes)``."""
   if not args.peers:
     return {}, []
   if jax.default_backend() != "cpu":
@@ -414,7 +429,7 @@ def start_peers(args, tmp, ids, vocab, width):
   if missing:
     return {}, [missing]
   data = os.path.join(tmp, "ids.npz")
-  np.savez(data, ids=np.asarray(ids))
+  np.savez(data, ids=np.stack([np.asarray(b) for b in batches]))
   env = peer_env(OMP_WAIT_POLICY="PASSIVE")
   workers, notes = {}, []
   for col, variant in PEERS.items():
@@ -452,9 +467,27 @@ def record_ratios(record, times, vocab, width):
   record.ratio(f"dense_over_sparse_{tag}", timing.median_ratio(times[DENSE], times[SPARSE]))
 
 
+#: The most batches a run draws; its steps cycle through them.
+MAX_BATCHES = 64
+
+
+def id_batches(n, vocab, steps, same_ids=False):
+  """The batches the steps take in turn: one per step, up to ``MAX_BATCHES`` (seeds 0, 1, ...).
+
+  ``same_ids``: the first alone, every step.
+  """
+  count = 1 if same_ids else max(1, min(steps, MAX_BATCHES))
+  return [zipf_ids(n, vocab, seed=seed) for seed in range(count)]
+
+
 def run(vocab, width, n, repeats, args, record):
   """Times the cases on one table and prints their figures; returns name -> ms per round."""
-  ids = zipf_ids(n, vocab)
+  # A case steps once to warm up, then twice a round (untimed, timed).
+  batches = id_batches(n, vocab, 1 + 2 * repeats * args.inner, args.same_ids)
+  ids = batches[0]
+  record.note(f"{timing.size_tag(vocab, width)}: " + (
+      "the first batch of ids every step (--same-ids)" if len(batches) == 1 else
+      f"{len(batches)} batches of ids, a new one each step"))
   table_bytes = vocab * width * 4
   rows_bytes = n * width * 4
   steppers, memory = {}, {}
@@ -471,10 +504,12 @@ def run(vocab, width, n, repeats, args, record):
     with update_path(path):
       compiled = step.lower(state, ids).compile()
     memory[name] = compiled.memory_analysis()
-    steppers[name] = Stepper(compiled, state)
+    steppers[name] = Stepper(compiled, state, batches)
     jax.block_until_ready(steppers[name](ids))   # warm up
   uniq = len(np.unique(np.asarray(ids)))
-  print(f"\n{vocab:,} x {width} f32 table, {n:,} Zipf(1.05) ids ({uniq:,} distinct)")
+  print(f"\n{vocab:,} x {width} f32 table, {n:,} Zipf(1.05) ids ({uniq:,} distinct in the "
+        f"first batch; {len(batches)} batch{'es' if len(batches) > 1 else ''}, "
+        f"{'the first every step' if len(batches) == 1 else 'a new one each step'})")
   parts = bandwidth.step_bytes(ids, width)
   # A smoke run's DRAM copy: still past the 32 MiB L3, a tenth of the time.
   dram = 128 * MiB if args.quick else bandwidth.DRAM_COPY_BYTES
@@ -495,7 +530,7 @@ def run(vocab, width, n, repeats, args, record):
     return out["seconds"] * 1e3
 
   with tempfile.TemporaryDirectory() as tmp:
-    workers, notes = start_peers(args, tmp, ids, vocab, width)
+    workers, notes = start_peers(args, tmp, batches, vocab, width)
     try:
       for col, w in workers.items():
         runs[col] = lambda col=col, w=w: peer_run(col, w)
@@ -613,6 +648,9 @@ def build_parser() -> argparse.ArgumentParser:
                       default=list(PEERS.values()),
                       help="the PyTorch columns to run, of fused,sparse,dense (default all; "
                            "fused alone holds a sixth of their memory at 10M x 32)")
+  parser.add_argument("--same-ids", action="store_true",
+                      help="every step on the first batch of ids (the protocol of runs kept "
+                           "before 2026-12-07's fifth session), not a new batch each step")
   parser.add_argument("--torch-threads", type=int, default=2)
   parser.add_argument("--peer-python", default=PEER_PYTHON,
                       help="python of the peer venv (default .peers/bin/python)")

@@ -4,9 +4,10 @@
         --rows 1000000 --width 64 [--variant fused|sparse|dense] [--threads 2]
 
 Started by ``sparse_step.py``, which sends it ``run`` requests (see
-``worker_protocol.py``); not meant to be run by hand. One table, the ids of
-the JAX side (``ids [n]`` int32 in the ``.npz``), and the same loss,
-``mean(sum(table[ids], -1) ** 2)``, one step per request.
+``worker_protocol.py``); not meant to be run by hand. One table, the
+batches of ids of the JAX side (``ids [batches, n]`` int32 in the ``.npz``,
+or ``[n]``: one batch), step k on batch ``k % batches`` as the JAX cases,
+and the same loss, ``mean(sum(table[ids], -1) ** 2)``, one step per request.
 
 Variants:
 
@@ -48,7 +49,19 @@ def initial_table(rows, width, out):
       out[start:start + r.shape[0]] = (h >> 16).to(torch.float32) * 2.0**-20 - 2.0**-5
 
 
-def build_fused(rows, width, ids, lr):
+def cycle(items):
+  """A function returning ``items[0]``, ``items[1]``, ... in turn, from the first again after the last."""
+  state = {"next": 0}
+
+  def take():
+    item = items[state["next"] % len(items)]
+    state["next"] += 1
+    return item
+
+  return take
+
+
+def build_fused(rows, width, batches, lr):
   import torchrec
   from torchrec.modules.embedding_configs import EmbeddingBagConfig
   from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
@@ -62,27 +75,28 @@ def build_fused(rows, width, ids, lr):
       device=torch.device("cpu"))
   (weight,) = [w for w in tables.state_dict().values()]  # FBGEMM's storage, not a copy
   initial_table(rows, width, weight)
-  kjt = KeyedJaggedTensor.from_lengths_sync(
+  # Built before any step, so that no step times their construction.
+  kjts = cycle([KeyedJaggedTensor.from_lengths_sync(
       keys=["f"], values=torch.from_numpy(ids.astype(np.int64)),
-      lengths=torch.ones(len(ids), dtype=torch.int32))
+      lengths=torch.ones(len(ids), dtype=torch.int32)) for ids in batches])
 
   def step():
-    loss = torch.mean(torch.sum(tables(kjt)["f"], dim=-1) ** 2)
+    loss = torch.mean(torch.sum(tables(kjts())["f"], dim=-1) ** 2)
     loss.backward()   # FBGEMM updates the touched rows here
     return loss
 
   return step, {"torchrec": torchrec.__version__}
 
 
-def build_plain(rows, width, ids, lr, sparse):
+def build_plain(rows, width, batches, lr, sparse):
   table = torch.nn.Embedding(rows, width, sparse=sparse)
   initial_table(rows, width, table.weight)
   opt = torch.optim.Adagrad(table.parameters(), lr=lr)
-  index = torch.from_numpy(ids.astype(np.int64))
+  indices = cycle([torch.from_numpy(ids.astype(np.int64)) for ids in batches])
 
   def step():
     opt.zero_grad(set_to_none=True)
-    loss = torch.mean(torch.sum(table(index), dim=-1) ** 2)
+    loss = torch.mean(torch.sum(table(indices()), dim=-1) ** 2)
     loss.backward()
     opt.step()
     return loss
@@ -103,11 +117,12 @@ def main():
 
   torch.set_num_threads(args.threads)
   torch.manual_seed(0)
-  ids = np.load(args.data)["ids"]
+  batches = np.atleast_2d(np.load(args.data)["ids"])
   if args.variant == "fused":
-    step, info = build_fused(args.rows, args.width, ids, args.lr)
+    step, info = build_fused(args.rows, args.width, batches, args.lr)
   else:
-    step, info = build_plain(args.rows, args.width, ids, args.lr, args.variant == "sparse")
+    step, info = build_plain(args.rows, args.width, batches, args.lr, args.variant == "sparse")
+  info["batches"] = len(batches)
 
   def run_steps(n):
     loss = None

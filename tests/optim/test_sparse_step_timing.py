@@ -151,8 +151,31 @@ def test_peer_cases_start_only_the_named_pytorch_workers(monkeypatch, tmp_path):
   for argv, want in ((["--peer-cases", "fused"], ["fused"]), ([], ["fused", "sparse", "dense"])):
     started.clear()
     args = sparse_step.build_parser().parse_args(argv)
-    sparse_step.start_peers(args, str(tmp_path), np.zeros(4, np.int32), 10, 8)
+    batches = [np.full(4, k, np.int32) for k in range(3)]
+    sparse_step.start_peers(args, str(tmp_path), batches, 10, 8)
     assert started == want
+    # Every worker gets every batch, in order: it steps through them as the JAX cases do.
+    np.testing.assert_array_equal(np.load(tmp_path / "ids.npz")["ids"], np.stack(batches))
+
+
+def test_every_case_takes_the_same_batches_in_turn_a_new_one_each_step():
+  sparse_step = benchmark_scripts.load("sparse_step")
+  batches = sparse_step.id_batches(16, 1000, steps=3)
+  assert len(batches) == 3
+  assert len({np.asarray(b).tobytes() for b in batches}) == 3   # each its own draw
+  assert len(sparse_step.id_batches(16, 1000, steps=500)) == sparse_step.MAX_BATCHES
+  (only,) = sparse_step.id_batches(16, 1000, steps=500, same_ids=True)
+  np.testing.assert_array_equal(only, batches[0])
+  seen = []
+
+  def step(state, ids):
+    seen.append(np.asarray(ids).tobytes())
+    return 0.0, state
+
+  stepper = sparse_step.Stepper(step, None, batches)
+  stepper(batches[2])   # the ids passed are ignored: the first step takes the first batch
+  stepper.timed(None, inner=4)
+  assert seen == [np.asarray(batches[k % 3]).tobytes() for k in range(5)]
 
 
 @pytest.mark.skipif(not cpu_library.available(), reason="needs the CPU kernels' library")
