@@ -67,9 +67,10 @@ class Headline:
             and all(f in options for f in self.flags) and not options & set(self.without))
 
 
-_SPARSE = "FBGEMM fused row-wise AdaGrad's step time over the sparse step's (same ids, same rule)"
+_SPARSE = ("FBGEMM fused row-wise AdaGrad's step time over the sparse step's (the same batches "
+           "of ids, a new one each step; the same rule)")
 _COPY = "the sparse step's time over a copy of the bytes it must touch, timed in the same run"
-_FIXED_ONLY = ("--layouts",)
+_FIXED_ONLY = ("--layouts", "--same-ids")
 _DEFAULT_COLLECTION = ("--scale", "--batch")
 HEADLINES = (
     Headline("sparse_step", "vs_fbgemm_1M_x_64", f"{_SPARSE}, 1M x 64 f32, 65,536 Zipf ids",
