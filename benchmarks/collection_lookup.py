@@ -9,7 +9,12 @@
 26 tables of 10 to 10M rows (times ``--scale``, at least 10 rows), widths 16
 to 128, one feature each with bags of 1 to 32 ids (bag 1 is single-hot),
 bag lengths uniform in [1, bag], ids Zipf(1.05) hashed over the table; every
-feature pools with ``sum``. One device, all jitted, interleaved repeats:
+feature pools with ``sum``. Each call takes the next of ``BATCHES`` such
+batches (seeds 0, 1, ...; every case and worker cycles through the same
+ones), so that a call finds the rows of a batch the calls before it did
+not just fetch; ``--same-ids`` gives every call the first batch (the
+protocol of the runs kept before 2026-12-07's fifth session). One device,
+all jitted, interleaved repeats:
 
 - ``take + segment_sum``: the baseline, a Python loop over the 26 tables
   of ``jnp.take`` then ``jax.ops.segment_sum`` in one jit;
@@ -89,6 +94,8 @@ EBC, TBE = "torchrec EmbeddingBagCollection (CPU)", "fbgemm table-batched (CPU)"
 PEERS = {EBC: "ebc", TBE: "fbgemm"}  # column -> worker --variant
 BASE, COLLECTION, DEDUP = "take + segment_sum (loop of 26)", "collection", "collection, dedup"
 TOLERANCE = 1e-5
+#: The batches of ids a run's calls cycle through.
+BATCHES = 16
 
 
 def specs(scale):
@@ -154,21 +161,37 @@ def shard_needs(features, ids, shards):
   return needs
 
 
-def start_peers(args, tmp, features, logical, ids_np, want):
+def cycling(fn, first, batches):
+  """``(call, ())`` for ``timing``'s cases: each call is ``fn(first, batch)`` on the next batch."""
+  state = {"next": 0}
+
+  def call():
+    batch = batches[state["next"] % len(batches)]
+    state["next"] += 1
+    return fn(first, batch)
+
+  return call, ()
+
+
+def start_peers(args, tmp, features, logical, batches_np, want):
   """Starts the PyTorch workers; returns ``(workers, notes)``.
 
-  Writes the tables and padded ids once to ``tmp/ids.npz``; every worker
-  reads it, builds its module, writes one forward's pooled outputs, which
-  are checked against ``want`` (the baseline's) here, and warms up.
+  Writes the tables and every batch's padded ids once to ``tmp/ids.npz``;
+  every worker reads it, builds its module, writes one forward's pooled
+  outputs (the first batch's), which are checked against ``want`` (the
+  baseline's on it) here, and warms up.
+
+  Args:
+    ids_np: the batches, each feature name -> padded ids.
   """
   missing = missing_note(args.peer_python)
   if missing:
     return {}, [missing]
   names = [f.name for f in features]
   data = os.path.join(tmp, "ids.npz")
-  np.savez(data, names=np.array(names),
+  np.savez(data, names=np.array(names), batches=np.array(len(batches_np)),
            **{f"w_{f.name}": np.asarray(logical[f.table]) for f in features},
-           **{f"ids_{n}": ids_np[n] for n in names})
+           **{f"ids_{n}": np.stack([b[n] for b in batches_np]) for n in names})
   env = peer_env(OMP_WAIT_POLICY="PASSIVE")
   workers, notes = {}, []
   for col, variant in PEERS.items():
@@ -248,6 +271,9 @@ def main(argv=None):
                       help="threads of the PyTorch workers (OMP_WAIT_POLICY=PASSIVE)")
   parser.add_argument("--no-fbgemm", dest="fbgemm", action="store_false",
                       help="leave out the FBGEMM table-batched column")
+  parser.add_argument("--same-ids", action="store_true",
+                      help="every call on the first batch of ids (the protocol of runs kept "
+                           "before 2026-12-07's fifth session)")
   parser.add_argument("--peer-python", default=PEER_PYTHON,
                       help="python of the peer venv (default .peers/bin/python)")
   timing.add_json_argument(parser)
@@ -264,10 +290,17 @@ def main(argv=None):
 
   start = time.perf_counter()
   coll = EmbeddingCollection(tables, features, rngs=nnx.Rngs(0))
-  ids_np = make_ids(tables, features, batch)
-  ids = {k: jnp.asarray(v) for k, v in ids_np.items()}
+  batches_np = [make_ids(tables, features, batch, seed=seed)
+                for seed in range(1 if args.same_ids else BATCHES)]
+  ids_np = batches_np[0]
+  batches = [{k: jnp.asarray(v) for k, v in b.items()} for b in batches_np]
+  ids = batches[0]
+  record.note("the first batch of ids every call (--same-ids)" if args.same_ids else
+              f"{len(batches)} batches of ids, each call the next")
   needs = shard_needs(features, ids_np, 1)
-  caps = {name: 64 * math.ceil(n / 64) for name, n in needs.items()}
+  # Dedup's capacity: each table's most distinct ids in any of the batches.
+  caps = {name: 64 * math.ceil(max(shard_needs(features, b, 1)[name] for b in batches_np) / 64)
+          for name in needs}
   dedup = EmbeddingCollection(tables, features, layout=CollectionLayout(num_unique=caps),
                               rngs=nnx.Rngs(0))
   nnx.update(dedup, nnx.state(coll, nnx.Param))  # one set of tables stays alive
@@ -287,12 +320,12 @@ def main(argv=None):
 
   base_name = BASE
   cases = {
-      base_name: (base, (logical, ids)),
-      COLLECTION: (run_coll, (state, ids)),
+      base_name: cycling(base, logical, batches),
+      COLLECTION: cycling(run_coll, state, batches),
   }
   with tempfile.TemporaryDirectory(prefix="collection_lookup_") as tmp:
     start = time.perf_counter()
-    workers, notes = start_peers(args, tmp, features, logical, ids_np, want)
+    workers, notes = start_peers(args, tmp, features, logical, batches_np, want)
     if workers:
       print(f"PyTorch workers built and warmed up in {time.perf_counter() - start:.0f} s")
     try:
@@ -312,7 +345,7 @@ def main(argv=None):
   # one), the collection without dedup beside it: their ratio is dedup's cost.
   dedup_times = interleaved(
       {base_name: cases[base_name], COLLECTION: cases[COLLECTION],
-       DEDUP: (run_dedup, (dedup_state, ids))},
+       DEDUP: cycling(run_dedup, dedup_state, batches)},
       repeats, between_rounds=record.probe,
   )
   record.add_times(times)

@@ -6,9 +6,11 @@
 Started by ``collection_lookup.py``, which sends it ``run`` requests (see
 ``worker_protocol.py``); not meant to be run by hand. Reads from the ``.npz``
 the feature names (``names``), each table's weights (``w_<name>``, the JAX
-collection's own values) and each feature's padded ids (``ids_<name>``,
-``[B]`` single-hot or ``[B, bag]`` with -1 padding: exactly what the JAX side
-looks up), and builds, before any timing:
+collection's own values), how many batches of ids (``batches``; 1 if
+absent) and each feature's padded ids (``ids_<name>``, ``[batches, B]``
+single-hot or ``[batches, B, bag]`` with -1 padding, a leading batch axis
+only where ``batches`` is given: exactly what the JAX side looks up), and
+builds, before any timing, for every batch:
 
 - ``ebc``: ``torchrec.EmbeddingBagCollection`` (one ``nn.EmbeddingBag`` per
   table, ``PoolingType.SUM``) fed a ``KeyedJaggedTensor`` whose lengths are
@@ -19,9 +21,11 @@ looks up), and builds, before any timing:
   values with per-bag offsets.
 
 A step is one forward under ``torch.no_grad()`` (FBGEMM's CPU kernel fails
-under ``torch.inference_mode()``). With ``--check`` the pooled outputs of one
-forward are written to that ``.npz`` (``out_<name>``, ``[B, width]``) before
-the worker reports ready, for the benchmark to compare with JAX's.
+under ``torch.inference_mode()``), each on the next batch, from the first
+again after the last. With ``--check`` the pooled outputs of the first
+batch's forward are written to that ``.npz`` (``out_<name>``, ``[B,
+width]``) before the worker reports ready, for the benchmark to compare
+with JAX's.
 """
 
 import argparse
@@ -43,7 +47,19 @@ def jagged(padded: np.ndarray):
   return x[valid].astype(np.int64), valid.sum(1).astype(np.int64)
 
 
-def build_ebc(names, weights, ids):
+def cycle(items):
+  """A function returning ``items[0]``, ``items[1]``, ... in turn, from the first again after the last."""
+  state = {"next": 0}
+
+  def take():
+    item = items[state["next"] % len(items)]
+    state["next"] += 1
+    return item
+
+  return take
+
+
+def build_ebc(names, weights, batches):
   import torchrec  # noqa: PLC0415
 
   configs = [
@@ -57,19 +73,22 @@ def build_ebc(names, weights, ids):
   with torch.no_grad():
     for n, w in zip(names, weights):
       ebc.embedding_bags[f"t_{n}"].weight.copy_(torch.from_numpy(w))
-  values, lengths = zip(*(jagged(ids[n]) for n in names))
-  kjt = torchrec.KeyedJaggedTensor.from_lengths_sync(
-      keys=list(names), values=torch.from_numpy(np.concatenate(values)),
-      lengths=torch.from_numpy(np.concatenate(lengths)),
-  )
+  def kjt(ids):
+    values, lengths = zip(*(jagged(ids[n]) for n in names))
+    return torchrec.KeyedJaggedTensor.from_lengths_sync(
+        keys=list(names), values=torch.from_numpy(np.concatenate(values)),
+        lengths=torch.from_numpy(np.concatenate(lengths)),
+    )
+
+  kjts = cycle([kjt(ids) for ids in batches])
 
   def forward():
-    return ebc(kjt).to_dict()
+    return ebc(kjts()).to_dict()
 
   return forward, torchrec.__version__
 
 
-def build_fbgemm(names, weights, ids):
+def build_fbgemm(names, weights, batches):
   import fbgemm_gpu  # noqa: PLC0415
   from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode  # noqa: PLC0415
   from fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: PLC0415
@@ -83,15 +102,17 @@ def build_fbgemm(names, weights, ids):
   with torch.no_grad():
     for dst, w in zip(tbe.split_embedding_weights(), weights):
       dst.copy_(torch.from_numpy(w))
-  values, lengths = zip(*(jagged(ids[n]) for n in names))
-  lengths = np.concatenate(lengths)   # table-major: [T * B]
-  offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-  indices = torch.from_numpy(np.concatenate(values))
-  offsets = torch.from_numpy(offsets)
+  def inputs(ids):
+    values, lengths = zip(*(jagged(ids[n]) for n in names))
+    lengths = np.concatenate(lengths)   # table-major: [T * B]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return torch.from_numpy(np.concatenate(values)), torch.from_numpy(offsets)
+
+  feeds = cycle([inputs(ids) for ids in batches])
   widths = [w.shape[1] for w in weights]
 
   def forward():
-    out = tbe(indices, offsets)            # [B, sum of widths]
+    out = tbe(*feeds())                    # [B, sum of widths]
     return dict(zip(names, torch.split(out, widths, dim=1)))
 
   return forward, fbgemm_gpu.__version__
@@ -102,7 +123,7 @@ def main():
   parser.add_argument("--data", required=True)
   parser.add_argument("--variant", choices=("ebc", "fbgemm"), default="ebc")
   parser.add_argument("--threads", type=int, default=2)
-  parser.add_argument("--check", help="write one forward's pooled outputs to this .npz")
+  parser.add_argument("--check", help="write the first batch's pooled outputs to this .npz")
   parser.add_argument("--warmup", type=int, default=3)
   args = parser.parse_args()
 
@@ -111,9 +132,11 @@ def main():
   data = np.load(args.data)
   names = [str(n) for n in data["names"]]
   weights = [data[f"w_{n}"] for n in names]
-  ids = {n: data[f"ids_{n}"] for n in names}
+  count = int(data["batches"]) if "batches" in data else 1
+  stacked = {n: data[f"ids_{n}"] if "batches" in data else data[f"ids_{n}"][None] for n in names}
+  batches = [{n: stacked[n][k] for n in names} for k in range(count)]
   build = build_ebc if args.variant == "ebc" else build_fbgemm
-  forward, version = build(names, weights, ids)
+  forward, version = build(names, weights, batches)
   del weights, data
   build_s = time.perf_counter() - start
 
@@ -132,7 +155,7 @@ def main():
       "torch": torch.__version__, args.variant: version,
       "threads": torch.get_num_threads(),
       "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
-      "build_s": build_s,
+      "build_s": build_s, "batches": count,
   })
 
 
