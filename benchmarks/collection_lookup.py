@@ -77,7 +77,7 @@ from embedlib.plan import cost  # noqa: E402
 from embedlib.plan.report import human_bytes  # noqa: E402
 import timing  # noqa: E402
 from timing import interleaved, print_table, time_once  # noqa: E402
-from worker_protocol import missing_note, peer_env, start_or_note  # noqa: E402
+from worker_protocol import cycle, missing_note, peer_env, start_or_note  # noqa: E402
 
 #: Rows of the 26 tables, Criteo-like: a few huge ones, a long tail of small.
 ROWS = (
@@ -162,15 +162,10 @@ def shard_needs(features, ids, shards):
 
 
 def cycling(fn, first, batches):
-  """``(call, ())`` for ``timing``'s cases: each call is ``fn(first, batch)`` on the next batch."""
-  state = {"next": 0}
-
-  def call():
-    batch = batches[state["next"] % len(batches)]
-    state["next"] += 1
-    return fn(first, batch)
-
-  return call, ()
+  """``(call, ())`` for ``timing``'s cases: each call is ``fn(first, batch)`` on the next
+  batch, in the order the PyTorch workers take them (``worker_protocol.cycle``)."""
+  take = cycle(batches)
+  return (lambda: fn(first, take())), ()
 
 
 def start_peers(args, tmp, features, logical, batches_np, want):

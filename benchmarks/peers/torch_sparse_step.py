@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worker_protocol import serve  # noqa: E402
+from worker_protocol import cycle, serve  # noqa: E402
 
 
 def initial_table(rows, width, out):
@@ -47,18 +47,6 @@ def initial_table(rows, width, out):
       r = torch.arange(start, min(rows, start + block), dtype=torch.int64)[:, None]
       h = ((r * width + cols) * 2654435761) & 0xFFFFFFFF
       out[start:start + r.shape[0]] = (h >> 16).to(torch.float32) * 2.0**-20 - 2.0**-5
-
-
-def cycle(items):
-  """A function returning ``items[0]``, ``items[1]``, ... in turn, from the first again after the last."""
-  state = {"next": 0}
-
-  def take():
-    item = items[state["next"] % len(items)]
-    state["next"] += 1
-    return item
-
-  return take
 
 
 def build_fused(rows, width, batches, lr):

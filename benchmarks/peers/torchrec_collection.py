@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worker_protocol import serve  # noqa: E402
+from worker_protocol import cycle, serve  # noqa: E402
 
 
 def jagged(padded: np.ndarray):
@@ -45,18 +45,6 @@ def jagged(padded: np.ndarray):
   x = padded.reshape(padded.shape[0], -1)
   valid = x >= 0
   return x[valid].astype(np.int64), valid.sum(1).astype(np.int64)
-
-
-def cycle(items):
-  """A function returning ``items[0]``, ``items[1]``, ... in turn, from the first again after the last."""
-  state = {"next": 0}
-
-  def take():
-    item = items[state["next"] % len(items)]
-    state["next"] += 1
-    return item
-
-  return take
 
 
 def build_ebc(names, weights, batches):

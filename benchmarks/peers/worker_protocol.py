@@ -51,6 +51,21 @@ def _send(kind: str, payload: dict) -> None:
   sys.stdout.flush()
 
 
+def cycle(items):
+  """A function returning ``items[0]``, ``items[1]``, ... in turn, from the first again after the last.
+
+  A worker's batches, stepped through in the order the JAX side steps through its own.
+  """
+  state = {"next": 0}
+
+  def take():
+    item = items[state["next"] % len(items)]
+    state["next"] += 1
+    return item
+
+  return take
+
+
 def serve(run_steps, info: dict) -> None:
   """Answers ``run`` requests on stdin until ``quit`` or end of input.
 
