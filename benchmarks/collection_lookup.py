@@ -177,7 +177,7 @@ def start_peers(args, tmp, features, logical, batches_np, want):
   baseline's on it) here, and warms up.
 
   Args:
-    ids_np: the batches, each feature name -> padded ids.
+    batches_np: the batches, each feature name -> padded ids.
   """
   missing = missing_note(args.peer_python)
   if missing:
