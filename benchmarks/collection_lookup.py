@@ -292,10 +292,10 @@ def main(argv=None):
   ids = batches[0]
   record.note("the first batch of ids every call (--same-ids)" if args.same_ids else
               f"{len(batches)} batches of ids, each call the next")
-  needs = shard_needs(features, ids_np, 1)
+  needs_per_batch = [shard_needs(features, b, 1) for b in batches_np]
+  needs = needs_per_batch[0]
   # Dedup's capacity: each table's most distinct ids in any of the batches.
-  caps = {name: 64 * math.ceil(max(shard_needs(features, b, 1)[name] for b in batches_np) / 64)
-          for name in needs}
+  caps = {name: 64 * math.ceil(max(n[name] for n in needs_per_batch) / 64) for name in needs}
   dedup = EmbeddingCollection(tables, features, layout=CollectionLayout(num_unique=caps),
                               rngs=nnx.Rngs(0))
   nnx.update(dedup, nnx.state(coll, nnx.Param))  # one set of tables stays alive

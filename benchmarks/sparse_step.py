@@ -485,9 +485,9 @@ def run(vocab, width, n, repeats, args, record):
   # A case steps once to warm up, then twice a round (untimed, timed).
   batches = id_batches(n, vocab, 1 + 2 * repeats * args.inner, args.same_ids)
   ids = batches[0]
-  record.note(f"{timing.size_tag(vocab, width)}: " + (
-      "the first batch of ids every step (--same-ids)" if len(batches) == 1 else
-      f"{len(batches)} batches of ids, a new one each step"))
+  protocol = ("the first batch of ids every step (--same-ids)" if len(batches) == 1 else
+              f"{len(batches)} batches of ids, a new one each step")
+  record.note(f"{timing.size_tag(vocab, width)}: {protocol}")
   table_bytes = vocab * width * 4
   rows_bytes = n * width * 4
   steppers, memory = {}, {}
@@ -508,8 +508,7 @@ def run(vocab, width, n, repeats, args, record):
     jax.block_until_ready(steppers[name](ids))   # warm up
   uniq = len(np.unique(np.asarray(ids)))
   print(f"\n{vocab:,} x {width} f32 table, {n:,} Zipf(1.05) ids ({uniq:,} distinct in the "
-        f"first batch; {len(batches)} batch{'es' if len(batches) > 1 else ''}, "
-        f"{'the first every step' if len(batches) == 1 else 'a new one each step'})")
+        f"first batch; {protocol})")
   parts = bandwidth.step_bytes(ids, width)
   # A smoke run's DRAM copy: still past the 32 MiB L3, a tenth of the time.
   dram = 128 * MiB if args.quick else bandwidth.DRAM_COPY_BYTES
