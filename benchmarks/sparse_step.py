@@ -67,9 +67,16 @@ work behind it (the dense step frees its table-sized temporaries after its
 results are ready), which would otherwise be charged to whichever case runs
 next (a pause after the dense step removes that cost too, so it is not the
 next case's own). A JAX step is timed until its loss and whole new state
-are ready. On a GPU one timed sample is ``--inner`` consecutive steps
-(default 20, dispatched without waiting, so a sub-millisecond step is not
-timed as Python's dispatch), reported per step; on CPU one step (default 1).
+are ready. One timed sample is ``--inner`` consecutive steps, reported per
+step, the untimed call before it as many: on a GPU 20 (dispatched without
+waiting, so a sub-millisecond step is not timed as Python's dispatch), on
+CPU 8, the PyTorch workers' too. Training runs its steps back to back, and
+a CPU step timed alone, after the other cases or a worker's turn left this
+process idle, pays the machine's wake-up instead: on the 2-core VMs a
+jitted copy of the step's bytes took 1.6 ms timed alone and 0.6 ms back to
+back (``benchmarks/README.md``, "One step timed alone"), which made the
+ratios to the copy mostly that wake-up's. Runs kept before 2026-12-07's
+sixth session timed one step (``--inner 1`` gives that protocol).
 
 Named ratios (printed beside the machine's state, and in ``--json``'s
 record, ``benchmarks/timing.py``), by medians, ``<size>`` as ``1M_x_64``:
@@ -417,34 +424,50 @@ def settled_rounds(runs, repeats, seed=0, between_rounds=None):
   return times
 
 
+def steps_per_sample(backend):
+  """``--inner``'s default on ``backend``: the steps one timed sample runs back to back."""
+  return 8 if backend == "cpu" else 20
+
+
+def peer_sample(worker, steps):
+  """One timed sample of a PyTorch worker: ``steps`` of its steps back to back, ms per step."""
+  return worker.run(steps)["seconds"] * 1e3 / steps
+
+
 def start_peers(args, tmp, batches, vocab, width):
   """Starts the PyTorch workers on ``batches`` (each steps through them in turn, as
-  ``Stepper`` does); returns ``(workers, notes)``."""
+  ``Stepper`` does), warmed up by ``LOSS_STEP`` steps as the JAX cases are.
+
+  Returns:
+    ``(workers, losses, notes)``: column -> worker, column -> ``(its loss at
+    step LOSS_STEP, LOSS_STEP)``, and the lines to print for the columns left out.
+  """
   if not args.peers:
-    return {}, []
+    return {}, {}, []
   if jax.default_backend() != "cpu":
-    return {}, [f"PyTorch columns left out: they are CPU workers, and jax runs on "
-                f"{jax.default_backend()!r} here."]
+    return {}, {}, [f"PyTorch columns left out: they are CPU workers, and jax runs on "
+                    f"{jax.default_backend()!r} here."]
   missing = missing_note(args.peer_python)
   if missing:
-    return {}, [missing]
+    return {}, {}, [missing]
   data = os.path.join(tmp, "ids.npz")
   np.savez(data, ids=np.stack([np.asarray(b) for b in batches]))
   env = peer_env(OMP_WAIT_POLICY="PASSIVE")
-  workers, notes = {}, []
+  workers, losses, notes = {}, {}, []
   for col, variant in PEERS.items():
     if variant not in args.peer_cases:
       continue
     w, info = start_or_note(
         col, [args.peer_python, TORCH_SCRIPT, "--data", data, "--rows", str(vocab),
-              "--width", str(width), "--variant", variant, "--warmup", "1",
+              "--width", str(width), "--variant", variant, "--warmup", str(LOSS_STEP),
               "--threads", str(args.torch_threads)], env, notes)
     if w is None:
       continue
     print(f"  {col}: " + ", ".join(
         f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items()))
     workers[col] = w
-  return workers, notes
+    losses[col] = (info["first_loss"], LOSS_STEP)
+  return workers, losses, notes
 
 
 def record_ratios(record, times, vocab, width):
@@ -482,8 +505,8 @@ def id_batches(n, vocab, steps, same_ids=False):
 
 def run(vocab, width, n, repeats, args, record):
   """Times the cases on one table and prints their figures; returns name -> ms per round."""
-  # A case steps once to warm up, then twice a round (untimed, timed).
-  batches = id_batches(n, vocab, 1 + 2 * repeats * args.inner, args.same_ids)
+  # A case steps LOSS_STEP times to warm up, then twice a round (untimed, timed).
+  batches = id_batches(n, vocab, LOSS_STEP + 2 * repeats * args.inner, args.same_ids)
   ids = batches[0]
   protocol = ("the first batch of ids every step (--same-ids)" if len(batches) == 1 else
               f"{len(batches)} batches of ids, a new one each step")
@@ -505,7 +528,9 @@ def run(vocab, width, n, repeats, args, record):
       compiled = step.lower(state, ids).compile()
     memory[name] = compiled.memory_analysis()
     steppers[name] = Stepper(compiled, state, batches)
-    jax.block_until_ready(steppers[name](ids))   # warm up
+    for _ in range(LOSS_STEP):   # warm up, to the step whose loss the cases compare
+      steppers[name](ids)
+    jax.block_until_ready(steppers[name].state)
   uniq = len(np.unique(np.asarray(ids)))
   print(f"\n{vocab:,} x {width} f32 table, {n:,} Zipf(1.05) ids ({uniq:,} distinct in the "
         f"first batch; {protocol})")
@@ -519,20 +544,11 @@ def run(vocab, width, n, repeats, args, record):
     jax.block_until_ready(copiers[ROWS_FLOOR](ids))
   runs = {name: (lambda s=s: s.timed(ids, args.inner))
           for name, s in {**steppers, **copiers}.items()}
-  peer_losses, peer_steps = {}, {}  # each worker's loss at step LOSS_STEP; its steps
-
-  def peer_run(col, w):
-    out = w.run(1)
-    peer_steps[col] = peer_steps.get(col, 1) + 1   # after its one warm-up step
-    if peer_steps[col] <= LOSS_STEP:
-      peer_losses[col] = (out["loss"], peer_steps[col])
-    return out["seconds"] * 1e3
-
   with tempfile.TemporaryDirectory() as tmp:
-    workers, notes = start_peers(args, tmp, batches, vocab, width)
+    workers, peer_losses, notes = start_peers(args, tmp, batches, vocab, width)
     try:
       for col, w in workers.items():
-        runs[col] = lambda col=col, w=w: peer_run(col, w)
+        runs[col] = lambda w=w: peer_sample(w, args.inner)
       times = settled_rounds(runs, repeats, between_rounds=record.probe)
     finally:
       for w in workers.values():
@@ -636,7 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
   parser.add_argument("--repeats", type=int, default=None, help="timed rounds")
   parser.add_argument("--inner", type=int, default=None,
-                      help="steps per timed sample (default 1 on CPU, 20 elsewhere)")
+                      help="steps per timed sample (default 8 on CPU, 20 elsewhere)")
   parser.add_argument("--check", action="store_true",
                       help="first compare the sparse step with a dense reference; exit 1 if they differ")
   parser.add_argument("--no-peers", dest="peers", action="store_false",
@@ -666,7 +682,7 @@ def main(argv=None, reference=dense_adagrad_step) -> int:
   repeats = args.repeats or (3 if args.quick else 10)
   backend = jax.default_backend()
   if args.inner is None:
-    args.inner = 1 if backend == "cpu" else 20
+    args.inner = steps_per_sample(backend)
   print(f"jax {jax.__version__}, backend {backend} ({jax.devices()[0].device_kind}), "
         f"{jax.device_count()} device(s)")
   if args.layouts:

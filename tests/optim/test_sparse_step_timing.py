@@ -54,7 +54,7 @@ def recording_runs(sparse_step, monkeypatch):
   return runs
 
 
-QUICK = ["--check", "--quick", "--no-peers", "--repeats", "1"]
+QUICK = ["--check", "--quick", "--no-peers", "--repeats", "1", "--inner", "2"]
 
 
 @pytest.mark.slow
@@ -143,6 +143,8 @@ def test_peer_cases_start_only_the_named_pytorch_workers(monkeypatch, tmp_path):
 
   def start(col, cmd, env, notes):
     started.append(cmd[cmd.index("--variant") + 1])
+    # Warmed up to the step whose loss the cases compare, as the JAX cases are.
+    assert cmd[cmd.index("--warmup") + 1] == str(sparse_step.LOSS_STEP)
     return None, {}
 
   monkeypatch.setattr(sparse_step, "missing_note", lambda python: None)
@@ -217,3 +219,37 @@ def test_the_bare_floor_refuses_an_id_outside_the_table():
   bandwidth = benchmark_scripts.load("bandwidth")
   with pytest.raises(RuntimeError, match=r"id 1200 outside \[0, 1200\)"):
     bandwidth.bare_floor(1200, 4, np.array([3, 1200], np.int32), copy_total=4096, rounds=1)
+
+
+
+def test_a_cpu_sample_is_several_steps_back_to_back_the_workers_too():
+  # A CPU step timed alone pays the machine's wake-up (the process idled
+  # through the other cases' turns): a sample is 8 steps on CPU, and each
+  # PyTorch worker's sample is as many of its own steps, timed per step.
+  sparse_step = benchmark_scripts.load("sparse_step")
+  assert sparse_step.steps_per_sample("cpu") == 8
+  assert sparse_step.steps_per_sample("gpu") == 20
+  requested = []
+
+  class Worker:
+    def run(self, steps):
+      requested.append(steps)
+      return {"seconds": 0.004 * steps, "loss": 1.0}
+
+  assert sparse_step.peer_sample(Worker(), 8) == pytest.approx(4.0)
+  assert requested == [8]
+
+
+def test_the_workers_start_at_the_step_whose_loss_the_cases_compare(monkeypatch, tmp_path):
+  sparse_step = benchmark_scripts.load("sparse_step")
+  monkeypatch.setattr(sparse_step, "missing_note", lambda python: None)
+  monkeypatch.setattr(sparse_step.jax, "default_backend", lambda: "cpu")
+  worker = object()
+  monkeypatch.setattr(sparse_step, "start_or_note",
+                      lambda col, cmd, env, notes: (worker, {"first_loss": 0.25}))
+  args = sparse_step.build_parser().parse_args(["--peer-cases", "fused"])
+  workers, losses, notes = sparse_step.start_peers(
+      args, str(tmp_path), [np.zeros(4, np.int32)], 10, 8)
+  assert workers == {sparse_step.FBGEMM: worker} and notes == []
+  # Its ready message's loss is that of its last warm-up step: LOSS_STEP.
+  assert losses == {sparse_step.FBGEMM: (0.25, sparse_step.LOSS_STEP)}
