@@ -64,6 +64,17 @@ def row_gradient_bytes(ids, width):
   return 2 * int(np.size(ids)) * width * F32
 
 
+def model_bytes(ids, width):
+  """What a model kept apart from its lookup adds to ``step_bytes``: it reads the
+  ``[ids, width]`` rows the lookup wrote and writes their gradient, which the
+  update reads back (``row_gradient_bytes``).
+
+  Every step of a drop-in for ``nnx.Embed`` has them, FBGEMM's too: its fused
+  backward is handed the gradient of the rows, made by the layers above.
+  """
+  return int(np.size(ids)) * width * F32 + row_gradient_bytes(ids, width)
+
+
 def copy_step(total_bytes):
   """A ``step(buffer, ids) -> (None, buffer)`` that reads and writes ``total_bytes`` in all.
 

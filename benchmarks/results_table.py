@@ -68,9 +68,10 @@ class Headline:
 
 
 _SPARSE = ("FBGEMM fused row-wise AdaGrad's step time over the sparse step's (the same batches "
-           "of ids, a new one each step; the same rule)")
+           "of ids, a new one each step; the same rule; 8 steps back to back per sample)")
 _COPY = "the sparse step's time over a copy of the bytes it must touch, timed in the same run"
-_FIXED_ONLY = ("--layouts", "--same-ids")
+# --inner: a sample's steps, whose default changed (8 on CPU since 59f5593).
+_FIXED_ONLY = ("--layouts", "--same-ids", "--inner")
 _DEFAULT_COLLECTION = ("--scale", "--batch", "--same-ids")
 HEADLINES = (
     Headline("sparse_step", "vs_fbgemm_1M_x_64", f"{_SPARSE}, 1M x 64 f32, 65,536 Zipf ids",

@@ -92,9 +92,15 @@ rows, where the copy streams), over the copy's, and
 (``bandwidth.bare_floor``: no XLA, no dedup, rows in ascending order; its
 own process after the rounds, ``4 x --repeats`` rounds alternating with a
 bare copy of the step's bytes) over that bare copy, what random rows cost
-against a stream on this machine, and ``bare_copy_over_copy_<size>`` the
+against a stream on this machine, ``bare_copy_over_copy_<size>`` the
 bare copy's time over the jitted copy's (how much of the copy's time is
-XLA's own); with ``--layouts``, ``hidden_over_vocab`` and ``grid_over_vocab``.
+XLA's own), and ``least_step_over_copy_<size>``, the least a step whose
+model is kept apart from its lookup can take over the copy: the bare passes
+plus ``bandwidth.model_bytes`` (the model's read of the rows, their
+gradient written and read back) streamed at the bare copy's own rate, over
+the bare copy (a floor: no dedup, no rule, no dispatch, and those streams
+at a copy's speed); with ``--layouts``, ``hidden_over_vocab`` and
+``grid_over_vocab``.
 
 Every case starts from the same table (``initial_table``, the PyTorch
 workers' too) and takes the same batches of ids in the same order, a new
@@ -470,10 +476,15 @@ def start_peers(args, tmp, batches, vocab, width):
   return workers, losses, notes
 
 
-def record_ratios(record, times, vocab, width):
+def record_ratios(record, times, vocab, width, model_share=None):
   """The table's named ratios, by medians: ``vs_fbgemm_<size>`` (FBGEMM fused's
   time over ours), ``copy_distance_<size>`` (ours over the copy of the step's
-  bytes), ``dense_over_sparse_<size>`` (the speed-up over the dense step)."""
+  bytes), ``dense_over_sparse_<size>`` (the speed-up over the dense step),
+  and the floors' (the module's docstring).
+
+  ``model_share``: ``bandwidth.model_bytes`` over ``step_bytes``' total, for
+  ``least_step_over_copy_<size>``.
+  """
   tag = timing.size_tag(vocab, width)
   if FBGEMM in times:
     record.ratio(f"vs_fbgemm_{tag}", timing.median_ratio(times[FBGEMM], times[SPARSE]))
@@ -487,6 +498,9 @@ def record_ratios(record, times, vocab, width):
     record.ratio(f"bare_floor_over_copy_{tag}",
                  timing.median_ratio(times[BARE_PASSES], times[BARE_COPY]))
     record.ratio(f"bare_copy_over_copy_{tag}", timing.median_ratio(times[BARE_COPY], times[COPY]))
+    if model_share is not None:
+      record.ratio(f"least_step_over_copy_{tag}",
+                   timing.median_ratio(times[BARE_PASSES], times[BARE_COPY]) + model_share)
   record.ratio(f"dense_over_sparse_{tag}", timing.median_ratio(times[DENSE], times[SPARSE]))
 
 
@@ -559,7 +573,8 @@ def run(vocab, width, n, repeats, args, record):
     if bare is not None:
       times[BARE_PASSES], times[BARE_COPY] = bare["two_passes_ms"], bare["copy_ms"]
   record.add_times(times, prefix=f"{timing.size_tag(vocab, width)}: ")
-  record_ratios(record, times, vocab, width)
+  record_ratios(record, times, vocab, width,
+                model_share=bandwidth.model_bytes(ids, width) / sum(parts.values()))
   per = f", {args.inner} steps per sample" if args.inner > 1 else ""
   print_table(times, SPARSE, f"train step, ms ({repeats} rounds{per})")
   for note in notes:
@@ -585,6 +600,12 @@ def run(vocab, width, n, repeats, args, record):
           f"{bare_ms / bare_copy_ms:.2f}x its copy of the step's bytes ({bare_copy_ms:.3f} ms, "
           f"which is {bare_copy_ms / statistics.median(times[COPY]):.2f}x the jitted copy's "
           f"time); the step is {sparse_ms / bare_ms:.1f}x them")
+    model = bandwidth.model_bytes(ids, width)
+    least_ms = bare_ms + bare_copy_ms * model / sum(parts.values())
+    print(f"the least step with its model apart from the lookup: those passes plus the model's "
+          f"{model / MiB:.1f} MiB (rows read, their gradient written and read back) at the bare "
+          f"copy's rate: {least_ms:.3f} ms, {least_ms / bare_copy_ms:.2f}x the bare copy "
+          f"(least_step_over_copy)")
   for name, mem in memory.items():
     temp = mem.temp_size_in_bytes
     # Live at the step's peak: inputs, temporaries, and outputs that do not

@@ -253,3 +253,30 @@ def test_the_workers_start_at_the_step_whose_loss_the_cases_compare(monkeypatch,
   assert workers == {sparse_step.FBGEMM: worker} and notes == []
   # Its ready message's loss is that of its last warm-up step: LOSS_STEP.
   assert losses == {sparse_step.FBGEMM: (0.25, sparse_step.LOSS_STEP)}
+
+
+def test_the_least_step_adds_the_models_streams_to_the_bare_passes():
+  # A model apart from its lookup reads the rows and writes their gradient,
+  # which the update reads back: 3 x [ids, width] float32 beyond step_bytes.
+  sparse_step = benchmark_scripts.load("sparse_step")
+  ids = np.array([3, 1, 3, 7], np.int32)
+  assert sparse_step.bandwidth.model_bytes(ids, 8) == 3 * 4 * 8 * 4
+  record = Recorder()
+  times = {sparse_step.SPARSE: [4.0], sparse_step.COPY: [1.0], sparse_step.DENSE: [40.0],
+           sparse_step.BARE_PASSES: [3.0, 3.0], sparse_step.BARE_COPY: [2.0, 2.0]}
+  sparse_step.record_ratios(record, times, 1000, 8, model_share=0.75)
+  assert record.ratios["bare_floor_over_copy_1k_x_8"] == pytest.approx(1.5)
+  # The passes' 1.5x the bare copy, plus the model's bytes at the copy's rate.
+  assert record.ratios["least_step_over_copy_1k_x_8"] == pytest.approx(2.25)
+  assert record.ratios["copy_distance_1k_x_8"] == pytest.approx(4.0)
+
+
+class Recorder:
+  def __init__(self):
+    self.ratios, self.notes = {}, []
+
+  def ratio(self, name, value):
+    self.ratios[name] = value
+
+  def note(self, text):
+    self.notes.append(text)
