@@ -38,7 +38,12 @@ any timing; they run with ``--torch-threads`` threads (default 2) and
 ``OMP_WAIT_POLICY=PASSIVE`` (PEERS.md: it steadies 2-thread timings, and
 keeps an idle worker's threads from spinning while JAX is timed). A worker
 times its own forward (no pipe latency); every round shuffles the order of the
-cases (seeded). Without ``.peers/`` the PyTorch columns are skipped with a note.
+cases (seeded). One timed sample is ``--inner`` calls back to back (default
+8), a worker's as many of its forwards, reported per call: a call timed
+alone, after the process slept through a worker's turn, pays the machine's
+wake-up (``benchmarks/README.md``, "One step timed alone"; the runs kept
+before 2026-12-07's sixth session timed one call, ``--inner 1``). Without
+``.peers/`` the PyTorch columns are skipped with a note.
 
 Prints min / median / max ms and the ratio of medians to the baseline
 (target <= 1.0), dedup's cost (the collection with dedup over the one
@@ -76,7 +81,7 @@ from embedlib.collection import plan_collection  # noqa: E402
 from embedlib.plan import cost  # noqa: E402
 from embedlib.plan.report import human_bytes  # noqa: E402
 import timing  # noqa: E402
-from timing import interleaved, print_table, time_once  # noqa: E402
+from timing import interleaved, print_table  # noqa: E402
 from worker_protocol import cycle, missing_note, peer_env, start_or_note  # noqa: E402
 
 #: Rows of the 26 tables, Criteo-like: a few huge ones, a long tail of small.
@@ -213,10 +218,12 @@ def start_peers(args, tmp, features, logical, batches_np, want):
   return workers, notes
 
 
-def interleaved_with_workers(cases, workers, repeats, between_rounds=None):
+def interleaved_with_workers(cases, workers, repeats, between_rounds=None, calls=1):
   """``timing.interleaved`` plus worker cases, the order shuffled each round.
 
-  JAX cases are timed here (``time_once``); a worker times its own forward.
+  JAX cases are timed here (``timing.time_calls``); a worker times its own
+  forward. A sample is ``calls`` calls back to back, a worker's ``calls`` of
+  its forwards, reported per call.
   A seeded shuffle, not a rotation: rotating a cyclic order keeps every
   case behind the same predecessor, whose cache footprint it inherits.
   ``between_rounds`` is called after every round (the run's copy probe).
@@ -232,9 +239,9 @@ def interleaved_with_workers(cases, workers, repeats, between_rounds=None):
     for name in order:
       if name in cases:
         fn, a = cases[name]
-        times[name].append(time_once(fn, *a))
+        times[name].append(timing.time_calls(fn, a, calls))
       else:
-        times[name].append(workers[name].run(1)["seconds"] * 1e3)
+        times[name].append(workers[name].run(calls)["seconds"] * 1e3 / calls)
     if between_rounds is not None:
       between_rounds()
   return times
@@ -269,6 +276,9 @@ def main(argv=None):
   parser.add_argument("--same-ids", action="store_true",
                       help="every call on the first batch of ids (the protocol of runs kept "
                            "before 2026-12-07's fifth session)")
+  parser.add_argument("--inner", type=int, default=8,
+                      help="calls per timed sample, back to back (the runs kept before "
+                           "2026-12-07's sixth session timed 1)")
   parser.add_argument("--peer-python", default=PEER_PYTHON,
                       help="python of the peer venv (default .peers/bin/python)")
   timing.add_json_argument(parser)
@@ -324,7 +334,8 @@ def main(argv=None):
     if workers:
       print(f"PyTorch workers built and warmed up in {time.perf_counter() - start:.0f} s")
     try:
-      times = interleaved_with_workers(cases, workers, repeats, between_rounds=record.probe)
+      times = interleaved_with_workers(cases, workers, repeats, between_rounds=record.probe,
+                                       calls=args.inner)
       rss = {name: w.close()["peak_rss_mib"] for name, w in workers.items()}
     finally:
       for w in workers.values():
@@ -341,7 +352,7 @@ def main(argv=None):
   dedup_times = interleaved(
       {base_name: cases[base_name], COLLECTION: cases[COLLECTION],
        DEDUP: cycling(run_dedup, dedup_state, batches)},
-      repeats, between_rounds=record.probe,
+      repeats, between_rounds=record.probe, calls=args.inner,
   )
   record.add_times(times)
   record.add_times(dedup_times, prefix="dedup interleaving: ")

@@ -72,7 +72,7 @@ _SPARSE = ("FBGEMM fused row-wise AdaGrad's step time over the sparse step's (th
 _COPY = "the sparse step's time over a copy of the bytes it must touch, timed in the same run"
 # --inner: a sample's steps, whose default changed (8 on CPU since 59f5593).
 _FIXED_ONLY = ("--layouts", "--same-ids", "--inner")
-_DEFAULT_COLLECTION = ("--scale", "--batch", "--same-ids")
+_DEFAULT_COLLECTION = ("--scale", "--batch", "--same-ids", "--inner")
 HEADLINES = (
     Headline("sparse_step", "vs_fbgemm_1M_x_64", f"{_SPARSE}, 1M x 64 f32, 65,536 Zipf ids",
              ">= 2", without=_FIXED_ONLY),
@@ -84,7 +84,8 @@ HEADLINES = (
              without=_FIXED_ONLY),
     Headline("collection_lookup", "vs_fbgemm_tbe",
              "FBGEMM's table-batched CPU forward time over the collection's (26 pooled tables, "
-             "multi-hot, one device, a new batch of ids each call)", ">= 1.2",
+             "multi-hot, one device, a new batch of ids each call, 8 calls back to back per sample)",
+             ">= 1.2",
              without=_DEFAULT_COLLECTION),
     Headline("collection_lookup", "vs_torchrec_ebc",
              "TorchRec EmbeddingBagCollection's forward time over the collection's", ">= 1.2",

@@ -97,20 +97,33 @@ CASE_KEYS = ("name", "min", "median", "max", "unit")
 
 
 def time_once(fn, *args) -> float:
+  return time_calls(fn, args)
+
+
+def time_calls(fn, args, calls: int = 1) -> float:
+  """Milliseconds per call of ``calls`` calls of ``fn(*args)`` back to back, each waited for.
+
+  Several calls a sample, as training makes them: on the 2-core VMs one call
+  timed alone, after the process idled or ran other work, pays the
+  machine's wake-up (about a millisecond; ``benchmarks/README.md``, "One
+  step timed alone").
+  """
   import jax  # pylint: disable=g-import-not-at-top  (train_dlrm's parent runs no jax)
 
   start = time.perf_counter()
-  jax.block_until_ready(fn(*args))
-  return (time.perf_counter() - start) * 1e3
+  for _ in range(calls):
+    jax.block_until_ready(fn(*args))
+  return (time.perf_counter() - start) * 1e3 / calls
 
 
 def interleaved(cases: dict, repeats: int, *, shuffle_seed: int | None = None,
-                between_rounds=None) -> dict[str, list[float]]:
+                between_rounds=None, calls: int = 1) -> dict[str, list[float]]:
   """Times every case ``repeats`` times, round-robin, after one warm-up each.
 
   Args:
     cases: name -> (fn, args).
-    repeats: timed calls per case.
+    repeats: timed samples per case.
+    calls: calls per sample, back to back (``time_calls``); ms per call.
     shuffle_seed: None keeps the order of ``cases`` every round; a seed
       shuffles each round's order (seeded), so that no case always runs
       behind the same predecessor and inherits its cache footprint and the
@@ -131,7 +144,7 @@ def interleaved(cases: dict, repeats: int, *, shuffle_seed: int | None = None,
       rng.shuffle(order)
     for name in order:
       fn, args = cases[name]
-      times[name].append(time_once(fn, *args))
+      times[name].append(time_calls(fn, args, calls))
     if between_rounds is not None:
       between_rounds()
   return times

@@ -42,3 +42,21 @@ def test_a_smoke_run_cycles_through_its_batches(tmp_path):
   script.main(["--quick", "--peer-python", str(tmp_path / "no-peers"), "--json", str(path)])
   record = benchmark_scripts.read_record(path, ["collection_over_take", "dedup_over_collection"])
   assert f"{script.BATCHES} batches of ids, each call the next" in record["notes"]
+
+
+def test_a_sample_is_several_calls_back_to_back_the_workers_too():
+  # One call timed alone pays the machine's wake-up: a sample is --inner
+  # calls (8 by default), a worker's as many of its forwards, ms per call.
+  script = benchmark_scripts.load("collection_lookup")
+  calls, requested = [], []
+
+  class Worker:
+    def run(self, steps):
+      requested.append(steps)
+      return {"seconds": 0.01 * steps}
+
+  times = script.interleaved_with_workers({"jax": (lambda: calls.append(1), ())},
+                                          {"torch": Worker()}, repeats=2, calls=8)
+  assert len(calls) == 1 + 2 * 8   # a warm-up call, then two samples of 8
+  assert requested == [8, 8] and times["torch"] == pytest.approx([10.0, 10.0])
+  assert len(times["jax"]) == 2
