@@ -82,7 +82,7 @@ from embedlib.plan import cost  # noqa: E402
 from embedlib.plan.report import human_bytes  # noqa: E402
 import timing  # noqa: E402
 from timing import interleaved, print_table  # noqa: E402
-from worker_protocol import cycle, missing_note, peer_env, start_or_note  # noqa: E402
+from worker_protocol import cycle, missing_note, peer_env, sample_ms, start_or_note  # noqa: E402
 
 #: Rows of the 26 tables, Criteo-like: a few huge ones, a long tail of small.
 ROWS = (
@@ -241,7 +241,7 @@ def interleaved_with_workers(cases, workers, repeats, between_rounds=None, calls
         fn, a = cases[name]
         times[name].append(timing.time_calls(fn, a, calls))
       else:
-        times[name].append(workers[name].run(calls)["seconds"] * 1e3 / calls)
+        times[name].append(sample_ms(workers[name], calls))
     if between_rounds is not None:
       between_rounds()
   return times

@@ -66,7 +66,7 @@ from embedlib.dynamic import reference  # noqa: E402
 from embedlib.dynamic import step as step_lib  # noqa: E402
 import timing  # noqa: E402
 from timing import print_table, summary, time_once  # noqa: E402
-from worker_protocol import missing_note, peer_env, start_or_note  # noqa: E402
+from worker_protocol import missing_note, peer_env, sample_ms, start_or_note  # noqa: E402
 
 FIXED, DYNAMIC = "fixed: ShardedEmbed step", "dynamic: DynamicEmbed step"
 FIXED_EVAL, DYNAMIC_EVAL = "fixed: lookup only", "dynamic: eval lookup only"
@@ -242,7 +242,7 @@ def rounds(cases: dict, repeats: int, between_rounds=None) -> dict[str, list[flo
         times[name].append(time_once(case))
       else:
         case.run(1)
-        times[name].append(case.run(1)["seconds"] * 1e3)
+        times[name].append(sample_ms(case, 1))
     if between_rounds is not None:
       between_rounds()
   return times

@@ -36,7 +36,7 @@ sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pee
 
 import timing  # noqa: E402
 from timing import print_table  # noqa: E402
-from worker_protocol import Worker, default_env, serve  # noqa: E402
+from worker_protocol import Worker, default_env, sample_ms, serve  # noqa: E402
 
 HUGE, SMALL = "2 MiB pages (the kernels' advice)", "4 KiB pages (EMBEDLIB_HUGE_PAGES=0)"
 SIZES = ((1_000_000, 64), (10_000_000, 32))
@@ -98,7 +98,7 @@ def time_sides(vocab, width, n, repeats, steps, record):
       order = list(workers)
       rng.shuffle(order)
       for name in order:
-        times[name].append(workers[name].run(steps)["seconds"] * 1e3 / steps)
+        times[name].append(sample_ms(workers[name], steps))
       record.probe()
     for w in workers.values():
       w.close()

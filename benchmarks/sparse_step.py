@@ -162,7 +162,8 @@ from embedlib.plan import hlo  # noqa: E402
 import bandwidth  # noqa: E402
 import timing  # noqa: E402
 from timing import print_table  # noqa: E402
-from worker_protocol import missing_note, peak_rss_mib, peer_env, start_or_note  # noqa: E402
+from worker_protocol import (missing_note, peak_rss_mib, peer_env, sample_ms,  # noqa: E402
+                             start_or_note)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER_PYTHON = os.path.join(os.path.dirname(HERE), ".peers", "bin", "python")
@@ -435,11 +436,6 @@ def steps_per_sample(backend):
   return 8 if backend == "cpu" else 20
 
 
-def peer_sample(worker, steps):
-  """One timed sample of a PyTorch worker: ``steps`` of its steps back to back, ms per step."""
-  return worker.run(steps)["seconds"] * 1e3 / steps
-
-
 def start_peers(args, tmp, batches, vocab, width):
   """Starts the PyTorch workers on ``batches`` (each steps through them in turn, as
   ``Stepper`` does), warmed up by ``LOSS_STEP`` steps as the JAX cases are.
@@ -562,7 +558,7 @@ def run(vocab, width, n, repeats, args, record):
     workers, peer_losses, notes = start_peers(args, tmp, batches, vocab, width)
     try:
       for col, w in workers.items():
-        runs[col] = lambda w=w: peer_sample(w, args.inner)
+        runs[col] = lambda w=w: sample_ms(w, args.inner)
       times = settled_rounds(runs, repeats, between_rounds=record.probe)
     finally:
       for w in workers.values():
@@ -573,8 +569,8 @@ def run(vocab, width, n, repeats, args, record):
     if bare is not None:
       times[BARE_PASSES], times[BARE_COPY] = bare["two_passes_ms"], bare["copy_ms"]
   record.add_times(times, prefix=f"{timing.size_tag(vocab, width)}: ")
-  record_ratios(record, times, vocab, width,
-                model_share=bandwidth.model_bytes(ids, width) / sum(parts.values()))
+  model_share = bandwidth.model_bytes(ids, width) / sum(parts.values())
+  record_ratios(record, times, vocab, width, model_share=model_share)
   per = f", {args.inner} steps per sample" if args.inner > 1 else ""
   print_table(times, SPARSE, f"train step, ms ({repeats} rounds{per})")
   for note in notes:
@@ -600,12 +596,11 @@ def run(vocab, width, n, repeats, args, record):
           f"{bare_ms / bare_copy_ms:.2f}x its copy of the step's bytes ({bare_copy_ms:.3f} ms, "
           f"which is {bare_copy_ms / statistics.median(times[COPY]):.2f}x the jitted copy's "
           f"time); the step is {sparse_ms / bare_ms:.1f}x them")
-    model = bandwidth.model_bytes(ids, width)
-    least_ms = bare_ms + bare_copy_ms * model / sum(parts.values())
+    least = bare_ms / bare_copy_ms + model_share   # least_step_over_copy
     print(f"the least step with its model apart from the lookup: those passes plus the model's "
-          f"{model / MiB:.1f} MiB (rows read, their gradient written and read back) at the bare "
-          f"copy's rate: {least_ms:.3f} ms, {least_ms / bare_copy_ms:.2f}x the bare copy "
-          f"(least_step_over_copy)")
+          f"{bandwidth.model_bytes(ids, width) / MiB:.1f} MiB (rows read, their gradient written "
+          f"and read back) at the bare copy's rate: {least * bare_copy_ms:.3f} ms, {least:.2f}x "
+          f"the bare copy (least_step_over_copy)")
   for name, mem in memory.items():
     temp = mem.temp_size_in_bytes
     # Live at the step's peak: inputs, temporaries, and outputs that do not

@@ -142,6 +142,14 @@ class Worker:
     self.log.close()
 
 
+def sample_ms(worker, steps: int) -> float:
+  """One timed sample of a worker: ``steps`` of its steps back to back, ms per step.
+
+  The worker times them itself, so the request's round trip is not in it.
+  """
+  return worker.run(steps)["seconds"] * 1e3 / steps
+
+
 def missing_note(peer_python: str) -> str | None:
   """The note to print when the peer venv is missing, else None."""
   if os.path.exists(peer_python):

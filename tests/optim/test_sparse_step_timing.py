@@ -236,7 +236,7 @@ def test_a_cpu_sample_is_several_steps_back_to_back_the_workers_too():
       requested.append(steps)
       return {"seconds": 0.004 * steps, "loss": 1.0}
 
-  assert sparse_step.peer_sample(Worker(), 8) == pytest.approx(4.0)
+  assert sparse_step.sample_ms(Worker(), 8) == pytest.approx(4.0)
   assert requested == [8]
 
 
