@@ -31,7 +31,9 @@ train step, jitted with its state donated: lookup, gradient of
 The dynamic table is warmed with a few steps first, so the timed steps
 admit and evict as a running job's do; after them its map must equal
 ``embedlib.dynamic.reference`` run on the same batches (every resident id
-and its row), or the script exits 1 before timing anything. Prints min / median / max ms and
+and its row), or the script exits 1 before timing anything. A timed sample
+is ``--inner`` steps back to back (default 8), after as many untimed, each
+step on a new batch, the TorchRec workers' too (``rounds``). Prints min / median / max ms and
 the ratio to the fixed step (the issue's target: at most 1.5 on CPU), the
 named ratios beside the machine's state (``record_ratios``; ``--json``'s
 record, ``benchmarks/timing.py``), the
@@ -65,7 +67,7 @@ from embedlib.dynamic import mapping  # noqa: E402
 from embedlib.dynamic import reference  # noqa: E402
 from embedlib.dynamic import step as step_lib  # noqa: E402
 import timing  # noqa: E402
-from timing import print_table, summary, time_once  # noqa: E402
+from timing import print_table, summary, time_calls  # noqa: E402
 from worker_protocol import missing_note, peer_env, sample_ms, start_or_note  # noqa: E402
 
 FIXED, DYNAMIC = "fixed: ShardedEmbed step", "dynamic: DynamicEmbed step"
@@ -108,7 +110,7 @@ def lookup(emb, ids):
   return emb(ids)
 
 
-def parts(dyn, batch_words, repeats: int, record) -> None:
+def parts(dyn, batch_words, repeats: int, inner: int, record) -> None:
   """``--parts``: the dynamic step's pieces, each jitted apart on the warmed
   table's state and the next batch (only the placing donates its table): the
   map step (the CPU kernel, and the XLA ops with the sort and the bucket
@@ -184,7 +186,7 @@ def parts(dyn, batch_words, repeats: int, record) -> None:
   cases[place] = place_case
   for case in cases.values():
     jax.block_until_ready(case())
-  times = rounds(cases, repeats, between_rounds=record.probe)
+  times = rounds(cases, repeats, inner, between_rounds=record.probe)
   print(f"\nthe dynamic step's pieces ({count:,} rows placed), ms:")
   for name, ts in times.items():
     print(f"{name:52s} {summary(ts)}")
@@ -225,24 +227,29 @@ def start_peers(args, tmp, batches, rows, width):
   return workers, notes, stats
 
 
-def rounds(cases: dict, repeats: int, between_rounds=None) -> dict[str, list[float]]:
-  """Round-robin timings (ms); a case is a JAX call (timed here) or a worker
-  (timed by itself, without the request's round trip). Each timed call comes
-  right after an untimed one of the same case, as a training loop's steps
-  follow each other: timed right after the other cases, a step would find
-  its table and state pushed out of the caches by theirs (the TorchRec
-  workers' most of all), and the ratios would swing with what ran before
-  it (``benchmarks/README.md``, the dynamic section). ``between_rounds`` is
+def rounds(cases: dict, repeats: int, inner: int = 1,
+           between_rounds=None) -> dict[str, list[float]]:
+  """Round-robin timings (ms per step); a case is a JAX call (timed here) or a
+  worker (timed by itself, without the request's round trip). A sample is
+  ``inner`` steps back to back, right after as many untimed ones of the same
+  case, as a training loop's steps follow each other: timed right after the
+  other cases, a step would find its table and state pushed out of the
+  caches by theirs (the TorchRec workers' most of all), and the ratios would
+  swing with what ran before it (``benchmarks/README.md``, the dynamic
+  section); and one step timed alone pays the machine's wake-up, about a
+  millisecond added to both steps, which pulls their ratio towards 1
+  (``benchmarks/README.md``, "One step timed alone"). ``between_rounds`` is
   called after every round (the run's copy probe)."""
   times = {name: [] for name in cases}
   for _ in range(repeats):
     for name, case in cases.items():
       if callable(case):
-        jax.block_until_ready(case())
-        times[name].append(time_once(case))
+        for _ in range(inner):
+          jax.block_until_ready(case())
+        times[name].append(time_calls(case, (), inner))
       else:
-        case.run(1)
-        times[name].append(sample_ms(case, 1))
+        case.run(inner)
+        times[name].append(sample_ms(case, inner))
     if between_rounds is not None:
       between_rounds()
   return times
@@ -277,6 +284,10 @@ def main(argv=None) -> int:
                            "rows than the ids seen make the dynamic tables evict")
   parser.add_argument("--parts", action="store_true",
                       help="instead: time the dynamic step's pieces (map step, sort, scan, draws)")
+  parser.add_argument("--inner", type=int, default=8,
+                      help="steps back to back in one timed sample, after as many untimed "
+                           "(default 8; 1: one step a sample, the runs kept before 2026-12-07's "
+                           "seventh session)")
   parser.add_argument("--no-peers", dest="peers", action="store_false",
                       help="leave out the TorchRec columns")
   parser.add_argument("--torch-threads", type=int, default=2)
@@ -284,6 +295,8 @@ def main(argv=None) -> int:
                       help="python of the peer venv (default .peers/bin/python)")
   timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  if args.inner < 1:
+    parser.error(f"--inner {args.inner}: a sample takes at least one step; pass 1 or more")
   record = timing.Run("dynamic_lookup", argv, smoke=args.quick)
   rows, width, n = (65_536, 16, 4_096) if args.quick else (1 << 20, 64, 65_536)
   rows = args.rows or rows
@@ -296,8 +309,8 @@ def main(argv=None) -> int:
                               rngs=nnx.Rngs(0), **init)
   fixed_opt = optim.SparseAwareOptimizer(fixed, None, rule)
   dyn_opt = optim.SparseAwareOptimizer(dyn, None, rule)
-  # Two fresh batches a round for the dynamic step (an untimed step, then its timed one).
-  batches = [raw_ids(n, seed) for seed in range(WARM + 2 * repeats)]
+  # 2 x --inner fresh batches a round for each step (its untimed steps, then its timed ones).
+  batches = [raw_ids(n, seed) for seed in range(WARM + 2 * args.inner * repeats)]
   hashed = [jnp.asarray((b % np.uint64(rows)).astype(np.int32)) for b in batches]
   words = [dynamic.words(b) for b in batches]
   ref = reference.Reference(dyn.policy)
@@ -309,7 +322,7 @@ def main(argv=None) -> int:
     return 1
   print(f"check: ok (the map equals the reference's: {len(ref.resident()):,} resident ids)")
   if args.parts:
-    parts(dyn, words[WARM - 1], repeats, record)
+    parts(dyn, words[WARM - 1], repeats, args.inner, record)
     record.finish(args.json)
     return 0
   graphdef, state = nnx.split(dyn)          # a copy: the train step donates dyn's arrays
@@ -338,7 +351,8 @@ def main(argv=None) -> int:
   with tempfile.TemporaryDirectory() as tmp:
     workers, notes, stats_path = start_peers(args, tmp, batches, rows, width)
     try:
-      times = rounds(dict(cases, **workers), repeats, between_rounds=record.probe)
+      times = rounds(dict(cases, **workers), repeats, args.inner,
+                     between_rounds=record.probe)
     finally:
       for w in workers.values():
         w.close()

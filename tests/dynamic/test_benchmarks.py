@@ -52,8 +52,9 @@ def test_dynamic_lookup_smoke_checks_the_map_against_the_reference(capsys, tmp_p
   assert script.main(["--smoke", "--repeats", "1", "--no-peers", "--json", str(path)]) == 0
   out = capsys.readouterr().out
   assert "check: ok" in out
-  # Batches 0-2 warm the map, 3 warms the jitted step, 4 is the round's untimed step, 5 its timed one.
-  assert "rows shared by distinct ids, batch 5: embedlib 0 (0 ids;" in out
+  # Batches 0-2 warm the map, 3 warms the jitted step, then the round's 8 untimed steps
+  # (4-11) and its 8 timed ones (12-19), each on a new batch: the sample is --inner's.
+  assert "rows shared by distinct ids, batch 19: embedlib 0 (0 ids;" in out
   record = benchmark_scripts.read_record(path, ["dynamic_over_fixed", "dynamic_eval_over_fixed"])
   assert record["smoke"] and "vs_torchrec_mch" not in record["ratios"]
   assert "TorchRec columns left out (--no-peers)." in record["notes"]
