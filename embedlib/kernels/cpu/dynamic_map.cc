@@ -215,7 +215,13 @@ int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, 
             victims.emplace_back(std::min(score[base + v], INT_MAX - 1), static_cast<int32_t>(v));
           }
         }
-        std::sort(victims.begin(), victims.end());
+        // Only the first `needed` in order: a full table's bucket evicts a
+        // few of its ~128 residents a step, and sorting them all, bucket
+        // after bucket, was most of the step. (score, slot) pairs are
+        // distinct, so the first `needed` are those of a full sort.
+        const auto needed = std::min<int64_t>(static_cast<int64_t>(cand.size()) - free,
+                                               static_cast<int64_t>(victims.size()));
+        std::partial_sort(victims.begin(), victims.begin() + needed, victims.end());
         ranked = true;
       }
       if (r - free >= static_cast<int64_t>(victims.size())) break;
@@ -342,9 +348,9 @@ ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi:
       // keys: ask for the ones of a bucket a few ahead.
       if (k + kBucketsAhead < last) {
         const int64_t ahead = (k + kBucketsAhead) * bucket_size;
-        __builtin_prefetch(score + ahead, 1);
-        __builtin_prefetch(klo + ahead, 1);
-        __builtin_prefetch(khi + ahead, 1);
+        embedlib_cpu::PrefetchBytes(score + ahead, bucket_size * 4);
+        embedlib_cpu::PrefetchBytes(klo + ahead, bucket_size * 4);
+        embedlib_cpu::PrefetchBytes(khi + ahead, bucket_size * 4);
       }
       Occurrence* occ = grouped.get() + start[k];
       const int64_t n = start[k + 1] - start[k];
