@@ -344,8 +344,8 @@ ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi:
     Counts counts;
     int64_t resident = 0, defaults = 0;
     for (int64_t k = first; k < last; ++k) {
-      // A bucket's step waits on the first lines of its slots' scores and
-      // keys: ask for the ones of a bucket a few ahead.
+      // A bucket's step waits on its slots' scores and keys, every line of
+      // them once the table is full: ask for those of a bucket a few ahead.
       if (k + kBucketsAhead < last) {
         const int64_t ahead = (k + kBucketsAhead) * bucket_size;
         embedlib_cpu::PrefetchBytes(score + ahead, bucket_size * 4);
