@@ -127,6 +127,30 @@ def _place_rows(init, key_data, table, put, offset):
   the values one draw of them all would. The table is the loop's carry,
   updated in place, and no ``[ids, features]`` block of draws is built.
   """
+  if _draws_in_place(init, table):
+    # The default initializer on CPU: one kernel draws the values straight
+    # into the rows, skipping the packing and the chunks (a table that
+    # evicts places tens of thousands of rows again each step).
+    xla = functools.partial(_place_rows_xla, init, key_data, offset=offset)
+    cpu = functools.partial(_place_hashed_uniform, init, key_data, offset=offset)
+    return platforms.by_platform(table, put, cpu=cpu, gpu=xla, default=xla)
+  return _place_rows_xla(init, key_data, table, put, offset=offset)
+
+
+def _draws_in_place(init, table) -> bool:
+  """Whether the CPU kernel draws ``init``'s rows: the default ``HashedUniform``
+  (not a subclass: it may change the values) into a float32 table."""
+  return (type(init) is initializers.HashedUniform and table.dtype == jnp.float32
+          and cpu_library.available())
+
+
+def _place_hashed_uniform(init, key_data, table, put, *, offset):
+  return dynamic_map_cpu.place_hashed_uniform_cpu(
+      table, put, jnp.stack(initializers._key_words(key_data)), offset,
+      step=init.bound(table.shape[1]) / (1 << 24))
+
+
+def _place_rows_xla(init, key_data, table, put, *, offset):
   # A step that places only rows never placed before (a table not yet
   # full) draws nothing: it skips the packing too.
   return lax.cond(jnp.any(put < table.shape[0]),

@@ -67,6 +67,7 @@ TARGETS = {
     "embedlib_dynamic_map_lookup": "EmbedlibDynamicMapLookup",
     "embedlib_mark_placed": "EmbedlibMarkPlaced",
     "embedlib_set_rows": "EmbedlibSetRows",
+    "embedlib_place_hashed_uniform": "EmbedlibPlaceHashedUniform",
     "embedlib_bag": "EmbedlibBag",
     "embedlib_interaction": "EmbedlibInteraction",
     "embedlib_interaction_backward": "EmbedlibInteractionBackward",

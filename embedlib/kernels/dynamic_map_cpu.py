@@ -9,7 +9,9 @@ each bucket's few ids alone and runs the policy one bucket at a time, with
 the same results bit for bit. ``mark_placed_cpu`` stamps the placed rows'
 clocks in one pass (XLA copies the clocks around the gather of the old ones
 and the scatter of the new), and ``set_rows_cpu`` writes the placed rows'
-initial values (XLA:CPU's scatter of whole rows goes element by element).
+initial values (XLA:CPU's scatter of whole rows goes element by element);
+``place_hashed_uniform_cpu`` draws them there too, for the default
+initializer, whose values the kernel computes itself.
 """
 
 from __future__ import annotations
@@ -123,4 +125,27 @@ def set_rows_cpu(table, rows, values):
   (out,) = cpu_library.call(
       "embedlib_set_rows", [jax.ShapeDtypeStruct(table.shape, table.dtype)], table,
       rows.astype(jnp.int32), values.astype(table.dtype), aliases={0: 0}, vary_like=[table])
+  return out
+
+
+def place_hashed_uniform_cpu(table, rows, key_words, offset, *, step: float):
+  """``initializers.HashedUniform``'s values of the ``rows`` set in ``table``, by the C++ kernel.
+
+  The same bits as ``table.at[rows].set(HashedUniform(scale).rows(key_data, rows + offset,
+  features), mode="drop")``, drawn straight into the rows, with no ``[k, features]`` block.
+
+  Args:
+    table: float32 ``[n, features]``; updated in place when donated.
+    rows: int32 ``[k]`` local rows, distinct where in ``[0, n)``; others are skipped.
+    key_words: uint32 ``[2]``, ``initializers._key_words(key_data)``.
+    offset: int32 scalar, the first local row's global number.
+    step: the float32 ``bound / 2**24`` of ``HashedUniform.rows``.
+
+  Raises:
+    RuntimeError: without the CPU kernels' library (``cpu_library.call``).
+  """
+  (out,) = cpu_library.call(
+      "embedlib_place_hashed_uniform", [jax.ShapeDtypeStruct(table.shape, table.dtype)], table,
+      rows.astype(jnp.int32), jnp.asarray(key_words, jnp.uint32).reshape(2),
+      jnp.asarray(offset, jnp.int32), aliases={0: 0}, vary_like=[table], step=np.float32(step))
   return out

@@ -526,6 +526,62 @@ ffi::Error SetRowsImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<f
   return ffi::Error::Success();
 }
 
+// murmur3's 32-bit finalizer (dynamic/initializers.py's mix32).
+inline uint32_t Mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x85EBCA6Bu;
+  x ^= x >> 13;
+  x *= 0xC2B2AE35u;
+  return x ^ (x >> 16);
+}
+
+// table[rows[i]] = the default initializer's values of global row rows[i] +
+// offset, for each rows[i] in [0, n) (distinct: the rows a step places
+// again), the table updated in place when XLA aliases it. The values are
+// initializers.HashedUniform.rows', bit for bit: each a hash of (key, row,
+// column) mapped to an odd integer below 2**24 times `step`, one rounded
+// multiply. Drawn straight into the rows, on the pool's threads: XLA drew
+// them chunk by chunk into a block and then copied the block in.
+ffi::Error PlaceHashedUniformImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> table,
+                                  ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::U32> key,
+                                  ffi::BufferR0<ffi::S32> offset,
+                                  ffi::Result<ffi::Buffer<ffi::F32>> out, float step) {
+  const auto dims = table.dimensions();
+  if (dims.size() != 2 || key.element_count() != 2) {
+    return ffi::Error::InvalidArgument(
+        "embedlib place hashed uniform: expected table f32[n, features], rows s32[k] and "
+        "key u32[2] (initializers._key_words)");
+  }
+  embedlib_cpu::PrepareInPlace(table, out);
+  const int64_t n = dims[0], features = dims[1], k = rows.element_count();
+  const uint32_t k0 = key.typed_data()[0], k1 = key.typed_data()[1];
+  const int32_t first = *offset.typed_data();
+  std::vector<uint32_t> column(features);
+  for (int64_t c = 0; c < features; ++c) {
+    column[c] = Mix32(Mix32(static_cast<uint32_t>(c) ^ k1) ^ k0);
+  }
+  float* t = out->typed_data();
+  const int32_t* r = rows.typed_data();
+  embedlib_cpu::PoolRanges(pool, Workers(pool, k), k, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + embedlib_cpu::kAhead < end) {
+        const int32_t ahead = r[i + embedlib_cpu::kAhead];
+        if (ahead >= 0 && ahead < n) embedlib_cpu::PrefetchBytes(t + ahead * features, features * 4);
+      }
+      if (r[i] < 0 || r[i] >= n) continue;
+      // The global row as int32, then its bits as uint32 (jnp's astype).
+      const uint32_t h = Mix32(static_cast<uint32_t>(r[i] + first) ^ k0);
+      float* w = t + static_cast<int64_t>(r[i]) * features;
+      for (int64_t c = 0; c < features; ++c) {
+        const uint32_t bits = Mix32(h ^ column[c]);
+        const int32_t odd = static_cast<int32_t>((bits >> 7) | 1u) - (int32_t{1} << 24);
+        w[c] = static_cast<float>(odd) * step;
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapLookup, LookupImpl,
@@ -586,3 +642,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapStep, MapStepImpl,
                                   .Attr<int64_t>("decay_every")
                                   .Attr<int64_t>("depth")
                                   .Attr<int64_t>("width"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibPlaceHashedUniform, PlaceHashedUniformImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("step"));
