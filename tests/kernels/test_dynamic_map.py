@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from embedlib.dynamic import ids as ids_lib
+from embedlib.dynamic import initializers
 from embedlib.dynamic import mapping
 from embedlib.dynamic import policy as policy_lib
 from embedlib.dynamic import step as step_lib
@@ -129,3 +130,56 @@ def test_mark_placed_equals_the_xla_ops():
   # The map's step takes the kernel on CPU.
   lowered = jax.jit(mapping._mark_placed).lower(placed_at, rows, placed, stamp).as_text()
   assert "embedlib_mark_placed" in lowered
+
+
+@pytest.mark.parametrize("eviction", ["lru", "lfu"])
+def test_kernel_equals_xla_when_a_bucket_evicts_many(eviction):
+  """Buckets of 64 slots, full after a step, then a few dozen evictions each a
+  step: past the kernel's short list of victims (kFewVictims, 16), where it
+  ranks them all."""
+  require_cpu_kernels()
+  policy = policy_lib.Policy(128, bucket_size=64, eviction=eviction)
+  run = {k: jax.jit(functools.partial(_step, policy=policy, kernel=k, owner=False))
+         for k in ("auto", "xla")}
+  states = {k: helpers.empty_state(policy) for k in run}
+  pool = np.arange(5000, dtype=np.int64) * 104729 + 3
+  evicted = []
+  for t, batch in enumerate(helpers.draw_batches(11, 4, 400, pool)):
+    flat = jnp.asarray(ids_lib.host_words(batch))
+    outs = {k: run[k](states[k], flat, jnp.int32(t)) for k in run}
+    _equal(outs["auto"], outs["xla"], f"step {t}")
+    states = {k: outs[k][0] for k in run}
+    evicted.append(int(outs["auto"][-1][2]))   # stats: resident, placed, evicted, defaults
+  assert max(evicted) > 2 * 16, evicted     # more than one bucket's short list, twice over
+
+
+def test_place_hashed_uniform_equals_the_xla_draws():
+  """The default initializer's rows drawn into the table by the kernel, bit for
+  bit as the packed, chunked XLA draws; a subclass or a bfloat16 table keeps
+  the XLA draws."""
+  require_cpu_kernels()
+  key = jax.random.key_data(jax.random.key(7))
+  rng = np.random.default_rng(0)
+  for scale, shape, offset in ((1.0, (300, 64), 0), (0.37, (257, 33), 12345), (2.0, (96, 8), -5)):
+    init = initializers.HashedUniform(scale)
+    table = jnp.asarray(rng.normal(size=shape), jnp.float32)
+    # Distinct rows, some past the end (skipped).
+    put = jnp.asarray(rng.permutation(shape[0] + 40)[:120].astype(np.int32))
+    place = jax.jit(lambda t, p, init=init, offset=offset: mapping._place_rows(
+        init, key, t, p, offset))
+    assert "embedlib_place_hashed_uniform" in place.lower(table, put).as_text()
+    got = place(table, put)
+    want = jax.jit(lambda t, p, init=init, offset=offset: mapping._place_rows_xla(
+        init, key, t, p, offset=offset))(table, put)
+    _equal(got, want, f"{shape}, offset {offset}")
+    drawn = np.asarray(put)[np.asarray(put) < shape[0]]
+    assert not np.array_equal(np.asarray(got)[drawn], np.asarray(table)[drawn])
+
+  class Halved(initializers.HashedUniform):
+    def rows(self, key_data, rows, features, dtype=jnp.float32):
+      return super().rows(key_data, rows, features, dtype) / 2
+
+  table, put = jnp.zeros((16, 8), jnp.float32), jnp.arange(4, dtype=jnp.int32)
+  for init, t in ((Halved(), table), (initializers.HashedUniform(), table.astype(jnp.bfloat16))):
+    lowered = jax.jit(lambda t, p, init=init: mapping._place_rows(init, key, t, p, 0)).lower(t, put)
+    assert "embedlib_place_hashed_uniform" not in lowered.as_text()

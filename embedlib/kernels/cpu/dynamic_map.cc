@@ -137,6 +137,40 @@ int64_t FindResident(const uint32_t* khi, const uint32_t* klo, int64_t residents
   return -1;
 }
 
+// The first `needed` of a bucket's untouched residents in (score, slot)
+// order, ascending: the victims, as a full sort of them all would rank them
+// ((score, slot) pairs are distinct). A full table's bucket evicts a few of
+// its residents a step, so these are kept in a short sorted array while the
+// residents are read once; sorting every untouched resident, bucket after
+// bucket, was most of such a step.
+constexpr int64_t kFewVictims = 16;
+
+void RankVictims(int64_t needed, int64_t residents, const int32_t* score,
+                 const std::vector<char>& touched,
+                 std::vector<std::pair<int32_t, int32_t>>& victims) {
+  using Victim = std::pair<int32_t, int32_t>;
+  victims.clear();
+  if (needed > kFewVictims) {
+    for (int64_t v = 0; v < residents; ++v) {
+      if (!touched[v]) victims.emplace_back(std::min(score[v], INT_MAX - 1), static_cast<int32_t>(v));
+    }
+    needed = std::min<int64_t>(needed, static_cast<int64_t>(victims.size()));
+    std::partial_sort(victims.begin(), victims.begin() + needed, victims.end());
+    return;
+  }
+  Victim best[kFewVictims];
+  int64_t have = 0;
+  for (int64_t v = 0; v < residents; ++v) {
+    if (touched[v]) continue;
+    const Victim x(std::min(score[v], INT_MAX - 1), static_cast<int32_t>(v));
+    if (have == needed && !(x < best[have - 1])) continue;
+    int64_t at = have < needed ? have++ : have - 1;
+    for (; at > 0 && x < best[at - 1]; --at) best[at] = best[at - 1];
+    best[at] = x;
+  }
+  victims.assign(best, best + have);
+}
+
 // One bucket's step: `ids` are its distinct ids, ascending. Returns the
 // bucket's residents after the step.
 int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, Scratch& w,
@@ -210,18 +244,8 @@ int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, 
     } else {
       if (p.eviction == kNone) break;
       if (!ranked) {
-        for (int64_t v = 0; v < residents; ++v) {
-          if (!touched[v]) {
-            victims.emplace_back(std::min(score[base + v], INT_MAX - 1), static_cast<int32_t>(v));
-          }
-        }
-        // Only the first `needed` in order: a full table's bucket evicts a
-        // few of its ~128 residents a step, and sorting them all, bucket
-        // after bucket, was most of the step. (score, slot) pairs are
-        // distinct, so the first `needed` are those of a full sort.
-        const auto needed = std::min<int64_t>(static_cast<int64_t>(cand.size()) - free,
-                                               static_cast<int64_t>(victims.size()));
-        std::partial_sort(victims.begin(), victims.begin() + needed, victims.end());
+        RankVictims(static_cast<int64_t>(cand.size()) - free, residents, score + base, touched,
+                    victims);
         ranked = true;
       }
       if (r - free >= static_cast<int64_t>(victims.size())) break;
