@@ -28,10 +28,15 @@ train step, jitted with its state donated: lookup, gradient of
   ``FusedEmbeddingBagCollection`` with fused row-wise AdaGrad, and that fused
   table alone on the hashed ids.
 
-The dynamic table is warmed with a few steps first, so the timed steps
-admit and evict as a running job's do; after them its map must equal
-``embedlib.dynamic.reference`` run on the same batches (every resident id
-and its row), or the script exits 1 before timing anything. A timed sample
+The dynamic table is warmed with a few steps first; after them its map must
+equal ``embedlib.dynamic.reference`` run on the same batches (every resident
+id and its row), or the script exits 1 before timing anything. Then it takes
+new batches until every row is resident (``--no-fill`` leaves this out), so
+that the timed steps admit and evict as a running job's do: each new id
+evicts a resident, and its row is drawn again. Until the table fills, a step
+places rows never placed before, which hold their initial values already,
+and draws nothing: a cheaper step that training leaves behind after a few
+dozen steps here. The TorchRec workers warm on the same batches. A timed sample
 is ``--inner`` steps back to back (default 8), after as many untimed, each
 step on a new batch, the TorchRec workers' too (``rounds``). Prints min / median / max ms and
 the ratio to the fixed step (the issue's target: at most 1.5 on CPU), the
@@ -76,7 +81,8 @@ TR_FIXED, TR_MCH = "torchrec: fixed FusedEBC step", "torchrec: MCH + FusedEBC st
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER_PYTHON = os.path.join(os.path.dirname(HERE), ".peers", "bin", "python")
 MCH_SCRIPT = os.path.join(HERE, "peers", "torchrec_mch.py")
-WARM = 4     # steps before the timed ones, on each side: 3 checked + 1 untimed
+WARM = 4     # steps before the timed ones, on each side: 3 checked + 1 untimed (and --fill's)
+FILL_CAP = 200   # the most steps filling the table (the reference steps along, about 2 s each)
 
 
 def raw_ids(n, seed):
@@ -201,8 +207,9 @@ def shared_rows(raw: np.ndarray, rows: np.ndarray) -> tuple[int, int]:
   return int((per_row >= 2).sum()), int(per_row[per_row >= 2].sum())
 
 
-def start_peers(args, tmp, batches, rows, width):
-  """The TorchRec workers, started and warmed: ``({name: worker}, notes, stats path)``."""
+def start_peers(args, tmp, batches, rows, width, warmup):
+  """The TorchRec workers, started and warmed on the first ``warmup`` batches (those
+  before the first timed step, as the JAX side's): ``({name: worker}, notes, stats path)``."""
   if not args.peers:
     return {}, ["TorchRec columns left out (--no-peers)."], None
   if jax.default_backend() != "cpu":
@@ -218,7 +225,7 @@ def start_peers(args, tmp, batches, rows, width):
   for name, variant in ((TR_FIXED, "fixed"), (TR_MCH, "mch")):
     w, info = start_or_note(
         name, [args.peer_python, MCH_SCRIPT, "--data", data, "--rows", str(rows),
-               "--width", str(width), "--variant", variant, "--warmup", str(WARM),
+               "--width", str(width), "--variant", variant, "--warmup", str(warmup),
                "--threads", str(args.torch_threads), "--stats", stats], env, notes)
     if w is not None:
       print(f"  {name}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
@@ -288,6 +295,10 @@ def main(argv=None) -> int:
                       help="steps back to back in one timed sample, after as many untimed "
                            "(default 8; 1: one step a sample, the runs kept before 2026-12-07's "
                            "seventh session)")
+  parser.add_argument("--no-fill", dest="fill", action="store_false",
+                      help="time the dynamic step from the 4th batch on, its table still filling "
+                           "(no evictions, no draws: the runs kept before 2026-12-07's seventh "
+                           "session), not once every row is resident")
   parser.add_argument("--no-peers", dest="peers", action="store_false",
                       help="leave out the TorchRec columns")
   parser.add_argument("--torch-threads", type=int, default=2)
@@ -309,20 +320,49 @@ def main(argv=None) -> int:
                               rngs=nnx.Rngs(0), **init)
   fixed_opt = optim.SparseAwareOptimizer(fixed, None, rule)
   dyn_opt = optim.SparseAwareOptimizer(dyn, None, rule)
-  # 2 x --inner fresh batches a round for each step (its untimed steps, then its timed ones).
-  batches = [raw_ids(n, seed) for seed in range(WARM + 2 * args.inner * repeats)]
-  hashed = [jnp.asarray((b % np.uint64(rows)).astype(np.int32)) for b in batches]
-  words = [dynamic.words(b) for b in batches]
+  batches, hashed, words = [], [], []
+
+  def add_batches(count):
+    for _ in range(count):
+      b = raw_ids(n, len(batches))
+      batches.append(b)
+      hashed.append(jnp.asarray((b % np.uint64(rows)).astype(np.int32)))
+      words.append(dynamic.words(b))
+
+  add_batches(WARM - 1)
   ref = reference.Reference(dyn.policy)
-  for b, w in zip(batches[:WARM - 1], words[:WARM - 1]):    # warm: a running table's map
-    dynamic_step(dyn, dyn_opt, w)
-    ref.step(reference.as_uint64(b))
+
+  def warm_step(i):     # warm: a running table's map, checked against the reference's below
+    dynamic_step(dyn, dyn_opt, words[i])
+    ref.step(reference.as_uint64(batches[i]))
+
+  for i in range(WARM - 1):
+    warm_step(i)
+  if args.fill:
+    # A running job's table is full: each new id evicts a resident, whose
+    # row is drawn again. Until it fills, a step places rows never placed
+    # before and draws nothing, a cheaper step that training leaves behind.
+    filled = 0
+    while dyn.stats()["occupancy"] < 1.0 and filled < FILL_CAP:
+      add_batches(1)
+      warm_step(len(batches) - 1)
+      filled += 1
+    note = (f"filled: every row resident after {filled} more steps; the timed steps evict"
+            if dyn.stats()["occupancy"] >= 1.0 else
+            f"filled: NOT full after {FILL_CAP} more steps (occupancy "
+            f"{dyn.stats()['occupancy']:.3f}); the timed steps may not evict")
+    print(note)
+    record.note(note)
   if dyn.resident() != ref.resident():
     print("check: FAILED: the dynamic map differs from the reference's after the warm steps")
     return 1
   print(f"check: ok (the map equals the reference's: {len(ref.resident()):,} resident ids)")
+  # The first timed batch: the cases' untimed first call takes it, each
+  # round then 2 x --inner more (a step's untimed steps, then its timed ones).
+  first = len(batches)
+  add_batches(1 + 2 * args.inner * repeats)
   if args.parts:
-    parts(dyn, words[WARM - 1], repeats, args.inner, record)
+    parts(dyn, words[first], repeats, args.inner, record)
     record.finish(args.json)
     return 0
   graphdef, state = nnx.split(dyn)          # a copy: the train step donates dyn's arrays
@@ -333,7 +373,7 @@ def main(argv=None) -> int:
   # same batches, hashed (one batch over and over would keep its rows in
   # the caches, as no training loop does), and the TorchRec workers take
   # them in the same order.
-  fresh, fresh_fixed = iter(range(WARM - 1, len(batches))), iter(range(WARM - 1, len(batches)))
+  fresh, fresh_fixed = iter(range(first, len(batches))), iter(range(first, len(batches)))
   last = {}
 
   def dyn_case():
@@ -349,7 +389,7 @@ def main(argv=None) -> int:
   for case in cases.values():
     jax.block_until_ready(case())
   with tempfile.TemporaryDirectory() as tmp:
-    workers, notes, stats_path = start_peers(args, tmp, batches, rows, width)
+    workers, notes, stats_path = start_peers(args, tmp, batches, rows, width, first + 1)
     try:
       times = rounds(dict(cases, **workers), repeats, args.inner,
                      between_rounds=record.probe)

@@ -1,5 +1,7 @@
 """Smoke runs of the dynamic tables' benchmark scripts: their checks, not their times."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -52,9 +54,14 @@ def test_dynamic_lookup_smoke_checks_the_map_against_the_reference(capsys, tmp_p
   assert script.main(["--smoke", "--repeats", "1", "--no-peers", "--json", str(path)]) == 0
   out = capsys.readouterr().out
   assert "check: ok" in out
-  # Batches 0-2 warm the map, 3 warms the jitted step, then the round's 8 untimed steps
-  # (4-11) and its 8 timed ones (12-19), each on a new batch: the sample is --inner's.
-  assert "rows shared by distinct ids, batch 19: embedlib 0 (0 ids;" in out
+  # Batches 0-2 warm the map, the next `filled` fill the table (every row resident:
+  # the timed steps evict), the next warms the jitted step, then the round's 8 untimed
+  # steps and its 8 timed ones, each on a new batch: the sample is --inner's.
+  filled = int(re.search(r"filled: every row resident after (\d+) more steps", out).group(1))
+  assert filled > 0
+  last = 3 + filled + 16
+  assert f"rows shared by distinct ids, batch {last}: embedlib 0 (0 ids;" in out
+  assert "'occupancy': 1.0" in out and "'evicted': 0" not in out
   record = benchmark_scripts.read_record(path, ["dynamic_over_fixed", "dynamic_eval_over_fixed"])
   assert record["smoke"] and "vs_torchrec_mch" not in record["ratios"]
   assert "TorchRec columns left out (--no-peers)." in record["notes"]
@@ -62,7 +69,7 @@ def test_dynamic_lookup_smoke_checks_the_map_against_the_reference(capsys, tmp_p
 
 def test_dynamic_lookup_parts_times_each_piece_of_the_step(capsys):
   script = benchmark_scripts.load("dynamic_lookup")
-  assert script.main(["--smoke", "--parts", "--repeats", "1", "--no-peers"]) == 0
+  assert script.main(["--smoke", "--parts", "--repeats", "1", "--no-peers", "--no-fill"]) == 0
   out = capsys.readouterr().out
   for piece in ("map step (step.admit_step; C++ kernel on CPU)", "eval lookup",
                 "with HashedUniform (the default)", "and place them (mapping._place_rows)"):
