@@ -152,7 +152,8 @@ def bare_floor(vocab, width, ids, copy_total, rounds=41, threads=2):
   ``rows_step`` times the two passes with embedlib's kernels inside XLA,
   so its figure includes their own costs (the update's dedup among them).
   This is the same work with nothing else: a gather of every id's row,
-  then each distinct row read and written in place in ascending order, on
+  then each distinct row read and written in place in ascending order
+  (each round on the next batch of ids), on
   ``threads`` threads, and a streamed copy that reads and writes
   ``copy_total`` bytes, alternating, ``rounds`` times each, in one process.
   Their ratio is what random rows cost against a stream on this machine:
@@ -160,7 +161,10 @@ def bare_floor(vocab, width, ids, copy_total, rounds=41, threads=2):
 
   Args:
     vocab, width: the float32 table's shape.
-    ids: ``[n]`` valid ids, the step's.
+    ids: ``[n]`` valid ids, the step's, or ``[batches, n]``: round ``r``
+      takes batch ``r % batches``, as the steps take a new batch each (one
+      batch every round would find its rows in the caches from the round
+      before).
     copy_total: bytes the copy reads and writes in all (``step_bytes``' total).
 
   Returns:
@@ -186,9 +190,11 @@ def bare_floor(vocab, width, ids, copy_total, rounds=41, threads=2):
         break
     if build.returncode != 0:
       raise RuntimeError(f"bare_floor.cc did not build with {cxx}: {build.stderr[-2000:]}")
-    np.asarray(ids, np.int32).tofile(id_file)
-    ran = subprocess.run([binary, str(vocab), str(width), id_file, str(int(copy_total)),
-                          str(rounds), str(threads)], capture_output=True, text=True)
+    batches = np.atleast_2d(np.asarray(ids, np.int32))
+    batches.tofile(id_file)
+    ran = subprocess.run([binary, str(vocab), str(width), id_file, str(batches.shape[1]),
+                          str(int(copy_total)), str(rounds), str(threads)],
+                         capture_output=True, text=True)
   if ran.returncode not in (0, 1) or not ran.stdout.strip():
     raise RuntimeError(f"bare_floor failed (exit status {ran.returncode}): {ran.stderr[-2000:]}")
   result = json.loads(ran.stdout)

@@ -89,11 +89,12 @@ distinct rows read and written in place (``bandwidth.rows_step``: random
 rows, where the copy streams), over the copy's, and
 ``rows_floor_distance_<size>`` the sparse step's over that;
 ``bare_floor_over_copy_<size>`` the same two passes in bare C++ loops
-(``bandwidth.bare_floor``: no XLA, no dedup, rows in ascending order; its
-own process after the rounds, ``4 x --repeats`` rounds alternating with a
-bare copy of the step's bytes) over that bare copy, what random rows cost
-against a stream on this machine, ``bare_copy_over_copy_<size>`` the
-bare copy's time over the jitted copy's (how much of the copy's time is
+(``bandwidth.bare_floor``: no XLA, no dedup, rows in ascending order, each
+round on the next batch of ids; its own process after the rounds,
+``4 x --repeats`` rounds alternating with a bare copy of the step's bytes)
+over that bare copy, what random rows cost against a stream on this
+machine, ``bare_copy_over_copy_<size>`` the bare copy's time over the jitted
+copy's (how much of the copy's time is
 XLA's own), and ``least_step_over_copy_<size>``, the least a step whose
 model is kept apart from its lookup can take over the copy: the bare passes
 plus ``bandwidth.model_bytes`` (the model's read of the rows, their
@@ -109,8 +110,9 @@ only after 64 steps), as training does: a step finds the rows of its batch
 where the steps before left them, not where its own untimed step just
 fetched them. ``--same-ids`` gives every step the first batch instead, the
 protocol of the runs kept before 2026-12-07's fifth session, whose rows
-stay warm in the caches. The copy, the floor cases and ``step_bytes`` use
-the first batch. Each case
+stay warm in the caches. The copy, the XLA-hosted rows floor and
+``step_bytes`` use the first batch; the bare passes take the batches in turn,
+one a round. Each case
 prints its loss at step ``LOSS_STEP``, which must agree among the cases of
 one rule: row-wise AdaGrad (embedlib's sparse step by all three updates,
 FBGEMM's fused), PyTorch's element-wise Adagrad (its two cases; the JAX
@@ -564,8 +566,9 @@ def run(vocab, width, n, repeats, args, record):
       for w in workers.values():
         w.close()
   if floor is not None:   # on CPU, with a C++ compiler: in its own process, after the rounds
-    bare = bandwidth.bare_floor(vocab, width, ids, sum(parts.values()),
-                                rounds=max(5, 4 * repeats))
+    # Each round on the next batch, as the steps take them.
+    bare = bandwidth.bare_floor(vocab, width, np.stack([np.asarray(b) for b in batches]),
+                                sum(parts.values()), rounds=max(5, 4 * repeats))
     if bare is not None:
       times[BARE_PASSES], times[BARE_COPY] = bare["two_passes_ms"], bare["copy_ms"]
   record.add_times(times, prefix=f"{timing.size_tag(vocab, width)}: ")

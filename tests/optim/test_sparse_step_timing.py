@@ -215,6 +215,19 @@ def test_the_bare_floor_makes_both_passes_and_checks_the_table_they_leave():
 
 
 @pytest.mark.skipif(cpu_library.compiler() is None, reason="needs a C++ compiler")
+def test_the_bare_floor_takes_a_new_batch_each_round():
+  bandwidth = benchmark_scripts.load("bandwidth")
+  batches = np.array([[7, 3, 7, 9, 3, 0], [5, 5, 1199, 9, 2, 8], [0, 1, 2, 3, 4, 4]], np.int32)
+  # 2 untimed rounds then 4 timed: batches 0, 1, 2, 0, 1, 2. The program
+  # checks each row raised once per round whose batch holds it, and the last
+  # round's gathered rows read before its raise.
+  result = bandwidth.bare_floor(1200, 4, batches, copy_total=4096, rounds=4)
+  assert result["verified"] is True
+  assert result["ids"] == 6 and result["batches"] == 3 and result["distinct"] == 4
+  assert len(result["two_passes_ms"]) == 4
+
+
+@pytest.mark.skipif(cpu_library.compiler() is None, reason="needs a C++ compiler")
 def test_the_bare_floor_refuses_an_id_outside_the_table():
   bandwidth = benchmark_scripts.load("bandwidth")
   with pytest.raises(RuntimeError, match=r"id 1200 outside \[0, 1200\)"):

@@ -152,7 +152,9 @@ void RankVictims(int64_t needed, int64_t residents, const int32_t* score,
   victims.clear();
   if (needed > kFewVictims) {
     for (int64_t v = 0; v < residents; ++v) {
-      if (!touched[v]) victims.emplace_back(std::min(score[v], INT_MAX - 1), static_cast<int32_t>(v));
+      if (!touched[v]) {
+        victims.emplace_back(std::min(score[v], INT_MAX - 1), static_cast<int32_t>(v));
+      }
     }
     needed = std::min<int64_t>(needed, static_cast<int64_t>(victims.size()));
     std::partial_sort(victims.begin(), victims.begin() + needed, victims.end());
