@@ -94,8 +94,8 @@ round on the next batch of ids; its own process after the rounds,
 ``4 x --repeats`` rounds alternating with a bare copy of the step's bytes)
 over that bare copy, what random rows cost against a stream on this
 machine, ``bare_copy_over_copy_<size>`` the bare copy's time over the jitted
-copy's (how much of the copy's time is
-XLA's own), and ``least_step_over_copy_<size>``, the least a step whose
+copy's (how much of the copy's time is XLA's own), and
+``least_step_over_copy_<size>``, the least a step whose
 model is kept apart from its lookup can take over the copy: the bare passes
 plus ``bandwidth.model_bytes`` (the model's read of the rows, their
 gradient written and read back) streamed at the bare copy's own rate, over

@@ -41,7 +41,7 @@ def mix32(x):
   return x ^ (x >> _U32(16))
 
 
-def _key_words(key_data):
+def key_words(key_data):
   """Two uint32 words from a key's data (``jax.random.key_data``: ``[2]`` for threefry)."""
   words = jnp.asarray(key_data).astype(_U32).reshape(-1)
   k0, k1 = words[0], words[1 % words.shape[0]]
@@ -56,7 +56,7 @@ def row_bits(key_data, rows, features: int):
   A row's words depend on its number alone, so any set of rows, drawn in
   any order or chunks, gives the values one draw of the whole table gives.
   """
-  k0, k1 = _key_words(key_data)
+  k0, k1 = key_words(key_data)
   r = mix32(jnp.asarray(rows).astype(_U32) ^ k0)
   c = mix32(mix32(jnp.arange(features, dtype=_U32) ^ k1) ^ k0)
   return mix32(r[..., None] ^ c)
@@ -92,12 +92,15 @@ class HashedUniform:
     """``a``: the values lie in ``[-a, a]``."""
     return math.sqrt(3.0 * self.scale / features)
 
+  def step(self, features: int) -> float:
+    """``a / 2**24``: each value is an odd integer ``k`` times this."""
+    return self.bound(features) / (1 << 24)
+
   def rows(self, key_data, rows, features: int, dtype=jnp.float32):
     """``rows.shape + (features,)`` values of the rows numbered ``rows``."""
     bits = row_bits(key_data, rows, features)
     odd = ((bits >> _U32(7)) | _U32(1)).astype(jnp.int32) - (1 << 24)
-    step = jnp.float32(self.bound(features) / (1 << 24))
-    return (odd.astype(jnp.float32) * step).astype(dtype)
+    return (odd.astype(jnp.float32) * jnp.float32(self.step(features))).astype(dtype)
 
   def __call__(self, key, shape, dtype=jnp.float32):
     if len(shape) < 1:

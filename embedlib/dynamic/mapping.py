@@ -146,8 +146,8 @@ def _draws_in_place(init, table) -> bool:
 
 def _place_hashed_uniform(init, key_data, table, put, *, offset):
   return dynamic_map_cpu.place_hashed_uniform_cpu(
-      table, put, jnp.stack(initializers._key_words(key_data)), offset,
-      step=init.bound(table.shape[1]) / (1 << 24))
+      table, put, jnp.stack(initializers.key_words(key_data)), offset,
+      step=init.step(table.shape[1]))
 
 
 def _place_rows_xla(init, key_data, table, put, *, offset):

@@ -137,9 +137,9 @@ def place_hashed_uniform_cpu(table, rows, key_words, offset, *, step: float):
   Args:
     table: float32 ``[n, features]``; updated in place when donated.
     rows: int32 ``[k]`` local rows, distinct where in ``[0, n)``; others are skipped.
-    key_words: uint32 ``[2]``, ``initializers._key_words(key_data)``.
+    key_words: uint32 ``[2]``, ``initializers.key_words(key_data)``.
     offset: int32 scalar, the first local row's global number.
-    step: the float32 ``bound / 2**24`` of ``HashedUniform.rows``.
+    step: ``HashedUniform.step(features)``, as a float32.
 
   Raises:
     RuntimeError: without the CPU kernels' library (``cpu_library.call``).

@@ -521,6 +521,27 @@ ffi::Error MarkPlacedImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> placed_at,
   return ffi::Error::Success();
 }
 
+// write(i, row) for each rows[i] in [0, n), `row` the start of that row of
+// `table` (rows of `row_bytes`), a few rows ahead fetched; rows distinct, so
+// the pool's threads write disjoint rows.
+template <typename Write>
+void ForEachRow(ffi::ThreadPool& pool, const int32_t* rows, int64_t k, int64_t n, char* table,
+                int64_t row_bytes, const Write& write) {
+  embedlib_cpu::PoolRanges(pool, Workers(pool, k), k, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + embedlib_cpu::kAhead < end) {
+        const int32_t ahead = rows[i + embedlib_cpu::kAhead];
+        if (ahead >= 0 && ahead < n) {
+          embedlib_cpu::PrefetchBytes(table + static_cast<int64_t>(ahead) * row_bytes, row_bytes);
+        }
+      }
+      if (rows[i] >= 0 && rows[i] < n) {
+        write(i, table + static_cast<int64_t>(rows[i]) * row_bytes);
+      }
+    }
+  });
+}
+
 // table[rows[i]] = values[i] for each rows[i] in [0, n) (distinct: the rows
 // placed in a step), the table updated in place when XLA aliases it.
 ffi::Error SetRowsImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<ffi::S32> rows,
@@ -540,14 +561,8 @@ ffi::Error SetRowsImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<f
   char* t = static_cast<char*>(out->untyped_data());
   const char* v = static_cast<const char*>(values.untyped_data());
   const int32_t* r = rows.typed_data();
-  embedlib_cpu::PoolRanges(pool, Workers(pool, k), k, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + embedlib_cpu::kAhead < end) {
-        const int32_t ahead = r[i + embedlib_cpu::kAhead];
-        if (ahead >= 0 && ahead < n) embedlib_cpu::PrefetchBytes(t + ahead * row_bytes, row_bytes);
-      }
-      if (r[i] >= 0 && r[i] < n) std::memcpy(t + r[i] * row_bytes, v + i * row_bytes, row_bytes);
-    }
+  ForEachRow(pool, r, k, n, t, row_bytes, [&](int64_t i, char* row) {
+    std::memcpy(row, v + i * row_bytes, row_bytes);
   });
   return ffi::Error::Success();
 }
@@ -576,7 +591,7 @@ ffi::Error PlaceHashedUniformImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> ta
   if (dims.size() != 2 || key.element_count() != 2) {
     return ffi::Error::InvalidArgument(
         "embedlib place hashed uniform: expected table f32[n, features], rows s32[k] and "
-        "key u32[2] (initializers._key_words)");
+        "key u32[2] (initializers.key_words)");
   }
   embedlib_cpu::PrepareInPlace(table, out);
   const int64_t n = dims[0], features = dims[1], k = rows.element_count();
@@ -586,23 +601,16 @@ ffi::Error PlaceHashedUniformImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> ta
   for (int64_t c = 0; c < features; ++c) {
     column[c] = Mix32(Mix32(static_cast<uint32_t>(c) ^ k1) ^ k0);
   }
-  float* t = out->typed_data();
+  char* t = static_cast<char*>(out->untyped_data());
   const int32_t* r = rows.typed_data();
-  embedlib_cpu::PoolRanges(pool, Workers(pool, k), k, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + embedlib_cpu::kAhead < end) {
-        const int32_t ahead = r[i + embedlib_cpu::kAhead];
-        if (ahead >= 0 && ahead < n) embedlib_cpu::PrefetchBytes(t + ahead * features, features * 4);
-      }
-      if (r[i] < 0 || r[i] >= n) continue;
-      // The global row as int32, then its bits as uint32 (jnp's astype).
-      const uint32_t h = Mix32(static_cast<uint32_t>(r[i] + first) ^ k0);
-      float* w = t + static_cast<int64_t>(r[i]) * features;
-      for (int64_t c = 0; c < features; ++c) {
-        const uint32_t bits = Mix32(h ^ column[c]);
-        const int32_t odd = static_cast<int32_t>((bits >> 7) | 1u) - (int32_t{1} << 24);
-        w[c] = static_cast<float>(odd) * step;
-      }
+  ForEachRow(pool, r, k, n, t, features * 4, [&](int64_t i, char* row) {
+    // The global row as int32, then its bits as uint32 (jnp's astype).
+    const uint32_t h = Mix32(static_cast<uint32_t>(r[i] + first) ^ k0);
+    float* w = reinterpret_cast<float*>(row);
+    for (int64_t c = 0; c < features; ++c) {
+      const uint32_t bits = Mix32(h ^ column[c]);
+      const int32_t odd = static_cast<int32_t>((bits >> 7) | 1u) - (int32_t{1} << 24);
+      w[c] = static_cast<float>(odd) * step;
     }
   });
   return ffi::Error::Success();
