@@ -276,13 +276,12 @@ def main(argv=None):
   parser.add_argument("--same-ids", action="store_true",
                       help="every call on the first batch of ids (the protocol of runs kept "
                            "before 2026-12-07's fifth session)")
-  parser.add_argument("--inner", type=int, default=8,
-                      help="calls per timed sample, back to back (the runs kept before "
-                           "2026-12-07's sixth session timed 1)")
+  timing.add_inner_argument(parser, since="2026-12-07's sixth session")
   parser.add_argument("--peer-python", default=PEER_PYTHON,
                       help="python of the peer venv (default .peers/bin/python)")
   timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  timing.check_inner(parser, args.inner)
   record = timing.Run("collection_lookup", argv, smoke=args.quick)
   scale, batch = (0.001, 256) if args.quick else (args.scale, args.batch)
   repeats = args.repeats or (3 if args.quick else 15)

@@ -18,6 +18,9 @@ forward, then of the forward + backward (as ``--collection``'s; a
 training step's), each from one interleaved run. The simulated
 devices share the machine's cores: the times weigh dedup's work against
 the collectives' copies on this CPU, not a GPU's. Never asserts a time.
+A sample is ``--inner`` calls back to back (default 8; 1 before 2026-12-07's
+eighth session), in ms a call: one call timed alone pays the machine's
+wake-up (``benchmarks/README.md``, "One step timed alone").
 
 ``--collection`` weighs the planner's choice on a whole collection: the
 26 Criteo-like tables of ``collection_lookup.py`` (its tables, features and
@@ -127,7 +130,7 @@ def one_table(args, record):
           f"saved an id; dedup_pays: {pays}")
   runs = [("forward", forwards)] + ([("forward + backward", steps)] if args.backward else [])
   for label, cases in runs:
-    times = interleaved(cases, args.repeats, between_rounds=record.probe)
+    times = interleaved(cases, args.repeats, between_rounds=record.probe, calls=args.inner)
     print_table(times, next(iter(cases)), f"{label}, {DEVICES} simulated devices, "
                 f"{args.repeats} interleaved repeats, ms")
     record.add_times(times, prefix=f"{label}: ")
@@ -225,10 +228,10 @@ def check_equal(outputs):
       raise SystemExit(f"{name}: pooled outputs differ from the plan's choice by {err:.2e}")
 
 
-def time_and_compare(cases, repeats, label, record):
+def time_and_compare(cases, repeats, label, record, inner=1):
   """One shuffled interleaving of ``cases``; prints it and the ratios to the plan's choice,
   which ``record`` keeps as ``<variant>_over_plan_<forward|backward>``."""
-  times = interleaved(cases, repeats, shuffle_seed=0, between_rounds=record.probe)
+  times = interleaved(cases, repeats, shuffle_seed=0, between_rounds=record.probe, calls=inner)
   record.add_times(times, prefix=f"{label}: ")
   print_table(times, PLANS_CHOICE, f"{label}, {DEVICES} simulated devices, {repeats} "
               "interleaved repeats (order shuffled each round), ms")
@@ -270,9 +273,9 @@ def whole_collection(args, record):
     forwards[name], steps[name] = (forward, (params, x)), (step, (params, x))
   check_equal(outputs)
   # Apart: a backward's buffers, freed, would weigh on the forward after it.
-  time_and_compare(forwards, args.repeats, "forward", record)
+  time_and_compare(forwards, args.repeats, "forward", record, args.inner)
   if args.backward:
-    time_and_compare(steps, args.repeats, "forward + backward", record)
+    time_and_compare(steps, args.repeats, "forward + backward", record, args.inner)
 
 
 def main(argv=None):
@@ -287,8 +290,10 @@ def main(argv=None):
                       help="--collection: plan for uniform ids (id_skew 0), not the fitted skews")
   parser.add_argument("--no-backward", dest="backward", action="store_false",
                       help="time the forward only")
+  timing.add_inner_argument(parser, since="2026-12-07's eighth session")
   timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  timing.check_inner(parser, args.inner)
   record = timing.Run("dedup_cost", argv)
   (whole_collection if args.collection else one_table)(args, record)
   record.finish(args.json)

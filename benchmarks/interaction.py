@@ -14,10 +14,13 @@ parts, each a jitted program timed interleaved with its XLA counterpart:
 - training: ``jax.value_and_grad`` of ``sum(pairs * cotangent)``, forward
   and backward, against the same through ``pairs_xla``.
 
-Before timing, each kernel case's result is checked against XLA's to
-float32 rounding (exit status 1 if it differs). Ratios:
-``xla_over_kernel_forward`` and ``xla_over_kernel_training`` (XLA's
-median time over the kernel's). Never asserts a time.
+Before timing, each kernel case's result is checked against XLA's to float32
+rounding (exit status 1 if it differs). Ratios: ``xla_over_kernel_forward``
+and ``xla_over_kernel_training`` (XLA's median time over the kernel's).
+Never asserts a time. A sample is ``--inner`` calls back to back (default 8;
+1 before 2026-12-07's eighth session), in ms a call: one call timed alone
+pays the machine's wake-up (``benchmarks/README.md``, "One step timed
+alone").
 """
 
 from __future__ import annotations
@@ -72,8 +75,10 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
   parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 30, 3 quick)")
+  timing.add_inner_argument(parser, since="2026-12-07's eighth session")
   timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  timing.check_inner(parser, args.inner)
   if not cpu_library.available():
     print("the CPU kernels' library is not available (no C++ compiler, or "
           "EMBEDLIB_CPU_KERNELS=0): nothing to compare")
@@ -91,7 +96,8 @@ def main(argv=None) -> int:
     return 1
   print(f"{n} vectors of [{batch}, {width}] f32 ({n * (n - 1) // 2} pairs), one CPU device; "
         f"{repeats} interleaved rounds")
-  times = timing.interleaved(timed, repeats, shuffle_seed=0, between_rounds=record.probe)
+  times = timing.interleaved(timed, repeats, shuffle_seed=0, between_rounds=record.probe,
+                             calls=args.inner)
   timing.print_table(times, "forward, kernel", "ms per call: min / median / max")
   record.add_times(times)
   for part in ("forward", "training"):

@@ -3,6 +3,11 @@
     python benchmarks/lookup.py            # 1M x 64 f32 table, 65,536 ids
     python benchmarks/lookup.py --quick    # small sizes, a smoke run
     python benchmarks/lookup.py --json run.json   # also the run's record (timing.Run)
+    python benchmarks/lookup.py --inner 1  # one call a sample (the runs before 2026-12-07's eighth session)
+
+A sample is ``--inner`` calls back to back (default 8), in ms a call: one
+call timed alone pays the machine's wake-up (``benchmarks/README.md``, "One
+step timed alone").
 
 Part 1, one device: ShardedEmbed (replicated, no mesh) vs raw ``jnp.take``
 on the same table and ids (target: median ratio <= 1.10), with its default
@@ -82,7 +87,7 @@ def agree(cases, wants, reference_fn=reference) -> bool:
   return ok
 
 
-def one_device(vocab, width, n, repeats, record, reference_fn=reference):
+def one_device(vocab, width, n, repeats, record, reference_fn=reference, inner=1):
   emb = embedlib.ShardedEmbed(vocab, width, rngs=nnx.Rngs(0))
   table = emb.embedding[...]
   ids = zipf_ids(n, vocab)
@@ -105,7 +110,7 @@ def one_device(vocab, width, n, repeats, record, reference_fn=reference):
     wants[name] = (xla.logical_table(), ids)
   if not agree(cases, wants, reference_fn):
     return False
-  times = interleaved(cases, repeats, between_rounds=record.probe)
+  times = interleaved(cases, repeats, between_rounds=record.probe, calls=inner)
   print_table(times, "jnp.take", f"one device: {vocab} x {width} f32, {n} Zipf ids, ms")
   record.add_times(times, prefix="one device: ")
   record.ratio("sharded_over_take", timing.median_ratio(times[list(cases)[1]], times["jnp.take"]))
@@ -145,21 +150,21 @@ def mesh_cases(mesh, vocab, width, n, layouts, reference_fn=reference):
   return cases if agree(cases, wants, reference_fn) else None
 
 
-def eight_devices(vocab, width, n, repeats, record, reference_fn=reference):
+def eight_devices(vocab, width, n, repeats, record, reference_fn=reference, inner=1):
   mesh = jax.make_mesh((8,), (axes.BATCH,))
   # A grid needs a second axis for its columns: part 3.
   layouts = {s: {} for s in options.STRATEGIES if s != options.GRID}
   cases = mesh_cases(mesh, vocab, width, n, layouts, reference_fn)
   if cases is None:
     return False
-  times = interleaved(cases, repeats, between_rounds=record.probe)
+  times = interleaved(cases, repeats, between_rounds=record.probe, calls=inner)
   print_table(times, next(iter(cases)), f"8 simulated devices: {vocab} x {width} f32, {n} Zipf "
               "ids split over 'batch', ms")
   record_layouts(record, times, "8dev")
   return True
 
 
-def fsdp_by_tensor(vocab, width, n, repeats, record, reference_fn=reference):
+def fsdp_by_tensor(vocab, width, n, repeats, record, reference_fn=reference, inner=1):
   mesh = jax.make_mesh((2, 4), (axes.FSDP, axes.TENSOR))
   rows = dict(table_axes=(axes.TENSOR,))
   layouts = {options.REPLICATED: {}, options.VOCAB: rows, options.HIDDEN: rows,
@@ -167,7 +172,7 @@ def fsdp_by_tensor(vocab, width, n, repeats, record, reference_fn=reference):
   cases = mesh_cases(mesh, vocab, width, n, layouts, reference_fn)
   if cases is None:
     return False
-  times = interleaved(cases, repeats, between_rounds=record.probe)
+  times = interleaved(cases, repeats, between_rounds=record.probe, calls=inner)
   print_table(times, next(iter(cases)), f"fsdp=2 x tensor=4 simulated devices: {vocab} x "
               f"{width} f32, {n} Zipf ids split over 'fsdp', tables over 'tensor' (grid: "
               "columns over 'fsdp'), ms")
@@ -180,14 +185,16 @@ def main(argv=None, reference_fn=reference) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
   parser.add_argument("--repeats", type=int, default=None)
+  timing.add_inner_argument(parser, since="2026-12-07's eighth session")
   timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  timing.check_inner(parser, args.inner)
   record = timing.Run("lookup", argv, smoke=args.quick)
   vocab, width, n = (10_000, 64, 4096) if args.quick else (1_000_000, 64, 65_536)
   repeats = args.repeats or (3 if args.quick else 30)
   print(f"jax {jax.__version__}, {jax.default_backend()}, {len(jax.devices())} devices")
   for part in (one_device, eight_devices, fsdp_by_tensor):
-    if not part(vocab, width, n, repeats, record, reference_fn):
+    if not part(vocab, width, n, repeats, record, reference_fn, inner=args.inner):
       print("lookup: a case differs from the reference; not timing it.")
       return 1
   record.finish(args.json)

@@ -8,12 +8,15 @@
 requires the losses to be equal bit for bit; then both steps are timed,
 interleaved (``timing.interleaved``): the pipelined step
 (``embedlib.training.pipelined_train_step``, with ``--early-fetch`` the
-early-fetch mode too) distributes the next batch's ids inside each step.
-On one device nothing is distributed and the figure is the pipeline's
-overhead; the overlap it buys needs several. ``--json FILE`` keeps the run's
-record (``benchmarks/timing.py``): the cases and the named ratios
+early-fetch mode too) distributes the next batch's ids inside each step. On
+one device nothing is distributed and the figure is the pipeline's overhead;
+the overlap it buys needs several. ``--json FILE`` keeps the run's record
+(``benchmarks/timing.py``): the cases and the named ratios
 ``pipelined_over_in_line`` and ``early_fetch_over_in_line`` (medians),
-beside the machine's state.
+beside the machine's state. A sample is ``--inner`` calls back to back
+(default 8; 1 before 2026-12-07's eighth session), in ms a call: on CPU one
+call timed alone pays the machine's wake-up (``benchmarks/README.md``, "One
+step timed alone").
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ def main(argv=None) -> int:
   parser.add_argument("--early-fetch", type=float, default=0.25)
   parser.add_argument("--check", action="store_true")
   parser.add_argument("--smoke", action="store_true", help="tiny sizes, 2 repeats")
+  timing.add_inner_argument(parser, since="2026-12-07's eighth session")
   timing.add_json_argument(parser)
   args = parser.parse_args(argv)
+  timing.check_inner(parser, args.inner)
   record = timing.Run("pipeline_step", argv, smoke=args.smoke)
   config = quickstart.get_config("smoke" if args.smoke else None)
   config.batch_size = 64 if args.smoke else args.batch
@@ -86,7 +91,7 @@ def main(argv=None) -> int:
       return loss
 
     cases[name] = (step, ())
-  times = timing.interleaved(cases, repeats, between_rounds=record.probe)
+  times = timing.interleaved(cases, repeats, between_rounds=record.probe, calls=args.inner)
   timing.print_table(times, "in line", "train step, ms (min / median / max)")
   record.add_times(times)
   names = list(times)

@@ -356,6 +356,23 @@ def add_json_argument(parser) -> None:
                       help="write the run's figures and machine state to FILE (JSON)")
 
 
+def add_inner_argument(parser, since: str, default: int = 8) -> None:
+  """``--inner N``: calls per timed sample, back to back (``time_calls``).
+
+  ``since``: when the benchmark's default became ``default`` (its runs
+  before timed one call a sample), for the help.
+  """
+  parser.add_argument("--inner", type=int, default=default, metavar="N",
+                      help=f"calls per timed sample, back to back (default {default}; the runs "
+                           f"before {since} timed 1)")
+
+
+def check_inner(parser, inner: int) -> None:
+  """Stops the parse with a message naming ``--inner`` unless it is at least 1."""
+  if inner < 1:
+    parser.error(f"--inner {inner}: a sample makes at least one call; pass 1 or more")
+
+
 def _without_json(argv: list[str]) -> list[str]:
   out, skip = [], False
   for a in argv:

@@ -7,6 +7,7 @@ quiet run, skip loaded, smoke and uncommitted runs, and say so where there is
 none. Tiny and timing-free: no benchmark runs here, and no time is asserted.
 """
 
+import argparse
 import json
 
 import pytest
@@ -146,3 +147,17 @@ def test_every_benchmark_script_takes_json_and_keeps_a_run():
              if "add_json_argument(parser)" not in p.read_text()
              or f'Run("{p.stem}"' not in p.read_text()]
   assert not lacking, f"no --json (timing.add_json_argument, timing.Run) in: {lacking}"
+
+
+def test_inner_is_calls_a_sample_and_refuses_fewer_than_one(capsys):
+  parser = argparse.ArgumentParser()
+  timing.add_inner_argument(parser, since="a date")
+  assert parser.parse_args([]).inner == 8
+  assert parser.parse_args(["--inner", "3"]).inner == 3
+  timing.check_inner(parser, 1)
+  with pytest.raises(SystemExit):
+    timing.check_inner(parser, 0)
+  assert "--inner 0: a sample makes at least one call; pass 1 or more" in capsys.readouterr().err
+  calls = []
+  times = timing.interleaved({"a": (lambda: calls.append(1), ())}, 2, calls=3)
+  assert len(calls) == 1 + 2 * 3 and len(times["a"]) == 2

@@ -1,7 +1,8 @@
 """``benchmarks/lookup.py`` checks every case against ``jnp.take`` before timing it.
 
 The quick run's checks pass and its three parts are timed, with both CPU
-kernels and every strategy (the grid on the fsdp x tensor mesh), and its
+kernels and every strategy (the grid on the fsdp x tensor mesh), each sample
+``--inner`` calls, and its
 ``--json`` record holds every case and the named ratios; a wrong
 reference, or a case whose output is off in one element, fails the check,
 and the script then exits 1 without timing. The
@@ -19,13 +20,15 @@ from ..cpu_kernels import require_cpu_kernels
 
 
 def load_script(monkeypatch):
-  """The script, recording the cases of every ``interleaved`` (timing) call in ``.timed``."""
+  """The script, recording the cases of every ``interleaved`` (timing) call in
+  ``.timed`` and the calls it times a sample in ``.calls``."""
   module = benchmark_scripts.load("lookup")
-  module.timed = []
+  module.timed, module.calls = [], []
   real = module.interleaved
 
   def recording(cases, repeats, **kwargs):
     module.timed.append(set(cases))
+    module.calls.append(kwargs.get("calls", 1))
     return real(cases, repeats, **kwargs)
 
   monkeypatch.setattr(module, "interleaved", recording)
@@ -36,7 +39,8 @@ def test_quick_run_checks_then_times_both_kernels_and_every_strategy(monkeypatch
   require_cpu_kernels()
   lookup = load_script(monkeypatch)
   path = tmp_path / "run.json"
-  assert lookup.main(["--quick", "--repeats", "1", "--json", str(path)]) == 0
+  assert lookup.main(["--quick", "--repeats", "1", "--inner", "2", "--json", str(path)]) == 0
+  assert lookup.calls == [2, 2, 2]
   record = benchmark_scripts.read_record(
       path, ["sharded_over_take", "vocab_over_replicated_8dev", "grid_over_replicated_fsdp_tensor"])
   assert len(record["cases"]) == sum(len(t) for t in lookup.timed)
