@@ -262,10 +262,13 @@ def dedup_capacity(members, *, sigmas: float = ROUTE_SLACK_SIGMAS) -> int:
 #: id it deduplicates: its own work on an id (finding it among the distinct
 #: ids, then rebuilding its row and gathering its gradient from theirs,
 #: beside a ``lax.cond`` and the overflow count) takes about as long as
-#: moving that many bytes between devices. Measured on simulated CPU devices
-#: for a forward and a training step: dedup saving 4 bytes an id ran slower,
-#: 23 or more faster or the same (``benchmarks/README.md``, "Dedup").
-DEDUP_BYTES_PER_ID = 16
+#: moving that many bytes between devices. Measured on 8 simulated CPU
+#: devices, a forward and a training step each (``benchmarks/dedup_cost.py``;
+#: ``benchmarks/README.md``, "What dedup pays for"): dedup ran slower saving 4 or 23
+#: bytes an id of uniform ids and 63 of Zipf ids (whose repeated rows a
+#: lookup without dedup finds in the caches), faster saving 142; so between
+#: 63 and 142. A GPU's sort and interconnect are not measured.
+DEDUP_BYTES_PER_ID = 96
 
 
 def dedup_pays(moved: int, moved_dedup: int, ids: int) -> bool:
