@@ -132,25 +132,39 @@ def test_mark_placed_equals_the_xla_ops():
   assert "embedlib_mark_placed" in lowered
 
 
+# Ids whose low words repeat under 8 high words: in a bucket of 64 slots,
+# residents whose low word matches an id's but whose high word does not, in
+# the same 16 slots the kernel compares at once (kSlotsAMask) and before it.
+SHARED_LOW_WORDS = (np.arange(8, dtype=np.int64)[:, None] * 2**32
+                    + np.arange(600, dtype=np.int64) * 104729 + 3).reshape(-1)
+
+
 @pytest.mark.parametrize("eviction", ["lru", "lfu"])
-def test_kernel_equals_xla_when_a_bucket_evicts_many(eviction):
+@pytest.mark.parametrize("pool", [np.arange(5000, dtype=np.int64) * 104729 + 3,
+                                  SHARED_LOW_WORDS], ids=["distinct", "shared_low_words"])
+def test_kernel_equals_xla_when_a_bucket_evicts_many(eviction, pool):
   """Buckets of 64 slots, full after a step, then a few dozen evictions each a
   step: past the kernel's short list of victims (kFewVictims, 16), where it
-  ranks them all."""
+  ranks them all; and the eval lookup of a batch after each step."""
   require_cpu_kernels()
   policy = policy_lib.Policy(128, bucket_size=64, eviction=eviction)
   run = {k: jax.jit(functools.partial(_step, policy=policy, kernel=k, owner=False))
          for k in ("auto", "xla")}
   states = {k: helpers.empty_state(policy) for k in run}
-  pool = np.arange(5000, dtype=np.int64) * 104729 + 3
-  evicted = []
-  for t, batch in enumerate(helpers.draw_batches(11, 4, 400, pool)):
+  evicted, found = [], []
+  batches = helpers.draw_batches(11, 5, 400, pool)
+  for t, batch in enumerate(batches[:-1]):
     flat = jnp.asarray(ids_lib.host_words(batch))
     outs = {k: run[k](states[k], flat, jnp.int32(t)) for k in run}
     _equal(outs["auto"], outs["xla"], f"step {t}")
     states = {k: outs[k][0] for k in run}
     evicted.append(int(outs["auto"][-1][2]))   # stats: resident, placed, evicted, defaults
+    after = jnp.asarray(ids_lib.host_words(batches[t + 1]))
+    looked = {k: run[k](states[k], after, None) for k in run}
+    _equal(looked["auto"], looked["xla"], f"lookup after step {t}")
+    found.append(int(np.sum(np.asarray(looked["auto"]) >= 0)))
   assert max(evicted) > 2 * 16, evicted     # more than one bucket's short list, twice over
+  assert min(found) > 0, found              # the lookups found residents
 
 
 def test_place_hashed_uniform_equals_the_xla_draws():

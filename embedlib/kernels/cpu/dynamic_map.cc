@@ -27,12 +27,12 @@
 // input order of each id placed this step), stats s32[4] (resident rows,
 // admitted, evicted, own ids whose row is -1).
 //
-// Also the eval lookup (Lookup: each id scans its bucket, as the XLA ops
-// do), the marking of the placed rows' clocks (MarkPlaced: one pass that
-// reads each placed row's old mark and writes its new one, where XLA copies
-// the marks around its gather and scatter) and the placing of the rows'
-// initial values (SetRows: XLA:CPU's scatter of whole rows goes element by
-// element).
+// Also the eval lookup (Lookup: each id looks for its first slot among its
+// bucket's residents, as the XLA ops' scan finds it), the marking of the
+// placed rows' clocks (MarkPlaced: one pass that reads each placed row's old
+// mark and writes its new one, where XLA copies the marks around its gather
+// and scatter) and the placing of the rows' initial values (SetRows: XLA:CPU's
+// scatter of whole rows goes element by element).
 
 #include <algorithm>
 #include <climits>
@@ -119,12 +119,30 @@ struct Scratch {
   std::vector<std::pair<int32_t, int32_t>> victims;
 };
 
-// The first of a bucket's `residents` slots holding `key`, or -1. Most of a
-// step's ids are new (not resident), so every resident's low word is compared
-// first, in vectors without an early exit, and only an id with a match is
-// looked for slot by slot. Compiled for AVX-512, AVX2 and the baseline,
-// chosen when the library loads (target_clones): a cache may be shared by
-// different CPUs.
+// How many of a bucket's `b` slots hold residents: they are a prefix (no
+// slot is ever freed), so a full bucket, the usual one once the table has
+// filled, is told by its last slot, and another by a binary search, where a
+// scan read every resident's score, bucket after bucket.
+int64_t Residents(const int32_t* score, int64_t b) {
+  if (score[b - 1] >= 0) return b;
+  int64_t lo = 0, hi = b - 1;   // score[hi] < 0; residents in [lo, hi]
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (score[mid] >= 0) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// The first of a bucket's `residents` slots holding `key`, or -1, in the
+// map's step. Most of a step's ids are new (not resident), so every
+// resident's low word is compared first, in vectors without an early exit,
+// and only an id with a match is looked for slot by slot. Compiled for
+// AVX-512, AVX2 and the baseline, chosen when the library loads
+// (target_clones): a cache may be shared by different CPUs.
 __attribute__((target_clones("avx512f", "avx2", "default")))
 int64_t FindResident(const uint32_t* khi, const uint32_t* klo, int64_t residents, uint64_t key) {
   const uint32_t l = static_cast<uint32_t>(key), h = static_cast<uint32_t>(key >> 32);
@@ -132,6 +150,31 @@ int64_t FindResident(const uint32_t* khi, const uint32_t* klo, int64_t residents
   for (int64_t s = 0; s < residents; ++s) any |= klo[s] == l;
   if (!any) return -1;
   for (int64_t s = 0; s < residents; ++s) {
+    if (klo[s] == l && khi[s] == h) return s;
+  }
+  return -1;
+}
+
+// The same for the eval lookup, whose ids are mostly resident: the low
+// words are compared 16 slots at a time into a bit mask, and the search
+// stops at the first 16 that hold the id, where a scan slot by slot compared
+// both words up to its slot (and the step's search compares them all).
+constexpr int64_t kSlotsAMask = 16;
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+int64_t FindResidentEarly(const uint32_t* khi, const uint32_t* klo, int64_t residents,
+                          uint64_t key) {
+  const uint32_t l = static_cast<uint32_t>(key), h = static_cast<uint32_t>(key >> 32);
+  int64_t s = 0;
+  for (; s + kSlotsAMask <= residents; s += kSlotsAMask) {
+    uint32_t mask = 0;
+    for (int64_t j = 0; j < kSlotsAMask; ++j) mask |= static_cast<uint32_t>(klo[s + j] == l) << j;
+    for (; mask; mask &= mask - 1) {
+      const int64_t at = s + __builtin_ctz(mask);
+      if (khi[at] == h) return at;
+    }
+  }
+  for (; s < residents; ++s) {
     if (klo[s] == l && khi[s] == h) return s;
   }
   return -1;
@@ -188,8 +231,7 @@ int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, 
   // are touched: LRU (and no eviction) set the clock, LFU adds.
   std::vector<int64_t>& found = w.found;
   found.resize(ids.size());
-  int64_t residents = 0;
-  while (residents < p.b && score[base + residents] >= 0) ++residents;
+  const int64_t residents = Residents(score + base, p.b);
   for (size_t k = 0; k < ids.size(); ++k) {
     found[k] = FindResident(khi + base, klo + base, residents, ids[k].key);
   }
@@ -381,9 +423,7 @@ ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi:
       Occurrence* occ = grouped.get() + start[k];
       const int64_t n = start[k + 1] - start[k];
       if (n == 0) {
-        int64_t r = 0;
-        while (r < bucket_size && score[k * bucket_size + r] >= 0) ++r;
-        resident += r;
+        resident += Residents(score + k * bucket_size, bucket_size);
         continue;
       }
       // Ascending (id, position): each distinct id a run, led by its first
@@ -470,12 +510,10 @@ ffi::Error LookupImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi,
       rows[i] = -1;
       if (!is_own[i]) continue;
       const int64_t base = std::min<int64_t>(std::max<int32_t>(bk[i], 0), nbl - 1) * bucket_size;
-      for (int64_t s = base; s < base + bucket_size && sc[s] >= 0; ++s) {   // its residents
-        if (klo[s] == l[i] && khi[s] == h[i]) {
-          rows[i] = static_cast<int32_t>(s);
-          break;
-        }
-      }
+      const int64_t s = FindResidentEarly(khi + base, klo + base,
+                                          Residents(sc + base, bucket_size),
+                                          (static_cast<uint64_t>(h[i]) << 32) | l[i]);
+      if (s >= 0) rows[i] = static_cast<int32_t>(base + s);
     }
   });
   return ffi::Error::Success();
