@@ -116,6 +116,7 @@ struct Scratch {
   std::vector<char> touched;
   std::vector<Distinct*> cand, admitted;
   std::vector<int64_t> found;
+  std::vector<uint64_t> keys;
   std::vector<std::pair<int32_t, int32_t>> victims;
 };
 
@@ -183,37 +184,55 @@ int64_t FindResidentEarly(const uint32_t* khi, const uint32_t* klo, int64_t resi
 // The first `needed` of a bucket's untouched residents in (score, slot)
 // order, ascending: the victims, as a full sort of them all would rank them
 // ((score, slot) pairs are distinct). A full table's bucket evicts a few of
-// its residents a step, so these are kept in a short sorted array while the
-// residents are read once; sorting every untouched resident, bucket after
-// bucket, was most of such a step.
+// its residents a step. Each untouched resident becomes one 64-bit key,
+// (score << 32) | slot, which orders as the pair does (a resident's score
+// is never negative), and the victims are taken by the least key, one at a
+// time, in passes without branches over the bucket's keys. A short sorted
+// list filled while reading the residents took a branch a resident,
+// mispredicted whenever the list changed: most of a full table's step.
+// Past kFewVictims the keys are partially sorted instead.
 constexpr int64_t kFewVictims = 16;
+constexpr uint64_t kTaken = ~uint64_t{0};
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void VictimKeys(const int32_t* score, const char* touched, int64_t residents, uint64_t* keys) {
+  for (int64_t v = 0; v < residents; ++v) {
+    const uint64_t key = (static_cast<uint64_t>(std::min(score[v], INT_MAX - 1)) << 32) |
+                         static_cast<uint64_t>(v);
+    keys[v] = touched[v] ? kTaken : key;
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+uint64_t LeastKey(const uint64_t* keys, int64_t residents) {
+  uint64_t least = kTaken;
+  for (int64_t v = 0; v < residents; ++v) least = std::min(least, keys[v]);
+  return least;
+}
 
 void RankVictims(int64_t needed, int64_t residents, const int32_t* score,
-                 const std::vector<char>& touched,
+                 const std::vector<char>& touched, std::vector<uint64_t>& keys,
                  std::vector<std::pair<int32_t, int32_t>>& victims) {
-  using Victim = std::pair<int32_t, int32_t>;
   victims.clear();
+  keys.resize(residents);
+  VictimKeys(score, touched.data(), residents, keys.data());
   if (needed > kFewVictims) {
-    for (int64_t v = 0; v < residents; ++v) {
-      if (!touched[v]) {
-        victims.emplace_back(std::min(score[v], INT_MAX - 1), static_cast<int32_t>(v));
-      }
+    std::vector<uint64_t>::iterator end =
+        std::partition(keys.begin(), keys.end(), [](uint64_t k) { return k != kTaken; });
+    needed = std::min<int64_t>(needed, end - keys.begin());
+    std::partial_sort(keys.begin(), keys.begin() + needed, end);
+    for (int64_t i = 0; i < needed; ++i) {
+      victims.emplace_back(static_cast<int32_t>(keys[i] >> 32), static_cast<int32_t>(keys[i]));
     }
-    needed = std::min<int64_t>(needed, static_cast<int64_t>(victims.size()));
-    std::partial_sort(victims.begin(), victims.begin() + needed, victims.end());
     return;
   }
-  Victim best[kFewVictims];
-  int64_t have = 0;
-  for (int64_t v = 0; v < residents; ++v) {
-    if (touched[v]) continue;
-    const Victim x(std::min(score[v], INT_MAX - 1), static_cast<int32_t>(v));
-    if (have == needed && !(x < best[have - 1])) continue;
-    int64_t at = have < needed ? have++ : have - 1;
-    for (; at > 0 && x < best[at - 1]; --at) best[at] = best[at - 1];
-    best[at] = x;
+  for (int64_t i = 0; i < needed; ++i) {
+    const uint64_t least = LeastKey(keys.data(), residents);
+    if (least == kTaken) break;   // every untouched resident taken
+    const int32_t slot = static_cast<int32_t>(least);
+    victims.emplace_back(static_cast<int32_t>(least >> 32), slot);
+    keys[slot] = kTaken;
   }
-  victims.assign(best, best + have);
 }
 
 // One bucket's step: `ids` are its distinct ids, ascending. Returns the
@@ -289,7 +308,7 @@ int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, 
       if (p.eviction == kNone) break;
       if (!ranked) {
         RankVictims(static_cast<int64_t>(cand.size()) - free, residents, score + base, touched,
-                    victims);
+                    w.keys, victims);
         ranked = true;
       }
       if (r - free >= static_cast<int64_t>(victims.size())) break;
