@@ -64,7 +64,11 @@ def _own(flat, policy, index, group):
 def _local(state, extra, clock, flat, *, policy, train, index, group, init):
   hi, lo, own, bucket, rows_per = _own(flat, policy, index, group)
   placed_at, table, key_data = extra
-  if train:
+  if train and table is not None and _draws_in_place(init, table):
+    state, placed_at, table, rows, placed, stats = _step_and_place(
+        state, placed_at, table, key_data, clock, hi, lo, own, bucket, index * rows_per,
+        policy=policy, init=init)
+  elif train:
     state, rows, placed, stats = step_lib.admit_step(
         state, hi, lo, own, bucket, clock, policy=policy)
     # The rows placed here start again: their first value and a fresh clock mark.
@@ -79,6 +83,38 @@ def _local(state, extra, clock, flat, *, policy, train, index, group, init):
   rows = jnp.where(rows >= 0, rows + index * rows_per, -1)
   stats = jnp.concatenate([stats, jnp.sum(own, keepdims=True).astype(jnp.int32)])
   return state, (placed_at, table), rows, stats
+
+
+def _step_and_place(state, placed_at, table, key_data, clock, hi, lo, own, bucket, offset, *,
+                    policy, init):
+  """``admit_step``, then the placed rows' marks and their initial values, for
+  the default initializer (``_draws_in_place``).
+
+  On CPU one kernel does the three as it steps each bucket
+  (``dynamic_map_cpu.map_step_place_cpu``): the marks and rows are written
+  while the bucket is in the caches, where the map's step, the marking and
+  the draws were three passes. Elsewhere, and for an empty step, the three
+  apart, with the same results.
+  """
+  def apart(state, placed_at, table, key_data, clock, hi, lo, own, bucket, offset):
+    state, rows, placed, stats = step_lib.admit_step(
+        state, hi, lo, own, bucket, clock, policy=policy)
+    placed_at, drawn = _mark_placed(placed_at, rows, placed, clock + 1)
+    table = _place_rows(init, key_data, table, drawn, offset)
+    return state, placed_at, table, rows, placed, stats
+
+  def together(state, placed_at, table, key_data, clock, hi, lo, own, bucket, offset):
+    khi, klo, score, sketch, rows, placed, stats, placed_at, table = (
+        dynamic_map_cpu.map_step_place_cpu(
+            *step_lib.cpu_operands(state, hi, lo, own, bucket, clock, policy), placed_at, table,
+            jnp.stack(initializers.key_words(key_data)), offset, never=NEVER_PLACED,
+            step=init.step(table.shape[1]), **step_lib.cpu_attributes(policy)))
+    return step_lib.MapState(khi, klo, score, sketch), placed_at, table, rows, placed, stats
+
+  args = (state, placed_at, table, key_data, clock, hi, lo, own, bucket, offset)
+  if hi.shape[0] == 0:
+    return apart(*args)
+  return platforms.by_platform(*args, cpu=together, gpu=apart, default=apart)
 
 
 def _mark_placed(placed_at, rows, placed, stamp):

@@ -195,15 +195,24 @@ def admit_step(state: MapState, hi, lo, own, bucket, clock, *, policy: policy_li
 
 
 def _admit_step_cpu(state: MapState, hi, lo, own, bucket, clock, *, policy):
+  khi, klo, score, sketch, rows, placed, stats = dynamic_map_cpu.map_step_cpu(
+      *cpu_operands(state, hi, lo, own, bucket, clock, policy), **cpu_attributes(policy))
+  return MapState(khi, klo, score, sketch), rows, placed, stats
+
+
+def cpu_operands(state: MapState, hi, lo, own, bucket, clock, policy) -> tuple:
+  """``admit_step``'s arguments as the CPU kernel's (``dynamic_map_cpu.map_step_cpu``)."""
   cells = None
   if state.sketch is not None:
     cells = jnp.stack([ids_lib.sketch_cell(hi, lo, r, policy.width)
                        for r in range(policy.sketch_depth)], axis=1)
-  khi, klo, score, sketch, rows, placed, stats = dynamic_map_cpu.map_step_cpu(
-      *state, hi, lo, own, jnp.where(own, bucket, 0), cells, clock,
-      bucket_size=policy.bucket_size, eviction=policy.eviction,
-      admit_after=policy.admit_after, decay_every=policy.decay_every)
-  return MapState(khi, klo, score, sketch), rows, placed, stats
+  return (*state, hi, lo, own, jnp.where(own, bucket, 0), cells, clock)
+
+
+def cpu_attributes(policy: policy_lib.Policy) -> dict:
+  """The policy as the CPU kernel's keyword arguments."""
+  return dict(bucket_size=policy.bucket_size, eviction=policy.eviction,
+              admit_after=policy.admit_after, decay_every=policy.decay_every)
 
 
 def _admit_step_xla(state: MapState, hi, lo, own, bucket, clock, *, policy):

@@ -64,6 +64,7 @@ TARGETS = {
     "embedlib_adam_global": "EmbedlibAdamGlobal",
     "embedlib_unique": "EmbedlibUnique",
     "embedlib_dynamic_map_step": "EmbedlibDynamicMapStep",
+    "embedlib_dynamic_map_step_place": "EmbedlibDynamicMapStepPlace",
     "embedlib_dynamic_map_lookup": "EmbedlibDynamicMapLookup",
     "embedlib_mark_placed": "EmbedlibMarkPlaced",
     "embedlib_set_rows": "EmbedlibSetRows",
@@ -282,7 +283,8 @@ def call(target: str, results, *operands, aliases=None, vary_like=None, **attrs)
     results: ``jax.ShapeDtypeStruct`` per result.
     *operands: the handler's operands, in order.
     aliases: operand index -> result index, for results updated in place.
-    vary_like: optional array per result whose varying axes it takes.
+    vary_like: optional array (or None: the operands' union) per result, whose
+      varying axes it takes.
     **attrs: the handler's attributes (numpy scalars).
 
   Returns:
@@ -295,7 +297,8 @@ def call(target: str, results, *operands, aliases=None, vary_like=None, **attrs)
   union = frozenset().union(*(sharding_lib.varying_axes(x) for x in operands))
   cast = []
   for i, out in enumerate(outs):
-    want = union if vary_like is None else sharding_lib.varying_axes(vary_like[i])
+    like = None if vary_like is None else vary_like[i]
+    want = union if like is None else sharding_lib.varying_axes(like)
     missing = want - sharding_lib.varying_axes(out)
     cast.append(jax.lax.pcast(out, tuple(sorted(missing)), to="varying") if missing else out)
   return cast

@@ -11,7 +11,8 @@ clocks in one pass (XLA copies the clocks around the gather of the old ones
 and the scatter of the new), and ``set_rows_cpu`` writes the placed rows'
 initial values (XLA:CPU's scatter of whole rows goes element by element);
 ``place_hashed_uniform_cpu`` draws them there too, for the default
-initializer, whose values the kernel computes itself.
+initializer, whose values the kernel computes itself. For that initializer
+``map_step_place_cpu`` does the step, the marks and the draws in one pass.
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ def map_step_cpu(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, cl
   Raises:
     RuntimeError: without the CPU kernels' library (``cpu_library.call``).
   """
+  operands, results, attrs, unflat = _step_call(keys_hi, keys_lo, score, sketch, hi, lo, own,
+                                                bucket, cells, clock, bucket_size, eviction,
+                                                admit_after, decay_every)
+  return unflat(cpu_library.call("embedlib_dynamic_map_step", results, *operands,
+                                 aliases={0: 0, 1: 1, 2: 2, 3: 3}, **attrs))
+
+
+def _step_call(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, clock, bucket_size,
+               eviction, admit_after, decay_every):
+  """The map step's operands, results and attributes for the kernel, and
+  the function that turns its results into ``map_step_cpu``'s."""
   m = hi.shape[0]
   has_sketch = sketch is not None
   depth, width = (sketch.shape[1], sketch.shape[2]) if has_sketch else (0, 1)
@@ -61,14 +73,57 @@ def map_step_cpu(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, cl
       jax.ShapeDtypeStruct((m,), jnp.bool_),
       jax.ShapeDtypeStruct((4,), jnp.int32),
   ]
-  khi, klo, sc, sk, rows, placed, stats = cpu_library.call(
-      "embedlib_dynamic_map_step", results, keys_hi, keys_lo, score, sk, hi, lo,
-      own.astype(jnp.bool_), bucket.astype(jnp.int32), cl, clock.astype(jnp.int32),
-      aliases={0: 0, 1: 1, 2: 2, 3: 3},
-      bucket_size=np.int64(bucket_size), eviction=np.int64(EVICTION_CODES[eviction]),
-      admit_after=np.int64(admit_after), decay_every=np.int64(decay_every),
-      depth=np.int64(depth), width=np.int64(width))
-  return khi, klo, sc, (sk.reshape(sketch.shape) if has_sketch else None), rows, placed, stats
+  operands = (keys_hi, keys_lo, score, sk, hi, lo, own.astype(jnp.bool_),
+               bucket.astype(jnp.int32), cl, clock.astype(jnp.int32))
+  attrs = dict(bucket_size=np.int64(bucket_size), eviction=np.int64(EVICTION_CODES[eviction]),
+               admit_after=np.int64(admit_after), decay_every=np.int64(decay_every),
+               depth=np.int64(depth), width=np.int64(width))
+
+  def unflat(outs):
+    khi, klo, sc, sk, rows, placed, stats = outs
+    return khi, klo, sc, (sk.reshape(sketch.shape) if has_sketch else None), rows, placed, stats
+
+  return operands, results, attrs, unflat
+
+
+def map_step_place_cpu(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, clock,
+                       placed_at, table, key_words, offset, *, bucket_size: int,
+                       eviction: str | None, admit_after: int, decay_every: int, never: int,
+                       step: float):
+  """``map_step_cpu`` that also places the rows, as ``mark_placed_cpu`` then
+  ``place_hashed_uniform_cpu`` would: one pass where there were three.
+
+  Each placed row's mark in ``placed_at`` becomes the step's clock (``clock
+  + 1``), and a row placed over a mark other than ``never`` is drawn into
+  ``table`` (``initializers.HashedUniform``'s values of global row ``row +
+  offset``), while the map's step has its bucket in the caches.
+
+  Args:
+    keys_hi ... clock, bucket_size ... decay_every: as ``map_step_cpu``'s.
+    placed_at: int32 ``[rows]``, each row's mark; updated in place when donated.
+    table: float32 ``[rows, features]``; updated in place when donated.
+    key_words, offset, step: as ``place_hashed_uniform_cpu``'s.
+    never: the mark of a row never placed.
+
+  Returns:
+    ``(keys_hi, keys_lo, score, sketch, rows, placed, stats, placed_at, table)``.
+
+  Raises:
+    RuntimeError: without the CPU kernels' library (``cpu_library.call``).
+  """
+  operands, results, attrs, unflat = _step_call(keys_hi, keys_lo, score, sketch, hi, lo, own,
+                                                bucket, cells, clock, bucket_size, eviction,
+                                                admit_after, decay_every)
+  outs = cpu_library.call(
+      "embedlib_dynamic_map_step_place",
+      results + [jax.ShapeDtypeStruct(placed_at.shape, jnp.int32),
+                 jax.ShapeDtypeStruct(table.shape, jnp.float32)],
+      *operands, placed_at.astype(jnp.int32), table,
+      jnp.asarray(key_words, jnp.uint32).reshape(2), jnp.asarray(offset, jnp.int32),
+      aliases={0: 0, 1: 1, 2: 2, 3: 3, 10: 7, 11: 8},
+      vary_like=[None] * len(results) + [placed_at, table],
+      never=np.int64(never), step=np.float32(step), **attrs)
+  return unflat(outs[:-2]) + tuple(outs[-2:])
 
 
 def lookup_cpu(keys_hi, keys_lo, score, hi, lo, own, bucket, *, bucket_size: int):

@@ -32,7 +32,9 @@
 // placed rows' clocks (MarkPlaced: one pass that reads each placed row's old
 // mark and writes its new one, where XLA copies the marks around its gather
 // and scatter) and the placing of the rows' initial values (SetRows: XLA:CPU's
-// scatter of whole rows goes element by element).
+// scatter of whole rows goes element by element). For the default
+// initializer the map's step does the marking and the drawing itself
+// (MapStepPlace), as it places each row.
 
 #include <algorithm>
 #include <climits>
@@ -100,6 +102,109 @@ struct Distinct {
   int32_t first;   // input position of the first occurrence
   int32_t row;     // local row after the step, -1: none
   bool placed;
+};
+
+// murmur3's 32-bit finalizer (dynamic/initializers.py's mix32).
+inline uint32_t Mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x85EBCA6Bu;
+  x ^= x >> 13;
+  x *= 0xC2B2AE35u;
+  return x ^ (x >> 16);
+}
+
+// One row of HashedUniform's values, `h` the hash of its key and row
+// number: a few multiplies and shifts a value, in vectors of the widest
+// kind the CPU has.
+__attribute__((target_clones("avx512f", "default")))
+void DrawHashedUniform(uint32_t h, const uint32_t* column, int64_t features, float step,
+                       float* w) {
+  for (int64_t c = 0; c < features; ++c) {
+    const uint32_t bits = Mix32(h ^ column[c]);
+    const int32_t odd = static_cast<int32_t>((bits >> 7) | 1u) - (int32_t{1} << 24);
+    w[c] = static_cast<float>(odd) * step;
+  }
+}
+
+// The default initializer's values (initializers.HashedUniform.rows, bit
+// for bit): each a hash of (key, row, column) mapped to an odd integer
+// below 2**24 times `step`, one rounded multiply.
+struct HashedUniform {
+  uint32_t k0;
+  std::vector<uint32_t> column;   // each column's hash under the key
+  float step;
+
+  HashedUniform(uint32_t k0, uint32_t k1, int64_t features, float step) : k0(k0), step(step) {
+    column.resize(features);
+    for (int64_t c = 0; c < features; ++c) {
+      column[c] = Mix32(Mix32(static_cast<uint32_t>(c) ^ k1) ^ k0);
+    }
+  }
+
+  // Global row `row` (as int32, then its bits as uint32: jnp's astype) into `w`.
+  void Draw(int32_t row, float* w) const {
+    DrawHashedUniform(Mix32(static_cast<uint32_t>(row) ^ k0), column.data(),
+                      static_cast<int64_t>(column.size()), step, w);
+  }
+};
+
+// The placing of a step's rows, done by the map's step itself where the
+// table is drawn by the default initializer (EmbedlibDynamicMapStepPlace):
+// each placed row's clock mark set to the step's, and a row placed again
+// (its old mark not `never`) drawn into the table, as MarkPlaced and
+// PlaceHashedUniform do after the step. Each bucket's rows are its own,
+// so the tasks write disjoint rows.
+struct Place {
+  int32_t* placed_at;
+  int32_t never;
+  float* table;
+  int64_t features;
+  int32_t offset;             // the shard's first global row
+  const HashedUniform* init;
+};
+
+// One task's placing. A placed row's mark and values are fetched when its
+// slot is chosen and written kPlacedAhead placements later, so that the
+// task's buckets go on while they arrive: written at once, each row waited
+// for its lines, and the step took what the separate passes took.
+constexpr int64_t kPlacedAhead = 8;
+
+class Placer {
+ public:
+  Placer(const Place* place, int32_t stamp) : place_(place), stamp_(stamp) {}
+
+  // Writes the rows still pending: at the end of the task's buckets.
+  void Finish() {
+    for (int64_t i = std::max<int64_t>(0, count_ - kPlacedAhead); i < count_; ++i) {
+      Write(pending_[i % kPlacedAhead]);
+    }
+    count_ = 0;
+  }
+
+  void Push(int64_t row) {
+    if (place_ == nullptr) return;
+    __builtin_prefetch(place_->placed_at + row, 1);
+    embedlib_cpu::PrefetchBytes(place_->table + row * place_->features, place_->features * 4);
+    int64_t& slot = pending_[count_ % kPlacedAhead];
+    if (count_ >= kPlacedAhead) Write(slot);
+    slot = row;
+    ++count_;
+  }
+
+ private:
+  void Write(int64_t row) const {
+    int32_t& mark = place_->placed_at[row];
+    if (mark != place_->never) {
+      place_->init->Draw(static_cast<int32_t>(row) + place_->offset,
+                         place_->table + row * place_->features);
+    }
+    mark = stamp_;
+  }
+
+  const Place* place_;
+  int32_t stamp_;
+  int64_t pending_[kPlacedAhead];
+  int64_t count_ = 0;
 };
 
 struct Policy {
@@ -239,7 +344,7 @@ void RankVictims(int64_t needed, int64_t residents, const int32_t* score,
 // bucket's residents after the step.
 int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, Scratch& w,
                    uint32_t* khi, uint32_t* klo, int32_t* score, uint8_t* sketch,
-                   const int32_t* cells, Counts& counts) {
+                   const int32_t* cells, Placer& placer, Counts& counts) {
   const int64_t base = bucket * p.b;
   std::vector<char>& touched = w.touched;
   touched.assign(p.b, 0);
@@ -322,25 +427,27 @@ int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, 
     score[base + s] = p.eviction == kLfu ? d->count : p.t;
     d->row = static_cast<int32_t>(base + s);
     d->placed = true;
+    placer.Push(base + s);
     ++counts.placed;
   }
   return residents + added;
 }
 
-ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
-                       ffi::Buffer<ffi::S32> score_in, ffi::Buffer<ffi::U8> sketch_in,
-                       ffi::Buffer<ffi::U32> hi, ffi::Buffer<ffi::U32> lo,
-                       ffi::Buffer<ffi::PRED> own, ffi::Buffer<ffi::S32> bucket,
-                       ffi::Buffer<ffi::S32> cells, ffi::BufferR0<ffi::S32> clock,
-                       ffi::Result<ffi::Buffer<ffi::U32>> khi_out,
-                       ffi::Result<ffi::Buffer<ffi::U32>> klo_out,
-                       ffi::Result<ffi::Buffer<ffi::S32>> score_out,
-                       ffi::Result<ffi::Buffer<ffi::U8>> sketch_out,
-                       ffi::Result<ffi::Buffer<ffi::S32>> rows_out,
-                       ffi::Result<ffi::Buffer<ffi::PRED>> placed_out,
-                       ffi::Result<ffi::Buffer<ffi::S32>> stats_out, int64_t bucket_size,
-                       int64_t eviction, int64_t admit_after, int64_t decay_every, int64_t depth,
-                       int64_t width) {
+// The map's step; `place`, where not null, places the rows too (Place).
+ffi::Error MapStep(ffi::ThreadPool& pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
+                   ffi::Buffer<ffi::S32> score_in, ffi::Buffer<ffi::U8> sketch_in,
+                   ffi::Buffer<ffi::U32> hi, ffi::Buffer<ffi::U32> lo,
+                   ffi::Buffer<ffi::PRED> own, ffi::Buffer<ffi::S32> bucket,
+                   ffi::Buffer<ffi::S32> cells, ffi::BufferR0<ffi::S32> clock,
+                   ffi::Result<ffi::Buffer<ffi::U32>>& khi_out,
+                   ffi::Result<ffi::Buffer<ffi::U32>>& klo_out,
+                   ffi::Result<ffi::Buffer<ffi::S32>>& score_out,
+                   ffi::Result<ffi::Buffer<ffi::U8>>& sketch_out,
+                   ffi::Result<ffi::Buffer<ffi::S32>>& rows_out,
+                   ffi::Result<ffi::Buffer<ffi::PRED>>& placed_out,
+                   ffi::Result<ffi::Buffer<ffi::S32>>& stats_out, int64_t bucket_size,
+                   int64_t eviction, int64_t admit_after, int64_t decay_every, int64_t depth,
+                   int64_t width, const Place* place) {
   const int64_t rows_n = score_in.element_count();
   const int64_t m = hi.element_count();
   if (bucket_size < 1 || rows_n % bucket_size || keys_hi.element_count() != rows_n ||
@@ -427,6 +534,7 @@ ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi:
     std::vector<Distinct> ids;
     std::vector<int32_t> which;                       // each occurrence's distinct id
     Scratch scratch;
+    Placer placer(place, p.t);
     // Counted here, written once: the tasks' totals share cache lines.
     Counts counts;
     int64_t resident = 0, defaults = 0;
@@ -468,7 +576,7 @@ ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi:
         ++ids.back().count;
         which[j] = static_cast<int32_t>(ids.size() - 1);
       }
-      resident += StepBucket(p, k, ids, scratch, khi, klo, score, sketch, cl, counts);
+      resident += StepBucket(p, k, ids, scratch, khi, klo, score, sketch, cl, placer, counts);
       for (int64_t j = 0; j < n; ++j) {
         const Distinct& d = ids[which[j]];
         const int32_t i = occ[j].position;
@@ -477,6 +585,7 @@ ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi:
         defaults += d.row < 0;
       }
     }
+    placer.Finish();
     part[t] = counts;
     resident_part[t] = resident;
     default_part[t] = defaults;
@@ -495,6 +604,64 @@ ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi:
   stats[2] = static_cast<int32_t>(counts.evicted);
   stats[3] = static_cast<int32_t>(defaults);
   return ffi::Error::Success();
+}
+
+ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
+                       ffi::Buffer<ffi::S32> score_in, ffi::Buffer<ffi::U8> sketch_in,
+                       ffi::Buffer<ffi::U32> hi, ffi::Buffer<ffi::U32> lo,
+                       ffi::Buffer<ffi::PRED> own, ffi::Buffer<ffi::S32> bucket,
+                       ffi::Buffer<ffi::S32> cells, ffi::BufferR0<ffi::S32> clock,
+                       ffi::Result<ffi::Buffer<ffi::U32>> khi_out,
+                       ffi::Result<ffi::Buffer<ffi::U32>> klo_out,
+                       ffi::Result<ffi::Buffer<ffi::S32>> score_out,
+                       ffi::Result<ffi::Buffer<ffi::U8>> sketch_out,
+                       ffi::Result<ffi::Buffer<ffi::S32>> rows_out,
+                       ffi::Result<ffi::Buffer<ffi::PRED>> placed_out,
+                       ffi::Result<ffi::Buffer<ffi::S32>> stats_out, int64_t bucket_size,
+                       int64_t eviction, int64_t admit_after, int64_t decay_every, int64_t depth,
+                       int64_t width) {
+  return MapStep(pool, keys_hi, keys_lo, score_in, sketch_in, hi, lo, own, bucket, cells, clock,
+                 khi_out, klo_out, score_out, sketch_out, rows_out, placed_out, stats_out,
+                 bucket_size, eviction, admit_after, decay_every, depth, width, nullptr);
+}
+
+// The map's step with its rows placed (Place): the step's operands, then
+// placed_at s32[R] and table f32[R, features] (both aliased to results),
+// key u32[2] (initializers.key_words) and offset s32[] (the shard's first
+// global row); the step's results, then placed_at and table. Attributes:
+// the step's, `never` (the mark of a row never placed) and `step`
+// (HashedUniform.step).
+ffi::Error MapStepPlaceImpl(
+    ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
+    ffi::Buffer<ffi::S32> score_in, ffi::Buffer<ffi::U8> sketch_in, ffi::Buffer<ffi::U32> hi,
+    ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::PRED> own, ffi::Buffer<ffi::S32> bucket,
+    ffi::Buffer<ffi::S32> cells, ffi::BufferR0<ffi::S32> clock,
+    ffi::Buffer<ffi::S32> placed_at_in, ffi::Buffer<ffi::F32> table_in,
+    ffi::Buffer<ffi::U32> key, ffi::BufferR0<ffi::S32> offset,
+    ffi::Result<ffi::Buffer<ffi::U32>> khi_out, ffi::Result<ffi::Buffer<ffi::U32>> klo_out,
+    ffi::Result<ffi::Buffer<ffi::S32>> score_out, ffi::Result<ffi::Buffer<ffi::U8>> sketch_out,
+    ffi::Result<ffi::Buffer<ffi::S32>> rows_out, ffi::Result<ffi::Buffer<ffi::PRED>> placed_out,
+    ffi::Result<ffi::Buffer<ffi::S32>> stats_out,
+    ffi::Result<ffi::Buffer<ffi::S32>> placed_at_out, ffi::Result<ffi::Buffer<ffi::F32>> table_out,
+    int64_t bucket_size, int64_t eviction, int64_t admit_after, int64_t decay_every,
+    int64_t depth, int64_t width, int64_t never, float step) {
+  const auto dims = table_in.dimensions();
+  const int64_t rows_n = score_in.element_count();
+  if (dims.size() != 2 || dims[0] != rows_n || placed_at_in.element_count() != rows_n ||
+      key.element_count() != 2) {
+    return ffi::Error::InvalidArgument(
+        "embedlib dynamic map step with placing: expected placed_at s32[rows], table "
+        "f32[rows, features] and key u32[2] (initializers.key_words) besides the step's "
+        "operands");
+  }
+  embedlib_cpu::PrepareInPlace(placed_at_in, placed_at_out);
+  embedlib_cpu::PrepareInPlace(table_in, table_out);
+  const HashedUniform init(key.typed_data()[0], key.typed_data()[1], dims[1], step);
+  const Place place{placed_at_out->typed_data(), static_cast<int32_t>(never),
+                    table_out->typed_data(), dims[1], *offset.typed_data(), &init};
+  return MapStep(pool, keys_hi, keys_lo, score_in, sketch_in, hi, lo, own, bucket, cells, clock,
+                 khi_out, klo_out, score_out, sketch_out, rows_out, placed_out, stats_out,
+                 bucket_size, eviction, admit_after, decay_every, depth, width, &place);
 }
 
 // The eval lookup: each own id's local row (the first slot of its bucket
@@ -624,15 +791,6 @@ ffi::Error SetRowsImpl(ffi::ThreadPool pool, ffi::AnyBuffer table, ffi::Buffer<f
   return ffi::Error::Success();
 }
 
-// murmur3's 32-bit finalizer (dynamic/initializers.py's mix32).
-inline uint32_t Mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x85EBCA6Bu;
-  x ^= x >> 13;
-  x *= 0xC2B2AE35u;
-  return x ^ (x >> 16);
-}
-
 // table[rows[i]] = the default initializer's values of global row rows[i] +
 // offset, for each rows[i] in [0, n) (distinct: the rows a step places
 // again), the table updated in place when XLA aliases it. The values are
@@ -652,24 +810,13 @@ ffi::Error PlaceHashedUniformImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> ta
   }
   embedlib_cpu::PrepareInPlace(table, out);
   const int64_t n = dims[0], features = dims[1], k = rows.element_count();
-  const uint32_t k0 = key.typed_data()[0], k1 = key.typed_data()[1];
+  const HashedUniform init(key.typed_data()[0], key.typed_data()[1], features, step);
   const int32_t first = *offset.typed_data();
-  std::vector<uint32_t> column(features);
-  for (int64_t c = 0; c < features; ++c) {
-    column[c] = Mix32(Mix32(static_cast<uint32_t>(c) ^ k1) ^ k0);
-  }
-  char* t = static_cast<char*>(out->untyped_data());
   const int32_t* r = rows.typed_data();
-  ForEachRow(pool, r, k, n, t, features * 4, [&](int64_t i, char* row) {
-    // The global row as int32, then its bits as uint32 (jnp's astype).
-    const uint32_t h = Mix32(static_cast<uint32_t>(r[i] + first) ^ k0);
-    float* w = reinterpret_cast<float*>(row);
-    for (int64_t c = 0; c < features; ++c) {
-      const uint32_t bits = Mix32(h ^ column[c]);
-      const int32_t odd = static_cast<int32_t>((bits >> 7) | 1u) - (int32_t{1} << 24);
-      w[c] = static_cast<float>(odd) * step;
-    }
-  });
+  ForEachRow(pool, r, k, n, reinterpret_cast<char*>(out->typed_data()), features * 4,
+             [&](int64_t i, char* row) {
+               init.Draw(r[i] + first, reinterpret_cast<float*>(row));
+             });
   return ffi::Error::Success();
 }
 
@@ -733,6 +880,41 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapStep, MapStepImpl,
                                   .Attr<int64_t>("decay_every")
                                   .Attr<int64_t>("depth")
                                   .Attr<int64_t>("width"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapStepPlace, MapStepPlaceImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::BufferR0<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U8>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("bucket_size")
+                                  .Attr<int64_t>("eviction")
+                                  .Attr<int64_t>("admit_after")
+                                  .Attr<int64_t>("decay_every")
+                                  .Attr<int64_t>("depth")
+                                  .Attr<int64_t>("width")
+                                  .Attr<int64_t>("never")
+                                  .Attr<float>("step"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibPlaceHashedUniform, PlaceHashedUniformImpl,
                               ffi::Ffi::Bind()
