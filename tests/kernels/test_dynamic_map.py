@@ -150,6 +150,35 @@ def test_step_and_place_equals_the_three_apart(compiled, rows, pool, size, offse
     assert redrawn.any() and not np.array_equal(final[redrawn], np.asarray(table)[redrawn])
 
 
+def test_step_and_place_updates_the_map_marks_and_table_in_place():
+  """Donated, the one-pass step writes the map, the marks and the table where
+  they are (XLA's memory analysis): no table-sized buffer besides them."""
+  require_cpu_kernels()
+  policy = policy_lib.Policy(1 << 14, bucket_size=128, eviction="lru")
+  n, m, features = policy.capacity, 4096, 64
+  init, key = initializers.HashedUniform(), jax.random.key_data(jax.random.key(0))
+
+  def step(state, placed_at, table, flat, clock):
+    hi, lo = flat[:, 0], flat[:, 1]
+    return mapping._step_and_place(state, placed_at, table, key, clock, hi, lo,
+                                   jnp.ones((m,), bool),
+                                   ids_lib.bucket_of(hi, lo, policy.num_buckets), jnp.int32(0),
+                                   policy=policy, init=init)
+
+  shapes = (step_lib.MapState(*(jax.ShapeDtypeStruct((n,), d)
+                                for d in (jnp.uint32, jnp.uint32, jnp.int32)), None),
+            jax.ShapeDtypeStruct((n,), jnp.int32),
+            jax.ShapeDtypeStruct((n, features), jnp.float32),
+            jax.ShapeDtypeStruct((m, 2), jnp.uint32), jax.ShapeDtypeStruct((), jnp.int32))
+  compiled = jax.jit(step, donate_argnums=(0, 1, 2)).lower(*shapes).compile()
+  assert "embedlib_dynamic_map_step_place" in compiled.as_text()
+  memory = compiled.memory_analysis()
+  # The three map arrays, the marks and the table: every byte aliased.
+  assert memory.alias_size_in_bytes == 4 * n * 4 + n * features * 4
+  # The step's own temporaries are a few [m] vectors, not a row of the table each.
+  assert memory.temp_size_in_bytes < 16 * m * 4, memory.temp_size_in_bytes
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_set_rows_equals_the_scatter(dtype):
   require_cpu_kernels()
