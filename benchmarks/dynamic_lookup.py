@@ -116,15 +116,18 @@ def lookup(emb, ids):
   return emb(ids)
 
 
-def parts(dyn, batch_words, repeats: int, inner: int, record) -> None:
+def parts(dyn, batches, repeats: int, inner: int, record) -> None:
   """``--parts``: the dynamic step's pieces, each jitted apart on the warmed
   table's state and the next batch (only the placing donates its table): the
   map step (the CPU kernel, and the XLA ops with the sort and the bucket
   scan inside them), lax.sort of the same ids in cheaper forms, for scale,
-  and the draws."""
+  and the draws. With the default initializer, also the map step that marks
+  and draws its rows itself (the step's one pass on CPU), which changes the
+  map it reads: each of its calls takes the next of ``batches``, as the step
+  does, on its own copy of the map, the marks and the table."""
   policy = dyn.policy
   state = dyn._state()
-  flat = batch_words.value.reshape(-1, 2)
+  flat = batches[0].value.reshape(-1, 2)
   hi, lo = flat[:, 0], flat[:, 1]
   own = jnp.ones(hi.shape, bool)
   bucket = ids_lib.bucket_of(hi, lo, policy.num_buckets)
@@ -190,6 +193,9 @@ def parts(dyn, batch_words, repeats: int, inner: int, record) -> None:
     return held["table"]
 
   cases[place] = place_case
+  if mapping._draws_in_place(dyn.embedding_init, table):
+    cases["map step, marks and draws in one pass (mapping._step_and_place)"] = one_pass_case(
+        dyn, batches)
   for case in cases.values():
     jax.block_until_ready(case())
   times = rounds(cases, repeats, inner, between_rounds=record.probe)
@@ -197,6 +203,32 @@ def parts(dyn, batch_words, repeats: int, inner: int, record) -> None:
   for name, ts in times.items():
     print(f"{name:52s} {summary(ts)}")
   record.add_times({name.strip(): ts for name, ts in times.items()})
+
+
+def one_pass_case(dyn, batches):
+  """A call of the one-pass map step per batch of ``batches``, in order, on copies
+  of ``dyn``'s map, marks and table, donated from call to call."""
+  policy, key_data = dyn.policy, dyn.init_key[...]
+
+  def one_pass(state, placed_at, table, flat, clock):
+    hi, lo = flat[:, 0], flat[:, 1]
+    return mapping._step_and_place(
+        state, placed_at, table, key_data, clock, hi, lo, jnp.ones(hi.shape, bool),
+        ids_lib.bucket_of(hi, lo, policy.num_buckets), jnp.int32(0), policy=policy,
+        init=dyn.embedding_init)[:3]
+
+  step = jax.jit(one_pass, donate_argnums=(0, 1, 2))
+  held = {"map": (jax.tree.map(jnp.copy, dyn._state()), jnp.copy(dyn.placed_at[...]),
+                  jnp.copy(dyn.rows.embedding[...])),
+          "clock": dyn.clock[...]}
+  fresh = iter(batches)
+
+  def case():
+    held["map"] = step(*held["map"], next(fresh).value.reshape(-1, 2), held["clock"])
+    held["clock"] = held["clock"] + 1
+    return held["map"][2]
+
+  return case
 
 
 def shared_rows(raw: np.ndarray, rows: np.ndarray) -> tuple[int, int]:
@@ -362,7 +394,7 @@ def main(argv=None) -> int:
   first = len(batches)
   add_batches(1 + 2 * args.inner * repeats)
   if args.parts:
-    parts(dyn, words[first], repeats, args.inner, record)
+    parts(dyn, words[first:], repeats, args.inner, record)
     record.finish(args.json)
     return 0
   graphdef, state = nnx.split(dyn)          # a copy: the train step donates dyn's arrays
