@@ -194,7 +194,7 @@ def parts(dyn, batches, repeats: int, inner: int, record) -> None:
 
   cases[place] = place_case
   if mapping._draws_in_place(dyn.embedding_init, table):
-    cases["map step, marks and draws in one pass (mapping._step_and_place)"] = one_pass_case(
+    cases["map step, marks and draws (mapping._step_and_place)"] = one_pass_case(
         dyn, batches)
   for case in cases.values():
     jax.block_until_ready(case())

@@ -73,7 +73,7 @@ def test_dynamic_lookup_parts_times_each_piece_of_the_step(capsys):
   out = capsys.readouterr().out
   for piece in ("map step (step.admit_step; C++ kernel on CPU)", "eval lookup",
                 "with HashedUniform (the default)", "and place them (mapping._place_rows)",
-                "marks and draws in one pass (mapping._step_and_place)"):
+                "map step, marks and draws (mapping._step_and_place)"):
     assert piece in out
 
 
