@@ -488,6 +488,10 @@ ffi::Error MapStep(ffi::ThreadPool& pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Bu
       }
     }
   }
+  // The helpers first: their start overlaps the grouping below (pool.h).
+  const int workers = embedlib_cpu::PoolWorkers(pool, m, kIdsPerWorker);
+  const int64_t tasks = workers <= 1 ? 1 : std::min<int64_t>(nbl, workers * kTasksPerWorker);
+  embedlib_cpu::Team team(pool, tasks > 1 ? workers : 1);
   const bool decays = decay_every > 0 && p.t % decay_every == 0;
   const uint32_t* h = hi.typed_data();
   const uint32_t* l = lo.typed_data();
@@ -498,10 +502,11 @@ ffi::Error MapStep(ffi::ThreadPool& pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Bu
   // sort, in input order), with its words: (id, input position) pairs, so
   // that a bucket's step reads its ids in one place. A not-own id's row is
   // -1. Then the buckets are stepped in contiguous ranges, tasks on XLA's
-  // pool (pool.h): tasks share no bucket, slot, sketch cell or id, so the
-  // map after the step is the same for any split. Under load a helper may
-  // start late and the caller steps every range itself; grouping on each
-  // thread instead read every id on every thread.
+  // pool (pool.h), whose helpers were asked for before the grouping: tasks
+  // share no bucket, slot, sketch cell or id, so the map after the step is
+  // the same for any split. Under load a helper may start late and the
+  // caller steps every range itself; grouping on each thread instead read
+  // every id on every thread.
   std::vector<int32_t> start(nbl + 2, 0);
   for (int64_t i = 0; i < m; ++i) ++start[(is_own[i] ? bk[i] : nbl) + 1];
   for (int64_t k = 0; k <= nbl; ++k) start[k + 1] += start[k];
@@ -517,11 +522,9 @@ ffi::Error MapStep(ffi::ThreadPool& pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Bu
       }
     }
   }
-  const int workers = embedlib_cpu::PoolWorkers(pool, m, kIdsPerWorker);
-  const int64_t tasks = workers <= 1 ? 1 : std::min<int64_t>(nbl, workers * kTasksPerWorker);
   std::vector<Counts> part(tasks);
   std::vector<int64_t> resident_part(tasks, 0), default_part(tasks, 0);
-  embedlib_cpu::ParallelTasks(pool, workers, tasks, [&](int64_t t) {
+  team.Run(tasks, [&](int64_t t) {
     const int64_t first = nbl * t / tasks, last = nbl * (t + 1) / tasks;
     if (decays) {
       if (eviction == kLfu) {

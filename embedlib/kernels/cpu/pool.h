@@ -6,10 +6,19 @@
 // The calling thread never waits for a helper to start: XLA runs independent
 // thunks on the same pool, so a helper may start late or, with every pool
 // thread busy, after the caller has done all the work alone. That is also
-// why a helper never blocks on the caller: nothing here can deadlock on a
-// full pool. A helper that starts after the last task was claimed touches
-// only the shared counters (heap-allocated, kept alive by the helper), not
-// the caller's stack.
+// why a helper never waits on the caller for long: it waits only until the
+// caller, which waits on nothing, hands out the tasks, so nothing here can
+// deadlock on a full pool. A helper that starts after the last task was
+// claimed touches only the shared counters (heap-allocated, kept alive by
+// the helper), not the caller's stack.
+//
+// A helper's start is a sleeping pool thread woken: tens of microseconds
+// where the scheduler wakes it on an idle CPU, and milliseconds where it
+// queues it behind the caller on the caller's CPU until that CPU's load is
+// balanced, as a kernel that packs woken threads onto busy CPUs does
+// (benchmarks/README.md, "The helper's late start"). A handler with serial
+// work before its tasks asks for its helpers first (Team), so that their
+// start overlaps that work.
 //
 // Results must not depend on which thread runs a task: tasks write disjoint
 // outputs, so the results are the same for any number of workers.
@@ -45,6 +54,7 @@ namespace internal {
 struct TaskCounter {
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
+  std::atomic<bool> ready{false};   // count, body and run are set
   int64_t count = 0;
   const void* body = nullptr;
   void (*run)(const void* body, int64_t task) = nullptr;
@@ -62,6 +72,43 @@ struct TaskCounter {
 
 }  // namespace internal
 
+// Helpers asked for before the tasks are known (the header's last
+// paragraph). Each waits until Run hands out the tasks, or until the team
+// ends without them, then claims tasks as the calling thread does. Run at
+// most once.
+class Team {
+ public:
+  Team(xla::ffi::ThreadPool& pool, int workers)
+      : counter_(std::make_shared<internal::TaskCounter>()) {
+    for (int w = 1; w < workers; ++w) {
+      pool.Schedule([counter = counter_] {
+        while (!counter->ready.load(std::memory_order_acquire)) std::this_thread::yield();
+        counter->Work();
+      });
+    }
+  }
+  // Releases the helpers still waiting: with no tasks, they return.
+  ~Team() { counter_->ready.store(true, std::memory_order_release); }
+  Team(const Team&) = delete;
+  Team& operator=(const Team&) = delete;
+
+  // Runs body(task) for every task in [0, tasks), on the calling thread and
+  // the helpers that have started; returns when all are done.
+  template <typename Body>
+  void Run(int64_t tasks, const Body& body) {
+    internal::TaskCounter& c = *counter_;
+    c.count = tasks;
+    c.body = &body;
+    c.run = [](const void* b, int64_t i) { (*static_cast<const Body*>(b))(i); };
+    c.ready.store(true, std::memory_order_release);
+    c.Work();
+    while (c.done.load(std::memory_order_acquire) < tasks) std::this_thread::yield();
+  }
+
+ private:
+  std::shared_ptr<internal::TaskCounter> counter_;
+};
+
 // Runs body(task) for every task in [0, tasks), on the calling thread and
 // up to `workers - 1` helpers from `pool`; returns when all are done.
 template <typename Body>
@@ -70,13 +117,7 @@ void ParallelTasks(xla::ffi::ThreadPool& pool, int workers, int64_t tasks, const
     for (int64_t i = 0; i < tasks; ++i) body(i);
     return;
   }
-  auto counter = std::make_shared<internal::TaskCounter>();
-  counter->count = tasks;
-  counter->body = &body;
-  counter->run = [](const void* b, int64_t i) { (*static_cast<const Body*>(b))(i); };
-  for (int w = 1; w < workers; ++w) pool.Schedule([counter] { counter->Work(); });
-  counter->Work();
-  while (counter->done.load(std::memory_order_acquire) < tasks) std::this_thread::yield();
+  Team(pool, workers).Run(tasks, body);
 }
 
 // Runs body(begin, end) over [0, items) cut into `workers * split` contiguous
