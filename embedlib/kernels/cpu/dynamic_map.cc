@@ -61,6 +61,11 @@ constexpr int64_t kInsertionSort = 32;
 // worker, so that a helper that starts late still finds some.
 constexpr int64_t kIdsPerWorker = 8192;
 constexpr int64_t kTasksPerWorker = 4;
+// Ids ahead of the one grouped whose place in the grouping is fetched: each
+// id's write lands on a line of its bucket's, the lines of every bucket are
+// too many for the L1 cache, and the stores drain in order, so each store
+// whose line is not there holds back the ones after it.
+constexpr int64_t kGroupAhead = 48;
 // The fewest rows (or ids) worth a worker of their own in the lookup, the
 // marking and the placing: each a short pass, where a worker's start costs
 // about as much as a few thousand rows.
@@ -514,6 +519,10 @@ ffi::Error MapStep(ffi::ThreadPool& pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Bu
   {
     std::vector<int32_t> next(start.begin(), start.end() - 1);
     for (int64_t i = 0; i < m; ++i) {
+      if (i + kGroupAhead < m) {
+        const int64_t a = i + kGroupAhead;
+        __builtin_prefetch(grouped.get() + next[is_own[a] ? bk[a] : nbl], 1);
+      }
       grouped[next[is_own[i] ? bk[i] : nbl]++] = {(static_cast<uint64_t>(h[i]) << 32) | l[i],
                                                   static_cast<int32_t>(i)};
       if (!is_own[i]) {
