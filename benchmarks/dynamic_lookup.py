@@ -211,11 +211,8 @@ def one_pass_case(dyn, batches):
   policy, key_data = dyn.policy, dyn.init_key[...]
 
   def one_pass(state, placed_at, table, flat, clock):
-    hi, lo = flat[:, 0], flat[:, 1]
-    return mapping._step_and_place(
-        state, placed_at, table, key_data, clock, hi, lo, jnp.ones(hi.shape, bool),
-        ids_lib.bucket_of(hi, lo, policy.num_buckets), jnp.int32(0), policy=policy,
-        init=dyn.embedding_init)[:3]
+    return mapping._step_and_place(state, placed_at, table, key_data, clock, flat, 0, 1,
+                                   policy=policy, init=dyn.embedding_init)[:3]
 
   step = jax.jit(one_pass, donate_argnums=(0, 1, 2))
   held = {"map": (jax.tree.map(jnp.copy, dyn._state()), jnp.copy(dyn.placed_at[...]),

@@ -61,14 +61,20 @@ def _own(flat, policy, index, group):
   return hi, lo, own, bucket - index * per, per * policy.bucket_size
 
 
+def _global(rows, stats, own, offset):
+  """Local rows as global ones (``-1`` stays), and the own ids counted after ``stats``."""
+  rows = jnp.where(rows >= 0, rows + offset, -1)
+  return rows, jnp.concatenate([stats, jnp.sum(own, keepdims=True).astype(jnp.int32)])
+
+
 def _local(state, extra, clock, flat, *, policy, train, index, group, init):
-  hi, lo, own, bucket, rows_per = _own(flat, policy, index, group)
   placed_at, table, key_data = extra
   if train and table is not None and _draws_in_place(init, table):
-    state, placed_at, table, rows, placed, stats = _step_and_place(
-        state, placed_at, table, key_data, clock, hi, lo, own, bucket, index * rows_per,
-        policy=policy, init=init)
-  elif train:
+    state, placed_at, table, rows, stats = _step_and_place(
+        state, placed_at, table, key_data, clock, flat, index, group, policy=policy, init=init)
+    return state, (placed_at, table), rows, stats
+  hi, lo, own, bucket, rows_per = _own(flat, policy, index, group)
+  if train:
     state, rows, placed, stats = step_lib.admit_step(
         state, hi, lo, own, bucket, clock, policy=policy)
     # The rows placed here start again: their first value and a fresh clock mark.
@@ -80,39 +86,45 @@ def _local(state, extra, clock, flat, *, policy, train, index, group, init):
     placed = jnp.zeros(rows.shape, bool)
     stats = jnp.stack([jnp.sum(state.score >= 0), jnp.int32(0), jnp.int32(0),
                        jnp.sum(own & (rows < 0))]).astype(jnp.int32)
-  rows = jnp.where(rows >= 0, rows + index * rows_per, -1)
-  stats = jnp.concatenate([stats, jnp.sum(own, keepdims=True).astype(jnp.int32)])
+  rows, stats = _global(rows, stats, own, index * rows_per)
   return state, (placed_at, table), rows, stats
 
 
-def _step_and_place(state, placed_at, table, key_data, clock, hi, lo, own, bucket, offset, *,
-                    policy, init):
-  """``admit_step``, then the placed rows' marks and their initial values, for
-  the default initializer (``_draws_in_place``).
+def _step_and_place(state, placed_at, table, key_data, clock, flat, index, group, *, policy,
+                    init):
+  """The map's step on shard ``index`` of ``group`` for ``flat`` uint32 ``[m, 2]``
+  id words, then the placed rows' marks and their initial values, for the
+  default initializer (``_draws_in_place``).
 
-  On CPU one kernel does the three as it steps each bucket
-  (``dynamic_map_cpu.map_step_place_cpu``): the marks and rows are written
-  while the bucket is in the caches, where the map's step, the marking and
-  the draws were three passes. Elsewhere, and for an empty step, the three
-  apart, with the same results.
+  On CPU one kernel does it all (``dynamic_map_cpu.map_step_place_cpu``):
+  it finds each id's bucket and owner as ``_own`` does, and marks and draws
+  the rows while it steps each bucket, with the bucket in the caches, where
+  XLA ops before it, the map's step, the marking and the draws were apart.
+  Elsewhere, and for an empty step, those apart, with the same results.
+
+  Returns:
+    ``(state, placed_at, table, rows, stats)``, rows global and stats
+    int32 ``[5]`` as ``_local`` returns them.
   """
-  def apart(state, placed_at, table, key_data, clock, hi, lo, own, bucket, offset):
+  def apart(state, placed_at, table, key_data, clock, flat, index):
+    hi, lo, own, bucket, rows_per = _own(flat, policy, index, group)
     state, rows, placed, stats = step_lib.admit_step(
         state, hi, lo, own, bucket, clock, policy=policy)
     placed_at, drawn = _mark_placed(placed_at, rows, placed, clock + 1)
-    table = _place_rows(init, key_data, table, drawn, offset)
-    return state, placed_at, table, rows, placed, stats
+    table = _place_rows(init, key_data, table, drawn, index * rows_per)
+    return (state, placed_at, table) + _global(rows, stats, own, index * rows_per)
 
-  def together(state, placed_at, table, key_data, clock, hi, lo, own, bucket, offset):
-    khi, klo, score, sketch, rows, placed, stats, placed_at, table = (
+  def together(state, placed_at, table, key_data, clock, flat, index):
+    khi, klo, score, sketch, rows, _, stats, placed_at, table = (
         dynamic_map_cpu.map_step_place_cpu(
-            *step_lib.cpu_operands(state, hi, lo, own, bucket, clock, policy), placed_at, table,
-            jnp.stack(initializers.key_words(key_data)), offset, never=NEVER_PLACED,
+            state.keys_hi, state.keys_lo, state.score, state.sketch, flat, clock, placed_at,
+            table, jnp.stack(initializers.key_words(key_data)), index,
+            num_buckets=policy.num_buckets, never=NEVER_PLACED,
             step=init.step(table.shape[1]), **step_lib.cpu_attributes(policy)))
-    return step_lib.MapState(khi, klo, score, sketch), placed_at, table, rows, placed, stats
+    return step_lib.MapState(khi, klo, score, sketch), placed_at, table, rows, stats
 
-  args = (state, placed_at, table, key_data, clock, hi, lo, own, bucket, offset)
-  if hi.shape[0] == 0:
+  args = (state, placed_at, table, key_data, clock, flat, jnp.asarray(index, jnp.int32))
+  if flat.shape[0] == 0:
     return apart(*args)
   return platforms.by_platform(*args, cpu=together, gpu=apart, default=apart)
 

@@ -86,44 +86,72 @@ def _step_call(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, cloc
   return operands, results, attrs, unflat
 
 
-def map_step_place_cpu(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, clock,
-                       placed_at, table, key_words, offset, *, bucket_size: int,
-                       eviction: str | None, admit_after: int, decay_every: int, never: int,
+def map_step_place_cpu(keys_hi, keys_lo, score, sketch, words, clock, placed_at, table,
+                       key_words, index, *, bucket_size: int, eviction: str | None,
+                       admit_after: int, decay_every: int, num_buckets: int, never: int,
                        step: float):
-  """``map_step_cpu`` that also places the rows, as ``mark_placed_cpu`` then
-  ``place_hashed_uniform_cpu`` would: one pass where there were three.
+  """``map_step_cpu`` on the ids' words that also places the rows, as
+  ``mark_placed_cpu`` then ``place_hashed_uniform_cpu`` would: one pass where
+  there were three, and none before it.
 
-  Each placed row's mark in ``placed_at`` becomes the step's clock (``clock
-  + 1``), and a row placed over a mark other than ``never`` is drawn into
-  ``table`` (``initializers.HashedUniform``'s values of global row ``row +
-  offset``), while the map's step has its bucket in the caches.
+  Each id's bucket, whether it is this shard's (not padding, its bucket
+  among this shard's) and its sketch cells are computed in the kernel, as
+  ``dynamic.mapping._own`` and ``ids.sketch_cell`` compute them. Each placed
+  row's mark in ``placed_at`` becomes the step's clock (``clock + 1``), and a
+  row placed over a mark other than ``never`` is drawn into ``table``
+  (``initializers.HashedUniform``'s values of its global row), while the
+  map's step has its bucket in the caches.
 
   Args:
-    keys_hi ... clock, bucket_size ... decay_every: as ``map_step_cpu``'s.
-    placed_at: int32 ``[rows]``, each row's mark; updated in place when donated.
-    table: float32 ``[rows, features]``; updated in place when donated.
-    key_words, offset, step: as ``place_hashed_uniform_cpu``'s.
+    keys_hi, keys_lo, score, sketch, clock: as ``map_step_cpu``'s, for this
+      shard's ``R`` rows.
+    words: uint32 ``[m, 2]``, the step's id words (``ids.Words``).
+    placed_at: int32 ``[R]``, each row's mark; updated in place when donated.
+    table: float32 ``[R, features]``; updated in place when donated.
+    key_words, step: as ``place_hashed_uniform_cpu``'s.
+    index: int32 scalar, this shard's index: it owns buckets ``[index * B,
+      (index + 1) * B)`` of ``num_buckets``, ``B = R / bucket_size``, and its
+      rows are global rows ``index * R`` on.
+    bucket_size ... decay_every: as ``map_step_cpu``'s.
+    num_buckets: the whole table's buckets.
     never: the mark of a row never placed.
 
   Returns:
-    ``(keys_hi, keys_lo, score, sketch, rows, placed, stats, placed_at, table)``.
+    ``(keys_hi, keys_lo, score, sketch, rows, placed, stats, placed_at,
+    table)``: rows are global (``-1``: not resident, or not this shard's),
+    stats int32 ``[5]``, ``map_step_cpu``'s four and then the ids this shard
+    owns.
 
   Raises:
     RuntimeError: without the CPU kernels' library (``cpu_library.call``).
   """
-  operands, results, attrs, unflat = _step_call(keys_hi, keys_lo, score, sketch, hi, lo, own,
-                                                bucket, cells, clock, bucket_size, eviction,
-                                                admit_after, decay_every)
-  outs = cpu_library.call(
-      "embedlib_dynamic_map_step_place",
-      results + [jax.ShapeDtypeStruct(placed_at.shape, jnp.int32),
-                 jax.ShapeDtypeStruct(table.shape, jnp.float32)],
-      *operands, placed_at.astype(jnp.int32), table,
-      jnp.asarray(key_words, jnp.uint32).reshape(2), jnp.asarray(offset, jnp.int32),
-      aliases={0: 0, 1: 1, 2: 2, 3: 3, 10: 7, 11: 8},
-      vary_like=[None] * len(results) + [placed_at, table],
-      never=np.int64(never), step=np.float32(step), **attrs)
-  return unflat(outs[:-2]) + tuple(outs[-2:])
+  m = words.shape[0]
+  has_sketch = sketch is not None
+  depth, width = (sketch.shape[1], sketch.shape[2]) if has_sketch else (0, 1)
+  sk = sketch.reshape(-1) if has_sketch else jnp.zeros((1,), jnp.uint8)
+  results = [
+      jax.ShapeDtypeStruct(keys_hi.shape, jnp.uint32),
+      jax.ShapeDtypeStruct(keys_lo.shape, jnp.uint32),
+      jax.ShapeDtypeStruct(score.shape, jnp.int32),
+      jax.ShapeDtypeStruct(sk.shape, jnp.uint8),
+      jax.ShapeDtypeStruct((m,), jnp.int32),
+      jax.ShapeDtypeStruct((m,), jnp.bool_),
+      jax.ShapeDtypeStruct((5,), jnp.int32),
+      jax.ShapeDtypeStruct(placed_at.shape, jnp.int32),
+      jax.ShapeDtypeStruct(table.shape, jnp.float32),
+  ]
+  khi, klo, sc, sk, rows, placed, stats, placed_at, table = cpu_library.call(
+      "embedlib_dynamic_map_step_place", results, keys_hi, keys_lo, score, sk,
+      jnp.asarray(words, jnp.uint32), clock.astype(jnp.int32), placed_at.astype(jnp.int32),
+      table, jnp.asarray(key_words, jnp.uint32).reshape(2), jnp.asarray(index, jnp.int32),
+      aliases={0: 0, 1: 1, 2: 2, 3: 3, 6: 7, 7: 8},
+      vary_like=[None] * 7 + [placed_at, table],
+      bucket_size=np.int64(bucket_size), eviction=np.int64(EVICTION_CODES[eviction]),
+      admit_after=np.int64(admit_after), decay_every=np.int64(decay_every),
+      depth=np.int64(depth), width=np.int64(width), num_buckets=np.int64(num_buckets),
+      never=np.int64(never), step=np.float32(step))
+  return (khi, klo, sc, (sk.reshape(sketch.shape) if has_sketch else None), rows, placed, stats,
+          placed_at, table)
 
 
 def lookup_cpu(keys_hi, keys_lo, score, hi, lo, own, bucket, *, bucket_size: int):

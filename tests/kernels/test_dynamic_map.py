@@ -98,52 +98,55 @@ def test_kernel_equals_xla(compiled, start, pool, size, owner):
 
 # The helpers' 19 ids over 16 rows, a few placed a step; and 2,048 rows in
 # buckets of 16, each task placing more rows than the kernel holds pending
-# (kPlacedAhead, 8), offset as a second shard's.
-@pytest.mark.parametrize("rows,pool,size,offset", [(16, helpers.POOL, 24, 0),
-                                                   (2048, MANY_IDS, 160, 2048)],
+# (kPlacedAhead, 8), as the second of two shards: half the ids (and the
+# padding) are not its own, and its rows start at 2,048.
+@pytest.mark.parametrize("rows,pool,size,index,group", [(16, helpers.POOL, 24, 0, 1),
+                                                        (2048, MANY_IDS, 160, 1, 2)],
                          ids=["small", "large"])
-def test_step_and_place_equals_the_three_apart(compiled, rows, pool, size, offset):
-  """The map's step that also marks and draws the placed rows (one kernel, the
-  default initializer on CPU) against the step, the marking and the draws
-  apart: the same state, marks, table, rows and statistics, bit for bit."""
-  policy = dataclasses.replace(compiled[0], capacity=rows,
+def test_step_and_place_equals_the_three_apart(compiled, rows, pool, size, index, group):
+  """The map's step on the ids' words that also marks and draws the placed
+  rows (one kernel, the default initializer on CPU) against the XLA ops
+  apart: each id's bucket and owner, the step, the marking and the draws.
+  The same state, marks, table, rows and statistics, bit for bit."""
+  policy = dataclasses.replace(compiled[0], capacity=rows * group,
                                bucket_size=16 if rows > 16 else compiled[0].bucket_size)
+  shard = dataclasses.replace(policy, capacity=rows)   # this shard's map
   init, key = initializers.HashedUniform(), jax.random.key_data(jax.random.key(3))
   never = mapping.NEVER_PLACED
 
   def together(state, placed_at, table, flat, clock):
-    hi, lo = flat[:, 0], flat[:, 1]
-    own = ~((hi == jnp.uint32(ids_lib.PAD_WORD)) & (lo == jnp.uint32(ids_lib.PAD_WORD)))
-    return mapping._step_and_place(state, placed_at, table, key, clock, hi, lo, own,
-                                   ids_lib.bucket_of(hi, lo, policy.num_buckets),
-                                   jnp.int32(offset), policy=policy, init=init)
+    return mapping._step_and_place(state, placed_at, table, key, clock, flat, index, group,
+                                   policy=policy, init=init)
 
   def apart(state, placed_at, table, flat, clock):
-    hi, lo = flat[:, 0], flat[:, 1]
-    own = ~((hi == jnp.uint32(ids_lib.PAD_WORD)) & (lo == jnp.uint32(ids_lib.PAD_WORD)))
-    state, rows, placed, stats = step_lib.admit_step(
-        state, hi, lo, own, ids_lib.bucket_of(hi, lo, policy.num_buckets), clock, policy=policy)
+    hi, lo, own, bucket, rows_per = mapping._own(flat, policy, index, group)
+    state, rows, placed, stats = step_lib.admit_step(state, hi, lo, own, bucket, clock,
+                                                     policy=policy, kernel="xla")
     placed_at, drawn = mapping._mark_placed(placed_at, rows, placed, clock + 1)
-    return (state, placed_at, mapping._place_rows_xla(init, key, table, drawn, offset=offset),
-            rows, placed, stats)
+    table = mapping._place_rows_xla(init, key, table, drawn, offset=index * rows_per)
+    rows = jnp.where(rows >= 0, rows + index * rows_per, -1)
+    return (state, placed_at, table, rows,
+            jnp.concatenate([stats, jnp.sum(own, keepdims=True).astype(jnp.int32)]))
 
-  rng = np.random.default_rng(offset)
-  n = policy.capacity
+  rng = np.random.default_rng(index)
+  n = rows
   # Half the rows never placed (their first placement draws nothing).
   placed_at = jnp.asarray(np.where(np.arange(n) % 2 == 0, never, 0), jnp.int32)
   table = jnp.asarray(rng.normal(size=(n, 5)), jnp.float32)
   run = {"together": jax.jit(together), "apart": jax.jit(apart)}
-  args = (helpers.empty_state(policy), placed_at, table, jnp.zeros((8, 2), jnp.uint32),
+  args = (helpers.empty_state(shard), placed_at, table, jnp.zeros((8, 2), jnp.uint32),
           jnp.int32(0))
   lowered = run["together"].lower(*args).as_text()
   assert "embedlib_dynamic_map_step_place" in lowered
   assert "embedlib_mark_placed" not in lowered and "embedlib_place_hashed_uniform" not in lowered
-  states = {k: (helpers.empty_state(policy), placed_at, table) for k in run}
+  states = {k: (helpers.empty_state(shard), placed_at, table) for k in run}
   for t, batch in enumerate(helpers.draw_batches(5, 8, size, pool)):
     flat = jnp.asarray(ids_lib.host_words(batch))
     outs = {k: run[k](*states[k], flat, jnp.int32(t)) for k in run}
     _equal(outs["together"], outs["apart"], f"step {t}")
     states = {k: outs[k][:3] for k in run}
+  # Some ids were another shard's, or padding (in the helpers' pool).
+  assert int(outs["together"][4][4]) < size
   final = np.asarray(states["together"][2])
   redrawn = (np.asarray(states["together"][1]) > 0) & (np.arange(n) % 2 == 1)
   if policy.eviction is not None:   # rows were placed again, and drawn
@@ -159,10 +162,7 @@ def test_step_and_place_updates_the_map_marks_and_table_in_place():
   init, key = initializers.HashedUniform(), jax.random.key_data(jax.random.key(0))
 
   def step(state, placed_at, table, flat, clock):
-    hi, lo = flat[:, 0], flat[:, 1]
-    return mapping._step_and_place(state, placed_at, table, key, clock, hi, lo,
-                                   jnp.ones((m,), bool),
-                                   ids_lib.bucket_of(hi, lo, policy.num_buckets), jnp.int32(0),
+    return mapping._step_and_place(state, placed_at, table, key, clock, flat, 0, 1,
                                    policy=policy, init=init)
 
   shapes = (step_lib.MapState(*(jax.ShapeDtypeStruct((n,), d)

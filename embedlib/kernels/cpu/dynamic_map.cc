@@ -34,7 +34,8 @@
 // and scatter) and the placing of the rows' initial values (SetRows: XLA:CPU's
 // scatter of whole rows goes element by element). For the default
 // initializer the map's step does the marking and the drawing itself
-// (MapStepPlace), as it places each row.
+// (MapStepPlace), as it places each row, and takes the ids' words as the
+// step does, finding each id's bucket and owner itself.
 
 #include <algorithm>
 #include <climits>
@@ -438,12 +439,87 @@ int64_t StepBucket(const Policy& p, int64_t bucket, std::vector<Distinct>& ids, 
   return residents + added;
 }
 
+// The step's ids as the map's step reads them: id i's words hi[i * stride]
+// and lo[i * stride], its local bucket (the shard's bucket count where it
+// is not this shard's) and its sketch cells cells[i * depth + r].
+struct StepIds {
+  int64_t m;
+  const uint32_t* hi;
+  const uint32_t* lo;
+  int64_t stride;
+  const int32_t* bucket;
+  const int32_t* cells;
+};
+
+// StepIds from the ids split by the XLA ops: hi, lo, own, bucket [m], cells
+// [m * depth]; `local` holds the buckets.
+ffi::Error SplitIds(ffi::Buffer<ffi::U32> hi, ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::PRED> own,
+                    ffi::Buffer<ffi::S32> bucket, ffi::Buffer<ffi::S32> cells, int64_t nbl,
+                    int64_t depth, int64_t width, std::vector<int32_t>& local, StepIds& ids) {
+  const int64_t m = hi.element_count();
+  if (lo.element_count() != m || own.element_count() != m || bucket.element_count() != m ||
+      (depth > 0 && cells.element_count() != m * depth)) {
+    return ffi::Error::InvalidArgument(
+        "embedlib dynamic map step: expected hi, lo, own, bucket [m] and cells [m * depth]");
+  }
+  const bool* is_own = own.typed_data();
+  const int32_t* bk = bucket.typed_data();
+  local.resize(m);
+  for (int64_t i = 0; i < m; ++i) {
+    if (is_own[i] && (bk[i] < 0 || bk[i] >= nbl)) {
+      return ffi::Error::InvalidArgument("embedlib dynamic map step: an own id's bucket is "
+                                         "outside this shard's buckets");
+    }
+    local[i] = is_own[i] ? bk[i] : static_cast<int32_t>(nbl);
+  }
+  const int32_t* c = cells.typed_data();
+  for (int64_t i = 0; i < m * depth; ++i) {
+    if (is_own[i / depth] && (c[i] < 0 || c[i] >= width)) {
+      return ffi::Error::InvalidArgument("embedlib dynamic map step: a sketch cell is "
+                                         "outside [0, width)");
+    }
+  }
+  ids = {m, hi.typed_data(), lo.typed_data(), 1, local.data(), c};
+  return ffi::Error::Success();
+}
+
+// dynamic/ids.py's hash_words: a 32-bit hash of the id (hi, lo).
+inline uint32_t HashWords(uint32_t hi, uint32_t lo, uint32_t seed) {
+  return Mix32(Mix32(hi ^ seed) ^ lo * 0x27D4EB2Fu);
+}
+
+inline uint32_t Reduce(uint32_t h, uint32_t n) { return (n & (n - 1)) == 0 ? h & (n - 1) : h % n; }
+
+// StepIds from the ids' words as the step takes them (words u32[m, 2]),
+// with what mapping._own and ids.sketch_cell compute in XLA ops: an id is
+// this shard's (shard `index` of buckets [index * nbl, (index + 1) * nbl)
+// of `num_buckets`) unless it is padding, whose words are both all ones.
+// Here it is one pass over the ids, where the XLA ops were a few loops of
+// their own before the kernel.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void BucketsOfWords(const uint32_t* words, int64_t m, uint32_t num_buckets, int64_t index,
+                    int64_t nbl, int64_t depth, int64_t width, int32_t* local, int32_t* cells) {
+  constexpr uint32_t kPad = 0xFFFFFFFFu, kBucketSeed = 0x9E3779B9u;
+  for (int64_t i = 0; i < m; ++i) {
+    const uint32_t hi = words[2 * i], lo = words[2 * i + 1];
+    const int64_t b = static_cast<int64_t>(Reduce(HashWords(hi, lo, kBucketSeed), num_buckets)) -
+                      index * nbl;
+    const bool own = !(hi == kPad && lo == kPad) && b >= 0 && b < nbl;
+    local[i] = static_cast<int32_t>(own ? b : nbl);
+    for (int64_t r = 0; r < depth; ++r) {
+      const uint32_t seed = 0x5BD1E995u + 0x1000193u * static_cast<uint32_t>(r + 1);
+      cells[i * depth + r] =
+          static_cast<int32_t>(Reduce(HashWords(hi, lo, seed), static_cast<uint32_t>(width)));
+    }
+  }
+}
+
 // The map's step; `place`, where not null, places the rows too (Place).
+// Each row is written as a global row, `row_offset` past the local one;
+// stats_out has 4 elements, or 5 with the own ids counted last.
 ffi::Error MapStep(ffi::ThreadPool& pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
                    ffi::Buffer<ffi::S32> score_in, ffi::Buffer<ffi::U8> sketch_in,
-                   ffi::Buffer<ffi::U32> hi, ffi::Buffer<ffi::U32> lo,
-                   ffi::Buffer<ffi::PRED> own, ffi::Buffer<ffi::S32> bucket,
-                   ffi::Buffer<ffi::S32> cells, ffi::BufferR0<ffi::S32> clock,
+                   const StepIds& ids, ffi::BufferR0<ffi::S32> clock,
                    ffi::Result<ffi::Buffer<ffi::U32>>& khi_out,
                    ffi::Result<ffi::Buffer<ffi::U32>>& klo_out,
                    ffi::Result<ffi::Buffer<ffi::S32>>& score_out,
@@ -452,19 +528,17 @@ ffi::Error MapStep(ffi::ThreadPool& pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Bu
                    ffi::Result<ffi::Buffer<ffi::PRED>>& placed_out,
                    ffi::Result<ffi::Buffer<ffi::S32>>& stats_out, int64_t bucket_size,
                    int64_t eviction, int64_t admit_after, int64_t decay_every, int64_t depth,
-                   int64_t width, const Place* place) {
+                   int64_t width, const Place* place, int32_t row_offset) {
   const int64_t rows_n = score_in.element_count();
-  const int64_t m = hi.element_count();
-  if (bucket_size < 1 || rows_n % bucket_size || keys_hi.element_count() != rows_n ||
-      keys_lo.element_count() != rows_n || lo.element_count() != m ||
-      own.element_count() != m || bucket.element_count() != m ||
+  const int64_t m = ids.m;
+  const int64_t n_stats = stats_out->element_count();
+  if (keys_hi.element_count() != rows_n || keys_lo.element_count() != rows_n ||
       rows_out->element_count() != m || placed_out->element_count() != m ||
-      stats_out->element_count() != 4 ||
-      (depth > 0 && (sketch_in.element_count() != rows_n / bucket_size * depth * width ||
-                     cells.element_count() != m * depth))) {
+      (n_stats != 4 && n_stats != 5) ||
+      (depth > 0 && sketch_in.element_count() != rows_n / bucket_size * depth * width)) {
     return ffi::Error::InvalidArgument(
         "embedlib dynamic map step: expected keys_hi, keys_lo, score [rows], sketch "
-        "[buckets * depth * width], hi, lo, own, bucket [m], cells [m * depth], clock []");
+        "[buckets * depth * width], rows, placed [m] and stats [4] or [5]");
   }
   embedlib_cpu::PrepareInPlace(keys_hi, khi_out);
   embedlib_cpu::PrepareInPlace(keys_lo, klo_out);
@@ -476,31 +550,16 @@ ffi::Error MapStep(ffi::ThreadPool& pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Bu
   uint8_t* sketch = sketch_out->typed_data();
   const int64_t nbl = rows_n / bucket_size;
   const Policy p{bucket_size, eviction, admit_after, depth, width, *clock.typed_data() + 1};
-  const bool* is_own = own.typed_data();
-  const int32_t* bk = bucket.typed_data();
-  for (int64_t i = 0; i < m; ++i) {
-    if (is_own[i] && (bk[i] < 0 || bk[i] >= nbl)) {
-      return ffi::Error::InvalidArgument("embedlib dynamic map step: an own id's bucket is "
-                                         "outside this shard's buckets");
-    }
-  }
-  if (depth > 0) {
-    const int32_t* c = cells.typed_data();
-    for (int64_t i = 0; i < m * depth; ++i) {
-      if (is_own[i / depth] && (c[i] < 0 || c[i] >= width)) {
-        return ffi::Error::InvalidArgument("embedlib dynamic map step: a sketch cell is "
-                                           "outside [0, width)");
-      }
-    }
-  }
+  const int32_t* bk = ids.bucket;   // nbl: not this shard's
   // The helpers first: their start overlaps the grouping below (pool.h).
   const int workers = embedlib_cpu::PoolWorkers(pool, m, kIdsPerWorker);
   const int64_t tasks = workers <= 1 ? 1 : std::min<int64_t>(nbl, workers * kTasksPerWorker);
   embedlib_cpu::Team team(pool, tasks > 1 ? workers : 1);
   const bool decays = decay_every > 0 && p.t % decay_every == 0;
-  const uint32_t* h = hi.typed_data();
-  const uint32_t* l = lo.typed_data();
-  const int32_t* cl = cells.typed_data();
+  const uint32_t* h = ids.hi;
+  const uint32_t* l = ids.lo;
+  const int64_t stride = ids.stride;
+  const int32_t* cl = ids.cells;
   int32_t* rows = rows_out->typed_data();
   bool* placed = placed_out->typed_data();
   // Every own id grouped by bucket, once, on the calling thread (a counting
@@ -513,19 +572,18 @@ ffi::Error MapStep(ffi::ThreadPool& pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Bu
   // caller steps every range itself; grouping on each thread instead read
   // every id on every thread.
   std::vector<int32_t> start(nbl + 2, 0);
-  for (int64_t i = 0; i < m; ++i) ++start[(is_own[i] ? bk[i] : nbl) + 1];
+  for (int64_t i = 0; i < m; ++i) ++start[bk[i] + 1];
   for (int64_t k = 0; k <= nbl; ++k) start[k + 1] += start[k];
   std::unique_ptr<Occurrence[]> grouped(new Occurrence[std::max<int64_t>(m, 1)]);
   {
     std::vector<int32_t> next(start.begin(), start.end() - 1);
     for (int64_t i = 0; i < m; ++i) {
       if (i + kGroupAhead < m) {
-        const int64_t a = i + kGroupAhead;
-        __builtin_prefetch(grouped.get() + next[is_own[a] ? bk[a] : nbl], 1);
+        __builtin_prefetch(grouped.get() + next[bk[i + kGroupAhead]], 1);
       }
-      grouped[next[is_own[i] ? bk[i] : nbl]++] = {(static_cast<uint64_t>(h[i]) << 32) | l[i],
-                                                  static_cast<int32_t>(i)};
-      if (!is_own[i]) {
+      grouped[next[bk[i]]++] = {(static_cast<uint64_t>(h[i * stride]) << 32) | l[i * stride],
+                                static_cast<int32_t>(i)};
+      if (bk[i] == nbl) {
         rows[i] = -1;
         placed[i] = false;
       }
@@ -592,7 +650,7 @@ ffi::Error MapStep(ffi::ThreadPool& pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Bu
       for (int64_t j = 0; j < n; ++j) {
         const Distinct& d = ids[which[j]];
         const int32_t i = occ[j].position;
-        rows[i] = d.row;
+        rows[i] = d.row < 0 ? -1 : d.row + row_offset;
         placed[i] = d.placed && d.first == i;
         defaults += d.row < 0;
       }
@@ -615,6 +673,7 @@ ffi::Error MapStep(ffi::ThreadPool& pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Bu
   stats[1] = static_cast<int32_t>(counts.placed);
   stats[2] = static_cast<int32_t>(counts.evicted);
   stats[3] = static_cast<int32_t>(defaults);
+  if (n_stats == 5) stats[4] = start[nbl];   // the own ids
   return ffi::Error::Success();
 }
 
@@ -632,48 +691,74 @@ ffi::Error MapStepImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi:
                        ffi::Result<ffi::Buffer<ffi::S32>> stats_out, int64_t bucket_size,
                        int64_t eviction, int64_t admit_after, int64_t decay_every, int64_t depth,
                        int64_t width) {
-  return MapStep(pool, keys_hi, keys_lo, score_in, sketch_in, hi, lo, own, bucket, cells, clock,
-                 khi_out, klo_out, score_out, sketch_out, rows_out, placed_out, stats_out,
-                 bucket_size, eviction, admit_after, decay_every, depth, width, nullptr);
+  const int64_t rows_n = score_in.element_count();
+  if (bucket_size < 1 || rows_n % bucket_size || stats_out->element_count() != 4) {
+    return ffi::Error::InvalidArgument(
+        "embedlib dynamic map step: expected score [rows], rows a multiple of bucket_size, "
+        "and stats [4]");
+  }
+  std::vector<int32_t> local;
+  StepIds ids;
+  ffi::Error split = SplitIds(hi, lo, own, bucket, cells, rows_n / bucket_size, depth, width,
+                              local, ids);
+  if (split.failure()) return split;
+  return MapStep(pool, keys_hi, keys_lo, score_in, sketch_in, ids, clock, khi_out, klo_out,
+                 score_out, sketch_out, rows_out, placed_out, stats_out, bucket_size, eviction,
+                 admit_after, decay_every, depth, width, nullptr, 0);
 }
 
-// The map's step with its rows placed (Place): the step's operands, then
-// placed_at s32[R] and table f32[R, features] (both aliased to results),
-// key u32[2] (initializers.key_words) and offset s32[] (the shard's first
-// global row); the step's results, then placed_at and table. Attributes:
-// the step's, `never` (the mark of a row never placed) and `step`
-// (HashedUniform.step).
+// The map's step with its rows placed (Place), on the ids' words as the
+// step takes them: keys_hi, keys_lo, score, sketch as the step's, words
+// u32[m, 2], clock, placed_at s32[R] and table f32[R, features] (both
+// aliased to results), key u32[2] (initializers.key_words) and index s32[]
+// (this shard's among num_buckets / (R / bucket_size)). Each id's bucket,
+// ownership and sketch cells are computed here (BucketsOfWords). Results:
+// the step's, with global rows (index * R past the local ones) and stats [5]
+// (the own ids last, as mapping._local counts them), then placed_at and
+// table. Attributes: the step's, `num_buckets` (the whole table's), `never`
+// (the mark of a row never placed) and `step` (HashedUniform.step).
 ffi::Error MapStepPlaceImpl(
     ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys_hi, ffi::Buffer<ffi::U32> keys_lo,
-    ffi::Buffer<ffi::S32> score_in, ffi::Buffer<ffi::U8> sketch_in, ffi::Buffer<ffi::U32> hi,
-    ffi::Buffer<ffi::U32> lo, ffi::Buffer<ffi::PRED> own, ffi::Buffer<ffi::S32> bucket,
-    ffi::Buffer<ffi::S32> cells, ffi::BufferR0<ffi::S32> clock,
-    ffi::Buffer<ffi::S32> placed_at_in, ffi::Buffer<ffi::F32> table_in,
-    ffi::Buffer<ffi::U32> key, ffi::BufferR0<ffi::S32> offset,
+    ffi::Buffer<ffi::S32> score_in, ffi::Buffer<ffi::U8> sketch_in, ffi::Buffer<ffi::U32> words,
+    ffi::BufferR0<ffi::S32> clock, ffi::Buffer<ffi::S32> placed_at_in,
+    ffi::Buffer<ffi::F32> table_in, ffi::Buffer<ffi::U32> key, ffi::BufferR0<ffi::S32> index,
     ffi::Result<ffi::Buffer<ffi::U32>> khi_out, ffi::Result<ffi::Buffer<ffi::U32>> klo_out,
     ffi::Result<ffi::Buffer<ffi::S32>> score_out, ffi::Result<ffi::Buffer<ffi::U8>> sketch_out,
     ffi::Result<ffi::Buffer<ffi::S32>> rows_out, ffi::Result<ffi::Buffer<ffi::PRED>> placed_out,
     ffi::Result<ffi::Buffer<ffi::S32>> stats_out,
     ffi::Result<ffi::Buffer<ffi::S32>> placed_at_out, ffi::Result<ffi::Buffer<ffi::F32>> table_out,
     int64_t bucket_size, int64_t eviction, int64_t admit_after, int64_t decay_every,
-    int64_t depth, int64_t width, int64_t never, float step) {
+    int64_t depth, int64_t width, int64_t num_buckets, int64_t never, float step) {
   const auto dims = table_in.dimensions();
+  const auto word_dims = words.dimensions();
   const int64_t rows_n = score_in.element_count();
-  if (dims.size() != 2 || dims[0] != rows_n || placed_at_in.element_count() != rows_n ||
-      key.element_count() != 2) {
+  const int64_t shard = *index.typed_data();
+  if (bucket_size < 1 || rows_n % bucket_size || dims.size() != 2 || dims[0] != rows_n ||
+      placed_at_in.element_count() != rows_n || key.element_count() != 2 ||
+      word_dims.size() != 2 || word_dims[1] != 2 || stats_out->element_count() != 5 ||
+      num_buckets < 1 || num_buckets > UINT32_MAX || width < 1 || width > UINT32_MAX ||
+      shard < 0 || (shard + 1) * (rows_n / bucket_size) > num_buckets ||
+      (shard + 1) * rows_n > INT32_MAX) {
     return ffi::Error::InvalidArgument(
-        "embedlib dynamic map step with placing: expected placed_at s32[rows], table "
-        "f32[rows, features] and key u32[2] (initializers.key_words) besides the step's "
-        "operands");
+        "embedlib dynamic map step with placing: expected words u32[m, 2], placed_at "
+        "s32[rows], table f32[rows, features], key u32[2] (initializers.key_words), stats "
+        "[5], and shard index's buckets within num_buckets, besides the step's operands");
   }
+  const int64_t m = word_dims[0];
+  const int64_t nbl = rows_n / bucket_size;
+  std::vector<int32_t> local(m), cells(std::max<int64_t>(1, m * depth));
+  BucketsOfWords(words.typed_data(), m, static_cast<uint32_t>(num_buckets), shard, nbl, depth,
+                 width, local.data(), cells.data());
+  const StepIds ids{m, words.typed_data(), words.typed_data() + 1, 2, local.data(), cells.data()};
+  const int32_t offset = static_cast<int32_t>(shard * rows_n);
   embedlib_cpu::PrepareInPlace(placed_at_in, placed_at_out);
   embedlib_cpu::PrepareInPlace(table_in, table_out);
   const HashedUniform init(key.typed_data()[0], key.typed_data()[1], dims[1], step);
   const Place place{placed_at_out->typed_data(), static_cast<int32_t>(never),
-                    table_out->typed_data(), dims[1], *offset.typed_data(), &init};
-  return MapStep(pool, keys_hi, keys_lo, score_in, sketch_in, hi, lo, own, bucket, cells, clock,
-                 khi_out, klo_out, score_out, sketch_out, rows_out, placed_out, stats_out,
-                 bucket_size, eviction, admit_after, decay_every, depth, width, &place);
+                    table_out->typed_data(), dims[1], offset, &init};
+  return MapStep(pool, keys_hi, keys_lo, score_in, sketch_in, ids, clock, khi_out, klo_out,
+                 score_out, sketch_out, rows_out, placed_out, stats_out, bucket_size, eviction,
+                 admit_after, decay_every, depth, width, &place, offset);
 }
 
 // The eval lookup: each own id's local row (the first slot of its bucket
@@ -901,10 +986,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapStepPlace, MapStepPlaceImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()
-                                  .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::BufferR0<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
@@ -925,6 +1006,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(EmbedlibDynamicMapStepPlace, MapStepPlaceImpl,
                                   .Attr<int64_t>("decay_every")
                                   .Attr<int64_t>("depth")
                                   .Attr<int64_t>("width")
+                                  .Attr<int64_t>("num_buckets")
                                   .Attr<int64_t>("never")
                                   .Attr<float>("step"));
 
