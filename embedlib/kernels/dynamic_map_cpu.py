@@ -55,15 +55,13 @@ def map_step_cpu(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, cl
                                  aliases={0: 0, 1: 1, 2: 2, 3: 3}, **attrs))
 
 
-def _step_call(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, clock, bucket_size,
-               eviction, admit_after, decay_every):
-  """The map step's operands, results and attributes for the kernel, and
-  the function that turns its results into ``map_step_cpu``'s."""
-  m = hi.shape[0]
+def _step_results(keys_hi, keys_lo, score, sketch, m, stats, bucket_size, eviction,
+                  admit_after, decay_every):
+  """A map step's flat sketch operand, its results for ``m`` ids with
+  ``stats`` statistics (the map, rows, placed, stats) and its attributes."""
   has_sketch = sketch is not None
   depth, width = (sketch.shape[1], sketch.shape[2]) if has_sketch else (0, 1)
   sk = sketch.reshape(-1) if has_sketch else jnp.zeros((1,), jnp.uint8)
-  cl = cells.reshape(-1).astype(jnp.int32) if has_sketch else jnp.zeros((1,), jnp.int32)
   results = [
       jax.ShapeDtypeStruct(keys_hi.shape, jnp.uint32),
       jax.ShapeDtypeStruct(keys_lo.shape, jnp.uint32),
@@ -71,13 +69,24 @@ def _step_call(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, cloc
       jax.ShapeDtypeStruct(sk.shape, jnp.uint8),
       jax.ShapeDtypeStruct((m,), jnp.int32),
       jax.ShapeDtypeStruct((m,), jnp.bool_),
-      jax.ShapeDtypeStruct((4,), jnp.int32),
+      jax.ShapeDtypeStruct((stats,), jnp.int32),
   ]
-  operands = (keys_hi, keys_lo, score, sk, hi, lo, own.astype(jnp.bool_),
-               bucket.astype(jnp.int32), cl, clock.astype(jnp.int32))
   attrs = dict(bucket_size=np.int64(bucket_size), eviction=np.int64(EVICTION_CODES[eviction]),
                admit_after=np.int64(admit_after), decay_every=np.int64(decay_every),
                depth=np.int64(depth), width=np.int64(width))
+  return sk, results, attrs
+
+
+def _step_call(keys_hi, keys_lo, score, sketch, hi, lo, own, bucket, cells, clock, bucket_size,
+               eviction, admit_after, decay_every):
+  """The map step's operands, results and attributes for the kernel, and
+  the function that turns its results into ``map_step_cpu``'s."""
+  has_sketch = sketch is not None
+  sk, results, attrs = _step_results(keys_hi, keys_lo, score, sketch, hi.shape[0], 4,
+                                     bucket_size, eviction, admit_after, decay_every)
+  cl = cells.reshape(-1).astype(jnp.int32) if has_sketch else jnp.zeros((1,), jnp.int32)
+  operands = (keys_hi, keys_lo, score, sk, hi, lo, own.astype(jnp.bool_),
+               bucket.astype(jnp.int32), cl, clock.astype(jnp.int32))
 
   def unflat(outs):
     khi, klo, sc, sk, rows, placed, stats = outs
@@ -125,33 +134,19 @@ def map_step_place_cpu(keys_hi, keys_lo, score, sketch, words, clock, placed_at,
   Raises:
     RuntimeError: without the CPU kernels' library (``cpu_library.call``).
   """
-  m = words.shape[0]
-  has_sketch = sketch is not None
-  depth, width = (sketch.shape[1], sketch.shape[2]) if has_sketch else (0, 1)
-  sk = sketch.reshape(-1) if has_sketch else jnp.zeros((1,), jnp.uint8)
-  results = [
-      jax.ShapeDtypeStruct(keys_hi.shape, jnp.uint32),
-      jax.ShapeDtypeStruct(keys_lo.shape, jnp.uint32),
-      jax.ShapeDtypeStruct(score.shape, jnp.int32),
-      jax.ShapeDtypeStruct(sk.shape, jnp.uint8),
-      jax.ShapeDtypeStruct((m,), jnp.int32),
-      jax.ShapeDtypeStruct((m,), jnp.bool_),
-      jax.ShapeDtypeStruct((5,), jnp.int32),
-      jax.ShapeDtypeStruct(placed_at.shape, jnp.int32),
-      jax.ShapeDtypeStruct(table.shape, jnp.float32),
-  ]
+  sk, results, attrs = _step_results(keys_hi, keys_lo, score, sketch, words.shape[0], 5,
+                                     bucket_size, eviction, admit_after, decay_every)
+  results += [jax.ShapeDtypeStruct(placed_at.shape, jnp.int32),
+              jax.ShapeDtypeStruct(table.shape, jnp.float32)]
   khi, klo, sc, sk, rows, placed, stats, placed_at, table = cpu_library.call(
       "embedlib_dynamic_map_step_place", results, keys_hi, keys_lo, score, sk,
       jnp.asarray(words, jnp.uint32), clock.astype(jnp.int32), placed_at.astype(jnp.int32),
       table, jnp.asarray(key_words, jnp.uint32).reshape(2), jnp.asarray(index, jnp.int32),
       aliases={0: 0, 1: 1, 2: 2, 3: 3, 6: 7, 7: 8},
-      vary_like=[None] * 7 + [placed_at, table],
-      bucket_size=np.int64(bucket_size), eviction=np.int64(EVICTION_CODES[eviction]),
-      admit_after=np.int64(admit_after), decay_every=np.int64(decay_every),
-      depth=np.int64(depth), width=np.int64(width), num_buckets=np.int64(num_buckets),
-      never=np.int64(never), step=np.float32(step))
-  return (khi, klo, sc, (sk.reshape(sketch.shape) if has_sketch else None), rows, placed, stats,
-          placed_at, table)
+      vary_like=[None] * 7 + [placed_at, table], num_buckets=np.int64(num_buckets),
+      never=np.int64(never), step=np.float32(step), **attrs)
+  return (khi, klo, sc, (None if sketch is None else sk.reshape(sketch.shape)), rows, placed,
+          stats, placed_at, table)
 
 
 def lookup_cpu(keys_hi, keys_lo, score, hi, lo, own, bucket, *, bucket_size: int):
